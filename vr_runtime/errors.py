@@ -1,0 +1,18 @@
+"""User-facing error types. Each is a ValueError/RuntimeError subclass whose message names the
+problem and what to do; the command line prints it as one line and exits with status 2."""
+
+
+class VideoError(ValueError):
+    """Missing, empty, corrupt or non-video file; or a bad time window / frame count."""
+
+
+class ModelFilesError(ValueError):
+    """A model directory that is missing or lacks the files an InternVL3-*-hf checkpoint has."""
+
+
+class RouterWeightsError(ValueError):
+    """Router weights that are unreadable or do not fit the loaded model."""
+
+
+class DeviceError(RuntimeError):
+    """CUDA asked for but not available (or a dtype the device cannot run)."""
