@@ -1,0 +1,220 @@
+"""Shared benchmark utilities: environment description, timing, byte-count bandwidth, results files.
+
+Used by ``bench_pool_pack.py`` and ``bench_e2e.py``. Nothing here is specific to one benchmark.
+
+Timing rules:
+* on CUDA, each sample is one call bracketed by CUDA events on the current stream, after
+  ``warmup`` untimed calls; the L2 cache is flushed between samples when ``flush_l2`` is set
+  (so memory-bound kernels are not timed out of a warm cache);
+* on CPU, ``time.perf_counter`` around each call;
+* we report the median and the 20% / 80% quantiles, never the mean (outliers from the host).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+__all__ = [
+    "Timing", "device_name", "environment", "time_fn", "gbps", "write_results",
+    "markdown_table", "command_line", "has_cuda",
+]
+
+
+def has_cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def device_name(device: Optional[torch.device] = None) -> str:
+    """Human-readable name of the device a benchmark runs on (GPU model, or the CPU)."""
+    if device is None:
+        device = torch.device("cuda" if has_cuda() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpu = platform.processor() or platform.machine()
+    try:  # Linux: the model name is more useful than the architecture
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"CPU: {cpu} ({os.cpu_count()} logical cores, {torch.get_num_threads()} torch threads)"
+
+
+def _version(mod: str) -> Optional[str]:
+    try:
+        m = __import__(mod)
+        return getattr(m, "__version__", "?")
+    except Exception:
+        return None
+
+
+def command_line() -> str:
+    return " ".join(["python"] + sys.argv)
+
+
+def environment(device: Optional[torch.device] = None) -> Dict[str, object]:
+    """Everything a results file must name: device, date, versions, command."""
+    env = {
+        "device": device_name(device),
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": command_line(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "transformers": _version("transformers"),
+        "cuda": torch.version.cuda,
+        "platform": platform.platform(),
+        "triton_interpret": os.environ.get("TRITON_INTERPRET", "0"),
+    }
+    if has_cuda():
+        props = torch.cuda.get_device_properties(0)
+        env["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
+        env["gpu_sm_count"] = props.multi_processor_count
+    return env
+
+
+@dataclass
+class Timing:
+    """Times of one benchmarked callable, in seconds."""
+    median: float
+    q20: float
+    q80: float
+    samples: int
+    first_call: Optional[float] = None  # wall time of the very first call (compile, autotune)
+    extra: Dict[str, object] = field(default_factory=dict)
+
+    @property
+    def median_ms(self) -> float:
+        return self.median * 1e3
+
+    def as_dict(self) -> Dict[str, object]:
+        d = asdict(self)
+        d["median_ms"] = self.median_ms
+        return d
+
+
+def _quantile(xs: List[float], q: float) -> float:
+    xs = sorted(xs)
+    if len(xs) == 1:
+        return xs[0]
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+_L2_FLUSH: Dict[int, torch.Tensor] = {}
+
+
+def _flush_l2(device: torch.device) -> None:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    buf = _L2_FLUSH.get(idx)
+    if buf is None:  # 256 MiB: larger than any current GPU's L2 (H100: 50 MiB, H200: 60 MiB)
+        buf = _L2_FLUSH[idx] = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)
+    buf.zero_()
+
+
+def time_fn(fn: Callable[[], object], *, device: Optional[torch.device] = None, warmup: int = 3,
+            rep: int = 20, min_time_s: float = 0.0, flush_l2: bool = True,
+            setup: Optional[Callable[[], object]] = None) -> Timing:
+    """Median / quantile time of ``fn()``.
+
+    ``setup`` (untimed) runs before every call, e.g. to reset gradients or change the inputs.
+    The first call is timed separately on the wall clock (it includes compilation/autotuning)
+    and excluded from the samples. ``min_time_s`` extends ``rep`` for very fast functions.
+    """
+    if device is None:
+        device = torch.device("cuda" if has_cuda() else "cpu")
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    if setup is not None:
+        setup()
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    first = time.perf_counter() - t0
+    for _ in range(max(0, warmup - 1)):
+        if setup is not None:
+            setup()
+        fn()
+    sync()
+
+    times: List[float] = []
+    start_wall = time.perf_counter()
+    while len(times) < rep or (time.perf_counter() - start_wall < min_time_s and len(times) < 100 * rep):
+        if setup is not None:
+            setup()
+        if cuda:
+            if flush_l2:
+                _flush_l2(device)
+            a = torch.cuda.Event(enable_timing=True)
+            b = torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    return Timing(median=statistics.median(times), q20=_quantile(times, 0.2),
+                  q80=_quantile(times, 0.8), samples=len(times), first_call=first)
+
+
+def gbps(num_bytes: int, seconds: float) -> float:
+    """Bandwidth in GB/s (10**9 bytes per second) from an explicit byte count."""
+    return num_bytes / seconds / 1e9 if seconds > 0 else float("nan")
+
+
+def markdown_table(rows: List[Dict[str, object]], columns: List[str],
+                   headers: Optional[List[str]] = None) -> str:
+    """A GitHub markdown table of ``rows`` (dicts) restricted to ``columns``."""
+    headers = headers or columns
+
+    def fmt(v):
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            if v != v:
+                return "-"
+            return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join(fmt(r.get(c)) for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def write_results(path: str, payload: Dict[str, object], markdown: Optional[str] = None) -> str:
+    """Write ``payload`` (which should contain ``environment()``) as JSON to ``path``.
+
+    When ``markdown`` is given and ``path`` ends in ``.json``, a sibling ``.md`` with the same
+    stem is written too (the human-readable table). Returns ``path``."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=2, default=str)
+        f.write("\n")
+    if markdown is not None and path.endswith(".json"):
+        with open(path[:-5] + ".md", "w") as f:
+            f.write(markdown.rstrip() + "\n")
+    return path
