@@ -1,0 +1,11 @@
+"""Three-stage VideoRouter curriculum (paper Sec. 4.2), data formats and the synthetic task.
+
+Entry point: ``python -m vr_runtime.training --help``. Importing this package is light; the
+model stack loads when a stage runs.
+"""
+from .config import ConfigError, TrainConfig, load_config
+from .data import DataFormatError, Example, read_jsonl
+from .policy_labels import policy_labels
+
+__all__ = ["TrainConfig", "load_config", "ConfigError", "DataFormatError", "Example",
+           "read_jsonl", "policy_labels"]

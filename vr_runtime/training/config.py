@@ -1,0 +1,125 @@
+"""Stage configurations: the paper's hyper-parameter table as JSON files.
+
+``vr_runtime/configs/train_stage{1,2,3}.json`` hold the paper's values (the defaults);
+``vr_runtime/training/configs/tiny_stage{1,2,3}.json`` are the *tiny synthetic demo* settings
+(larger learning rate, more epochs, smaller batches) used to train the shipped tiny weights.
+The freezing flags are spelled as in the paper's table; two more make the remaining groups
+explicit: ``freeze_mlp`` (the vision->LLM projector) and ``freeze_feature_extractor`` (the
+router shadow stack E_1:4, trained in Stage 1, frozen in Stage 2).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+PAPER_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
+TINY_DIR = pathlib.Path(__file__).resolve().parent / "configs"
+
+
+class ConfigError(ValueError):
+    """A training configuration with an unknown key or an out-of-range value."""
+
+
+@dataclass
+class TrainConfig:
+    stage: int = 1
+    model: str = "tiny"                 # an InternVL3-*-hf folder or "tiny"
+    routers: Optional[str] = None       # router weights to start from (Stage 2/3: Stage 1's)
+    train_data: Optional[str] = None    # JSONL (see vr_runtime.training.data)
+    eval_data: Optional[str] = None
+    output_dir: str = "runs/stage1"
+    model_max_length: int = 12288
+    num_frames: int = 64
+    num_train_epochs: float = 1.0
+    per_device_train_batch_size: int = 4
+    gradient_accumulation_steps: int = 4
+    learning_rate: float = 1e-5
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.03
+    lr_scheduler_type: str = "cosine"
+    max_grad_norm: float = 1.0
+    freeze_vision_model: bool = True
+    freeze_mlp: bool = True
+    freeze_language_model: bool = True
+    freeze_feature_extractor: bool = True
+    freeze_Semantic_Router: bool = True
+    freeze_Image_Router: bool = True
+    dropout: float = 0.0
+    global_scale: int = 2
+    fragment_scales: List[int] = field(default_factory=lambda: [1, 4])
+    lambda_sem: float = 0.01
+    lambda_img: float = 0.01
+    plan_from: str = "routers"          # Stage 3 plans: the routers' decisions, or "labels"
+    router_num_layers: int = 4
+    gen_tokens: int = 64                # L_gen reserved in the Stage 3 budget, as at inference
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    seed: int = 42
+    logging_steps: int = 10
+    save_steps: int = 0                 # 0: save at the end of each epoch only
+    max_steps: int = 0                  # > 0 overrides the epochs (tests, smoke runs)
+    eval_limit: int = 0                 # > 0: evaluate on the first N held-out examples only
+    report_to: List[str] = field(default_factory=lambda: ["tensorboard"])
+    note: str = ""
+
+    def validate(self) -> "TrainConfig":
+        if self.stage not in (1, 2, 3):
+            raise ConfigError(f"stage: expected 1, 2 or 3, got {self.stage!r}")
+        for k in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_frames",
+                  "model_max_length"):
+            if not isinstance(getattr(self, k), int) or getattr(self, k) < 1:
+                raise ConfigError(f"{k}: expected an int >= 1, got {getattr(self, k)!r}")
+        if not self.learning_rate > 0:
+            raise ConfigError(f"learning_rate: expected > 0, got {self.learning_rate!r}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ConfigError(f"warmup_ratio: expected in [0, 1), got {self.warmup_ratio!r}")
+        if self.lr_scheduler_type not in ("cosine", "linear", "constant"):
+            raise ConfigError(f"lr_scheduler_type: expected cosine, linear or constant, "
+                              f"got {self.lr_scheduler_type!r}")
+        if self.plan_from not in ("routers", "labels"):
+            raise ConfigError(f"plan_from: expected 'routers' or 'labels', got {self.plan_from!r}")
+        if len(self.fragment_scales) != 2:
+            raise ConfigError(f"fragment_scales: expected [s1, s0], got {self.fragment_scales!r}")
+        if self.dropout != 0.0:
+            raise ConfigError("dropout: the paper trains with dropout 0.0 and the routing plan "
+                              "must not depend on dropout; set it to 0.0")
+        return self
+
+    @property
+    def trainable_groups(self) -> List[str]:
+        flags = {"vision": self.freeze_vision_model, "projector": self.freeze_mlp,
+                 "language": self.freeze_language_model,
+                 "extractor": self.freeze_feature_extractor,
+                 "semantic": self.freeze_Semantic_Router, "image": self.freeze_Image_Router}
+        return [g for g, frozen in flags.items() if not frozen]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def load_config(path_or_name: str, **overrides) -> TrainConfig:
+    """A JSON file, or a name: ``stage1``..``stage3`` (paper) / ``tiny_stage1``..3 (demo)."""
+    p = pathlib.Path(path_or_name)
+    if not p.is_file():
+        name = str(path_or_name)
+        cand = (TINY_DIR / f"{name}.json") if name.startswith("tiny_") else \
+            (PAPER_DIR / f"train_{name}.json")
+        if not cand.is_file():
+            raise ConfigError(f"config: {path_or_name!r} is neither a file nor one of stage1, "
+                              f"stage2, stage3, tiny_stage1, tiny_stage2, tiny_stage3")
+        p = cand
+    try:
+        raw = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})")
+    raw = {k: v for k, v in raw.items() if not k.startswith("_")}  # "_comment" keys
+    raw.update({k: v for k, v in overrides.items() if v is not None})
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"{p}: unknown keys {unknown}; known keys: {sorted(known)}")
+    return TrainConfig(**raw).validate()
