@@ -1,0 +1,336 @@
+"""The dual routers of VideoRouter (paper Section 3.1) and their safetensors format.
+
+* :class:`ShadowStack` -- a separate copy of the first ``k`` decoder layers of the language model
+  and its rotary embedding: ``H_q = E_1:k(Emb(q))`` and ``H_vq^t = E_1:k([Z_t; Emb(q)])``. It is a
+  ``k``-layer instance of the backbone's own decoder class (``Qwen2Model`` for InternVL3), called
+  with ``inputs_embeds``, so causal masks, padding masks and rotary positions are handled by
+  transformers itself across versions. Its embedding table is dropped (inputs are embeddings)
+  and its final norm is an identity: the features are the raw residual stream after layer ``k``.
+* :class:`SemanticRouter` -- masked mean pooling over the question tokens, then
+  LayerNorm -> Linear -> GELU -> Linear(2): logits over {0: Global, 1: Fragment}.
+* :class:`ImageRouter` -- LayerNorm + projection D -> ``router_dim``, a learnable [CLS] token
+  prepended, one pre-norm Transformer block, and a frame-score MLP on the [CLS] output -> one
+  logit per frame; relevant iff sigmoid(logit) > ``threshold`` (0.5).
+* :class:`Routers` -- the three together, ``save``/``load`` as safetensors with the
+  :class:`RouterConfig` as JSON metadata (never pickle).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import pathlib
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .errors import RouterWeightsError
+
+FORMAT = "videorouter-routers-v1"
+
+
+@dataclass
+class RouterConfig:
+    num_layers: int = 4            # k: decoder layers copied into the shadow stack
+    hidden_size: int = 0           # D of the language model (filled in by from_model)
+    router_dim: Optional[int] = None      # Image Router width (None: 256 if D <= 1024 else 1024)
+    num_heads: int = 8             # heads of the Image Router's Transformer block
+    ffn_mult: int = 4              # MLP width of that block = ffn_mult * router_dim
+    semantic_hidden: Optional[int] = None  # Semantic Router MLP width (None: as router_dim)
+    num_classes: int = 2           # 0 = Global, 1 = Fragment
+    threshold: float = 0.5         # frame relevant iff sigmoid(logit) > threshold
+
+    def resolved(self, hidden_size: int) -> "RouterConfig":
+        c = dataclasses.replace(self, hidden_size=int(hidden_size))
+        if c.router_dim is None:
+            c.router_dim = 256 if hidden_size <= 1024 else 1024
+        if c.semantic_hidden is None:
+            c.semantic_hidden = c.router_dim
+        for name in ("num_layers", "router_dim", "num_heads", "ffn_mult", "semantic_hidden"):
+            v = getattr(c, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"RouterConfig.{name}: expected an int >= 1, got {v!r}")
+        if c.router_dim % c.num_heads:
+            raise ValueError(f"RouterConfig.router_dim {c.router_dim} is not divisible by "
+                             f"num_heads {c.num_heads}")
+        if not 0.0 < c.threshold < 1.0:
+            raise ValueError(f"RouterConfig.threshold: expected a probability in (0, 1), got {c.threshold}")
+        return c
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RouterConfig":
+        d = json.loads(text)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise RouterWeightsError(f"router config has unknown fields {unknown}")
+        return cls(**d)
+
+
+# ----------------------------------------------------------------------------- shadow stack
+def _text_parts(model):
+    from .model import language_model
+    lm = language_model(model)
+    return lm, model.config.text_config
+
+
+class ShadowStack(nn.Module):
+    """E_1:k: a k-layer copy of the backbone decoder (weights copied when ``model`` is given)."""
+
+    def __init__(self, text_config, num_layers: int, source: Optional[nn.Module] = None):
+        super().__init__()
+        from transformers import AutoModel
+        n_src = int(text_config.num_hidden_layers)
+        if num_layers > n_src:
+            raise ValueError(f"num_layers: the shadow stack copies {num_layers} layers but the "
+                             f"language model has only {n_src}")
+        cfg = copy.deepcopy(text_config)
+        cfg.num_hidden_layers = num_layers
+        if getattr(cfg, "layer_types", None) is not None:
+            cfg.layer_types = list(cfg.layer_types)[:num_layers]
+        cfg.vocab_size = 1  # embeddings come in precomputed; do not allocate a vocab-sized table
+        attn = getattr(text_config, "_attn_implementation", None)
+        if attn:
+            cfg._attn_implementation = attn
+        from .model import _fast_init_ctx
+        dev = None
+        if source is not None:
+            dev = next(source.parameters()).device
+        with _fast_init_ctx(), torch.device(dev or "cpu"):
+            decoder = AutoModel.from_config(cfg)
+        decoder.embed_tokens = None
+        decoder.norm = nn.Identity()  # features = residual stream after layer k (no final norm)
+        self.decoder = decoder
+        if source is not None:
+            with torch.no_grad():
+                for i in range(num_layers):
+                    self.decoder.layers[i].load_state_dict(source.layers[i].state_dict())
+            self.decoder.rotary_emb = copy.deepcopy(source.rotary_emb)
+            p = next(source.parameters())
+            self.to(device=p.device, dtype=p.dtype)
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x [B, L, D] -> [B, L, D]; ``mask`` [B, L] (1 = token) or None for no padding."""
+        out = self.decoder(inputs_embeds=x, attention_mask=mask, use_cache=False, return_dict=True)
+        return out.last_hidden_state
+
+
+# ----------------------------------------------------------------------------- heads
+class SemanticRouter(nn.Module):
+    def __init__(self, cfg: RouterConfig):
+        super().__init__()
+        D, h = cfg.hidden_size, cfg.semantic_hidden
+        self.norm = nn.LayerNorm(D)
+        self.fc1 = nn.Linear(D, h)
+        self.fc2 = nn.Linear(h, cfg.num_classes)
+
+    def forward(self, H: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """H [B, L, D], mask [B, L] -> logits [B, num_classes] (masked mean pooling)."""
+        if mask is None:
+            pooled = H.float().mean(1)
+        else:
+            m = mask.to(torch.float32).unsqueeze(-1)
+            pooled = (H.float() * m).sum(1) / m.sum(1).clamp_min(1.0)
+        pooled = pooled.to(self.fc1.weight.dtype)
+        return self.fc2(F.gelu(self.fc1(self.norm(pooled))))
+
+
+class Block(nn.Module):
+    """Pre-norm Transformer block (self-attention + GELU MLP) on [B, L, r]."""
+
+    def __init__(self, dim: int, heads: int, ffn_mult: int):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, ffn_mult * dim)
+        self.fc2 = nn.Linear(ffn_mult * dim, dim)
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        B, L, C = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(B, L, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        am = None if mask is None else mask.bool()[:, None, None, :]
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=am)
+        x = x + self.proj(a.transpose(1, 2).reshape(B, L, C))
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+class ImageRouter(nn.Module):
+    def __init__(self, cfg: RouterConfig):
+        super().__init__()
+        D, r = cfg.hidden_size, cfg.router_dim
+        self.norm_in = nn.LayerNorm(D)
+        self.proj = nn.Linear(D, r)
+        self.cls = nn.Parameter(torch.zeros(1, 1, r))
+        self.block = Block(r, cfg.num_heads, cfg.ffn_mult)
+        self.norm_out = nn.LayerNorm(r)
+        self.score = nn.Sequential(nn.Linear(r, r), nn.GELU(), nn.Linear(r, 1))
+
+    def forward(self, H: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """H [B, L, D] (shadow-stack features of [Z_t; q]) -> frame logits [B]."""
+        x = self.proj(self.norm_in(H))
+        x = torch.cat([self.cls.expand(x.shape[0], 1, -1).to(x.dtype), x], 1)
+        if mask is not None:
+            mask = torch.cat([mask.new_ones(mask.shape[0], 1), mask], 1)
+        x = self.block(x, mask)
+        return self.score(self.norm_out(x[:, 0])).squeeze(-1)
+
+
+def _init_head(module: nn.Module, generator: torch.Generator) -> None:
+    """Deterministic init of the heads: N(0, 0.02) matrices, zero biases, unit norms."""
+    with torch.no_grad():
+        for name, p in sorted(module.named_parameters(), key=lambda kv: kv[0]):
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf == "bias":
+                p.zero_()
+            elif p.ndim == 1:
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.02)
+
+
+# ----------------------------------------------------------------------------- both routers
+class Routers(nn.Module):
+    """Shadow stack + Semantic Router + Image Router. ``trained`` is False until weights are
+    loaded (or set by training); the runtime then refuses to let ``auto`` pretend to route."""
+
+    def __init__(self, cfg: RouterConfig, text_config, source: Optional[nn.Module] = None,
+                 seed: int = 0):
+        super().__init__()
+        self.config = cfg
+        self.shadow = ShadowStack(text_config, cfg.num_layers, source)
+        self.semantic = SemanticRouter(cfg)
+        self.image = ImageRouter(cfg)
+        g = torch.Generator().manual_seed(seed)
+        _init_head(self.semantic, g)
+        _init_head(self.image, g)
+        p = next(self.shadow.parameters())
+        self.semantic.to(device=p.device, dtype=p.dtype)
+        self.image.to(device=p.device, dtype=p.dtype)
+        self.trained = False
+
+    @classmethod
+    def from_model(cls, model, cfg: Optional[RouterConfig] = None, seed: int = 0) -> "Routers":
+        """Routers for ``model`` (an InternVLForConditionalGeneration): the shadow stack is a deep
+        copy of its first ``cfg.num_layers`` decoder layers + rotary embedding; heads are new."""
+        lm, tcfg = _text_parts(model)
+        cfg = (cfg or RouterConfig()).resolved(int(tcfg.hidden_size))
+        return cls(cfg, tcfg, source=lm, seed=seed).eval()
+
+    # -- routing
+    def policy_logits(self, q_embeds: torch.Tensor, q_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """q_embeds [B, Lq, D] (token embeddings of the question), q_mask [B, Lq] -> [B, 2]."""
+        if q_embeds.ndim == 2:
+            q_embeds = q_embeds.unsqueeze(0)
+        if q_mask is not None and bool(q_mask.all()):
+            q_mask = None  # no padding: let attention take the plain causal path
+        H = self.shadow(q_embeds, q_mask)
+        return self.semantic(H, q_mask)
+
+    def frame_logits(self, Z: torch.Tensor, q_embeds: torch.Tensor,
+                     frame_batch: Optional[int] = None) -> torch.Tensor:
+        """Z [T, N, D] and q_embeds [Lq, D] -> one logit per frame [T].
+
+        Each frame's sequence is [Z_t; Emb(q)] through the shadow stack and the Image Router
+        head, ``frame_batch`` frames per call (None: as many as fit 32K tokens per call)."""
+        if Z.ndim != 3 or q_embeds.ndim != 2 or Z.shape[-1] != q_embeds.shape[-1]:
+            raise ValueError(f"frame_logits: expected Z [T, N, D] and q_embeds [Lq, D], got "
+                             f"{tuple(Z.shape)} and {tuple(q_embeds.shape)}")
+        T, N, D = Z.shape
+        Lq = q_embeds.shape[0]
+        if frame_batch is None:
+            frame_batch = max(1, 32768 // (N + Lq))
+        if not isinstance(frame_batch, int) or frame_batch < 1:
+            raise ValueError(f"frame_batch: expected an int >= 1 or None, got {frame_batch!r}")
+        q = q_embeds.to(Z.dtype)
+        out = []
+        for i in range(0, T, frame_batch):
+            z = Z[i:i + frame_batch]
+            x = torch.cat([z, q.unsqueeze(0).expand(z.shape[0], Lq, D)], 1)
+            out.append(self.image(self.shadow(x)))
+        return torch.cat(out, 0) if out else Z.new_zeros(0)
+
+    def frame_probs(self, Z, q_embeds, frame_batch=None) -> torch.Tensor:
+        return torch.sigmoid(self.frame_logits(Z, q_embeds, frame_batch).float())
+
+    # -- persistence
+    def save(self, path) -> None:
+        """safetensors with the RouterConfig (JSON) and ``trained`` in the metadata."""
+        from safetensors.torch import save_file
+        state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
+        meta = {"format": FORMAT, "router_config": self.config.to_json(),
+                "trained": "true" if self.trained else "false"}
+        pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+        save_file(state, str(path), metadata=meta)
+
+    @classmethod
+    def load(cls, path, model, device=None) -> "Routers":
+        """Routers saved by :meth:`save`, checked against ``model``; ``RouterWeightsError`` on
+        anything unreadable or that does not fit (names the field, key or shape)."""
+        from safetensors import safe_open
+        path = pathlib.Path(path)
+        if not path.is_file():
+            raise RouterWeightsError(f"router weights {str(path)!r}: no such file")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                keys = list(f.keys())
+                state = {k: f.get_tensor(k) for k in keys}
+        except Exception as e:  # safetensors raises its own error types on corrupt headers
+            raise RouterWeightsError(f"router weights {str(path)!r}: not a readable safetensors "
+                                     f"file ({e})") from None
+        if meta.get("format") != FORMAT or "router_config" not in meta:
+            raise RouterWeightsError(f"router weights {str(path)!r}: no VideoRouter router config "
+                                     f"in the metadata (expected format {FORMAT!r})")
+        try:
+            cfg = RouterConfig.from_json(meta["router_config"])
+        except (ValueError, TypeError) as e:
+            raise RouterWeightsError(f"router weights {str(path)!r}: bad router config ({e})") from None
+        _, tcfg = _text_parts(model)
+        D = int(tcfg.hidden_size)
+        if cfg.hidden_size != D:
+            raise RouterWeightsError(
+                f"router weights {str(path)!r}: trained for hidden size {cfg.hidden_size}, but the "
+                f"model's language model has hidden size {D}; use routers trained for this model")
+        if cfg.num_layers > int(tcfg.num_hidden_layers):
+            raise RouterWeightsError(
+                f"router weights {str(path)!r}: shadow stack of {cfg.num_layers} layers, but the "
+                f"model has {tcfg.num_hidden_layers}")
+        routers = cls.from_model(model, cfg)
+        own = routers.state_dict()
+        missing = sorted(set(own) - set(state))
+        extra = sorted(set(state) - set(own))
+        bad = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}"
+               for k in sorted(set(state) & set(own)) if tuple(state[k].shape) != tuple(own[k].shape)]
+        if missing or extra or bad:
+            raise RouterWeightsError(
+                f"router weights {str(path)!r} do not fit the model: missing {missing[:4]}, "
+                f"unexpected {extra[:4]}, wrong shape {bad[:4]}")
+        with torch.no_grad():
+            for k, v in state.items():
+                own[k].copy_(v)
+        routers.trained = meta.get("trained", "true") == "true"
+        if device is not None:
+            routers.to(device)
+        return routers.eval()
+
+
+def embed_question(model, tokenizer, question: str) -> torch.Tensor:
+    """Emb(q): the language model's token embeddings of the bare question text -> [Lq, D]."""
+    ids = tokenizer(question, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
+    if ids.numel() == 0:
+        raise ValueError("question: empty after tokenisation; ask a non-empty question")
+    emb = model.get_input_embeddings()
+    return emb(ids.to(emb.weight.device))
+
+
+__all__ = ["RouterConfig", "ShadowStack", "SemanticRouter", "ImageRouter", "Routers",
+           "embed_question", "FORMAT"]
