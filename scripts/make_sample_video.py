@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""Regenerate the bundled demo video ``vr_runtime/assets/sample.mp4``.
+
+The video is the synthetic evidence task's demo clip (``vr_runtime.training.synthetic.demo_spec``),
+so the demo is in the distribution the tiny model's routers are trained on:
+
+- 16 frames, 448x448, 2 fps (8 s), H.264 (libx264, yuv420p, crf 12), black background;
+- ground truth: a **red circle** is shown in frames 5, 6 and 7 only, i.e. from 2.5 s to 4.0 s;
+- distractors elsewhere: blue square (frame 0), green triangle (2), yellow square (3),
+  cyan circle (9), magenta triangle (11), green square (13); the other frames are empty.
+
+Questions: "What shape is the red object?" (Fragment: the evidence is frames 5-7; answer
+"circle") and "What is the background color?" (Global; answer "black"). ``videorouter demo``
+asks the first one.
+
+Frames are drawn with numpy from a fixed seed and x264 is deterministic, so rerunning the script
+with the same libx264 build gives the same bytes; the file is a few kB.
+
+    python scripts/make_sample_video.py [--out vr_runtime/assets/sample.mp4]
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from vr_runtime.training.synthetic import DEMO_QUESTIONS, demo_spec, make_video  # noqa: E402
+
+DEFAULT_OUT = ROOT / "vr_runtime" / "assets" / "sample.mp4"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT, help="output .mp4 path")
+    args = ap.parse_args(argv)
+    spec = demo_spec()
+    make_video(str(args.out), spec)
+    frames = spec.frames_with(spec.target_color)
+    print(f"wrote {args.out} ({args.out.stat().st_size} bytes): {spec.num_frames} frames, "
+          f"{spec.size}x{spec.size}, {spec.fps:g} fps")
+    print(f"evidence: {spec.target_color} {spec.target_shape} in frames {frames} "
+          f"({frames[0] / spec.fps:g}-{(frames[-1] + 1) / spec.fps:g} s)")
+    for kind, q in DEMO_QUESTIONS.items():
+        print(f"{kind} question: {q}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
