@@ -1,0 +1,64 @@
+"""Sequence reconstruction: pooled frame tokens written straight into ``inputs_embeds``.
+
+``inputs_embeds = embed_tokens(input_ids)`` already has one row per placeholder; the fused kernel
+(``vr_kernels.pool_pack`` with ``out=`` / ``dest=``) pools each frame of Z with its window and
+writes the result into that frame's placeholder rows. There is no packed intermediate and no
+``masked_scatter`` (which would read a boolean mask over L x D and a packed copy).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import torch
+
+from vr_kernels import pool_pack, pooled_counts
+
+from .prompt import plan_dest
+
+
+def placeholder_starts(input_ids: torch.Tensor, counts: Sequence[int], image_token_id: int):
+    """First placeholder row of each kept frame, from the ids (host-side; checks contiguity)."""
+    pos = (input_ids.reshape(-1).cpu() == image_token_id).nonzero().flatten().tolist()
+    starts, off = [], 0
+    for c in counts:
+        if c == 0:
+            continue
+        if off + c > len(pos) or pos[off + c - 1] - pos[off] != c - 1:
+            raise ValueError("input_ids: the placeholder rows of a frame are not contiguous")
+        starts.append(pos[off])
+        off += c
+    return starts
+
+
+def reconstruct_embeds(model, input_ids: torch.Tensor, Z: torch.Tensor, plan: Sequence,
+                       image_token_id: int, grid: Tuple[int, int] = (16, 16),
+                       frame_starts: Optional[Sequence[int]] = None) -> torch.Tensor:
+    """inputs_embeds [1, L, D] for the prompt ``input_ids`` with frame t of ``Z`` pooled by
+    ``plan[t]`` in its placeholders.
+
+    ``frame_starts`` (from :func:`vr_runtime.prompt.build_video_prompt`) avoids a device sync to
+    find the placeholders; without it they are located on the host."""
+    ids = input_ids.reshape(-1)
+    if Z.ndim != 3 or Z.shape[0] != len(plan):
+        raise ValueError(f"Z: expected [T={len(plan)}, N, D], got {tuple(Z.shape)}")
+    counts = pooled_counts(plan, grid)
+    n_ph = int((ids.cpu() == image_token_id).sum()) if ids.device.type == "cpu" or frame_starts is None \
+        else None
+    if n_ph is not None and n_ph != sum(counts):
+        raise ValueError(f"input_ids: {n_ph} image placeholders (id {image_token_id}) but the plan "
+                         f"pools the frames into {sum(counts)} tokens; build the prompt from the "
+                         f"same plan (vr_runtime.prompt.build_video_prompt with pooled_counts(plan))")
+    if frame_starts is None:
+        frame_starts = placeholder_starts(ids, counts, image_token_id)
+    dest = plan_dest(counts, frame_starts)
+    emb = model.get_input_embeddings()
+    embeds = emb(ids.to(emb.weight.device))  # fresh [L, D] buffer, not a view of the table
+    if Z.dtype != embeds.dtype or Z.device != embeds.device:
+        Z = Z.to(device=embeds.device, dtype=embeds.dtype)
+    # The Triton path writes in place and returns `out`; the reference returns a new tensor
+    # (out-of-place for autograd), so always take the return value.
+    embeds = pool_pack(Z, list(plan), grid, out=embeds, dest=dest)
+    return embeds.unsqueeze(0)
+
+
+__all__ = ["reconstruct_embeds", "placeholder_starts"]

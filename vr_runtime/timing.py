@@ -1,0 +1,90 @@
+"""Per-stage wall-clock timers and peak memory.
+
+CUDA work is asynchronous, so each stage synchronises the device before reading the clock at its
+start and end; otherwise a stage would be charged for the kernels queued by the one before it.
+Peak memory comes from two places: ``torch.cuda.max_memory_allocated`` (tensors of this process)
+and NVML's used memory of the device (includes the CUDA context, the caching allocator's
+reserve and other processes), sampled at the end of each stage. Both are guarded, so CPU runs
+report ``None``.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Dict, Optional
+
+import torch
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _NVML:
+    def __init__(self, device: torch.device):
+        self.handle = None
+        if device.type != "cuda":
+            return
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            idx = device.index if device.index is not None else torch.cuda.current_device()
+            # NVML numbers devices physically; honour CUDA_VISIBLE_DEVICES when it is a plain list.
+            import os
+            vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+            if vis:
+                ids = [v.strip() for v in vis.split(",") if v.strip()]
+                if idx < len(ids) and ids[idx].isdigit():
+                    idx = int(ids[idx])
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(idx)
+            self._pynvml = pynvml
+        except Exception:  # no driver library, MIG without permission, ...: report None
+            self.handle = None
+
+    def used(self) -> Optional[int]:
+        if self.handle is None:
+            return None
+        try:
+            return int(self._pynvml.nvmlDeviceGetMemoryInfo(self.handle).used)
+        except Exception:
+            return None
+
+
+class StageTimer:
+    """``with timer.stage("vision"): ...`` accumulates seconds per stage name."""
+
+    def __init__(self, device="cpu"):
+        self.device = torch.device(device)
+        self.times: Dict[str, float] = {}
+        self._nvml = _NVML(self.device)
+        self.nvml_peak: Optional[int] = self._nvml.used()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    @contextlib.contextmanager
+    def stage(self, name: str):
+        _sync(self.device)
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            _sync(self.device)
+            self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
+            used = self._nvml.used()
+            if used is not None:
+                self.nvml_peak = max(self.nvml_peak or 0, used)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.times[name] = self.times.get(name, 0.0) + float(seconds)
+
+    def get(self, name: str) -> float:
+        return self.times.get(name, 0.0)
+
+    def torch_peak(self) -> Optional[int]:
+        if self.device.type != "cuda":
+            return None
+        return int(torch.cuda.max_memory_allocated(self.device))
+
+
+__all__ = ["StageTimer"]
