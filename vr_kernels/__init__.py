@@ -1,8 +1,13 @@
-"""Fused variable-scale mean pooling + ragged packing for VideoRouter (SPEC section 1)."""
-from .windows import normalize_window, pooled_counts, window_tokens
+"""Fused variable-scale mean pooling + ragged packing for VideoRouter (SPEC section 1).
+
+``pool_pack`` dispatches to Triton kernels on CUDA (and on CPU under ``TRITON_INTERPRET=1``),
+or to a vectorised PyTorch path on CPU; ``reference`` is the plain per-frame implementation.
+"""
 from . import reference
+from .checks import PoolPackArgError
+from .pool_pack import pool_pack
+from .reference import pool_pack_reference
+from .windows import normalize_window, pooled_counts, window_tokens
 
-# Placeholder until the Triton implementation lands: the reference honours the contract.
-from .reference import pool_pack_reference as pool_pack  # noqa: F401
-
-__all__ = ["pool_pack", "pooled_counts", "normalize_window", "window_tokens", "reference"]
+__all__ = ["pool_pack", "pool_pack_reference", "pooled_counts", "normalize_window", "window_tokens",
+           "reference", "PoolPackArgError"]
