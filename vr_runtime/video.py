@@ -193,7 +193,9 @@ def _probe(path: str) -> Optional[float]:
             raise VideoError(f"{path}: the file has no video stream"
                              + (f" (only {', '.join(kinds)})" if kinds else ""))
         codec = (streams[0].codec_context.name or "").lower()
-        if (fmt.endswith("_pipe") or fmt in ("image2", "tty")
+        if fmt == "tty":  # ffmpeg renders .txt/.ans files as "ANSI art" video
+            raise VideoError(f"{path}: this is a text file, not a video")
+        if (fmt.endswith("_pipe") or fmt == "image2"
                 or (codec in _IMAGE_CODECS and (streams[0].frames or 0) <= 1)):
             raise VideoError(f"{path}: this is an image ({codec or fmt}), not a video")
         duration = container.duration  # in AV_TIME_BASE units (microseconds)
@@ -239,8 +241,8 @@ def _open(path: str):
         with _quiet_stderr():
             vr = decord.VideoReader(path, ctx=decord.cpu(0))
     except Exception as e:  # decord raises RuntimeError / DECORDError
-        raise VideoError(f"{path}: decord cannot open the video (corrupt or unsupported: "
-                         f"{_decord_reason(e)})") from None
+        raise VideoError(f"{path}: decord cannot open the video; the file is corrupt, truncated "
+                         f"or in an unsupported format ({_decord_reason(e)})") from None
     if len(vr) < 1:
         raise VideoError(f"{path}: the video has zero frames")
     return vr, declared_s

@@ -68,10 +68,11 @@ def videos(tmp_path_factory):
     (d / "empty.mp4").write_bytes(b"")
     (d / "random.mp4").write_bytes(np.random.default_rng(0).bytes(20000))
     (d / "text.mp4").write_text("this is not a video\n" * 50)
+    (d / "notes.txt").write_text("this is not a video\n" * 50)  # ffmpeg's "tty" demuxer takes it
     from PIL import Image
     Image.fromarray(grey[3]).save(d / "image.png")
     out.update(empty=d / "empty.mp4", random=d / "random.mp4", text=d / "text.mp4",
-               png=d / "image.png", missing=d / "nope.mp4", directory=d)
+               txt=d / "notes.txt", png=d / "image.png", missing=d / "nope.mp4", directory=d)
     # Cut-off files: without the trailing moov index, and (faststart) with the index but
     # without the second half of the frame data.
     data = out["grey"].read_bytes()
@@ -216,6 +217,7 @@ def test_bundled_sample_ground_truth():
 @pytest.mark.parametrize("kind,match", [
     ("missing", "no such file"), ("directory", "directory"), ("empty", "empty"),
     ("random", "not a readable video"), ("text", "not a readable video"),
+    ("txt", "text file, not a video"),
     ("png", "image"), ("truncated", "not a readable video|corrupt|truncated"),
     ("truncated_fs", "corrupt|truncated"),
 ])

@@ -1,0 +1,192 @@
+"""The `videorouter` command (SPEC section 4), run as a user runs it: in a subprocess.
+
+Each subprocess imports torch (and, past the input checks, transformers and the tiny model),
+so the cases are chosen to cover every SPEC error once and the normal path twice."""
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+from vr_runtime import cli
+
+try:  # the normal path needs the runtime; skip those tests (only) until it exists
+    import vr_runtime.runtime  # noqa: F401
+    HAVE_RUNTIME = True
+except ImportError:
+    HAVE_RUNTIME = False
+needs_runtime = pytest.mark.skipif(not HAVE_RUNTIME, reason="vr_runtime.runtime not importable")
+
+SAMPLE = str(cli.SAMPLE_VIDEO)
+
+
+def videorouter(*args, env=None, timeout=180):
+    e = dict(os.environ)
+    e.pop("VIDEOROUTER_DEBUG", None)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "vr_runtime.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, env=e)
+
+
+def assert_usage_error(res, *needles):
+    """Exit status 2, exactly one line on stderr naming the problem, no traceback."""
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("videorouter: error: "), lines[0]
+    assert "Traceback" not in res.stderr and res.stdout == ""
+    for n in needles:
+        assert n.lower() in lines[0].lower(), (n, lines[0])
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    (d / "empty.mp4").write_bytes(b"")
+    (d / "corrupt.mp4").write_bytes(np.random.default_rng(1).bytes(30000))
+    (d / "notes.txt").write_text("a text file, not a video\n" * 20)
+    from PIL import Image
+    Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(d / "still.png")
+    data = open(SAMPLE, "rb").read()
+    (d / "truncated.mp4").write_bytes(data[: len(data) // 2])
+    (d / "model_dir").mkdir()
+    return d
+
+
+# ----------------------------------------------------------------------------- normal path
+
+@needs_runtime
+def test_demo_json(tmp_path):
+    res = videorouter("demo", "--json")
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert len(lines) == 1, res.stdout  # exactly one JSON object and nothing else on stdout
+    out = json.loads(lines[0])
+    assert set(out) == {"answer", "report"} and isinstance(out["answer"], str)
+    r = out["report"]
+    for key in ("policy", "policy_probability", "frame_indices", "frame_scores", "scales",
+                "visual_tokens", "dense_visual_tokens", "budget", "text_tokens", "timings_s",
+                "device"):
+        assert key in r, key
+    assert r["frame_indices"] == list(range(cli.DEMO_FRAMES)) and r["device"] == "cpu"
+    assert r["dense_visual_tokens"] == cli.DEMO_FRAMES * 256
+    # the demo's budget forces real compression, and the plan respects it
+    assert r["visual_tokens"] <= r["budget"] < r["dense_visual_tokens"]
+    assert r["visual_tokens"] == sum(r["frame_tokens"])
+    assert set(r["timings_s"]) >= {"decode", "vision", "router", "compress", "prefill", "ttft",
+                                   "generate"}
+    assert r["timings_s"]["decode"] > 0
+
+
+@needs_runtime
+def test_ask_table_and_plot(tmp_path):
+    png = tmp_path / "tokens.png"
+    res = videorouter("ask", SAMPLE, "What shape is the red object?", "--frames", "8",
+                      "--max-length", "1200", "--max-new-tokens", "4", "--policy", "fragment",
+                      "--device", "cpu", "--dtype", "fp32", "--plot", png)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert out.startswith("Answer:")
+    assert "frame" in out and "time (s)" in out and "score" in out and "scale" in out
+    assert "timings (s):" in out and "ttft" in out
+    # one table row per sampled frame: frame number, time, a score (fragment), scale, tokens
+    rows = [ln.split() for ln in out.splitlines()
+            if len(ln.split()) == 5 and ln.split()[0].isdigit()]
+    assert len(rows) == 8
+    from vr_runtime.video import sample_indices
+    assert [int(r[0]) for r in rows] == sample_indices(16, 8, 2.0)
+    assert [float(r[1]) for r in rows] == [i / 2.0 for i in sample_indices(16, 8, 2.0)]
+    assert all(0.0 <= float(r[2]) <= 1.0 for r in rows)
+    total = [ln for ln in out.splitlines() if ln.split()[:1] == ["total"]]
+    assert total and int(total[0].split()[-1]) == sum(int(r[4]) for r in rows)
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    from PIL import Image
+    with Image.open(png) as im:
+        assert im.size[0] > 300 and im.size[1] > 200
+
+
+def test_demo_question_matches_synthetic_task():
+    from vr_runtime.training.synthetic import DEMO_QUESTIONS, demo_spec
+    assert cli.DEMO_QUESTION == DEMO_QUESTIONS["fragment"]
+    assert cli.DEMO_FRAMES == demo_spec().num_frames
+
+
+# ----------------------------------------------------------------------------- SPEC errors
+
+@pytest.mark.parametrize("name,needle", [
+    ("missing.mp4", "no such file"), ("empty.mp4", "empty"), ("corrupt.mp4", "not a readable"),
+    ("notes.txt", "not a video"), ("still.png", "image"), ("truncated.mp4", "truncated"),
+])
+def test_bad_video(bad_files, name, needle):
+    assert_usage_error(videorouter("ask", bad_files / name, "What happens?"), needle)
+
+
+def test_empty_question():
+    assert_usage_error(videorouter("ask", SAMPLE, "   "), "question")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--frames", "0"], "--frames"), (["--max-length", "-5"], "--max-length"),
+])
+def test_bad_arguments(args, needle):
+    assert_usage_error(videorouter("ask", SAMPLE, "What happens?", *args), needle)
+
+
+def test_missing_model_files(bad_files):
+    assert_usage_error(videorouter("ask", SAMPLE, "What happens?", "--model",
+                                   bad_files / "nowhere"), "--model")
+    # a directory without the checkpoint files: reported by the model loader, still one line
+    assert_usage_error(videorouter("ask", SAMPLE, "What happens?", "--model",
+                                   bad_files / "model_dir"), "config.json")
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_absent():
+    assert_usage_error(videorouter("ask", SAMPLE, "What happens?", "--device", "cuda"), "cuda")
+
+
+@needs_runtime
+def test_budget_too_small():
+    assert_usage_error(videorouter("ask", SAMPLE, "What happens?", "--max-length", "200",
+                                   "--frames", "4"), "budget", "max_length")
+
+
+@needs_runtime
+def test_router_weights_do_not_match(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+    from vr_runtime.routers import FORMAT, RouterConfig
+    path = tmp_path / "routers.safetensors"
+    # routers trained for a model of a different width (hidden 999; the tiny model has 128)
+    save_file({"semantic.weight": torch.zeros(2, 999)}, str(path),
+              metadata={"format": FORMAT, "router_config": RouterConfig(hidden_size=999).to_json(),
+                        "trained": "true"})
+    assert_usage_error(videorouter("ask", SAMPLE, "What happens?", "--routers", path,
+                                   "--frames", "4"), "router weights", "hidden size")
+
+
+def test_debug_shows_traceback(bad_files):
+    res = videorouter("ask", bad_files / "missing.mp4", "What happens?",
+                      env={"VIDEOROUTER_DEBUG": "1"})
+    assert res.returncode != 0 and "Traceback" in res.stderr and "VideoError" in res.stderr
+
+
+def test_internal_error_is_one_line(monkeypatch, capsys, tmp_path):
+    """A bug (not a user error) still prints one line, with the debug hint, and exit status 1."""
+    def boom(args):
+        raise RuntimeError("something\nbroke")
+    monkeypatch.setattr(cli, "run_ask", boom)
+    for k in ("TRANSFORMERS_VERBOSITY", "TRANSFORMERS_NO_ADVISORY_WARNINGS",
+              "HF_HUB_DISABLE_PROGRESS_BARS", "TOKENIZERS_PARALLELISM"):
+        monkeypatch.setenv(k, os.environ.get(k, "x"))  # restored afterwards
+    monkeypatch.delenv("VIDEOROUTER_DEBUG", raising=False)
+    with warnings.catch_warnings(), pytest.raises(SystemExit) as exc:
+        cli.main(["ask", SAMPLE, "What happens?"])
+    assert exc.value.code == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "RuntimeError: something broke" in err[0]
+    assert "VIDEOROUTER_DEBUG=1" in err[0]
