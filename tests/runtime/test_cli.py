@@ -190,3 +190,33 @@ def test_internal_error_is_one_line(monkeypatch, capsys, tmp_path):
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "RuntimeError: something broke" in err[0]
     assert "VIDEOROUTER_DEBUG=1" in err[0]
+
+
+# ----------------------------------------------------------------------------- table / plot data
+
+def test_frame_rows_and_plot(tmp_path):
+    from vr_kernels.windows import window_tokens
+    from vr_runtime.plot import frame_rows, plot_report
+    rng = np.random.default_rng(3)
+    T = 12
+    choices = [0, 1, 2, 4, [2, 4], [1, 3]]
+    scales = [choices[i] for i in rng.integers(0, len(choices), T)]
+    idx = sorted(rng.choice(300, T, replace=False).tolist())
+    scores = rng.random(T).round(4).tolist()
+    report = {"frame_indices": idx, "scales": scales, "frame_scores": scores, "fps": 25.0,
+              "policy": "fragment", "budget": 2000, "dense_visual_tokens": T * 256}
+    rows = frame_rows(report)
+    expect = [window_tokens(tuple(w) if isinstance(w, list) else w) for w in scales]
+    assert [r["tokens"] for r in rows] == expect
+    assert [r["time_s"] for r in rows] == pytest.approx([i / 25.0 for i in idx])
+    assert [r["scale"] for r in rows] == [
+        "drop" if w == 0 else (f"{w}x{w}" if isinstance(w, int) else f"{w[0]}x{w[1]}")
+        for w in scales]
+    # the runtime's own per-frame counts and times win over recomputation
+    report.update(frame_tokens=[7] * T, frame_times_s=[float(t) for t in range(T)])
+    rows = frame_rows(report)
+    assert [r["tokens"] for r in rows] == [7] * T and rows[-1]["time_s"] == T - 1
+    with pytest.raises(ValueError, match="scales"):
+        frame_rows({**report, "scales": scales[:-1]})
+    png = plot_report(report, tmp_path / "p.png")
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
