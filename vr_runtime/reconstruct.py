@@ -7,6 +7,7 @@ writes the result into that frame's placeholder rows. There is no packed interme
 """
 from __future__ import annotations
 
+import inspect
 from typing import Optional, Sequence, Tuple
 
 import torch
@@ -14,6 +15,18 @@ import torch
 from vr_kernels import pool_pack, pooled_counts
 
 from .prompt import plan_dest
+
+_HAS_BACKEND = "backend" in inspect.signature(pool_pack).parameters
+
+
+def _backend_kw(device: torch.device, backend: Optional[str]) -> dict:
+    """On CPU the runtime takes pool_pack's vectorised torch path even under TRITON_INTERPRET=1:
+    the interpreter is how the kernel tests run Triton on CPU, ~100x slower than torch there."""
+    if not _HAS_BACKEND:
+        return {}
+    if backend is None:
+        backend = "torch" if device.type == "cpu" else "auto"
+    return {"backend": backend}
 
 
 def placeholder_starts(input_ids: torch.Tensor, counts: Sequence[int], image_token_id: int):
@@ -32,12 +45,14 @@ def placeholder_starts(input_ids: torch.Tensor, counts: Sequence[int], image_tok
 
 def reconstruct_embeds(model, input_ids: torch.Tensor, Z: torch.Tensor, plan: Sequence,
                        image_token_id: int, grid: Tuple[int, int] = (16, 16),
-                       frame_starts: Optional[Sequence[int]] = None) -> torch.Tensor:
+                       frame_starts: Optional[Sequence[int]] = None,
+                       backend: Optional[str] = None) -> torch.Tensor:
     """inputs_embeds [1, L, D] for the prompt ``input_ids`` with frame t of ``Z`` pooled by
     ``plan[t]`` in its placeholders.
 
     ``frame_starts`` (from :func:`vr_runtime.prompt.build_video_prompt`) avoids a device sync to
-    find the placeholders; without it they are located on the host."""
+    find the placeholders; without it they are located on the host. ``backend``: passed to
+    ``pool_pack`` (None: "torch" on CPU, "auto" -- Triton -- on CUDA)."""
     ids = input_ids.reshape(-1)
     if Z.ndim != 3 or Z.shape[0] != len(plan):
         raise ValueError(f"Z: expected [T={len(plan)}, N, D], got {tuple(Z.shape)}")
@@ -57,7 +72,8 @@ def reconstruct_embeds(model, input_ids: torch.Tensor, Z: torch.Tensor, plan: Se
         Z = Z.to(device=embeds.device, dtype=embeds.dtype)
     # The Triton path writes in place and returns `out`; the reference returns a new tensor
     # (out-of-place for autograd), so always take the return value.
-    embeds = pool_pack(Z, list(plan), grid, out=embeds, dest=dest)
+    embeds = pool_pack(Z, list(plan), grid, out=embeds, dest=dest,
+                       **_backend_kw(embeds.device, backend))
     return embeds.unsqueeze(0)
 
 

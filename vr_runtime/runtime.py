@@ -152,6 +152,35 @@ class VideoRouter:
         return B.plan_fragment(relevant, budget, grid, high=high, low=low, global_scale=global_scale)
 
     @torch.inference_mode()
+    def generate(self, embeds: torch.Tensor, max_new_tokens: int,
+                 timer: Optional[StageTimer] = None) -> List[int]:
+        """Prefill ``embeds`` [1, L, D] (logits of the last row only, KV cache on), then greedy
+        decoding with the cache until a stop id or ``max_new_tokens``. Returns the new ids
+        (the stop id excluded). Stages "prefill" and "generate" go to ``timer``."""
+        lm = self.lm
+        timer = timer or StageTimer(lm.device)
+        keep = {self._keep_kw: 1}
+        with timer.stage("prefill"):
+            out = lm.model(inputs_embeds=embeds, use_cache=True, return_dict=True, **keep)
+            nxt = out.logits[:, -1].argmax(-1)
+        gen: List[int] = []
+        with timer.stage("generate"):
+            cache = out.past_key_values
+            del out
+            tok_id = int(nxt)  # one host sync per token is inherent to stopping on EOS
+            while len(gen) < max_new_tokens and tok_id not in self._stop_ids:
+                gen.append(tok_id)
+                if len(gen) == max_new_tokens:
+                    break
+                o = lm.model(input_ids=nxt.view(1, 1), past_key_values=cache, use_cache=True,
+                             return_dict=True, **keep)
+                cache = o.past_key_values
+                nxt = o.logits[:, -1].argmax(-1)
+                tok_id = int(nxt)
+            del cache
+        return gen
+
+    @torch.inference_mode()
     def answer(self, video, question: str, num_frames: int = 64, max_length: int = 12288,
                max_new_tokens: int = 64, policy: str = "auto", time_window=None,
                relevant: Optional[Sequence[bool]] = None, high=1, low=4, global_scale=2,
@@ -252,25 +281,8 @@ class VideoRouter:
                                         grid, frame_starts=starts)
 
         # --- prefill + greedy generation with the KV cache -----------------------------------
-        with timer.stage("prefill"):
-            out = lm.model(inputs_embeds=embeds, use_cache=True, return_dict=True,
-                           **{self._keep_kw: 1})
-            nxt = out.logits[:, -1].argmax(-1)
-        gen: List[int] = []
-        with timer.stage("generate"):
-            cache = out.past_key_values
-            del out, embeds
-            tok_id = int(nxt)  # one host sync per token is inherent to stopping on EOS
-            while len(gen) < max_new_tokens and tok_id not in self._stop_ids:
-                gen.append(tok_id)
-                if len(gen) == max_new_tokens:
-                    break
-                o = lm.model(input_ids=nxt.view(1, 1), past_key_values=cache, use_cache=True,
-                             return_dict=True, **{self._keep_kw: 1})
-                cache = o.past_key_values
-                nxt = o.logits[:, -1].argmax(-1)
-                tok_id = int(nxt)
-            del cache
+        gen = self.generate(embeds, max_new_tokens, timer)
+        del embeds
         text = lm.tokenizer.decode(gen, skip_special_tokens=True).strip()
 
         t = timer.times

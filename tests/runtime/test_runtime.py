@@ -1,0 +1,158 @@
+"""VideoRouter.answer end to end on the tiny model (CPU, random frames)."""
+import json
+
+import pytest
+import torch
+
+from vr_kernels import pooled_counts
+from vr_runtime import budget as B
+from vr_runtime.routers import Routers
+from vr_runtime.runtime import POLICIES, VideoRouter
+
+Q = "Which color is the square in the video?"
+FIELDS = ("policy", "policy_probability", "frame_indices", "frame_scores", "scales",
+          "visual_tokens", "dense_visual_tokens", "budget", "text_tokens", "timings_s",
+          "peak_memory_bytes", "device", "frame_times_s", "frame_tokens", "routers_trained",
+          "notes", "num_frames_requested", "num_frames_used", "dtype", "model")
+STAGES = ("decode", "vision", "router", "compress", "prefill", "ttft", "generate")
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_answer_every_policy(tiny_vr, frames, policy):
+    T = 5
+    res = tiny_vr.answer(frames(T, seed=3), Q, num_frames=T, max_length=1000, max_new_tokens=3,
+                         policy=policy)
+    r = json.loads(json.dumps(res.report))  # JSON-serialisable, and nothing lost on the way
+    assert r == res.report
+    assert isinstance(res.text, str)
+    for f in FIELDS:
+        assert f in r, f
+    assert r["routers_trained"] is False and r["num_frames_used"] == T
+    assert r["frame_indices"] == list(range(T)) and len(r["scales"]) == T
+    plan = [tuple(w) if isinstance(w, list) else w for w in r["scales"]]
+    assert r["frame_tokens"] == pooled_counts(plan)
+    assert r["visual_tokens"] == sum(r["frame_tokens"]) and r["dense_visual_tokens"] == T * 256
+    assert r["prompt_tokens"] <= r["text_tokens"] + r["visual_tokens"]
+    t = r["timings_s"]
+    assert set(STAGES) <= set(t) and all(v >= 0 for v in t.values())
+    assert t["ttft"] == pytest.approx(t["vision"] + t["router"] + t["compress"] + t["prefill"], abs=1e-5)
+    assert t["vision"] > 0 and t["prefill"] > 0
+    assert r["generated_tokens"] <= 3
+    if policy == "dense":
+        assert r["scales"] == [1] * T
+    else:
+        assert r["visual_tokens"] <= r["budget"]
+    if policy == "auto":  # untrained routers must not pretend
+        assert r["policy"] == "global" and any("untrained" in n for n in r["notes"])
+        assert r["policy_probability"] is None
+    if policy == "fragment":
+        assert len(r["frame_scores"]) == T and t["router"] > 0
+        assert r["relevant"] == [s > 0.5 for s in r["frame_scores"]]
+        assert plan == B.plan_fragment(r["relevant"], r["budget"])
+    else:
+        assert r["frame_scores"] is None
+
+
+def test_forced_relevance_follows_algorithm1(tiny_vr, frames):
+    rel = [False, True, False, False, True, False]
+    res = tiny_vr.answer(frames(6, seed=4), Q, num_frames=6, max_length=900, max_new_tokens=1,
+                         policy="fragment", relevant=rel)
+    r = res.report
+    assert r["scales"] == B.plan_fragment(rel, r["budget"]) and r["frame_scores"] is None
+    assert r["scales"][1] == 1 and r["scales"][4] == 1
+    none = tiny_vr.answer(frames(6, seed=4), Q, num_frames=6, max_new_tokens=1, policy="fragment",
+                          relevant=[False] * 6).report
+    assert none["scales"] == [2] * 6 and any("Global" in n for n in none["notes"])
+
+
+def test_auto_with_trained_routers_uses_semantic_router(tiny_lm, frames):
+    routers = Routers.from_model(tiny_lm.model, seed=2)
+    with torch.no_grad():  # make the Semantic Router decisively pick class 1 (fragment)
+        routers.semantic.fc2.bias.copy_(torch.tensor([-5.0, 5.0]))
+    routers.trained = True
+    vr = VideoRouter(tiny_lm, routers)
+    r = vr.answer(frames(4, seed=5), Q, num_frames=4, max_new_tokens=1, policy="auto").report
+    assert r["policy"] == "fragment" and r["routers_trained"] is True
+    assert r["policy_probability"] > 0.99 and len(r["frame_scores"]) == 4
+    assert not any("untrained" in n for n in r["notes"])
+
+
+def test_generation_matches_full_recompute(tiny_vr, tiny_lm, frames):
+    """Greedy decoding with the KV cache == argmax of a full forward per step."""
+    from vr_runtime.model import encode_frames
+    from vr_runtime.prompt import build_video_prompt
+    from vr_runtime.reconstruct import reconstruct_embeds
+    lm = tiny_lm
+    plan = [2, 1]
+    ids, starts = build_video_prompt(lm.tokenizer, Q, pooled_counts(plan), lm.image_token_id)
+    with torch.no_grad():
+        Z = encode_frames(lm.model, frames(2, seed=6))
+        embeds = reconstruct_embeds(lm.model, ids, Z, plan, lm.image_token_id, lm.grid, frame_starts=starts)
+        vr = VideoRouter(lm, tiny_vr.routers)
+        vr._stop_ids = set()  # compare a fixed number of steps
+        got = vr.generate(embeds, 6)
+        emb = lm.model.get_input_embeddings()
+        seq, ref = embeds, []
+        for _ in range(6):
+            nxt = int(lm.model(inputs_embeds=seq).logits[0, -1].argmax())
+            ref.append(nxt)
+            seq = torch.cat([seq, emb(torch.tensor([[nxt]]))], 1)
+    assert got == ref
+
+
+def test_stops_at_stop_token(tiny_vr, tiny_lm, frames):
+    """Decoding stops before a stop id: stopping on the 3rd greedy token leaves 2 tokens."""
+    vr = VideoRouter(tiny_lm, tiny_vr.routers)
+    assert tiny_lm.tokenizer.convert_tokens_to_ids("<|im_end|>") in vr._stop_ids
+    pv = frames(2, seed=8)
+    vr._stop_ids = set()
+    free = vr.answer(pv, Q, num_frames=2, max_new_tokens=4, policy="global").report
+    assert free["generated_tokens"] == 4
+    with torch.no_grad():
+        ids = vr.generate(_embeds(tiny_lm, pv), 4)
+    vr._stop_ids = {ids[2]} if ids[2] not in ids[:2] else {ids[0]}
+    stopped = vr.answer(pv, Q, num_frames=2, max_new_tokens=4, policy="global")
+    expect = 2 if ids[2] not in ids[:2] else 0
+    assert stopped.report["generated_tokens"] == expect
+    assert stopped.text == tiny_lm.tokenizer.decode(ids[:expect], skip_special_tokens=True).strip()
+
+
+def _embeds(lm, pv, plan=(2, 2)):
+    from vr_runtime.model import encode_frames
+    from vr_runtime.prompt import build_video_prompt
+    from vr_runtime.reconstruct import reconstruct_embeds
+    ids, starts = build_video_prompt(lm.tokenizer, Q, pooled_counts(plan), lm.image_token_id)
+    Z = encode_frames(lm.model, pv)
+    return reconstruct_embeds(lm.model, ids, Z, list(plan), lm.image_token_id, lm.grid, frame_starts=starts)
+
+
+def test_video_clip_input_and_notes(tiny_vr, frames):
+    from vr_runtime.video import VideoClip
+    T = 3
+    clip = VideoClip(pixel_values=frames(T, seed=9), frame_indices=[5, 15, 25],
+                     timestamps_s=[0.2, 0.6, 1.0], fps=25.0, total_frames=30, requested=8,
+                     note="the video has 3 usable frames; 8 were asked for")
+    r = tiny_vr.answer(clip, Q, num_frames=8, max_new_tokens=1, policy="uniform").report
+    assert r["frame_indices"] == [5, 15, 25] and r["frame_times_s"] == [0.2, 0.6, 1.0]
+    assert r["num_frames_requested"] == 8 and r["num_frames_used"] == 3
+    assert any("8 were asked for" in n for n in r["notes"])
+
+
+def test_answer_errors(tiny_vr, frames):
+    pv = frames(3, seed=10)
+    with pytest.raises(ValueError, match="policy"):
+        tiny_vr.answer(pv, Q, policy="best")
+    with pytest.raises(ValueError, match="question"):
+        tiny_vr.answer(pv, "  ")
+    with pytest.raises(ValueError, match="relevant"):
+        tiny_vr.answer(pv, Q, policy="fragment", relevant=[True])
+    with pytest.raises(B.BudgetError, match="max_length"):
+        tiny_vr.answer(pv, Q, policy="global", max_length=150)
+    with pytest.raises(ValueError, match="frames"):
+        tiny_vr.answer(torch.zeros(2, 3, 224, 224), Q)
+
+
+def test_from_config(small_config, frames):
+    vr = VideoRouter.from_config(small_config(hidden=96), seed=1)
+    r = vr.answer(frames(2, seed=12), Q, num_frames=2, max_new_tokens=2, policy="dense").report
+    assert r["visual_tokens"] == 512 and r["model"] == "config" and r["routers_trained"] is False
