@@ -42,10 +42,6 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 # 1080p frames are ~400 MB of uint8) and gives the progress bar its steps.
 CHUNK = 8
 
-# Demuxers that read single images (PNG, JPEG, ...) as a one-frame "video".
-_IMAGE_CODECS = {"png", "apng", "mjpeg", "jpeg2000", "bmp", "gif", "webp", "tiff", "ppm", "pgm",
-                 "pbm", "pam", "qoi", "jpegls", "dds", "exr", "sgi", "xbm", "xpm", "svg"}
-
 _stderr_lock = threading.Lock()
 
 
@@ -195,8 +191,9 @@ def _probe(path: str) -> Optional[float]:
         codec = (streams[0].codec_context.name or "").lower()
         if fmt == "tty":  # ffmpeg renders .txt/.ans files as "ANSI art" video
             raise VideoError(f"{path}: this is a text file, not a video")
-        if (fmt.endswith("_pipe") or fmt == "image2"
-                or (codec in _IMAGE_CODECS and (streams[0].frames or 0) <= 1)):
+        # Still images come through ffmpeg's image demuxers ("png_pipe", "jpeg_pipe", "image2");
+        # MJPEG or PNG frames inside a real container (avi, mov, mkv) are a video.
+        if fmt.endswith("_pipe") or fmt == "image2":
             raise VideoError(f"{path}: this is an image ({codec or fmt}), not a video")
         duration = container.duration  # in AV_TIME_BASE units (microseconds)
         return duration / 1e6 if duration and duration > 0 else None

@@ -71,8 +71,9 @@ def videos(tmp_path_factory):
     (d / "notes.txt").write_text("this is not a video\n" * 50)  # ffmpeg's "tty" demuxer takes it
     from PIL import Image
     Image.fromarray(grey[3]).save(d / "image.png")
+    Image.fromarray(grey[3]).save(d / "image.jpg")
     out.update(empty=d / "empty.mp4", random=d / "random.mp4", text=d / "text.mp4",
-               txt=d / "notes.txt", png=d / "image.png", missing=d / "nope.mp4", directory=d)
+               txt=d / "notes.txt", png=d / "image.png", jpg=d / "image.jpg", missing=d / "nope.mp4", directory=d)
     # Cut-off files: without the trailing moov index, and (faststart) with the index but
     # without the second half of the frame data.
     data = out["grey"].read_bytes()
@@ -218,7 +219,7 @@ def test_bundled_sample_ground_truth():
     ("missing", "no such file"), ("directory", "directory"), ("empty", "empty"),
     ("random", "not a readable video"), ("text", "not a readable video"),
     ("txt", "text file, not a video"),
-    ("png", "image"), ("truncated", "not a readable video|corrupt|truncated"),
+    ("png", "image"), ("jpg", "image"), ("truncated", "not a readable video|corrupt|truncated"),
     ("truncated_fs", "corrupt|truncated"),
 ])
 def test_bad_files(videos, kind, match, capfd):
@@ -245,3 +246,28 @@ def test_audio_only_file(tmp_path):
             c.mux(p)
     with pytest.raises(VideoError, match="no video stream"):
         load_video(path, num_frames=4)
+
+
+def test_zero_frames():
+    with pytest.raises(VideoError, match="no frames"):
+        sample_indices(0, 8, 4.0)
+
+
+def test_mjpeg_in_a_container_is_a_video(tmp_path):
+    """MJPEG frames inside AVI are a video, not a still image (only image demuxers are)."""
+    import av
+    path = tmp_path / "mjpeg.avi"
+    with av.open(str(path), "w") as c:
+        s = c.add_stream("mjpeg", rate=4)
+        s.width = s.height = 64
+        s.pix_fmt = "yuvj420p"
+        for i in range(8):
+            frame = np.full((64, 64, 3), grey_level(i), np.uint8)
+            for p in s.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    clip = load_video(path, num_frames=4)
+    assert clip.frame_indices == internvl_get_index(None, 4.0, 7, num_segments=4).tolist()
+    expect = torch.tensor([float(grey_level(i)) for i in clip.frame_indices])
+    torch.testing.assert_close(decoded_levels(clip), expect, atol=3.0, rtol=0)
