@@ -1,0 +1,357 @@
+"""Benchmark of the fused pool-and-pack kernels (vr_kernels) against the ways it is done today.
+
+    python bench/bench_pool_pack.py [--quick] [--out FILE] [--no-compile] [--no-sweep]
+
+Methods, all producing the same rows of the LLM's ``inputs_embeds``:
+
+* ``kernel``     ``pool_pack(frames, scales, out=embeds2d, dest=...)``: Triton, one launch.
+* ``llava``      (a) per-frame eager loop (``avg_pool2d`` per frame, ``torch.cat``) then
+                 ``inputs_embeds.masked_scatter(placeholder_mask, packed)``, as HF LLaVA-style
+                 models do.
+* ``grouped``    (b) eager PyTorch grouped by window (the vectorised torch path of vr_kernels).
+* ``compiled``   (c) ``torch.compile`` of the reference with a fixed schedule (steady state;
+                 compile time reported apart) and ``compiled_changing`` with a schedule that
+                 changes every call (each call's wall time, recompiles counted).
+* ``copy``       (d) a device-to-device copy moving the same number of bytes (read + write).
+
+Bandwidth is computed from an explicit *minimal* byte count for every method: forward reads
+every token of the kept frames once and writes every output row once; backward reads every
+output-row gradient once and writes every frame-token gradient once (zeros for dropped frames).
+The copy of S bytes moves 2S (read + write); S is chosen so 2S equals the method's byte count.
+
+On a machine without a GPU only the PyTorch paths run, at small sizes, and the results say that
+kernel figures need a GPU (the Triton interpreter is a correctness tool, not a timing one).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import re
+import sys
+import time
+from typing import Dict, List, Optional
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import Timing, _quantile, environment, gbps, has_cuda, markdown_table, time_fn, write_results  # noqa: E402
+
+from vr_kernels import pool_pack, pool_pack_reference, pooled_counts  # noqa: E402
+from vr_kernels.reference import pool_frame  # noqa: E402
+from vr_kernels.windows import normalize_window  # noqa: E402
+
+GRID = (16, 16)
+PAPER = dict(T=64, D=3584, mix="paper")
+MIXES = {
+    # The paper's mix: fine (1x1) relevant frames, 2x2 global, 4x4 / 8x8 context, dropped frames.
+    "paper": [1, 2, 4, 8, 0],
+    "all1x1": [1],
+    "one_kept": None,  # all dropped but one (built in scales_for)
+    "all8x8": [8],
+}
+TARGETS = {"copy_fraction": 0.90, "vs_llava": 20.0, "vs_compiled_fixed": 1.3, "vs_compiled_changing": 3.0}
+
+
+def scales_for(mix: str, T: int, shift: int = 0) -> List:
+    if mix == "one_kept":
+        s = [0] * T
+        s[(T // 2 + shift) % T] = 1
+        return s
+    cyc = MIXES[mix]
+    return [cyc[(i + shift) % len(cyc)] for i in range(T)]
+
+
+class Case:
+    """Frames, a schedule and the embedding buffer with its placeholder rows."""
+
+    def __init__(self, T: int, D: int, mix: str, dtype, device, text_per_frame: int = 4, seed: int = 0):
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        self.T, self.D, self.mix, self.dtype, self.device = T, D, mix, dtype, device
+        self.N = GRID[0] * GRID[1]
+        self.frames = torch.randn(T, self.N, D, generator=g).to(device=device, dtype=dtype)
+        self.set_schedule(scales_for(mix, T), text_per_frame)
+
+    def set_schedule(self, scales, text_per_frame: int = 4):
+        self.scales = scales
+        self.counts = pooled_counts(scales, GRID)
+        self.total = sum(self.counts)
+        # Prompt layout: 16 text rows, then per kept frame a few text rows ("FrameN: <img>") and
+        # its placeholders, then 32 text rows.
+        dest, pos = [], 16
+        mask = []
+        for c in self.counts:
+            if c:
+                pos += text_per_frame
+                dest.append(pos)
+                pos += c
+            else:
+                dest.append(0)
+        self.L = pos + 32
+        self.dest = dest
+        m = torch.zeros(self.L, dtype=torch.bool)
+        for d, c in zip(dest, self.counts):
+            if c:
+                m[d: d + c] = True
+        self.mask = m.to(self.device)
+        self.embeds = torch.randn(1, self.L, self.D).to(device=self.device, dtype=self.dtype)
+
+    @property
+    def kept(self) -> int:
+        return sum(1 for c in self.counts if c)
+
+    def fwd_bytes(self) -> int:
+        es = self.frames.element_size()
+        return (self.kept * self.N * self.D + self.total * self.D) * es
+
+    def bwd_bytes(self) -> int:
+        es = self.frames.element_size()
+        return (self.total * self.D + self.T * self.N * self.D) * es
+
+
+# ------------------------------------------------------------------ methods
+
+def llava_forward(frames, scales, embeds, mask):
+    """(a) per-frame eager loop + masked_scatter (a new embeds tensor, as HF models do)."""
+    pieces = [pool_frame(frames[t], normalize_window(s), GRID) for t, s in enumerate(scales) if s != 0]
+    packed = torch.cat(pieces, 0)
+    return embeds.masked_scatter(mask.view(1, -1, 1), packed.view(1, -1, packed.shape[-1]))
+
+
+def llava_packed(frames, scales):
+    return torch.cat([pool_frame(frames[t], normalize_window(s), GRID) for t, s in enumerate(scales) if s != 0], 0)
+
+
+def _reference_into(frames, scales, out, dest):
+    return pool_pack_reference(frames, scales, GRID, out=out, dest=dest)
+
+
+def _reference_packed(frames, scales):
+    return pool_pack_reference(frames, scales, GRID)
+
+
+def _copy_fn(nbytes: int, device):
+    n = max(1, nbytes // 2)
+    src = torch.empty(n, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
+def _record(rows, case, direction, method, timing, nbytes, copy_gbps=None, **extra):
+    bw = gbps(nbytes, timing.median)
+    row = dict(T=case.T, D=case.D, mix=case.mix, dir=direction, method=method,
+               median_ms=timing.median * 1e3, q20_ms=timing.q20 * 1e3, q80_ms=timing.q80 * 1e3,
+               gbps=bw, bytes=nbytes, first_call_s=timing.first_call)
+    if copy_gbps:
+        row["copy_frac"] = bw / copy_gbps
+    row.update(extra)
+    rows.append(row)
+    return row
+
+
+def bench_case(case: Case, *, kernel: bool, compile_: bool, rep: int, warmup: int) -> List[Dict]:
+    rows: List[Dict] = []
+    dev = case.device
+    f, sc, dest = case.frames, case.scales, case.dest
+    emb2d = case.embeds.view(-1, case.D)
+
+    # (d) copy of the same bytes, forward and backward byte counts.
+    t_cf = time_fn(_copy_fn(case.fwd_bytes(), dev), device=dev, rep=rep, warmup=warmup)
+    cf = _record(rows, case, "fwd", "copy", t_cf, case.fwd_bytes())
+    t_cb = time_fn(_copy_fn(case.bwd_bytes(), dev), device=dev, rep=rep, warmup=warmup)
+    cb = _record(rows, case, "bwd", "copy", t_cb, case.bwd_bytes())
+    copy_f, copy_b = cf["gbps"], cb["gbps"]
+
+    # ---- forward
+    fwd = {}
+    if kernel:
+        fwd["kernel"] = time_fn(lambda: pool_pack(f, sc, GRID, out=emb2d, dest=dest, backend="triton"),
+                                device=dev, rep=rep, warmup=warmup)
+    fwd["llava"] = time_fn(lambda: llava_forward(f, sc, case.embeds, case.mask), device=dev, rep=rep, warmup=warmup)
+    fwd["grouped"] = time_fn(lambda: pool_pack(f, sc, GRID, out=emb2d, dest=dest, backend="torch"),
+                             device=dev, rep=rep, warmup=warmup)
+    extra_c = {}
+    if compile_:
+        torch._dynamo.reset()
+        comp = torch.compile(_reference_into, dynamic=False)
+        fwd["compiled"] = time_fn(lambda: comp(f, sc, emb2d, dest), device=dev, rep=rep, warmup=warmup)
+        extra_c["compiled"] = dict(compile_s=fwd["compiled"].first_call)
+        fwd["compiled_changing"], extra_c["compiled_changing"] = _changing(case, comp, rep)
+    for m, t in fwd.items():
+        _record(rows, case, "fwd", m, t, case.fwd_bytes(), copy_f, **extra_c.get(m, {}))
+
+    # ---- backward (gradient w.r.t. frames of the packed rows)
+    fr = f.detach().clone().requires_grad_(True)
+    g = torch.randn(case.total, case.D, device=dev, dtype=case.dtype)
+    bwd_fns = {}
+    if kernel:
+        bwd_fns["kernel"] = lambda: pool_pack(fr, sc, GRID, backend="triton")
+    bwd_fns["llava"] = lambda: llava_packed(fr, sc)
+    bwd_fns["grouped"] = lambda: pool_pack(fr, sc, GRID, backend="torch")
+    if compile_:
+        torch._dynamo.reset()
+        compb = torch.compile(_reference_packed, dynamic=False)
+        bwd_fns["compiled"] = lambda: compb(fr, sc)
+    for m, fn in bwd_fns.items():
+        state = {}
+
+        def setup(fn=fn):
+            fr.grad = None
+            state["y"] = fn()
+
+        t = time_fn(lambda: state["y"].backward(g), device=dev, rep=rep, warmup=warmup, setup=setup)
+        _record(rows, case, "bwd", m, t, case.bwd_bytes(), copy_b)
+    return rows
+
+
+def _changing(case: Case, comp, rep: int):
+    """A new schedule every call (a random permutation of the same frames' windows, so the
+    byte count stays put). Wall time per call includes whatever dynamo does: recompiles (counted
+    from its stats) until its recompile limit, then its eager fallback."""
+    from torch._dynamo.utils import counters
+    dev = case.device
+    f = case.frames
+    n = max(rep, 12)
+    scheds = []
+    for i in range(n):
+        sc = list(case.scales)
+        random.Random(i + 1).shuffle(sc)
+        dest, pos = [], 16
+        for k in pooled_counts(sc, GRID):
+            pos += 4 if k else 0
+            dest.append(pos if k else 0)
+            pos += k
+        scheds.append((sc, dest))
+    L = max(max((d + k for d, k in zip(dest, pooled_counts(sc, GRID))), default=0) for sc, dest in scheds) + 32
+    emb2d = torch.zeros(L, case.D, device=dev, dtype=case.dtype)
+    before = counters["stats"]["unique_graphs"]
+    times = []
+    for sc, dest in scheds:
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        comp(f, sc, emb2d, dest)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    tm = Timing(median=statistics.median(times), q20=_quantile(times, 0.2), q80=_quantile(times, 0.8),
+                samples=len(times), first_call=times[0])
+    return tm, dict(recompiles=counters["stats"]["unique_graphs"] - before, calls=len(times),
+                    mean_ms=sum(times) / len(times) * 1e3)
+
+
+def speedups(rows: List[Dict]) -> List[Dict]:
+    """Per (case, dir): kernel speedup over each baseline."""
+    out = []
+    keyed: Dict[tuple, Dict[str, Dict]] = {}
+    for r in rows:
+        keyed.setdefault((r["T"], r["D"], r["mix"], r["dir"]), {})[r["method"]] = r
+    for (T, D, mix, d), ms in keyed.items():
+        k = ms.get("kernel")
+        if not k:
+            continue
+        s = dict(T=T, D=D, mix=mix, dir=d, kernel_ms=k["median_ms"], copy_frac=k.get("copy_frac"))
+        for b in ("llava", "grouped", "compiled", "compiled_changing"):
+            if b in ms:
+                s[f"vs_{b}"] = ms[b]["median_ms"] / k["median_ms"]
+        out.append(s)
+    return out
+
+
+def check_targets(sp: List[Dict]) -> List[str]:
+    lines = []
+    for s in sp:
+        if (s["T"], s["D"], s["mix"]) != (PAPER["T"], PAPER["D"], PAPER["mix"]):
+            continue
+        ok = s.get("copy_frac", 0) >= TARGETS["copy_fraction"]
+        lines.append(f"{s['dir']}: {s.get('copy_frac', 0):.0%} of copy bandwidth (target >= 90%): "
+                     f"{'met' if ok else 'NOT met'}")
+        for b, tgt in (("llava", "vs_llava"), ("compiled", "vs_compiled_fixed"),
+                       ("compiled_changing", "vs_compiled_changing")):
+            v = s.get(f"vs_{b}")
+            if v is not None:
+                lines.append(f"{s['dir']}: {v:.1f}x vs {b} (target >= {TARGETS[tgt]}x): "
+                             f"{'met' if v >= TARGETS[tgt] else 'NOT met'}")
+    return lines
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
+def main(argv: Optional[List[str]] = None) -> Dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="paper shape only (GPU) / tiny sizes (CPU)")
+    p.add_argument("--out", default=None, help="results file (.json; a .md table is written beside it)")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines")
+    p.add_argument("--no-sweep", action="store_true", help="paper shape only")
+    p.add_argument("--rep", type=int, default=None)
+    args = p.parse_args(argv)
+
+    gpu = has_cuda()
+    device = torch.device("cuda" if gpu else "cpu")
+    dtype = torch.bfloat16
+    notes = []
+    if gpu:
+        rep, warmup = args.rep or 30, 5
+        cases = [dict(PAPER)]
+        if not (args.quick or args.no_sweep):
+            for mix in MIXES:
+                for T in (16, 64, 256, 1024):
+                    for D in (896, 3584, 5120):
+                        c = dict(T=T, D=D, mix=mix)
+                        if c != PAPER:
+                            cases.append(c)
+        compile_paper = not args.no_compile
+        notes.append("torch.compile baselines run at the paper shape only (compiling every sweep shape "
+                     "would dominate the run).")
+    else:
+        rep, warmup = args.rep or 3, 1
+        cases = [dict(T=8, D=128, mix="paper")] if args.quick else [dict(T=16, D=512, mix=m) for m in MIXES]
+        compile_paper = False
+        notes.append("No CUDA device: kernel figures need a GPU. Only the PyTorch paths ran, at small "
+                     "sizes on the CPU (the Triton interpreter is for correctness, not timing); "
+                     "torch.compile baselines are skipped on CPU.")
+    for n in notes:
+        print("NOTE:", n)
+
+    rows: List[Dict] = []
+    t_start = time.perf_counter()
+    for c in cases:
+        case = Case(c["T"], c["D"], c["mix"], dtype, device)
+        is_paper = c == PAPER
+        rows += bench_case(case, kernel=gpu, compile_=(compile_paper and is_paper), rep=rep, warmup=warmup)
+        if gpu:
+            del case
+            torch.cuda.empty_cache()
+    sp = speedups(rows)
+    verdict = check_targets(sp) if gpu else ["targets need a GPU (not evaluated)"]
+
+    env = environment(device)
+    cols = ["T", "D", "mix", "dir", "method", "median_ms", "gbps", "copy_frac"]
+    md = [f"# pool_pack benchmark ({env['device']})", "",
+          f"date {env['date_utc']}, torch {env['torch']}, triton {env['triton']}, cuda {env['cuda']}",
+          f"command: `{env['command']}`", ""] + [f"> {n}" for n in notes] + ["",
+          markdown_table(rows, cols, ["T", "D", "mix", "dir", "method", "median ms", "GB/s", "of copy BW"])]
+    if sp:
+        md += ["", "## Kernel speedups", "",
+               markdown_table(sp, ["T", "D", "mix", "dir", "kernel_ms", "copy_frac", "vs_llava", "vs_grouped",
+                                   "vs_compiled", "vs_compiled_changing"])]
+    md += ["", "## Targets", ""] + [f"- {v}" for v in verdict]
+    markdown = "\n".join(md)
+    print(markdown)
+
+    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                   "pool_pack_" + ("cpu" if not gpu else _slug(env["device"])) + ".json")
+    payload = dict(environment=env, notes=notes, dtype=str(dtype), grid=list(GRID), byte_counts=(
+        "fwd = (kept_frames*N*D + out_rows*D) * elem_size; bwd = (out_rows*D + T*N*D) * elem_size; "
+        "copy moves the same total (half read, half written)"),
+        results=rows, speedups=sp, targets=verdict, elapsed_s=time.perf_counter() - t_start)
+    write_results(out, payload, markdown)
+    print(f"wrote {out}")
+    return payload
+
+
+if __name__ == "__main__":
+    main()
