@@ -160,12 +160,6 @@ def _check_weights_dir(path: pathlib.Path) -> None:
                               f"remote-code 'internvl_chat' checkpoint)")
 
 
-def _set_attn(config, attn: str) -> None:
-    for c in (config, getattr(config, "text_config", None), getattr(config, "vision_config", None)):
-        if c is not None:
-            c._attn_implementation = attn
-
-
 # ----------------------------------------------------------------------------- loading
 def load_model(path_or_name: Union[str, pathlib.Path] = "tiny", device="cpu", dtype=None,
                attn_implementation: Optional[str] = None) -> LoadedModel:
@@ -198,8 +192,27 @@ def load_model(path_or_name: Union[str, pathlib.Path] = "tiny", device="cpu", dt
         tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as e:
         raise ModelFilesError(f"model {str(path)!r}: tokenizer could not be loaded ({e})") from e
+    if not getattr(tok, "chat_template", None):
+        tok.chat_template = _dir_chat_template(path)
     model.eval()
     return _wrap(model, tok, dev, dt, path.name)
+
+
+def _dir_chat_template(path: pathlib.Path) -> Optional[str]:
+    """The checkpoint's chat template when it lives with the processor, not the tokenizer
+    (``chat_template.jinja`` or ``chat_template.json``); None -> prompt.py's plain ChatML."""
+    if (path / "chat_template.jinja").is_file():
+        return (path / "chat_template.jinja").read_text()
+    for name in ("chat_template.json", "processor_config.json"):
+        f = path / name
+        if f.is_file():
+            try:
+                tpl = json.loads(f.read_text()).get("chat_template")
+            except (OSError, json.JSONDecodeError, AttributeError):
+                continue
+            if isinstance(tpl, str):
+                return tpl
+    return None
 
 
 def _wrap(model, tok, dev, dt, name) -> LoadedModel:
@@ -252,9 +265,8 @@ def model_from_config(config, device="cpu", dtype=None, seed: int = 0,
                 bos_token_id=ids["<|im_start|>"])
     cfg["text_config"] = text
     config = InternVLConfig.from_dict(cfg)
-    _set_attn(config, attn)
     with _fast_init_ctx(), torch.device(dev):
-        model = InternVLForConditionalGeneration._from_config(config, dtype=dt)
+        model = InternVLForConditionalGeneration._from_config(config, dtype=dt, attn_implementation=attn)
     init_weights_(model, seed)
     model.eval()
     return _wrap(model, tok, dev, dt, name)

@@ -95,15 +95,17 @@ class ShadowStack(nn.Module):
         if getattr(cfg, "layer_types", None) is not None:
             cfg.layer_types = list(cfg.layer_types)[:num_layers]
         cfg.vocab_size = 1  # embeddings come in precomputed; do not allocate a vocab-sized table
+        kw = {}
         attn = getattr(text_config, "_attn_implementation", None)
         if attn:
-            cfg._attn_implementation = attn
+            kw["attn_implementation"] = attn
         from .model import _fast_init_ctx
-        dev = None
-        if source is not None:
-            dev = next(source.parameters()).device
-        with _fast_init_ctx(), torch.device(dev or "cpu"):
-            decoder = AutoModel.from_config(cfg)
+        dev, dt = torch.device("cpu"), torch.float32
+        if source is not None:  # build on the source's device in its dtype (4 8B layers: ~2 GB)
+            p = next(source.parameters())
+            dev, dt = p.device, p.dtype
+        with _fast_init_ctx(), torch.device(dev):
+            decoder = AutoModel.from_config(cfg, dtype=dt, **kw)
         decoder.embed_tokens = None
         decoder.norm = nn.Identity()  # features = residual stream after layer k (no final norm)
         self.decoder = decoder
@@ -112,8 +114,6 @@ class ShadowStack(nn.Module):
                 for i in range(num_layers):
                     self.decoder.layers[i].load_state_dict(source.layers[i].state_dict())
             self.decoder.rotary_emb = copy.deepcopy(source.rotary_emb)
-            p = next(source.parameters())
-            self.to(device=p.device, dtype=p.dtype)
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x [B, L, D] -> [B, L, D]; ``mask`` [B, L] (1 = token) or None for no padding."""

@@ -142,11 +142,9 @@ def build_tiny_model(device="cpu", dtype=torch.float32, seed: int = 0, weights: 
     from transformers import InternVLForConditionalGeneration
     from .model import _fast_init_ctx
     cfg = tiny_config()
-    cfg._attn_implementation = attn_implementation
-    for sub in (cfg.text_config, cfg.vision_config):
-        sub._attn_implementation = attn_implementation
     with _fast_init_ctx(), torch.device(device):
-        model = InternVLForConditionalGeneration._from_config(cfg, dtype=torch.float32)
+        model = InternVLForConditionalGeneration._from_config(
+            cfg, dtype=dtype, attn_implementation=attn_implementation)
     path = pathlib.Path(weights) if weights else ASSETS / "model.safetensors"
     if path.is_file():
         load_safetensors_into(model, path)
@@ -155,7 +153,9 @@ def build_tiny_model(device="cpu", dtype=torch.float32, seed: int = 0, weights: 
             from .errors import ModelFilesError
             raise ModelFilesError(f"tiny weights {path} not found")
         init_weights_(model, seed)
-    return model.to(dtype=dtype).eval()
+    # Built directly in `dtype` (not cast afterwards): like from_pretrained, this keeps the
+    # rotary inv_freq buffers in fp32 in a bf16/fp16 model.
+    return model.eval()
 
 
 def load_safetensors_into(model: torch.nn.Module, path) -> None:

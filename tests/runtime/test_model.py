@@ -110,3 +110,21 @@ def test_model_from_config(small_config, frames):
     assert Z.shape == (2, 256, 96) and torch.isfinite(Z).all()
     with pytest.raises(ValueError, match="vocab_size"):
         model_from_config(small_config(vocab=100))
+
+
+def test_load_hf_directory_round_trip(tiny_lm, tmp_path, frames):
+    """An InternVL3-*-hf style directory (save_pretrained of the tiny model) loads with
+    local_files_only + safetensors and gives the same model, tokenizer and prompt."""
+    tiny_lm.model.save_pretrained(tmp_path, safe_serialization=True)
+    tiny_lm.tokenizer.save_pretrained(tmp_path)
+    assert list(tmp_path.glob("*.safetensors"))
+    lm = load_model(tmp_path, device="cpu", dtype="fp32")
+    assert lm.name == tmp_path.name and lm.image_token_id == tiny_lm.image_token_id
+    a, b = tiny_lm.model.state_dict(), lm.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    counts = [64, 0, 256]
+    ids1, _ = build_video_prompt(tiny_lm.tokenizer, "Which shape is blue?", counts, lm.image_token_id)
+    ids2, _ = build_video_prompt(lm.tokenizer, "Which shape is blue?", counts, lm.image_token_id)
+    assert torch.equal(ids1, ids2)
+    lm16 = load_model(tmp_path, dtype="bf16")
+    assert lm16.dtype == torch.bfloat16 and next(lm16.model.parameters()).dtype == torch.bfloat16
