@@ -31,6 +31,27 @@ from .errors import RouterWeightsError
 
 FORMAT = "videorouter-routers-v1"
 
+# Tokens per shadow-stack call when frame_batch is None. 8K tokens saturate a GPU while keeping
+# the 8B MLP intermediates (8K x 18944 x 2 bytes, a few of them) near 1 GB, inside the 20 GB target.
+MAX_ROUTER_TOKENS = 8192
+
+
+def pool_frames(Z: torch.Tensor, window: int, grid=(16, 16)) -> torch.Tensor:
+    """[T, H*W, D] -> [T, ceil(H/w)*ceil(W/w), D]: every frame mean-pooled with one window."""
+    from vr_kernels import pool_pack, pooled_counts
+    T, N, D = Z.shape
+    if grid[0] * grid[1] != N:
+        raise ValueError(f"grid: {grid} does not hold the {N} tokens of a frame")
+    n = pooled_counts([window], grid)[0]
+    kw = {"backend": "torch"} if Z.device.type == "cpu" and _pool_has_backend() else {}
+    return pool_pack(Z.contiguous(), [window] * T, grid, **kw).view(T, n, D)
+
+
+def _pool_has_backend() -> bool:
+    import inspect
+    from vr_kernels import pool_pack
+    return "backend" in inspect.signature(pool_pack).parameters
+
 
 @dataclass
 class RouterConfig:
@@ -42,6 +63,10 @@ class RouterConfig:
     semantic_hidden: Optional[int] = None  # Semantic Router MLP width (None: as router_dim)
     num_classes: int = 2           # 0 = Global, 1 = Fragment
     threshold: float = 0.5         # frame relevant iff sigmoid(logit) > threshold
+    # Window (as in vr_kernels) applied to Z_t before the shadow stack. 1 = the paper: all 256
+    # tokens of a frame. 2 = a 2x2 mean pool, 64 tokens: ~4x cheaper Image Router. Saved with
+    # the weights because routers should be trained with the pooling they run with.
+    router_pool: int = 1
 
     def resolved(self, hidden_size: int) -> "RouterConfig":
         c = dataclasses.replace(self, hidden_size=int(hidden_size))
@@ -49,7 +74,8 @@ class RouterConfig:
             c.router_dim = 256 if hidden_size <= 1024 else 1024
         if c.semantic_hidden is None:
             c.semantic_hidden = c.router_dim
-        for name in ("num_layers", "router_dim", "num_heads", "ffn_mult", "semantic_hidden"):
+        for name in ("num_layers", "router_dim", "num_heads", "ffn_mult", "semantic_hidden",
+                     "router_pool"):
             v = getattr(c, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"RouterConfig.{name}: expected an int >= 1, got {v!r}")
@@ -236,18 +262,25 @@ class Routers(nn.Module):
         return self.semantic(H, q_mask)
 
     def frame_logits(self, Z: torch.Tensor, q_embeds: torch.Tensor,
-                     frame_batch: Optional[int] = None) -> torch.Tensor:
+                     frame_batch: Optional[int] = None, router_pool: Optional[int] = None,
+                     grid=(16, 16)) -> torch.Tensor:
         """Z [T, N, D] and q_embeds [Lq, D] -> one logit per frame [T].
 
         Each frame's sequence is [Z_t; Emb(q)] through the shadow stack and the Image Router
-        head, ``frame_batch`` frames per call (None: as many as fit 32K tokens per call)."""
+        head, ``frame_batch`` frames per call (None: as many as fit ``MAX_ROUTER_TOKENS``).
+        ``router_pool`` (None: ``config.router_pool``) mean-pools Z_t on its ``grid`` first."""
         if Z.ndim != 3 or q_embeds.ndim != 2 or Z.shape[-1] != q_embeds.shape[-1]:
             raise ValueError(f"frame_logits: expected Z [T, N, D] and q_embeds [Lq, D], got "
                              f"{tuple(Z.shape)} and {tuple(q_embeds.shape)}")
+        pool = self.config.router_pool if router_pool is None else router_pool
+        if not isinstance(pool, int) or isinstance(pool, bool) or pool < 1:
+            raise ValueError(f"router_pool: expected an int window >= 1, got {pool!r}")
+        if pool > 1:
+            Z = pool_frames(Z, pool, grid)
         T, N, D = Z.shape
         Lq = q_embeds.shape[0]
         if frame_batch is None:
-            frame_batch = max(1, 32768 // (N + Lq))
+            frame_batch = max(1, MAX_ROUTER_TOKENS // (N + Lq))
         if not isinstance(frame_batch, int) or frame_batch < 1:
             raise ValueError(f"frame_batch: expected an int >= 1 or None, got {frame_batch!r}")
         q = q_embeds.to(Z.dtype)
@@ -258,8 +291,8 @@ class Routers(nn.Module):
             out.append(self.image(self.shadow(x)))
         return torch.cat(out, 0) if out else Z.new_zeros(0)
 
-    def frame_probs(self, Z, q_embeds, frame_batch=None) -> torch.Tensor:
-        return torch.sigmoid(self.frame_logits(Z, q_embeds, frame_batch).float())
+    def frame_probs(self, Z, q_embeds, frame_batch=None, router_pool=None, grid=(16, 16)) -> torch.Tensor:
+        return torch.sigmoid(self.frame_logits(Z, q_embeds, frame_batch, router_pool, grid).float())
 
     # -- persistence
     def save(self, path) -> None:

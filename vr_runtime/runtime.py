@@ -185,11 +185,13 @@ class VideoRouter:
                max_new_tokens: int = 64, policy: str = "auto", time_window=None,
                relevant: Optional[Sequence[bool]] = None, high=1, low=4, global_scale=2,
                margin: int = 100, chunk_size: int = 16, frame_batch: Optional[int] = None,
-               system: Optional[str] = None) -> Answer:
+               system: Optional[str] = None, router_pool: Optional[int] = None) -> Answer:
         """Answer ``question`` about ``video`` (path | VideoClip | [T,3,448,448] tensor).
 
         ``relevant`` forces the Image Router's decisions (one bool per sampled frame), for
-        benchmarks and ablations; it is only used by ``fragment`` (and ``auto`` -> fragment)."""
+        benchmarks and ablations; it is only used by ``fragment`` (and ``auto`` -> fragment).
+        ``router_pool``: window applied to Z_t before the Image Router (None: the routers'
+        configured value, 1 = the paper; 2 = 2x2 pooling, ~4x cheaper routing)."""
         lm = self.lm
         if policy not in POLICIES:
             raise ValueError(f"policy {policy!r}: expected one of {', '.join(POLICIES)}")
@@ -241,6 +243,11 @@ class VideoRouter:
                              f"'{UNTRAINED_AUTO_POLICY}' (pass trained router weights or an "
                              f"explicit --policy)")
         routed = resolved == "fragment" and relevant is None
+        trained_pool = self.routers.config.router_pool
+        pool = trained_pool if router_pool is None else router_pool
+        if routed and pool != trained_pool:
+            notes.append(f"router_pool={pool} differs from the pooling the routers were built "
+                         f"with ({trained_pool})")
         if relevant is not None:
             relevant = [bool(r) for r in relevant]
             if len(relevant) != T:
@@ -257,7 +264,7 @@ class VideoRouter:
             with timer.stage("router"):
                 if q_emb is None:
                     q_emb = embed_question(lm.model, lm.tokenizer, question)
-                probs = self.routers.frame_probs(Z, q_emb, frame_batch)
+                probs = self.routers.frame_probs(Z, q_emb, frame_batch, pool, grid)
                 scores = probs.tolist()
                 relevant = [p > self.routers.config.threshold for p in scores]
             plan = self._plan(resolved, T, budget, grid, relevant, high, low, global_scale)
@@ -304,6 +311,7 @@ class VideoRouter:
             "frame_indices": [int(i) for i in frame_indices],
             "frame_times_s": None if frame_times is None else [round(float(x), 4) for x in frame_times],
             "frame_scores": None if scores is None else [round(float(s), 6) for s in scores],
+            "router_pool": pool if routed else None,
             "relevant": relevant if resolved == "fragment" else None,
             "scales": [_json_window(w) for w in plan],
             "frame_tokens": counts,

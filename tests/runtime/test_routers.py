@@ -142,3 +142,19 @@ def test_router_config_validation():
         RouterConfig(threshold=1.5).resolved(128)
     c = RouterConfig().resolved(3584)
     assert c.router_dim == 1024 and c.hidden_size == 3584 and c.num_layers == 4
+
+
+def test_router_pool_is_pooled_input(tiny_lm, routers):
+    """router_pool=2 == the paper's router run on 2x2-mean-pooled frames (64 tokens each)."""
+    from vr_kernels.reference import pool_pack_reference
+    Z = torch.randn(3, 256, tiny_lm.hidden_size, generator=torch.Generator().manual_seed(4)) * 0.05
+    q = embed_question(tiny_lm.model, tiny_lm.tokenizer, "Which frame shows a pink heart?")
+    with torch.no_grad():
+        pooled = routers.frame_logits(Z, q, router_pool=2)
+        ref = routers.frame_logits(pool_pack_reference(Z, [2] * 3).view(3, 64, -1), q, router_pool=1)
+        full = routers.frame_logits(Z, q)
+    torch.testing.assert_close(pooled, ref, rtol=1e-4, atol=1e-5)
+    assert (pooled - full).abs().max() > 1e-6
+    with pytest.raises(ValueError, match="router_pool"):
+        routers.frame_logits(Z, q, router_pool=0)
+    assert RouterConfig(router_pool=2).resolved(128).router_pool == 2

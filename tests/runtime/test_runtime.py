@@ -156,3 +156,10 @@ def test_from_config(small_config, frames):
     vr = VideoRouter.from_config(small_config(hidden=96), seed=1)
     r = vr.answer(frames(2, seed=12), Q, num_frames=2, max_new_tokens=2, policy="dense").report
     assert r["visual_tokens"] == 512 and r["model"] == "config" and r["routers_trained"] is False
+
+
+def test_router_pool_option(tiny_vr, frames):
+    r = tiny_vr.answer(frames(3, seed=13), Q, num_frames=3, max_new_tokens=1, policy="fragment",
+                       router_pool=2).report
+    assert r["router_pool"] == 2 and len(r["frame_scores"]) == 3
+    assert any("router_pool=2" in n for n in r["notes"])
