@@ -6,6 +6,9 @@ Timing rules:
 * on CUDA, each sample is one call bracketed by CUDA events on the current stream, after
   ``warmup`` untimed calls; the L2 cache is flushed between samples when ``flush_l2`` is set
   (so memory-bound kernels are not timed out of a warm cache);
+  the flush kernel (~0.1 ms) also runs while the host prepares the timed call, so launch
+  overhead shorter than that is hidden and the figures are device time (as with
+  ``triton.testing.do_bench``); a method that launches many kernels still pays for all of them;
 * on CPU, ``time.perf_counter`` around each call;
 * we report the median and the 20% / 80% quantiles, never the mean (outliers from the host).
 """

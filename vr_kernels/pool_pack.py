@@ -41,9 +41,11 @@ BACKENDS = ("auto", "triton", "torch", "reference")
 
 def _configs():
     if INTERPRET:  # several configs would make the interpreter benchmark them (and it is slow)
-        return [triton.Config({"BLOCK_D": 256}, num_warps=4)]
-    return [triton.Config({"BLOCK_D": bd}, num_warps=nw)
-            for bd in (256, 512, 1024) for nw in (2, 4, 8) if bd >= 64 * nw]
+        return [triton.Config({"BLOCK_T": 16, "BLOCK_D": 256}, num_warps=4)]
+    # 8..64 fp32 accumulator elements per thread; BLOCK_T x BLOCK_D elements in flight per load.
+    return [triton.Config({"BLOCK_T": bt, "BLOCK_D": bd}, num_warps=nw)
+            for bt in (8, 16) for bd in (128, 256, 512) for nw in (2, 4, 8)
+            if 8 <= bt * bd // (32 * nw) <= 64]
 
 
 if HAS_TRITON:
@@ -65,6 +67,14 @@ if HAS_TRITON:
         else:
             return v.to(dtype)
 
+    # Both kernels pick one of two vectorisations per tile (a uniform branch per program), so
+    # every load/store moves a [BLOCK_T, BLOCK_D] block whatever the window:
+    # * ROWS path (the tile has >= BLOCK_T output rows, i.e. small windows such as 1x1, 2x2):
+    #   lanes = BLOCK_T output rows; loop over the sh x sw window offsets (masked at the edges).
+    # * WINDOW path (fewer rows, i.e. large windows such as 4x4, 8x8): one output row at a time;
+    #   lanes = BLOCK_T tokens of its (edge-clipped) window, looping over chunks of the window,
+    #   then a sum over the lanes.
+
     @triton.autotune(configs=_configs(), key=["D"])
     @triton.jit
     def _pool_pack_fwd_kernel(
@@ -72,7 +82,7 @@ if HAS_TRITON:
         H, W, D,
         stride_xt, stride_xn, stride_xd,
         stride_yr, stride_yd,
-        BLOCK_D: tl.constexpr,
+        BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
     ):
         pid = tl.program_id(0)
         n_d_blocks = tl.cdiv(D, BLOCK_D)
@@ -87,27 +97,51 @@ if HAS_TRITON:
         ow_n = tl.load(row + 5)
         y0 = tl.load(row + 6)
 
+        o_t = tl.arange(0, BLOCK_T)
         o_d = i_d * BLOCK_D + tl.arange(0, BLOCK_D)
         m_d = o_d < D
         # int64 before any stride product: T*N*D and L*D may pass 2**31.
-        x_frame = x + t.to(tl.int64) * stride_xt + o_d.to(tl.int64) * stride_xd
-        y_cols = y + o_d.to(tl.int64) * stride_yd
-        for r in range(nr):
-            rr = r0 + r
-            h0 = (rr // ow_n) * sh
-            w0 = (rr % ow_n) * sw
-            h1 = tl.minimum(h0 + sh, H)  # edge windows average only the tokens inside
-            w1 = tl.minimum(w0 + sw, W)
-            acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-            # Loop variables are offsets added to tensors, so `n` is a tensor both compiled and
-            # interpreted (the interpreter's range() yields Python ints, which lack .to()).
-            for i in range(h1 - h0):
-                for j in range(w1 - w0):
-                    n = (h0 + i) * W + (w0 + j)
-                    v = tl.load(x_frame + n.to(tl.int64) * stride_xn, mask=m_d, other=0.0)
+        x_frame = x + t.to(tl.int64) * stride_xt
+        x_cols = o_d.to(tl.int64) * stride_xd
+        y_cols = o_d.to(tl.int64) * stride_yd
+        if nr >= BLOCK_T:
+            for rb in range(0, nr, BLOCK_T):
+                m_r = rb + o_t < nr
+                rr = r0 + rb + o_t
+                h0 = (rr // ow_n) * sh
+                w0 = (rr % ow_n) * sw
+                hh = tl.minimum(h0 + sh, H) - h0  # edge windows average only the tokens inside
+                ww = tl.minimum(w0 + sw, W) - w0
+                acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+                for i in range(tl.minimum(sh, H)):
+                    for j in range(tl.minimum(sw, W)):
+                        m = m_r & (hh > i) & (ww > j)
+                        n = (h0 + i) * W + (w0 + j)
+                        v = tl.load(x_frame + n.to(tl.int64)[:, None] * stride_xn + x_cols[None, :],
+                                    mask=m[:, None] & m_d[None, :], other=0.0)
+                        acc += v.to(tl.float32)
+                area = tl.maximum(hh * ww, 1).to(tl.float32)  # masked lanes: no 0/0
+                tl.store(y + (y0 + rb + o_t).to(tl.int64)[:, None] * stride_yr + y_cols[None, :],
+                         _round(acc / area[:, None], y.dtype.element_ty), mask=m_r[:, None] & m_d[None, :])
+        else:
+            for r in range(nr):
+                rr = r0 + r
+                h0 = (rr // ow_n) * sh
+                w0 = (rr % ow_n) * sw
+                hh = tl.minimum(h0 + sh, H) - h0
+                ww = tl.minimum(w0 + sw, W) - w0
+                area = hh * ww
+                acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+                for k0 in range(0, area, BLOCK_T):
+                    k = k0 + o_t
+                    i = k // ww
+                    n = (h0 + i) * W + (w0 + k - i * ww)
+                    v = tl.load(x_frame + n.to(tl.int64)[:, None] * stride_xn + x_cols[None, :],
+                                mask=(k < area)[:, None] & m_d[None, :], other=0.0)
                     acc += v.to(tl.float32)
-            area = ((h1 - h0) * (w1 - w0)).to(tl.float32)
-            tl.store(y_cols + (y0 + r).to(tl.int64) * stride_yr, _round(acc / area, y.dtype.element_ty), mask=m_d)
+                mean = tl.sum(acc, axis=0) / area.to(tl.float32)
+                tl.store(y + (y0 + r).to(tl.int64) * stride_yr + y_cols, _round(mean, y.dtype.element_ty),
+                         mask=m_d)
 
     @triton.autotune(configs=_configs(), key=["D"])
     @triton.jit
@@ -118,12 +152,12 @@ if HAS_TRITON:
         stride_xt, stride_xn, stride_xd,
         stride_kr, stride_kd,
         WRITE_DX: tl.constexpr, ZERO_DY: tl.constexpr,
-        BLOCK_D: tl.constexpr,
+        BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
     ):
-        # dx[t, token] = dy[row(token)] / area(window): the exact adjoint of the forward.
-        # ZERO_DY: dy_kept (a copy of dy, the gradient w.r.t. the original `out`) gets zeros in
-        # the rows the forward overwrote. Reads come from dy, never from dy_kept, so the kernel
-        # is idempotent (autotuning may run it several times).
+        # dx[t, token] = dy[row(token)] / area(window): the exact adjoint of the forward; every
+        # token written once, no atomics. ZERO_DY: dy_kept (a copy of dy, the gradient w.r.t.
+        # the original `out`) gets zeros in the rows the forward overwrote. Reads come from dy,
+        # never from dy_kept, so the kernel is idempotent (autotuning may run it several times).
         pid = tl.program_id(0)
         n_d_blocks = tl.cdiv(D, BLOCK_D)
         i_d = pid % n_d_blocks
@@ -137,35 +171,64 @@ if HAS_TRITON:
         ow_n = tl.load(row + 5)
         y0 = tl.load(row + 6)
 
+        o_t = tl.arange(0, BLOCK_T)
         o_d = i_d * BLOCK_D + tl.arange(0, BLOCK_D)
         m_d = o_d < D
-        dx_frame = dx + t.to(tl.int64) * stride_xt + o_d.to(tl.int64) * stride_xd
+        dx_frame = dx + t.to(tl.int64) * stride_xt
+        x_cols = o_d.to(tl.int64) * stride_xd
+        dy_cols = o_d.to(tl.int64) * stride_dyd
+        k_cols = o_d.to(tl.int64) * stride_kd
         if sh == 0:
             # Zero tile: tokens [r0, r0 + nr) of a dropped frame.
             if WRITE_DX:
-                zero = tl.zeros([BLOCK_D], dtype=dx.dtype.element_ty)
-                for k in range(nr):
-                    tl.store(dx_frame + (r0 + k).to(tl.int64) * stride_xn, zero, mask=m_d)
+                zero = tl.zeros([BLOCK_T, BLOCK_D], dtype=dx.dtype.element_ty)
+                for k0 in range(0, nr, BLOCK_T):
+                    k = k0 + o_t
+                    tl.store(dx_frame + (r0 + k).to(tl.int64)[:, None] * stride_xn + x_cols[None, :], zero,
+                             mask=(k < nr)[:, None] & m_d[None, :])
+        elif nr >= BLOCK_T:
+            for rb in range(0, nr, BLOCK_T):
+                m_r = rb + o_t < nr
+                m_rd = m_r[:, None] & m_d[None, :]
+                yr = (y0 + rb + o_t).to(tl.int64)[:, None]
+                if ZERO_DY:
+                    tl.store(dy_kept + yr * stride_kr + k_cols[None, :],
+                             tl.zeros([BLOCK_T, BLOCK_D], dtype=dy_kept.dtype.element_ty), mask=m_rd)
+                if WRITE_DX:
+                    rr = r0 + rb + o_t
+                    h0 = (rr // ow_n) * sh
+                    w0 = (rr % ow_n) * sw
+                    hh = tl.minimum(h0 + sh, H) - h0
+                    ww = tl.minimum(w0 + sw, W) - w0
+                    g = tl.load(dy + yr * stride_dyr + dy_cols[None, :], mask=m_rd, other=0.0).to(tl.float32)
+                    g = _round(g / tl.maximum(hh * ww, 1).to(tl.float32)[:, None], dx.dtype.element_ty)
+                    for i in range(tl.minimum(sh, H)):
+                        for j in range(tl.minimum(sw, W)):
+                            m = m_r & (hh > i) & (ww > j)
+                            n = (h0 + i) * W + (w0 + j)
+                            tl.store(dx_frame + n.to(tl.int64)[:, None] * stride_xn + x_cols[None, :], g,
+                                     mask=m[:, None] & m_d[None, :])
         else:
-            dy_cols = dy + o_d.to(tl.int64) * stride_dyd
-            k_cols = dy_kept + o_d.to(tl.int64) * stride_kd
             for r in range(nr):
                 if ZERO_DY:
-                    tl.store(k_cols + (y0 + r).to(tl.int64) * stride_kr,
+                    tl.store(dy_kept + (y0 + r).to(tl.int64) * stride_kr + k_cols,
                              tl.zeros([BLOCK_D], dtype=dy_kept.dtype.element_ty), mask=m_d)
                 if WRITE_DX:
                     rr = r0 + r
                     h0 = (rr // ow_n) * sh
                     w0 = (rr % ow_n) * sw
-                    h1 = tl.minimum(h0 + sh, H)
-                    w1 = tl.minimum(w0 + sw, W)
-                    area = ((h1 - h0) * (w1 - w0)).to(tl.float32)
-                    g = tl.load(dy_cols + (y0 + r).to(tl.int64) * stride_dyr, mask=m_d, other=0.0).to(tl.float32)
-                    g = _round(g / area, dx.dtype.element_ty)
-                    for i in range(h1 - h0):
-                        for j in range(w1 - w0):
-                            n = (h0 + i) * W + (w0 + j)
-                            tl.store(dx_frame + n.to(tl.int64) * stride_xn, g, mask=m_d)
+                    hh = tl.minimum(h0 + sh, H) - h0
+                    ww = tl.minimum(w0 + sw, W) - w0
+                    area = hh * ww
+                    g = tl.load(dy + (y0 + r).to(tl.int64) * stride_dyr + dy_cols, mask=m_d, other=0.0)
+                    g = _round(g.to(tl.float32) / area.to(tl.float32), dx.dtype.element_ty)
+                    g2 = tl.broadcast_to(g[None, :], (BLOCK_T, BLOCK_D))
+                    for k0 in range(0, area, BLOCK_T):
+                        k = k0 + o_t
+                        i = k // ww
+                        n = (h0 + i) * W + (w0 + k - i * ww)
+                        tl.store(dx_frame + n.to(tl.int64)[:, None] * stride_xn + x_cols[None, :], g2,
+                                 mask=(k < area)[:, None] & m_d[None, :])
 
 
 def _grid(n_tiles: int, D: int):
@@ -187,29 +250,26 @@ def pool_pack_fwd(frames: torch.Tensor, plan: Plan, tiles: torch.Tensor, n_fwd: 
 
 
 def pool_pack_bwd(dy: torch.Tensor, plan: Plan, tiles: torch.Tensor, n_fwd: int,
-                  frames_shape, frames_dtype, need_dx: bool, need_dout: bool):
-    """Launch the backward kernel. Returns ``(d_frames, d_out)``, ``None`` where not needed.
+                  dx: Optional[torch.Tensor] = None, dout: Optional[torch.Tensor] = None) -> None:
+    """Launch the backward kernel; it fills the buffers it is given.
 
-    ``d_out`` (the gradient w.r.t. the ``out`` buffer as it was before the forward) is ``dy``
-    with the overwritten rows zeroed."""
+    ``dx`` ([T, N, D], any content): every token gets its window's gradient, dropped frames zeros.
+    ``dout`` (a copy of ``dy``): the rows the forward overwrote are zeroed, which makes it the
+    gradient w.r.t. ``out`` as it was before the forward."""
     H, W = plan.grid
-    dx = torch.empty(frames_shape, dtype=frames_dtype, device=dy.device) if need_dx else None
-    dkept = dy.clone() if need_dout else None
-    # Zero tiles (dropped frames) only matter for dx.
-    n = tiles.shape[0] if need_dx else n_fwd
-    if need_dx and plan.T * plan.N == 0:
-        n = 0
-    if n > 0 and (need_dx or need_dout):
-        xs = dx if need_dx else dy  # placeholders when a side is not written
-        ks = dkept if need_dout else dy
-        _pool_pack_bwd_kernel[_grid(n, plan.D)](
-            dy, xs, ks, tiles, H, W, plan.D,
-            dy.stride(0), dy.stride(1),
-            *(dx.stride() if need_dx else (0, 0, 0)),
-            ks.stride(0), ks.stride(1),
-            WRITE_DX=need_dx, ZERO_DY=need_dout,
-        )
-    return dx, dkept
+    need_dx, need_dout = dx is not None, dout is not None
+    n = tiles.shape[0] if need_dx else n_fwd  # zero tiles (dropped frames) only matter for dx
+    if plan.T * plan.N == 0 or n == 0 or not (need_dx or need_dout):
+        return
+    xs = dx if need_dx else dy  # placeholders when a side is not written
+    ks = dout if need_dout else dy
+    _pool_pack_bwd_kernel[_grid(n, plan.D)](
+        dy, xs, ks, tiles, H, W, plan.D,
+        dy.stride(0), dy.stride(1),
+        *(dx.stride() if need_dx else (0, 0, 0)),
+        ks.stride(0), ks.stride(1),
+        WRITE_DX=need_dx, ZERO_DY=need_dout,
+    )
 
 
 class PoolPackFunction(torch.autograd.Function):
@@ -240,8 +300,10 @@ class PoolPackFunction(torch.autograd.Function):
         (tiles,) = ctx.saved_tensors
         need_dout = ctx.has_out and ctx.needs_input_grad[0]
         need_dx = ctx.needs_input_grad[1]
-        dx, dout = pool_pack_bwd(dy, ctx.plan, tiles, ctx.n_fwd, ctx.frames_meta[0], ctx.frames_meta[1],
-                                 need_dx, need_dout)
+        shape, dtype = ctx.frames_meta
+        dx = torch.empty(shape, dtype=dtype, device=dy.device) if need_dx else None
+        dout = dy.clone() if need_dout else None
+        pool_pack_bwd(dy, ctx.plan, tiles, ctx.n_fwd, dx, dout)
         return dout, dx, None, None, None
 
 

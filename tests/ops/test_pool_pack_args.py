@@ -150,5 +150,6 @@ def test_kernels_cast_to_int64_before_strides():
     import importlib
     import inspect
     src = inspect.getsource(importlib.import_module("vr_kernels.pool_pack"))
-    for expr in ["t.to(tl.int64) * stride_xt", "n.to(tl.int64) * stride_xn", "(y0 + r).to(tl.int64) * stride_yr"]:
+    for expr in ["t.to(tl.int64) * stride_xt", "n.to(tl.int64)[:, None] * stride_xn",
+                 "(y0 + rb + o_t).to(tl.int64)[:, None] * stride_yr", "(y0 + r).to(tl.int64) * stride_yr"]:
         assert expr in src
