@@ -3,7 +3,7 @@
 
     python bench/bench_e2e.py                        # GPU: InternVL3-8B shape, 64 frames, budget 12,288
     python bench/bench_e2e.py --sweep all            # + frames, budget and batch sweeps
-    python bench/bench_e2e.py --cpu                  # CPU figures: reduced 1B shape, 8 frames
+    python bench/bench_e2e.py --cpu                  # CPU figures: the tiny preset, 8 frames
     python bench/bench_e2e.py --model /ckpt/InternVL3-8B-hf --routers routers.safetensors
 
 Rows (one VideoRouter.answer call each, on the same random video tensor):
@@ -17,14 +17,21 @@ What is measured, and how:
 * Model: random weights in the exact shape of InternVL3-1B/2B/8B (vr_runtime/configs), paired with
   the tiny tokenizer; timings depend on shapes and sequence lengths, not on weight values. With
   --model, a real InternVL3-*-hf checkpoint.
-* Relevance: untrained routers make meaningless decisions, so the Fragment rows force a fixed
-  pattern (default 28 of 64 frames, spread evenly; --relevance clustered puts them in one block)
-  through ``answer(relevant=...)``. The Semantic and Image Routers still run on every call, so the
-  router time is real (see ``router_mode`` in the results). With trained router weights
-  (--routers, ``routers.trained``) the Image Router's own decisions are used instead.
+* Relevance: untrained routers make meaningless decisions, so the VideoRouter rows impose a
+  fixed pattern (default 28 of 64 frames, spread evenly; --relevance clustered puts them in one
+  block). They call ``answer(policy="auto")`` inside ``e2e_override.forced_routing``: the Semantic
+  Router and the Image Router run their full forward passes (shadow stack + heads, every frame)
+  and only their outputs are replaced (Fragment; 1/0 per frame), so the router time in TTFT is
+  real. (``answer(relevant=...)`` would skip the routers and hide their cost.) With trained
+  router weights (--routers with ``trained`` set) the routers decide, with ``policy="auto"``.
+* Shadow stack: 4 decoder layers, as in the paper. For a reduced decoder (--text-layers, or the
+  4-layer tiny preset of the CPU mode) the stack is reduced in proportion (4/28 of the depth, at
+  least 1), so that the router's cost relative to the LLM stays that of the full-size model;
+  --router-layers overrides.
 * Budget: the visual-token budget is fixed (12,288 as in the paper); ``max_length`` is derived as
-  budget + text tokens + max_new_tokens + margin, with the text tokens of the full 64-frame prompt
-  (read from a Dense call's report), so every budgeted row gets exactly this visual budget.
+  budget + text tokens + max_new_tokens + margin, with the runtime's own count of the text tokens
+  of the full T-frame prompt (``vr_runtime.prompt.text_tokens``), so every budgeted row gets
+  exactly this visual budget (checked against each report's ``budget``).
 * Timing: stage times come from the runtime's synchronised stage timers (report["timings_s"]);
   TTFT = vision + router + compress + prefill, after video decoding (the input is a ready
   [T, 3, 448, 448] tensor). Each row: ``--warmup`` untimed calls, then the median of ``--runs``.
@@ -56,6 +63,7 @@ import torch  # noqa: E402
 
 import common  # noqa: E402  (bench/common.py: environment, device name, results writing)
 import e2e_memory  # noqa: E402
+import e2e_override  # noqa: E402
 import e2e_report  # noqa: E402
 
 CONFIGS = ROOT / "vr_runtime" / "configs"
@@ -97,21 +105,23 @@ def _ints(name):
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", choices=SHAPES, help="model shape preset (GPU default 8b; CPU 1b "
-                    "reduced to --text-layers/--vision-layers)")
+    ap.add_argument("--shape", choices=SHAPES, help="model shape preset (GPU default 8b; CPU "
+                    "default tiny; 1b/2b/8b can be reduced with --text-layers/--vision-layers)")
     ap.add_argument("--config", help="a config.json (HF InternVLConfig layout) instead of --shape")
     ap.add_argument("--model", help="a local InternVL3-*-hf checkpoint directory (real weights)")
     ap.add_argument("--routers", help="router weights (safetensors); trained ones decide relevance")
-    ap.add_argument("--text-layers", type=int, help="keep only this many decoder layers (CPU: 4)")
-    ap.add_argument("--vision-layers", type=int, help="keep only this many ViT layers (CPU: 1)")
+    ap.add_argument("--text-layers", type=int, help="keep only this many decoder layers")
+    ap.add_argument("--vision-layers", type=int, help="keep only this many ViT layers")
+    ap.add_argument("--router-layers", type=int, help="shadow-stack depth of untrained routers "
+                    "(default 4, scaled with --text-layers)")
     ap.add_argument("--frames", type=int, help=f"sampled frames (GPU {PAPER_FRAMES}; CPU 8)")
     ap.add_argument("--budget", type=int, help=f"visual-token budget (GPU {PAPER_BUDGET}; CPU: "
                     f"the paper's 192 tokens per frame, frames * 192)")
-    ap.add_argument("--runs", type=int, help="timed runs per row; the median is reported (GPU 5, CPU 3)")
-    ap.add_argument("--warmup", type=int, help="untimed calls before the runs (GPU 2, CPU 1)")
+    ap.add_argument("--runs", type=int, help="timed runs per row; the median is reported (default 5)")
+    ap.add_argument("--warmup", type=int, help="untimed calls before the runs (default 2)")
     ap.add_argument("--sweep", choices=("none", "frames", "budget", "batch", "all"), default="none")
     ap.add_argument("--sweep-frames", type=_ints("--sweep-frames"),
-                    help="frame counts of the frames sweep (GPU 16,32,64,128,256; CPU 4,8,16)")
+                    help="frame counts of the frames sweep (GPU 16,32,64,128,256; CPU 4,8,16,32)")
     ap.add_argument("--sweep-budgets", type=_ints("--sweep-budgets"),
                     help="budgets of the budget sweep (GPU 4096,...,24576; CPU scaled to --frames)")
     ap.add_argument("--batch-sizes", type=_ints("--batch-sizes"), default=[1, 2, 4])
@@ -120,10 +130,14 @@ def parse_args(argv=None):
                     help="share of frames marked relevant (default 28/64)")
     ap.add_argument("--policies", default=",".join(k for k, _, _ in POLICIES),
                     help="rows to run, a subset of " + ",".join(k for k, _, _ in POLICIES))
+    ap.add_argument("--router-pool", type=int, help="window applied to Z_t before the Image Router "
+                    "(passed to answer(router_pool=); default: the routers' own setting)")
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--margin", type=int, default=100, help="safety margin epsilon of the budget")
     ap.add_argument("--dtype", choices=("bf16", "fp16", "fp32"))
     ap.add_argument("--cpu", action="store_true", help="CPU mode (the default without CUDA)")
+    ap.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's own); "
+                    "1 gives steadier figures on a machine shared with other jobs")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--question", default=QUESTION)
     ap.add_argument("--out", help="results path stem (default bench/results/e2e_<device>_<shape>)")
@@ -138,20 +152,23 @@ def finish_args(args, ap):
     if args.model and (args.shape or args.config):
         ap.error("--model: give either a checkpoint (--model) or a shape (--shape/--config), not both")
     if args.shape is None and args.config is None and not args.model:
-        args.shape = "1b" if cpu else "8b"
-    if cpu and args.shape in ("1b", "2b", "8b") and not args.config:
-        args.text_layers = args.text_layers or 4
-        args.vision_layers = args.vision_layers or 1
+        args.shape = "tiny" if cpu else "8b"
+    if (args.text_layers or args.vision_layers) and (args.model or args.shape == "tiny"):
+        ap.error("--text-layers/--vision-layers: only for --shape 1b/2b/8b or --config")
     args.frames = args.frames or (8 if cpu else PAPER_FRAMES)
     args.budget = args.budget or (args.frames * PAPER_BUDGET // PAPER_FRAMES if cpu else PAPER_BUDGET)
-    args.runs = args.runs if args.runs is not None else (3 if cpu else 5)
-    args.warmup = args.warmup if args.warmup is not None else (1 if cpu else 2)
-    args.sweep_frames = args.sweep_frames or ([4, 8, 16] if cpu else list(SWEEP_FRAMES))
+    args.runs = args.runs if args.runs is not None else 5
+    args.warmup = args.warmup if args.warmup is not None else 2
+    args.sweep_frames = args.sweep_frames or ([4, 8, 16, 32] if cpu else list(SWEEP_FRAMES))
     args.sweep_budgets = args.sweep_budgets or (
         [b * args.frames // PAPER_FRAMES for b in SWEEP_BUDGETS] if cpu else list(SWEEP_BUDGETS))
+    if args.router_pool is not None and args.router_pool < 1:
+        ap.error("--router-pool: expected an int >= 1")
     for name in ("frames", "budget", "runs", "max_new_tokens"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')}: expected an int >= 1")
+    if args.threads is not None and args.threads < 1:
+        ap.error("--threads: expected an int >= 1")
     if args.warmup < 0 or args.margin < 0:
         ap.error("--warmup / --margin: expected ints >= 0")
     if not 0.0 <= args.relevant_frac <= 1.0:
@@ -163,7 +180,7 @@ def finish_args(args, ap):
         ap.error(f"--policies: unknown {bad}; choose from {','.join(keys)}")
     if "dense" not in args.policies:
         args.policies.insert(0, "dense")  # ratios and the text-token count need the Dense row
-    for n in ("text_layers", "vision_layers"):
+    for n in ("text_layers", "vision_layers", "router_layers"):
         v = getattr(args, n)
         if v is not None and v < 1:
             ap.error(f"--{n.replace('_', '-')}: expected an int >= 1")
@@ -197,15 +214,43 @@ def shape_name(args) -> str:
     return base
 
 
+PAPER_ROUTER_LAYERS = 4  # k of the shadow stack (paper: first four language layers)
+
+
+def router_layers(args) -> Optional[int]:
+    """Shadow-stack depth for untrained routers: --router-layers; None (the runtime's 4) at a
+    preset's full depth; for a reduced decoder (--text-layers, or the 4-layer tiny preset) 4
+    scaled by the share of depth kept (against 28, InternVL3-8B, for tiny or a custom config),
+    so the router's cost relative to the LLM stays that of the full-size model."""
+    if args.router_layers:
+        return args.router_layers
+    if args.model or not (args.text_layers or args.shape == "tiny"):
+        return None
+    if args.shape == "tiny":
+        from vr_runtime.tiny import ASSETS
+        depth = json.loads((ASSETS / "config.json").read_text())["text_config"]["num_hidden_layers"]
+        full = 28
+    else:
+        depth = args.text_layers
+        full = 28 if args.config else json.loads(
+            (CONFIGS / f"internvl3_{args.shape}.json").read_text())["text_config"]["num_hidden_layers"]
+    return max(1, min(depth, round(PAPER_ROUTER_LAYERS * depth / full)))
+
+
 def build(args, device, dtype):
     """A VideoRouter on ``device``: real checkpoint, the tiny preset, or a random-weight shape."""
     from vr_runtime import VideoRouter
+    from vr_runtime.routers import RouterConfig
+    k = None if args.routers else router_layers(args)
+    rc = RouterConfig(num_layers=k) if k else None
     if args.model:
-        return VideoRouter.from_pretrained(args.model, routers=args.routers, device=device, dtype=dtype)
+        return VideoRouter.from_pretrained(args.model, routers=args.routers, device=device,
+                                           dtype=dtype, router_config=rc)
     if args.shape == "tiny":
-        return VideoRouter.from_pretrained("tiny", routers=args.routers, device=device, dtype=dtype)
+        return VideoRouter.from_pretrained("tiny", routers=args.routers, device=device, dtype=dtype,
+                                           router_config=rc)
     return VideoRouter.from_config(shape_config(args), routers=args.routers, device=device,
-                                   dtype=dtype, seed=args.seed)
+                                   dtype=dtype, seed=args.seed, router_config=rc)
 
 
 def routers_trained(vr) -> bool:
@@ -275,14 +320,29 @@ def random_video(num_frames: int, seed: int) -> torch.Tensor:
     return torch.randn(num_frames, 3, 448, 448, generator=g)
 
 
+def answer(vr, video, args, max_length: int, kw: dict, relevant):
+    """One VideoRouter.answer; a VideoRouter row with a fixed pattern runs inside forced_routing
+    (routers computed, decisions imposed) with policy "auto", as a trained deployment would."""
+    common_kw = dict(num_frames=int(video.shape[0]), max_length=max_length,
+                     max_new_tokens=args.max_new_tokens, margin=args.margin)
+    if kw.get("policy") != "fragment":
+        return vr.answer(video, args.question, **common_kw, **kw)
+    kw = dict(kw, policy="auto")
+    if args.router_pool is not None:
+        kw["router_pool"] = args.router_pool
+    if relevant is None:  # trained routers decide
+        return vr.answer(video, args.question, **common_kw, **kw)
+    with e2e_override.forced_routing(vr, relevant):
+        return vr.answer(video, args.question, **common_kw, **kw)
+
+
 def call(vr, dev: Device, video, args, max_length: int, kw: dict, relevant) -> dict:
     """One answer(); returns its report plus the harness's own measurements."""
     dev.reset_peak()
     with dev.sampler() as s:
         dev.sync()
         t0 = time.perf_counter()
-        res = vr.answer(video, args.question, num_frames=video.shape[0], max_length=max_length,
-                        max_new_tokens=args.max_new_tokens, relevant=relevant, **kw)
+        res = answer(vr, video, args, max_length, kw, relevant)
         dev.sync()
         wall = time.perf_counter() - t0
     rep = dict(res.report)
@@ -291,6 +351,13 @@ def call(vr, dev: Device, video, args, max_length: int, kw: dict, relevant) -> d
     tp = dev.torch_peak()
     rep["_torch_peak"] = rep.get("peak_memory_bytes") or tp
     return rep
+
+
+def _norm(w):
+    """A window as JSON writes it (1, [1, 2]) or as the planner returns it (1, (1, 2)) -> tuple."""
+    if isinstance(w, (list, tuple)):
+        return tuple(int(x) for x in w)
+    return (int(w), int(w)) if w else 0
 
 
 def median(xs):
@@ -311,6 +378,7 @@ def summarise(reports: List[dict]) -> dict:
         visual_tokens=last.get("visual_tokens"), dense_visual_tokens=last.get("dense_visual_tokens"),
         budget_runtime=last.get("budget"), text_tokens=last.get("text_tokens"),
         scales=last.get("scales"), policy_run=last.get("policy"),
+        router_pool=last.get("router_pool"), generated_tokens=last.get("generated_tokens"),
         router_s=t("router"), vision_s=vision, compress_s=compress, vision_compress_s=vc,
         prefill_s=t("prefill"), ttft_s=t("ttft"), generate_s=t("generate"),
         total_s=median([r["_wall_s"] for r in reports]),
@@ -341,22 +409,24 @@ def measure_row(vr, dev, args, video, key, label, kw, *, sweep, budget, max_leng
             torch.cuda.empty_cache()
         return row
     row.update(summarise(reports))
+    if row.get("budget_runtime") is not None and kw.get("policy") != "dense" \
+            and row["budget_runtime"] != budget:
+        row["error"] = (f"runtime budget {row['budget_runtime']} != requested {budget}: the text "
+                        f"token count differs from the runtime's")
     if dev.cuda:
         row["nvml_peak_gb"] = row.pop("outside_peak_gb")
     else:
         row["peak_mem_gb"] = row.pop("outside_peak_gb")  # CPU: process RSS peak
     if fragment and rel is None and row.get("scales") is not None:
-        row["relevant"] = sum(1 for s in row["scales"] if s == kw["high"])
+        row["relevant"] = sum(1 for s in row["scales"] if _norm(s) == _norm(kw["high"]))
     return row
 
 
 def text_tokens_for(vr, dev, args, video) -> int:
-    """Text tokens of the full prompt (every frame's "FrameN: <img></img>" line) from a Dense call."""
-    rep = call(vr, dev, video, args, 10 ** 7, dict(policy="dense"), None)
-    n = rep.get("text_tokens")
-    if not isinstance(n, int):
-        raise BenchError("the runtime report has no integer 'text_tokens'; cannot derive max_length")
-    return n
+    """Text tokens of the full T-frame prompt (question, chat template and every frame's
+    "FrameN: <img></img>" line), counted the way the runtime counts them for its budget."""
+    from vr_runtime.prompt import text_tokens
+    return int(text_tokens(vr.lm.tokenizer, args.question, int(video.shape[0])))
 
 
 def run_table(vr, dev, args, frames, budget, sweep, rows, text_cache) -> None:
@@ -403,17 +473,15 @@ def run_batch(vr, dev, args, rows, text_cache) -> None:
                     with dev.sampler() as s:
                         dev.sync()
                         t0 = time.perf_counter()
-                        if batched:
+                        if batched:  # a batched runtime entry point, when one exists
                             res = vr.answer_batch(videos[:B], [args.question] * B, num_frames=frames,
                                                   max_length=max_length,
                                                   max_new_tokens=args.max_new_tokens,
                                                   relevant=None if rel is None else [rel] * B, **kw)
                             got = [r.report for r in res]
                         else:
-                            got = [vr.answer(v, args.question, num_frames=frames,
-                                             max_length=max_length,
-                                             max_new_tokens=args.max_new_tokens, relevant=rel,
-                                             **kw).report for v in videos[:B]]
+                            got = [answer(vr, v, args, max_length, kw, rel).report
+                                   for v in videos[:B]]
                         dev.sync()
                         wall = time.perf_counter() - t0
                     if i >= args.warmup:
@@ -483,6 +551,8 @@ def main(argv=None) -> int:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(args.dtype)
     torch.manual_seed(args.seed)
     cpu = device.type == "cpu"
+    if cpu and args.threads:
+        torch.set_num_threads(args.threads)
     label = "CPU figures (not comparable with GPU figures)" if cpu else "GPU figures"
 
     t0 = time.perf_counter()
@@ -527,11 +597,17 @@ def main(argv=None) -> int:
                    f" of {args.frames} frames"),
         relevant_frac=args.relevant_frac, sweep=args.sweep, sweep_frames=args.sweep_frames,
         sweep_budgets=args.sweep_budgets, batch_sizes=args.batch_sizes,
-        router_mode=("Semantic + Image Router forward run on every Fragment call; their decisions "
-                     "are overridden by the fixed pattern" if not trained else "trained routers decide"),
+        router_layers=getattr(getattr(vr.routers, "config", None), "num_layers", None),
+        router_pool=(args.router_pool if args.router_pool is not None else
+                     getattr(getattr(vr.routers, "config", None), "router_pool", None)),
+        router_mode=("forced: policy 'auto' inside e2e_override.forced_routing -- Semantic and Image "
+                     "Router forward passes run on every VideoRouter call, their outputs replaced by "
+                     "Fragment and the fixed pattern" if not trained else
+                     "trained routers decide (policy 'auto')"),
         memory=("torch max_memory_allocated + NVML " + dev.nvml_scope) if not cpu else
                "process RSS peak (sampled every 2 ms), freed heap trimmed between rows",
-        build_s=build_s, seed=args.seed, question=args.question)
+        build_s=build_s, seed=args.seed, question=args.question,
+        cpu_threads=torch.get_num_threads() if cpu else None)
     meta = dict(benchmark="e2e_latency (paper table latency_breakdown)", label=label,
                 environment=env, settings=settings, targets=targets)
     title = f"{common.device_name(device)} | {shape_name(args)} | {args.frames} frames, budget {args.budget:,}"
@@ -583,6 +659,28 @@ def markdown_block(main_rows, rows, cpu, title, label) -> str:
         if srows:
             out += ["", f"{sweep} sweep:", "", e2e_report.markdown_table(
                 [dict(r, label=f"{r['label']} (T={r['frames']}, B={r['budget']:,})") for r in srows], cpu)]
+    brows = [r for r in rows if r["sweep"] == "batch"]
+    if brows:
+        out += ["", f"batch sweep ({brows[0].get('batch_mode')}):", "", batch_markdown(brows, cpu)]
+    if cpu:
+        out += ["", "GPU (InternVL3-8B shape, 64 frames, budget 12,288): pending -- run "
+                "`python bench/bench_e2e.py --sweep all` on an H100/H200.", "",
+                e2e_report.pending_markdown("NVIDIA H100 / H200", "pending: no GPU in this session")]
+    out += ["", f"Reference ({e2e_report.PAPER_NOTE}):", "", e2e_report.paper_table(markdown=True)]
+    return "\n".join(out)
+
+
+def batch_markdown(rows, cpu) -> str:
+    mem = "Peak RSS GB (CPU)" if cpu else "Peak mem GB"
+    out = [f"| Method | Videos | Visual tokens (all) | Total s | Per video s | {mem} |",
+           "|:--|--:|--:|--:|--:|--:|"]
+    for r in rows:
+        if r.get("error"):
+            out.append(f"| {r['label']} | {r['batch']} | {r['error']} | | | |")
+            continue
+        pk = "-" if r.get("peak_mem_gb") is None else f"{r['peak_mem_gb']:.2f}"
+        out.append(f"| {r['label']} | {r['batch']} | {r['visual_tokens']:,} | {r['total_s']:.3f} | "
+                   f"{r['per_video_s']:.3f} | {pk} |")
     return "\n".join(out)
 
 

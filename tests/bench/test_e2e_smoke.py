@@ -55,3 +55,140 @@ def test_preset_shapes(name):
     assert abs(n - billions) < 0.1, f"{name}: {n:.3f}B parameters, published {billions}B"
     # The published checkpoints keep a separate lm_head (the counts above include it).
     assert model.lm_head.weight is not model.get_input_embeddings().weight
+
+
+# ----------------------------------------------------------------------------- the harness
+import sys  # noqa: E402
+import time  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def test_relevance_patterns():
+    import bench_e2e
+    from vr_runtime import uniform_sample
+    spread = bench_e2e.relevance_pattern(64, 28 / 64, "spread")
+    assert sum(spread) == 28
+    assert [t for t in range(64) if spread[t]] == uniform_sample(list(range(64)), 28)
+    block = bench_e2e.relevance_pattern(64, 28 / 64, "clustered")
+    idx = [t for t in range(64) if block[t]]
+    assert idx == list(range(18, 46))  # one centred run of 28
+    assert sum(bench_e2e.relevance_pattern(8, 28 / 64, "spread")) == 4  # 3.5 rounds half up
+
+
+def test_peak_sampler_sees_a_transient_allocation():
+    import e2e_memory
+    read = e2e_memory.rss_reader()
+    if read is None:
+        pytest.skip("no /proc on this platform")
+    size = 96 * 2**20
+    with e2e_memory.PeakSampler(read, interval_s=0.001) as s:
+        base = read()
+        buf = bytearray(b"\x01") * size  # filled, so every page is resident
+        time.sleep(0.05)
+        del buf
+    after = read()
+    assert s.peak >= base + 0.9 * size
+    assert s.peak > after  # the buffer is gone again: the sampler kept the peak, not the end
+
+
+def test_ratios_and_targets():
+    import argparse
+    import bench_e2e
+    import e2e_report
+    rows = [dict(sweep="main", policy="dense", frames=64, budget=12288, ttft_s=2.0, peak_mem_gb=30.0),
+            dict(sweep="main", policy="vr14", frames=64, budget=12288, ttft_s=0.7, router_s=0.05,
+                 peak_mem_gb=19.0),
+            dict(sweep="frames", policy="vr14", frames=16, budget=12288, ttft_s=0.2, peak_mem_gb=18.0)]
+    e2e_report.add_ratios(rows)
+    assert rows[0]["ttft_x_dense"] == 1.0 and rows[1]["ttft_x_dense"] == pytest.approx(0.35)
+    assert rows[2]["ttft_x_dense"] is None  # no Dense row at that sweep point: no ratio
+    args = argparse.Namespace(shape="8b", text_layers=None, vision_layers=None, frames=64,
+                              budget=12288)
+    t = bench_e2e.check_targets(rows, args, cuda=True)
+    assert t["applies"] and t["passed"]
+    rows[1]["router_s"] = 0.1  # 14% of TTFT
+    t = bench_e2e.check_targets(rows, args, cuda=True)
+    assert not t["passed"] and not t["checks"]["router <= 8% of TTFT"]
+    assert not bench_e2e.check_targets(rows, args, cuda=False)["applies"]
+
+
+def test_forced_routing_runs_the_routers_and_restores_them():
+    import e2e_override
+
+    class FakeRouters(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.trained, self.calls = False, []
+
+        def policy_logits(self, q, m=None):
+            self.calls.append("policy")
+            return torch.tensor([[3.0, -3.0]])  # would pick Global
+
+        def frame_probs(self, Z, q, fb=None):
+            self.calls.append("frames")
+            return torch.rand(Z.shape[0]) * 0.4  # would mark nothing relevant
+
+    class FakeVR:
+        routers = FakeRouters()
+
+    vr, pattern = FakeVR(), [True, False, True, False, False]
+    with e2e_override.forced_routing(vr, pattern):
+        assert vr.routers.trained
+        logits = vr.routers.policy_logits(torch.zeros(1, 3, 8))
+        probs = vr.routers.frame_probs(torch.zeros(5, 4, 8), torch.zeros(3, 8))
+    assert vr.routers.calls == ["policy", "frames"]  # the real forwards ran
+    assert int(logits.argmax(-1)) == 1  # Fragment
+    assert [p > 0.5 for p in probs.tolist()] == pattern
+    assert not vr.routers.trained and "policy_logits" not in vr.routers.__dict__
+    with pytest.raises(ValueError, match="relevant"):
+        with e2e_override.forced_routing(vr, [True]):
+            vr.routers.frame_probs(torch.zeros(5, 4, 8), torch.zeros(3, 8))
+    assert "frame_probs" not in vr.routers.__dict__
+
+
+def test_cpu_mode_end_to_end(tmp_path):
+    """The CPU mode at its smallest (tiny preset, 4 frames, one run): every row runs, token counts
+    match the planner, the routers really run in the VideoRouter rows, files are complete."""
+    import csv
+    import bench_e2e
+    from vr_runtime import plan_budget, plan_dense, plan_fragment, plan_tokens, plan_uniform
+    threads = torch.get_num_threads()
+    stem = tmp_path / "e2e_smoke"
+    try:
+        assert bench_e2e.main(["--cpu", "--shape", "tiny", "--frames", "4", "--runs", "1",
+                               "--warmup", "0", "--threads", "1", "--max-new-tokens", "2",
+                               "--out", str(stem)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    doc = json.loads(stem.with_suffix(".json").read_text())
+    env = doc["environment"]
+    assert env["device"].startswith("CPU") and env["torch"] and env["transformers"] and env["date_utc"]
+    assert "bench_e2e" in env["command"] or "pytest" in env["command"]
+    assert doc["label"].startswith("CPU figures")
+    s = doc["settings"]
+    T, B = 4, 4 * 192
+    assert (s["frames"], s["budget"]) == (T, B) and s["router_layers"] == 1
+    rel = bench_e2e.relevance_pattern(T, 28 / 64, "spread")
+    expect = {"dense": plan_dense(T), "budget": plan_budget(T, B), "uniform": plan_uniform(T, B),
+              "vr14": plan_fragment(rel, B, high=1, low=4), "vr24": plan_fragment(rel, B, high=2, low=4),
+              "vr48": plan_fragment(rel, B, high=4, low=8)}
+    rows = {r["policy"]: r for r in doc["rows"] if r["sweep"] == "main"}
+    assert set(rows) == set(expect)
+    for key, plan in expect.items():
+        r = rows[key]
+        assert not r.get("error"), r.get("error")
+        assert r["visual_tokens"] == plan_tokens(plan), key
+        parts = r["vision_s"] + r["router_s"] + r["compress_s"] + r["prefill_s"]
+        assert r["ttft_s"] == pytest.approx(parts, rel=1e-3, abs=1e-5)
+        if key.startswith("vr"):
+            assert r["router_s"] > 0 and r["policy_run"] == "fragment"
+            assert r["budget_runtime"] == B
+            assert [bench_e2e._norm(w) for w in r["scales"]] == [bench_e2e._norm(w) for w in plan]
+        else:
+            assert r["router_s"] == 0
+    assert rows["dense"]["ttft_x_dense"] == 1.0
+    with stem.with_suffix(".csv").open() as f:
+        assert len(list(csv.DictReader(f))) == 6
+    assert "CPU figures" in stem.with_suffix(".md").read_text()
+    assert stem.with_suffix(".png").stat().st_size > 10_000
