@@ -146,6 +146,19 @@ class ShadowStack(nn.Module):
         out = self.decoder(inputs_embeds=x, attention_mask=mask, use_cache=False, return_dict=True)
         return out.last_hidden_state
 
+    def prefix(self, x: torch.Tensor):
+        """Run a (question-independent) prefix x [B, N, D]; -> (H [B, N, D], KV cache)."""
+        out = self.decoder(inputs_embeds=x, use_cache=True, return_dict=True)
+        return out.last_hidden_state, out.past_key_values
+
+    def extend(self, x: torch.Tensor, cache) -> torch.Tensor:
+        """Continue after :meth:`prefix`: x [B, L, D] at positions N..N+L-1 -> H [B, L, D].
+
+        Works on a deep copy, so one prefix cache serves any number of questions."""
+        out = self.decoder(inputs_embeds=x, past_key_values=copy.deepcopy(cache), use_cache=True,
+                           return_dict=True)
+        return out.last_hidden_state
+
 
 # ----------------------------------------------------------------------------- heads
 class SemanticRouter(nn.Module):
@@ -223,6 +236,15 @@ def _init_head(module: nn.Module, generator: torch.Generator) -> None:
                 p.copy_(torch.randn(p.shape, generator=generator) * 0.02)
 
 
+@dataclass
+class VisualCache:
+    """Shadow-stack state over each frame's visual tokens, per chunk of frames."""
+    chunks: list          # [(H_z [b, N, D], KV cache of the decoder)], frames in order
+    num_frames: int
+    tokens: int           # N per frame (after router_pool)
+    router_pool: int
+
+
 # ----------------------------------------------------------------------------- both routers
 class Routers(nn.Module):
     """Shadow stack + Semantic Router + Image Router. ``trained`` is False until weights are
@@ -290,6 +312,32 @@ class Routers(nn.Module):
             x = torch.cat([z, q.unsqueeze(0).expand(z.shape[0], Lq, D)], 1)
             out.append(self.image(self.shadow(x)))
         return torch.cat(out, 0) if out else Z.new_zeros(0)
+
+    def visual_cache(self, Z: torch.Tensor, frame_batch: Optional[int] = None,
+                     router_pool: Optional[int] = None, grid=(16, 16)) -> "VisualCache":
+        """The question-independent part of the Image Router for one video.
+
+        The shadow stack is causal and Z_t comes before the question, so E_1:k's hidden states
+        and KV cache over Z_t do not depend on the question: computed once here, a new question
+        then costs only its Lq tokens per frame (:meth:`frame_logits_cached`). Exact up to
+        floating-point reordering (tests compare it with :meth:`frame_logits`)."""
+        pool = self.config.router_pool if router_pool is None else router_pool
+        if pool > 1:
+            Z = pool_frames(Z, pool, grid)
+        T, N, _ = Z.shape
+        fb = frame_batch or max(1, MAX_ROUTER_TOKENS // (N + 64))
+        chunks = [self.shadow.prefix(Z[i:i + fb]) for i in range(0, T, fb)]
+        return VisualCache(chunks=chunks, num_frames=T, tokens=N, router_pool=pool)
+
+    def frame_logits_cached(self, cache: "VisualCache", q_embeds: torch.Tensor) -> torch.Tensor:
+        """Frame logits [T] for a question, reusing a :meth:`visual_cache` of the video."""
+        out = []
+        for H_z, kv in cache.chunks:
+            b, _, D = H_z.shape
+            q = q_embeds.to(H_z.dtype).unsqueeze(0).expand(b, -1, D)
+            H_q = self.shadow.extend(q, kv)
+            out.append(self.image(torch.cat([H_z, H_q], 1)))
+        return torch.cat(out, 0)
 
     def frame_probs(self, Z, q_embeds, frame_batch=None, router_pool=None, grid=(16, 16)) -> torch.Tensor:
         return torch.sigmoid(self.frame_logits(Z, q_embeds, frame_batch, router_pool, grid).float())
@@ -365,5 +413,5 @@ def embed_question(model, tokenizer, question: str) -> torch.Tensor:
     return emb(ids.to(emb.weight.device))
 
 
-__all__ = ["RouterConfig", "ShadowStack", "SemanticRouter", "ImageRouter", "Routers",
+__all__ = ["RouterConfig", "VisualCache", "pool_frames", "MAX_ROUTER_TOKENS", "ShadowStack", "SemanticRouter", "ImageRouter", "Routers",
            "embed_question", "FORMAT"]

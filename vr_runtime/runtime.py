@@ -66,6 +66,7 @@ class VideoRouter:
         # transformers renamed num_logits_to_keep -> logits_to_keep (4.50).
         self._keep_kw = "logits_to_keep" if "logits_to_keep" in sig else "num_logits_to_keep"
         self._stop_ids = self._stop_token_ids()
+        self._vcache = None  # cache_visual: the last video's question-independent state
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -98,6 +99,27 @@ class VideoRouter:
             r = Routers.load(pathlib.Path(routers), lm.model)
             return r.to(device=lm.device, dtype=lm.dtype)
         return Routers.from_model(lm.model, router_config)
+
+    def clear_visual_cache(self) -> None:
+        self._vcache = None
+
+    @staticmethod
+    def _video_key(video, num_frames, time_window) -> tuple:
+        """Identity of a video input for ``cache_visual``. Paths: file identity + sampling
+        arguments. Tensors and clips: the object itself (held by the cache, so its id cannot be
+        reused) and, for tensors, its in-place version counter."""
+        if isinstance(video, (str, pathlib.Path)):
+            p = pathlib.Path(video).resolve()
+            try:
+                st = p.stat()
+                ident = (st.st_mtime_ns, st.st_size)
+            except OSError:
+                ident = None
+            tw = tuple(time_window) if time_window is not None else None
+            return ("path", str(p), ident, int(num_frames), tw)
+        if isinstance(video, torch.Tensor):
+            return ("tensor", id(video), video._version, tuple(video.shape))
+        return ("clip", id(video))
 
     @property
     def routers_trained(self) -> bool:
@@ -185,13 +207,18 @@ class VideoRouter:
                max_new_tokens: int = 64, policy: str = "auto", time_window=None,
                relevant: Optional[Sequence[bool]] = None, high=1, low=4, global_scale=2,
                margin: int = 100, chunk_size: int = 16, frame_batch: Optional[int] = None,
-               system: Optional[str] = None, router_pool: Optional[int] = None) -> Answer:
+               system: Optional[str] = None, router_pool: Optional[int] = None,
+               cache_visual: bool = False) -> Answer:
         """Answer ``question`` about ``video`` (path | VideoClip | [T,3,448,448] tensor).
 
         ``relevant`` forces the Image Router's decisions (one bool per sampled frame), for
         benchmarks and ablations; it is only used by ``fragment`` (and ``auto`` -> fragment).
         ``router_pool``: window applied to Z_t before the Image Router (None: the routers'
-        configured value, 1 = the paper; 2 = 2x2 pooling, ~4x cheaper routing)."""
+        configured value, 1 = the paper; 2 = 2x2 pooling, ~4x cheaper routing).
+        ``cache_visual``: keep the question-independent work on this video (decoded frames, Z of
+        every frame, the Image Router's shadow-stack state over each Z_t) and reuse it when the
+        next question is about the same video; a new question then costs its text only. One
+        video is kept (:meth:`clear_visual_cache` frees it); the report says "hit" or "miss"."""
         lm = self.lm
         if policy not in POLICIES:
             raise ValueError(f"policy {policy!r}: expected one of {', '.join(POLICIES)}")
@@ -202,8 +229,18 @@ class VideoRouter:
         timer = StageTimer(lm.device)
         notes: List[str] = []
 
+        entry = None
+        if cache_visual:
+            key = self._video_key(video, num_frames, time_window)
+            vc = self._vcache
+            if vc is not None and vc["key"] == key and vc["obj"] is (video if key[0] != "path" else None):
+                entry = vc
+        hit = entry is not None
         with timer.stage("decode"):
-            pv, frame_indices, frame_times, vnotes, decode_s = self._decode(video, num_frames, time_window)
+            decoded = entry["decoded"] if hit else self._decode(video, num_frames, time_window)
+        pv, frame_indices, frame_times, vnotes, decode_s = decoded
+        if hit:
+            decode_s = None  # nothing was decoded for this question
         notes += vnotes
         T = int(pv.shape[0])
         if T == 0:
@@ -255,7 +292,35 @@ class VideoRouter:
 
         # --- vision (+ plan first when it does not need Z) ----------------------------------
         scores = None
-        if routed:
+        if cache_visual:
+            if hit:
+                Z = entry["Z"]
+                timer.add("vision", 0.0)
+                notes.append("visual cache hit: decoded frames, Z and the Image Router's "
+                             "question-independent state were reused from an earlier question")
+            else:
+                with timer.stage("vision"):
+                    Z = encode_frames(lm.model, pv, chunk_size)
+                self._vcache = entry = {"key": key, "decoded": decoded, "Z": Z, "router": {},
+                                        "obj": video if key[0] != "path" else None}
+            keep = list(range(T))
+            if routed:
+                if not self.routers_trained:
+                    notes.append("routers are untrained: the Image Router's frame scores come "
+                                 "from untrained weights")
+                with timer.stage("router"):
+                    rkey = (id(self.routers), pool)
+                    rc = entry["router"].get(rkey)
+                    if rc is None:
+                        rc = entry["router"][rkey] = (self.routers, self.routers.visual_cache(
+                            Z, frame_batch, pool, grid))
+                    if q_emb is None:
+                        q_emb = embed_question(lm.model, lm.tokenizer, question)
+                    probs = torch.sigmoid(self.routers.frame_logits_cached(rc[1], q_emb).float())
+                    scores = probs.tolist()
+                    relevant = [p > self.routers.config.threshold for p in scores]
+            plan = self._plan(resolved, T, budget, grid, relevant, high, low, global_scale)
+        elif routed:
             with timer.stage("vision"):
                 Z = encode_frames(lm.model, pv, chunk_size)
             if not self.routers_trained:
@@ -312,6 +377,7 @@ class VideoRouter:
             "frame_times_s": None if frame_times is None else [round(float(x), 4) for x in frame_times],
             "frame_scores": None if scores is None else [round(float(s), 6) for s in scores],
             "router_pool": pool if routed else None,
+            "visual_cache": ("hit" if hit else "miss") if cache_visual else None,
             "relevant": relevant if resolved == "fragment" else None,
             "scales": [_json_window(w) for w in plan],
             "frame_tokens": counts,

@@ -158,3 +158,16 @@ def test_router_pool_is_pooled_input(tiny_lm, routers):
     with pytest.raises(ValueError, match="router_pool"):
         routers.frame_logits(Z, q, router_pool=0)
     assert RouterConfig(router_pool=2).resolved(128).router_pool == 2
+
+
+@pytest.mark.parametrize("pool", [1, 2])
+def test_visual_cache_matches_uncached(tiny_lm, routers, pool):
+    """Reusing the shadow-stack KV over Z_t across questions == the full [Z_t; q] pass."""
+    Z = torch.randn(5, 256, tiny_lm.hidden_size, generator=torch.Generator().manual_seed(21)) * 0.05
+    with torch.no_grad():
+        cache = routers.visual_cache(Z, frame_batch=2, router_pool=pool)
+        for text in ("Does a red ball appear?", "How many frames show a yellow diamond on the left?"):
+            q = embed_question(tiny_lm.model, tiny_lm.tokenizer, text)
+            torch.testing.assert_close(routers.frame_logits_cached(cache, q),
+                                       routers.frame_logits(Z, q, router_pool=pool),
+                                       rtol=1e-4, atol=1e-5)

@@ -163,3 +163,27 @@ def test_router_pool_option(tiny_vr, frames):
                        router_pool=2).report
     assert r["router_pool"] == 2 and len(r["frame_scores"]) == 3
     assert any("router_pool=2" in n for n in r["notes"])
+
+
+def test_cache_visual_reuses_and_matches(tiny_lm, tiny_vr, frames):
+    vr = VideoRouter(tiny_lm, tiny_vr.routers)
+    pv = frames(4, seed=14)
+    kw = dict(num_frames=4, max_new_tokens=2, policy="fragment")
+    plain = vr.answer(pv, Q, **kw).report
+    first = vr.answer(pv, Q, cache_visual=True, **kw)
+    second = vr.answer(pv, "Does a green ring appear?", cache_visual=True, **kw).report
+    again = vr.answer(pv, Q, cache_visual=True, **kw)
+    assert first.report["visual_cache"] == "miss" and second["visual_cache"] == "hit"
+    assert again.report["visual_cache"] == "hit" and second["timings_s"]["vision"] == 0.0
+    assert any("cache hit" in n for n in second["notes"])
+    for r in (first.report, again.report):  # same decisions and answer as without the cache
+        assert r["scales"] == plain["scales"]
+        assert r["frame_scores"] == pytest.approx(plain["frame_scores"], abs=1e-5)
+    assert again.text == first.text
+    pv.add_(0.0)  # an in-place change (version bump) invalidates the entry
+    assert vr.answer(pv, Q, cache_visual=True, **kw).report["visual_cache"] == "miss"
+    other = vr.answer(frames(4, seed=15), Q, cache_visual=True, num_frames=4, max_new_tokens=1,
+                      policy="global").report
+    assert other["visual_cache"] == "miss" and other["scales"] == [2] * 4
+    vr.clear_visual_cache()
+    assert vr._vcache is None
