@@ -332,7 +332,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     cols = ["T", "D", "mix", "dir", "method", "median_ms", "gbps", "copy_frac"]
     md = [f"# pool_pack benchmark ({env['device']})", "",
           f"date {env['date_utc']}, torch {env['torch']}, triton {env['triton']}, cuda {env['cuda']}",
-          f"command: `{env['command']}`", ""] + [f"> {n}" for n in notes] + ["",
+          f"command: `{env['command']}`" + (f", 1-min load average {env['load_avg_1m']}" if not gpu else ""), ""] + [f"> {n}" for n in notes] + ["",
           markdown_table(rows, cols, ["T", "D", "mix", "dir", "method", "median ms", "GB/s", "of copy BW"])]
     if sp:
         md += ["", "## Kernel speedups", "",

@@ -81,6 +81,10 @@ def environment(device: Optional[torch.device] = None) -> Dict[str, object]:
         "platform": platform.platform(),
         "triton_interpret": os.environ.get("TRITON_INTERPRET", "0"),
     }
+    try:  # CPU figures on a shared machine mean little without the load they ran under
+        env["load_avg_1m"] = round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        pass
     if has_cuda():
         props = torch.cuda.get_device_properties(0)
         env["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
