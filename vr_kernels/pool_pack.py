@@ -17,7 +17,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from .checks import KERNEL_DTYPES, TORCH_DTYPES, Plan, PoolPackArgError, check_args
-from .tiles import TILE_COLS, build_tiles
+from .tiles import build_tiles
 
 try:
     import triton
