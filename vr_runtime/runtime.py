@@ -22,6 +22,7 @@ Router's scores, also noted, unless ``relevant=`` is given.
 """
 from __future__ import annotations
 
+import concurrent.futures as cf
 import inspect
 import pathlib
 from dataclasses import dataclass, field
@@ -153,14 +154,45 @@ class VideoRouter:
         if isinstance(video, (str, pathlib.Path)):
             from .video import load_video
             clip = load_video(str(video), num_frames=num_frames, time_window=time_window)
+        elif isinstance(video, cf.Future):  # from vr_runtime.video.prefetch_video
+            clip = video.result()
         elif hasattr(video, "pixel_values") and hasattr(video, "frame_indices"):
             clip = video
         else:
-            raise VideoError(f"video: expected a path, a VideoClip or a [T,3,H,W] tensor, got "
+            raise VideoError(f"video: expected a path, a VideoClip, a Future of one or a "
+                             f"[T,3,H,W] tensor, got "
                              f"{type(video).__name__}")
         notes = [clip.note] if getattr(clip, "note", None) else []
         return (clip.pixel_values, list(clip.frame_indices), list(clip.timestamps_s), notes,
                 getattr(clip, "decode_s", None))
+
+    def answer_batch(self, videos: Sequence, questions, num_frames: int = 64, time_window=None,
+                     **kw) -> List[Answer]:
+        """``answer`` for several videos (``questions``: one string for all, or one per video).
+
+        Runs them one after another -- each prefill is already a large GPU batch -- and overlaps
+        the decoding of the next video file with the model work on the current one (background
+        prefetch), so decode time leaves the critical path after the first video."""
+        videos = list(videos)
+        qs = [questions] * len(videos) if isinstance(questions, str) else list(questions)
+        if len(qs) != len(videos):
+            raise ValueError(f"questions: expected 1 or {len(videos)} questions, got {len(qs)}")
+
+        def start(v):
+            if isinstance(v, (str, pathlib.Path)):
+                from .video import prefetch_video
+                return prefetch_video(str(v), num_frames=num_frames, time_window=time_window)
+            return v
+
+        out: List[Answer] = []
+        pending = start(videos[0]) if videos else None
+        for i, q in enumerate(qs):
+            cur = pending
+            pending = start(videos[i + 1]) if i + 1 < len(videos) else None
+            out.append(self.answer(cur, q, num_frames=num_frames,
+                                   time_window=None if isinstance(cur, cf.Future) else time_window,
+                                   **kw))
+        return out
 
     def _plan(self, policy, T, budget, grid, relevant, high, low, global_scale):
         if policy == "dense":

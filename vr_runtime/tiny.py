@@ -142,7 +142,9 @@ def build_tiny_model(device="cpu", dtype=torch.float32, seed: int = 0, weights: 
     from transformers import InternVLForConditionalGeneration
     from .model import _fast_init_ctx
     cfg = tiny_config()
-    with _fast_init_ctx(), torch.device(device):
+    # Built and filled on the CPU, then moved: the same weights on every device (a CUDA
+    # generator would draw different numbers from the same seed).
+    with _fast_init_ctx(), torch.device("cpu"):
         model = InternVLForConditionalGeneration._from_config(
             cfg, dtype=dtype, attn_implementation=attn_implementation)
     path = pathlib.Path(weights) if weights else ASSETS / "model.safetensors"
@@ -154,8 +156,8 @@ def build_tiny_model(device="cpu", dtype=torch.float32, seed: int = 0, weights: 
             raise ModelFilesError(f"tiny weights {path} not found")
         init_weights_(model, seed)
     # Built directly in `dtype` (not cast afterwards): like from_pretrained, this keeps the
-    # rotary inv_freq buffers in fp32 in a bf16/fp16 model.
-    return model.eval()
+    # rotary inv_freq buffers in fp32 in a bf16/fp16 model. .to(device) keeps dtypes.
+    return model.to(device).eval()
 
 
 def load_safetensors_into(model: torch.nn.Module, path) -> None:

@@ -187,3 +187,22 @@ def test_cache_visual_reuses_and_matches(tiny_lm, tiny_vr, frames):
     assert other["visual_cache"] == "miss" and other["scales"] == [2] * 4
     vr.clear_visual_cache()
     assert vr._vcache is None
+
+
+def test_answer_batch_paths_and_tensors(tiny_vr, frames):
+    import pathlib
+    sample = pathlib.Path(__file__).resolve().parents[2] / "vr_runtime" / "assets" / "sample.mp4"
+    if not sample.is_file():
+        pytest.skip("bundled sample video not present")
+    pv = frames(4, seed=16)
+    kw = dict(num_frames=4, max_new_tokens=1, policy="global")
+    res = tiny_vr.answer_batch([str(sample), pv, str(sample)], Q, **kw)
+    single = tiny_vr.answer(str(sample), Q, **kw).report
+    assert len(res) == 3
+    assert res[1].report["scales"] == [2] * 4 and res[1].report["frame_times_s"] is None
+    for r in (res[0].report, res[2].report):  # a prefetched path == a path decoded in place
+        assert r["frame_indices"] == single["frame_indices"] and r["scales"] == single["scales"]
+        assert r["frame_times_s"] == single["frame_times_s"]
+    assert res[0].text == res[2].text
+    with pytest.raises(ValueError, match="questions"):
+        tiny_vr.answer_batch([pv, pv], [Q], **kw)
