@@ -53,8 +53,13 @@ class TrainConfig:
     fragment_scales: List[int] = field(default_factory=lambda: [1, 4])
     lambda_sem: float = 0.01
     lambda_img: float = 0.01
+    pool_pack_backend: str = "auto"     # vr_kernels backend: auto / triton / torch / reference
     plan_from: str = "routers"          # Stage 3 plans: the routers' decisions, or "labels"
     router_num_layers: int = 4
+    router_dim: Optional[int] = None    # Image Router width (None: the RouterConfig default)
+    router_heads: int = 8
+    frames_per_example: int = 0         # > 0: L_img on all positives + random negatives up to
+                                        # this many frames (frames are scored independently)
     gen_tokens: int = 64                # L_gen reserved in the Stage 3 budget, as at inference
     bf16: bool = False
     gradient_checkpointing: bool = False
@@ -117,7 +122,7 @@ def load_config(path_or_name: str, **overrides) -> TrainConfig:
     except json.JSONDecodeError as e:
         raise ConfigError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})")
     raw = {k: v for k, v in raw.items() if not k.startswith("_")}  # "_comment" keys
-    raw.update({k: v for k, v in overrides.items() if v is not None})
+    raw.update(overrides)
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = sorted(set(raw) - known)
     if unknown:

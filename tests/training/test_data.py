@@ -1,0 +1,84 @@
+import json
+
+import pytest
+
+from vr_runtime.training.data import DataFormatError, parse_record, read_jsonl
+from vr_runtime.training.policy_labels import (label_questions, policy_labels,
+                                               read_accuracies)
+
+
+def _write(path, lines):
+    path.write_text("\n".join(l if isinstance(l, str) else json.dumps(l) for l in lines) + "\n")
+    return str(path)
+
+
+def test_three_formats_parse(tmp_path):
+    (tmp_path / "v.mp4").write_bytes(b"x")
+    rel = _write(tmp_path / "r.jsonl", [{"video": "v.mp4", "question": "Q?", "answer": "a",
+                                         "frame_labels": [0, 1, True]}])
+    pol = _write(tmp_path / "p.jsonl", [{"video": "v.mp4", "question": "Q?", "policy": "Fragment"},
+                                        "", {"video": "v.mp4", "question": "Q2", "policy": 0}])
+    conv = _write(tmp_path / "c.jsonl", [{"video": "v.mp4", "conversations": [
+        {"from": "human", "value": "<video>\nWhat is it?"}, {"from": "gpt", "value": "a cat"}]}])
+    r = read_jsonl(rel, "relevance")[0]
+    assert r.frame_labels == [0, 1, 1] and r.video == str(tmp_path / "v.mp4")
+    assert [e.policy for e in read_jsonl(pol, "policy")] == [1, 0]
+    c = read_jsonl(conv, "conversation")[0]
+    assert (c.question, c.answer, c.frame_labels, c.policy) == ("What is it?", "a cat", None, None)
+    # a frame-relevance line is a valid Stage 3 example too
+    assert read_jsonl(rel, "conversation")[0].answer == "a"
+
+
+@pytest.mark.parametrize("rec,kind,field", [
+    ({"question": "q", "answer": "a", "frame_labels": [0]}, "relevance", "'video'"),
+    ({"video": "v.mp4", "question": "", "answer": "a", "frame_labels": [0]}, "relevance", "'question'"),
+    ({"video": "v.mp4", "question": "q", "answer": "a", "frame_labels": [0, 2]}, "relevance", "frame_labels[1]"),
+    ({"video": "v.mp4", "question": "q", "answer": "a"}, "relevance", "frame_labels"),
+    ({"video": "v.mp4", "question": "q", "policy": "sometimes"}, "policy", "'policy'"),
+    ({"video": "v.mp4", "question": "q"}, "policy", "policy"),
+    ({"video": "v.mp4", "conversations": [{"from": "gpt", "value": "a"}, {"from": "human", "value": "q"}]},
+     "conversation", "'human'"),
+])
+def test_malformed_lines_name_file_line_and_field(tmp_path, rec, kind, field):
+    (tmp_path / "v.mp4").write_bytes(b"x")
+    path = _write(tmp_path / "d.jsonl", [{"video": "v.mp4", "question": "ok", "answer": "a",
+                                          "frame_labels": [1], "policy": 1}, rec])
+    with pytest.raises(DataFormatError) as e:
+        read_jsonl(path, kind)
+    assert f"{path}:2" in str(e.value) and field in str(e.value)
+
+
+def test_bad_json_and_missing_video(tmp_path):
+    path = _write(tmp_path / "d.jsonl", ["{not json"])
+    with pytest.raises(DataFormatError, match=r"d.jsonl:1: not valid JSON"):
+        read_jsonl(path, "policy")
+    path = _write(tmp_path / "e.jsonl", [{"video": "gone.mp4", "question": "q", "policy": 1}])
+    with pytest.raises(DataFormatError, match="does not exist"):
+        read_jsonl(path, "policy")
+    assert parse_record({"video": "gone.mp4", "question": "q", "policy": 1}, "policy", "x").policy == 1
+
+
+def test_policy_rule_is_strict_margin():
+    acc = {"counting": (0.60, 0.70), "summary": (0.70, 0.65), "tie": (0.5, 0.51),
+           "ocr": (40.0, 55.0)}
+    assert policy_labels(acc, 0.02) == {"counting": 1, "summary": 0, "tie": 0, "ocr": 1}
+    assert policy_labels(acc, -0.1)["summary"] == 1
+    with pytest.raises(ValueError, match="tau"):
+        policy_labels(acc, "0.1")
+
+
+def test_policy_label_files(tmp_path):
+    acc = _write(tmp_path / "ab.jsonl", [{"category": "where", "acc_global": 0.4, "acc_fragment": 0.6},
+                                         {"category": "overall", "acc_global": 0.7, "acc_fragment": 0.7}])
+    q = _write(tmp_path / "q.jsonl", [{"video": "a.mp4", "question": "Where?", "category": "where"},
+                                      {"video": "b.mp4", "question": "Mood?", "category": "overall"}])
+    labels = policy_labels(read_accuracies(acc), 0.05)
+    out = tmp_path / "p.jsonl"
+    assert label_questions(q, labels, str(out)) == 2
+    assert [json.loads(l)["policy"] for l in out.read_text().splitlines()] == [1, 0]
+    bad = _write(tmp_path / "q2.jsonl", [{"video": "a.mp4", "question": "?", "category": "nope"}])
+    with pytest.raises(DataFormatError, match="q2.jsonl:1: category 'nope'"):
+        label_questions(bad, labels, str(out))
+    dup = _write(tmp_path / "ab2.jsonl", [{"category": "a", "acc_global": 1, "acc_fragment": 1}] * 2)
+    with pytest.raises(DataFormatError, match="listed twice"):
+        read_accuracies(dup)

@@ -1,0 +1,111 @@
+import json
+import pathlib
+import random
+
+import numpy as np
+import pytest
+
+from vr_runtime.training import synthetic as syn
+from vr_runtime.training.config import ConfigError, load_config
+from vr_runtime.training.data import read_jsonl
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_generator_is_deterministic_and_labels_follow_the_frames(tmp_path):
+    a = [syn.sample_spec(random.Random(3)).to_dict() for _ in range(2)]
+    b = [syn.sample_spec(random.Random(3)).to_dict() for _ in range(2)]
+    assert a == b
+    for seed in range(20):
+        spec = syn.sample_spec(random.Random(seed))
+        frag, glob = syn.questions(spec, random.Random(seed))
+        assert spec.target_color in frag["question"] and frag["policy"] == 1
+        assert glob["policy"] == 0 and sum(glob["frame_labels"]) == 0
+        assert glob["answer"] == spec.background and frag["answer"] == spec.target_shape
+        rgb = np.array(syn.COLORS[spec.target_color])
+        for t, y in enumerate(frag["frame_labels"]):
+            img = syn.render_frame(spec, t)
+            has = bool((np.abs(img.astype(int) - rgb).sum(-1) == 0).sum() > 2000)
+            assert has == bool(y), (seed, t)   # the queried color is on screen iff labelled 1
+        # distractors never use the queried color
+        assert all(s.shape == spec.target_shape for s in spec.shapes if s.color == spec.target_color)
+
+
+def test_videos_decode_with_the_labelled_content(tmp_path):
+    paths = syn.generate(str(tmp_path), 2, seed=1, num_frames=12, split="train")
+    paths2 = syn.generate(str(tmp_path / "again"), 2, seed=1, num_frames=12, split="train")
+    assert open(paths["relevance"]).read() == open(paths2["relevance"]).read()
+    rel = read_jsonl(paths["relevance"], "relevance")
+    assert len(read_jsonl(paths["policy"], "policy")) == 4
+    conv = read_jsonl(paths["conversations"], "conversation")
+    assert {e.policy for e in conv} == {0, 1}
+    from vr_runtime.video import load_video
+    clip = load_video(rel[0].video, num_frames=12)
+    assert clip.pixel_values.shape == (12, 3, 448, 448)
+    q = rel[0].question
+    color = next(c for c in syn.COLORS if c in q)
+    # normalised red channel minus blue etc.: the labelled frames carry the queried color
+    mean = np.array([0.485, 0.456, 0.406])[:, None, None]
+    std = np.array([0.229, 0.224, 0.225])[:, None, None]
+    rgb = np.array(syn.COLORS[color])[:, None, None] / 255.0
+    for t, y in enumerate(rel[0].frame_labels):
+        img = clip.pixel_values[t].numpy() * std + mean
+        frac = (np.abs(img - rgb).max(0) < 0.08).mean()
+        assert (frac > 0.05) == bool(y)
+
+
+def test_demo_spec_matches_the_documented_demo():
+    spec = syn.demo_spec()
+    assert spec.frames_with("red") == [5, 6, 7] and spec.background == "black"
+    assert "red" in syn.DEMO_QUESTIONS["fragment"]
+
+
+PAPER = {  # appendix hyper-parameter table
+    1: dict(num_train_epochs=5, per_device_train_batch_size=16, gradient_accumulation_steps=4,
+            learning_rate=5e-5, weight_decay=0.0, freeze_language_model=True,
+            freeze_Semantic_Router=True, freeze_Image_Router=False),
+    2: dict(num_train_epochs=2, per_device_train_batch_size=4, gradient_accumulation_steps=4,
+            learning_rate=1e-5, weight_decay=0.0, freeze_language_model=True,
+            freeze_Semantic_Router=False, freeze_Image_Router=True),
+    3: dict(num_train_epochs=1, per_device_train_batch_size=4, gradient_accumulation_steps=4,
+            learning_rate=5e-6, weight_decay=0.05, freeze_language_model=False,
+            freeze_Semantic_Router=False, freeze_Image_Router=False),
+}
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_paper_configs_hold_the_table(stage):
+    c = load_config(f"stage{stage}")
+    for k, v in PAPER[stage].items():
+        assert getattr(c, k) == v, k
+    assert (c.model_max_length, c.warmup_ratio, c.lr_scheduler_type, c.dropout) == \
+        (12288, 0.03, "cosine", 0.0)
+    assert c.freeze_vision_model and (c.global_scale, c.fragment_scales) == (2, [1, 4])
+    assert (c.lambda_sem, c.lambda_img) == (0.01, 0.01)
+    groups = {1: ["extractor", "image"], 2: ["semantic"],
+              3: ["projector", "language", "extractor", "semantic", "image"]}
+    assert c.trainable_groups == groups[stage]
+    tiny = load_config(f"tiny_stage{stage}")
+    assert tiny.trainable_groups == groups[stage] and "TINY" in json.loads(
+        (ROOT / f"vr_runtime/training/configs/tiny_stage{stage}.json").read_text())["_comment"]
+
+
+def test_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="unknown keys"):
+        load_config("stage1", learning_rat=1.0)
+    with pytest.raises(ConfigError, match="dropout"):
+        load_config("stage1", dropout=0.1)
+    with pytest.raises(ConfigError, match="neither a file"):
+        load_config("stage9")
+
+
+def test_distributed_configs_parse():
+    ds = json.loads((ROOT / "vr_runtime/configs/ds_zero2.json").read_text())
+    assert ds["zero_optimization"]["stage"] == 2
+    yaml = pytest.importorskip("yaml")
+    fsdp = yaml.safe_load((ROOT / "vr_runtime/configs/fsdp.yaml").read_text())
+    assert fsdp["distributed_type"] == "FSDP"
+    assert fsdp["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"] == "Qwen2DecoderLayer"
+    from accelerate.commands.config.config_args import load_config_from_file
+    cfg = load_config_from_file(str(ROOT / "vr_runtime/configs/fsdp.yaml"))
+    assert cfg.fsdp_config["fsdp_sharding_strategy"] == "FULL_SHARD"

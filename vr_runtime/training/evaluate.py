@@ -1,0 +1,126 @@
+"""Held-out evaluation of each stage (what the training numbers in the report come from).
+
+- Stage 1: per-frame accuracy of the Image Router (sigmoid > 0.5) against the frame labels, with
+  precision / recall / F1 of the relevant class and the all-irrelevant baseline's accuracy
+  (frame labels are imbalanced, so plain accuracy alone flatters a router that says "no").
+- Stage 2: policy accuracy of the Semantic Router (Global vs Fragment).
+- Stage 3: exact-match answer accuracy of greedy decoding with the routers' compression plan,
+  per policy label, against the chance level of the synthetic task (1 / number of answers).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import List
+
+import torch
+from tqdm.auto import tqdm
+
+from .data import Example
+
+
+def _q(trainee, ex: Example):
+    ids = trainee.tokenizer(ex.question, add_special_tokens=False)["input_ids"]
+    dev = next(trainee.parameters()).device
+    return torch.tensor(ids, dtype=torch.long, device=dev)
+
+
+@torch.no_grad()
+def eval_relevance(trainee, examples: List[Example], cache, progress=False) -> dict:
+    tp = fp = fn = tn = 0
+    for ex in tqdm(examples, desc="eval frames", disable=not progress, leave=False):
+        Z = trainee.project(cache.get(ex.video))
+        pred = trainee.routers.frame_logits(Z, trainee.embed(_q(trainee, ex))) > 0
+        y = torch.tensor(ex.frame_labels, dtype=torch.bool, device=pred.device)
+        tp += int((pred & y).sum()); fp += int((pred & ~y).sum())
+        fn += int((~pred & y).sum()); tn += int((~pred & ~y).sum())
+    n = tp + fp + fn + tn
+    prec = tp / max(tp + fp, 1)
+    rec = tp / max(tp + fn, 1)
+    return {"frame_accuracy": (tp + tn) / max(n, 1), "precision": prec, "recall": rec,
+            "f1": 2 * prec * rec / max(prec + rec, 1e-12),
+            "all_irrelevant_baseline_accuracy": (fp + tn) / max(n, 1),
+            "frames": n, "examples": len(examples)}
+
+
+@torch.no_grad()
+def eval_policy(trainee, examples: List[Example], batch_size: int = 64) -> dict:
+    right = 0
+    per = defaultdict(lambda: [0, 0])
+    for i in range(0, len(examples), batch_size):
+        chunk = examples[i:i + batch_size]
+        logits = trainee._policy_logits([{"q_ids": _q(trainee, ex)} for ex in chunk])
+        for ex, p in zip(chunk, logits.argmax(-1).tolist()):
+            right += int(p == ex.policy)
+            per[ex.policy][0] += int(p == ex.policy)
+            per[ex.policy][1] += 1
+    return {"policy_accuracy": right / max(len(examples), 1), "examples": len(examples),
+            "accuracy_by_label": {("fragment" if k else "global"): r / n
+                                  for k, (r, n) in sorted(per.items())}}
+
+
+@torch.no_grad()
+def generate(trainee, ex: Example, v: torch.Tensor, max_new_tokens: int = 8):
+    """Greedy answer under the routers' plan -> (text, plan, fragment?)."""
+    q = _q(trainee, ex)
+    Z = trainee.project(v)
+    qe = trainee.embed(q)
+    pol = trainee.routers.policy_logits(qe.unsqueeze(0)).float()[0]
+    fr = trainee.routers.frame_logits(Z, qe).float()
+    plan, fragment = trainee.plan(pol, fr, {"policy": None},
+                                  trainee.text_tokens(ex.question, Z.shape[0]))
+    probe = Example(video=ex.video, question=ex.question, answer="x")
+    ids, n_prompt, dest = trainee.build_sequence(vars(probe), plan)
+    ids = ids[:n_prompt]
+    end = trainee.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    out = []
+    for _ in range(max_new_tokens):  # short answers: recompute without a KV cache
+        ids_t = torch.tensor(ids + out, device=Z.device)
+        emb = trainee.pack(Z, plan, trainee.grid, trainee.embed(ids_t), dest)
+        nxt = int(_last_logits(trainee, emb).argmax())
+        if nxt == end:
+            break
+        out.append(nxt)
+    return trainee.tokenizer.decode(out, skip_special_tokens=True).strip(), plan, fragment
+
+
+def _last_logits(trainee, emb):
+    from vr_runtime.model import language_model, lm_head
+    h = language_model(trainee.model)(inputs_embeds=emb.unsqueeze(0), use_cache=False,
+                                      return_dict=True).last_hidden_state
+    return lm_head(trainee.model)(h[:, -1])[0]
+
+
+@torch.no_grad()
+def eval_answers(trainee, examples: List[Example], cache, progress=False) -> dict:
+    answers = defaultdict(set)
+    right = defaultdict(lambda: [0, 0])
+    routed = [0, 0]
+    samples = []
+    for ex in tqdm(examples, desc="eval answers", disable=not progress, leave=False):
+        text, plan, fragment = generate(trainee, ex, cache.get(ex.video))
+        key = "fragment" if ex.policy else "global"
+        answers[key].add(ex.answer.lower())
+        ok = text.lower() == ex.answer.lower()
+        right[key][0] += int(ok)
+        right[key][1] += 1
+        routed[0] += int(fragment == bool(ex.policy))
+        routed[1] += 1
+        if len(samples) < 6:
+            samples.append({"question": ex.question, "answer": ex.answer, "generated": text,
+                            "plan": [w if isinstance(w, int) else list(w) for w in plan]})
+    total_r = sum(r for r, _ in right.values())
+    total_n = sum(n for _, n in right.values())
+    return {"answer_accuracy": total_r / max(total_n, 1),
+            "answer_accuracy_by_policy": {k: r / n for k, (r, n) in sorted(right.items())},
+            "chance_by_policy": {k: 1 / len(v) for k, v in sorted(answers.items())},
+            "policy_routing_accuracy": routed[0] / max(routed[1], 1),
+            "examples": total_n, "samples": samples}
+
+
+def evaluate_stage(trainee, examples: List[Example], cache, progress=False) -> dict:
+    stage = trainee.cfg.stage
+    if stage == 1:
+        return eval_relevance(trainee, examples, cache, progress)
+    if stage == 2:
+        return eval_policy(trainee, examples)
+    return eval_answers(trainee, examples, cache, progress)

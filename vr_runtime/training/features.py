@@ -1,0 +1,105 @@
+"""Frozen-vision feature cache and the pieces of the InternVL forward the stages reuse.
+
+The vision tower is frozen in all three stages, so each video's pre-projector features
+V [T, 256, 4*C_vit] (vision tower -> drop CLS -> pixel shuffle) are computed once and cached;
+the projector runs inside the training step (it is trainable in Stage 3, frozen before).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Dict, Iterable, Optional
+
+import torch
+from tqdm.auto import tqdm
+
+
+def _inner(model):
+    return model.model if hasattr(model, "model") and hasattr(model.model, "vision_tower") \
+        else model
+
+
+def vision_tower(model):
+    return _inner(model).vision_tower
+
+
+def projector(model):
+    return _inner(model).multi_modal_projector
+
+
+@torch.no_grad()
+def vision_features(model, pixel_values: torch.Tensor, chunk_size: int = 16) -> torch.Tensor:
+    """[T, 3, 448, 448] -> pre-projector features [T, H*W, 4*C] (fp32, on the model's device)."""
+    from vr_runtime.model import pixel_shuffle
+
+    cfg = model.config
+    vt = vision_tower(model)
+    layer = cfg.vision_feature_layer
+    p = next(vt.parameters())
+    out = []
+    for i in range(0, pixel_values.shape[0], chunk_size):
+        pv = pixel_values[i:i + chunk_size].to(device=p.device, dtype=p.dtype)
+        o = vt(pixel_values=pv, output_hidden_states=(layer != -1), return_dict=True)
+        f = o.last_hidden_state if layer == -1 else o.hidden_states[layer]
+        if cfg.vision_feature_select_strategy == "default":
+            f = f[:, 1:, :]  # drop CLS
+        b, n, c = f.shape
+        side = int(round(n ** 0.5))
+        f = pixel_shuffle(f.reshape(b, side, side, c), cfg.downsample_ratio)
+        out.append(f.reshape(b, -1, f.shape[-1]).float())
+    return torch.cat(out, 0)
+
+
+def fingerprint(module: torch.nn.Module) -> str:
+    """A short hash of a module's weights: cached features are only reused for the same tower."""
+    h = hashlib.sha1()
+    for name, p in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        t = p.detach().float().cpu().reshape(-1)
+        h.update(repr((tuple(p.shape), float(t.sum()), float(t.abs().sum()))).encode())
+    return h.hexdigest()[:12]
+
+
+class FeatureCache:
+    """video path -> V [T, 256, 4C] (fp16 in RAM, fp16 safetensors on disk when ``cache_dir``)."""
+
+    def __init__(self, model, num_frames: int, cache_dir: Optional[str] = None):
+        self.model = model
+        self.num_frames = num_frames
+        self.cache_dir = None
+        if cache_dir:
+            self.cache_dir = os.path.join(cache_dir, f"{fingerprint(vision_tower(model))}"
+                                                     f"_T{num_frames}")
+            os.makedirs(self.cache_dir, exist_ok=True)
+        self.mem: Dict[str, torch.Tensor] = {}
+
+    def _file(self, video: str) -> Optional[str]:
+        if not self.cache_dir:
+            return None
+        st = os.stat(video)  # a regenerated file at the same path gets a new entry
+        key = hashlib.sha1(f"{os.path.abspath(video)}|{st.st_size}|{st.st_mtime_ns}".encode()
+                           ).hexdigest()[:16]
+        return os.path.join(self.cache_dir, key + ".safetensors")
+
+    def get(self, video: str) -> torch.Tensor:
+        v = self.mem.get(video)
+        if v is not None:
+            return v
+        from safetensors.torch import load_file, save_file
+        f = self._file(video)
+        if f and os.path.isfile(f):
+            v = load_file(f)["v"]
+        else:
+            from vr_runtime.video import load_video
+            clip = load_video(video, num_frames=self.num_frames)
+            v = vision_features(self.model, clip.pixel_values).half().cpu()
+            if f:
+                save_file({"v": v.contiguous()}, f + ".tmp")
+                os.replace(f + ".tmp", f)
+        self.mem[video] = v
+        return v
+
+    def fill(self, videos: Iterable[str], progress: bool = True) -> None:
+        vids = sorted(set(videos))
+        for v in tqdm(vids, desc="vision features", disable=not progress, leave=False):
+            self.get(v)

@@ -1,0 +1,282 @@
+"""The training driver: accelerate (DDP / FSDP / DeepSpeed ZeRO-2 from the launcher's config),
+AdamW, warm-up + cosine schedule, gradient accumulation, clipping, TensorBoard + JSON logging,
+tqdm progress, checkpoints every ``save_steps`` and per epoch, and exact resumption.
+
+Outputs in ``cfg.output_dir``: ``routers.safetensors`` (loadable by
+``VideoRouter.from_pretrained(..., routers=...)``), Stage 3 also ``hf/`` (the fine-tuned model in
+Hugging Face format + tokenizer) and ``model.safetensors`` (its plain state dict, the format of
+``vr_runtime/assets/tiny/``); ``log.jsonl`` (loss curve), ``metrics.json`` (held-out
+evaluation), ``checkpoint-<step>/`` (accelerate state + trainer_state.json).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import List, Optional
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
+
+from .config import TrainConfig
+from .data import Example, read_jsonl
+
+KINDS = {1: "relevance", 2: "policy", 3: "conversation"}
+
+
+class StageDataset(Dataset):
+    """Examples -> dicts of tensors (features from the cache; question ids; labels)."""
+
+    def __init__(self, examples: List[Example], stage: int, tokenizer, cache=None):
+        self.examples, self.stage, self.cache = examples, stage, cache
+        self.q_ids = []
+        for ex in examples:
+            ids = tokenizer(ex.question, add_special_tokens=False)["input_ids"]
+            self.q_ids.append(torch.tensor(ids, dtype=torch.long))
+        if stage != 2 and cache is not None:
+            cache.fill([ex.video for ex in examples])
+            for ex in examples:  # the labels index the sampled frames: their counts must agree
+                T = cache.get(ex.video).shape[0]
+                if ex.frame_labels is not None and len(ex.frame_labels) != T:
+                    from .data import DataFormatError
+                    raise DataFormatError(
+                        f"{ex.video}: {len(ex.frame_labels)} frame_labels but {T} frames were "
+                        f"sampled (num_frames={cache.num_frames}); the video has fewer frames "
+                        f"than asked for, or num_frames does not match the labels")
+
+    def __len__(self):
+        return len(self.examples)
+
+    def __getitem__(self, i):
+        ex = self.examples[i]
+        d = {"q_ids": self.q_ids[i], "question": ex.question, "answer": ex.answer,
+             "policy": ex.policy, "index": i}
+        if ex.frame_labels is not None:
+            d["labels"] = torch.tensor(ex.frame_labels, dtype=torch.float32)
+        if self.stage != 2:
+            d["v"] = self.cache.get(ex.video)
+        return d
+
+
+def collate(batch):
+    return list(batch)
+
+
+def to_device(batch, device):
+    return [{k: (v.to(device) if torch.is_tensor(v) else v) for k, v in ex.items()}
+            for ex in batch]
+
+
+def _num_frames(cfg: TrainConfig, examples: List[Example]) -> int:
+    ns = {ex.num_frames for ex in examples if ex.num_frames}
+    if len(ns) > 1:
+        from .data import DataFormatError
+        raise DataFormatError(f"frame_labels of different lengths {sorted(ns)} in one file; "
+                              f"use one num_frames per training file")
+    return ns.pop() if ns else cfg.num_frames
+
+
+def build(cfg: TrainConfig, device=None, lm=None):
+    """Model, routers (with the stage's freezing) and the Trainee."""
+    from vr_runtime.model import load_model
+    from vr_runtime.routers import RouterConfig, Routers
+    from .stages import Trainee, apply_freezing
+    if lm is None:
+        lm = load_model(cfg.model, device=device or "cpu", dtype=torch.float32)
+    if cfg.routers:
+        routers = Routers.load(cfg.routers, lm.model)
+    else:
+        rcfg = RouterConfig(num_layers=cfg.router_num_layers, router_dim=cfg.router_dim,
+                            num_heads=cfg.router_heads)
+        routers = Routers.from_model(lm.model, rcfg, seed=cfg.seed)
+    routers.to(lm.device)
+    params = apply_freezing(lm.model, routers, cfg.trainable_groups)
+    trainee = Trainee(lm, routers, cfg)
+    return lm, routers, trainee, params
+
+
+def _optimizer(params, cfg: TrainConfig):
+    # Weight decay on matrices only (biases, norms and the [CLS] vector are not decayed).
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=cfg.learning_rate, betas=(0.9, 0.999), eps=1e-8)
+
+
+def _latest(output_dir: str) -> Optional[str]:
+    if not os.path.isdir(output_dir):
+        return None
+    cks = [d for d in os.listdir(output_dir) if d.startswith("checkpoint-")
+           and os.path.isfile(os.path.join(output_dir, d, "trainer_state.json"))]
+    if not cks:
+        return None
+    return os.path.join(output_dir, max(cks, key=lambda d: int(d.split("-")[1])))
+
+
+def train(cfg: TrainConfig, resume: Optional[str] = None, progress: bool = True, lm=None,
+          pack=None, cache_dir: Optional[str] = None, evaluate: bool = True) -> dict:
+    """Run one stage; returns {"global_step", "history", "metrics", "output_dir"}."""
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, set_seed
+    from transformers import get_scheduler
+
+    if not cfg.train_data:
+        raise ValueError("train_data: the stage config names no training JSONL; pass --train-data")
+    cuda = torch.cuda.is_available()
+    trackers = [t for t in cfg.report_to if t in ("tensorboard",)]
+    acc = Accelerator(
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps, cpu=not cuda,
+        mixed_precision="bf16" if (cfg.bf16 and cuda) else "no",
+        log_with=trackers or None, project_dir=cfg.output_dir,
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+    set_seed(cfg.seed)
+    main = acc.is_main_process
+    os.makedirs(cfg.output_dir, exist_ok=True)
+
+    lm, routers, trainee, params = build(cfg, device=acc.device, lm=lm)
+    if pack is not None:
+        trainee.pack = pack
+    if cfg.gradient_checkpointing and cfg.stage == 3:
+        # Safe because the plan is decided once, outside the recomputed region, under no_grad.
+        from vr_runtime.model import language_model
+        language_model(lm.model).gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False})
+        language_model(lm.model).train()
+    examples = read_jsonl(cfg.train_data, KINDS[cfg.stage])
+    cache = None
+    if cfg.stage != 2:
+        from .features import FeatureCache
+        cache = FeatureCache(lm.model, _num_frames(cfg, examples),
+                             cache_dir or os.path.join(os.path.dirname(
+                                 os.path.abspath(cfg.train_data)), ".vr_cache"))
+    with acc.main_process_first():  # rank 0 fills the on-disk feature cache, others read it
+        ds = StageDataset(examples, cfg.stage, lm.tokenizer, cache)
+    g = torch.Generator().manual_seed(cfg.seed)
+    loader = DataLoader(ds, batch_size=cfg.per_device_train_batch_size, shuffle=True,
+                        collate_fn=collate, generator=g, drop_last=False)
+    opt = _optimizer(params, cfg)
+    trainee, opt, loader = acc.prepare(trainee, opt, loader)
+    steps_per_epoch = math.ceil(len(loader) / cfg.gradient_accumulation_steps)
+    total = cfg.max_steps if cfg.max_steps > 0 else \
+        int(math.ceil(steps_per_epoch * cfg.num_train_epochs))
+    sched = get_scheduler(cfg.lr_scheduler_type, opt,
+                          num_warmup_steps=int(math.ceil(cfg.warmup_ratio * total)),
+                          num_training_steps=total)
+    acc.register_for_checkpointing(sched)
+    if trackers:
+        acc.init_trackers(f"stage{cfg.stage}",
+                          config={k: v for k, v in cfg.to_dict().items()
+                                  if isinstance(v, (int, float, str, bool))})
+
+    step, epoch, skip = 0, 0, 0
+    history: List[dict] = []
+    log_path = os.path.join(cfg.output_dir, "log.jsonl")
+    if resume == "latest":
+        resume = _latest(cfg.output_dir)
+    if resume:
+        acc.load_state(resume)
+        st = json.load(open(os.path.join(resume, "trainer_state.json")))
+        step, epoch, skip = st["global_step"], st["epoch"], st["micro_step_in_epoch"]
+        history = st.get("history", [])
+        if main:
+            print(f"resumed from {resume} at step {step} (epoch {epoch}, batch {skip})")
+    elif main and os.path.exists(log_path):
+        os.remove(log_path)
+
+    def save(tag_step, ep, micro):
+        path = os.path.join(cfg.output_dir, f"checkpoint-{tag_step}")
+        acc.save_state(path)
+        if main:
+            routers.trained = True
+            acc.unwrap_model(trainee).routers.save(os.path.join(path, "routers.safetensors"))
+            json.dump({"global_step": tag_step, "epoch": ep, "micro_step_in_epoch": micro,
+                       "history": history, "config": cfg.to_dict()},
+                      open(os.path.join(path, "trainer_state.json"), "w"))
+        acc.wait_for_everyone()
+
+    trainee.train()
+    bar = tqdm(total=total, initial=step, desc=f"stage {cfg.stage}", disable=not (main and progress))
+    window, t0 = [], time.time()
+    done = step >= total
+    while not done:
+        loader.set_epoch(epoch)
+        it = acc.skip_first_batches(loader, skip) if skip else loader
+        micro = skip
+        for batch in it:
+            micro += 1
+            with acc.accumulate(trainee):
+                out = trainee(to_device(batch, acc.device))
+                acc.backward(out["loss"])
+                if acc.sync_gradients:
+                    if cfg.max_grad_norm:
+                        acc.clip_grad_norm_(params, cfg.max_grad_norm)
+                    opt.step()
+                    sched.step()
+                    opt.zero_grad(set_to_none=True)
+            window.append({k: float(v.detach()) for k, v in out.items()})
+            if not acc.sync_gradients:
+                continue
+            step += 1
+            bar.update(1)
+            if step % cfg.logging_steps == 0 or step == total:
+                rec = {k: sum(w[k] for w in window) / len(window) for k in window[0]}
+                rec.update(step=step, epoch=round(epoch + micro / max(len(loader), 1), 3),
+                           lr=sched.get_last_lr()[0], elapsed_s=round(time.time() - t0, 1))
+                window = []
+                history.append(rec)
+                acc.log({k: v for k, v in rec.items() if k != "step"}, step=step)
+                bar.set_postfix(loss=f"{rec['loss']:.4f}")
+                if main:
+                    with open(log_path, "a") as f:
+                        f.write(json.dumps(rec) + "\n")
+            if cfg.save_steps and step % cfg.save_steps == 0:
+                save(step, epoch, micro)
+            if step >= total:
+                done = True
+                break
+        else:
+            epoch += 1
+            skip = 0
+            if not done and not cfg.save_steps:
+                save(step, epoch, 0)
+            continue
+        break
+    bar.close()
+    save(step, epoch, micro)
+
+    result = {"global_step": step, "history": history, "output_dir": cfg.output_dir,
+              "metrics": {}, "trainee": acc.unwrap_model(trainee),
+              "num_processes": acc.num_processes}
+    acc.wait_for_everyone()
+    if main:
+        model = acc.unwrap_model(trainee)
+        model.eval()
+        routers.trained = True
+        model.routers.save(os.path.join(cfg.output_dir, "routers.safetensors"))
+        if cfg.stage == 3:
+            save_llm(model.model, lm.tokenizer, cfg.output_dir)
+        if evaluate and cfg.eval_data:
+            from .evaluate import evaluate_stage
+            ev = read_jsonl(cfg.eval_data, KINDS[cfg.stage])
+            if cfg.eval_limit:
+                ev = ev[:cfg.eval_limit]
+            result["metrics"] = evaluate_stage(model, ev, cache, progress=progress)
+        json.dump({"stage": cfg.stage, "global_step": step, "metrics": result["metrics"],
+                   "config": cfg.to_dict()},
+                  open(os.path.join(cfg.output_dir, "metrics.json"), "w"), indent=2)
+    if trackers:
+        acc.end_training()
+    return result
+
+
+def save_llm(model, tokenizer, output_dir: str) -> None:
+    """Stage 3's model: Hugging Face format (``hf/``) and a plain safetensors state dict."""
+    from safetensors.torch import save_file
+    model.save_pretrained(os.path.join(output_dir, "hf"), safe_serialization=True)
+    tokenizer.save_pretrained(os.path.join(output_dir, "hf"))
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(state, os.path.join(output_dir, "model.safetensors"), metadata={"format": "pt"})

@@ -1,0 +1,245 @@
+"""The three stages as one module: freezing per the paper's table and each stage's loss.
+
+``Trainee`` holds the InternVL model and the routers, so one ``nn.Module`` goes through
+accelerate (DDP / FSDP / DeepSpeed). ``forward(batch)`` returns the stage's loss and parts.
+
+- Stage 1: L_img = mean over frames of BCE(frame logit, y_t)    (shadow stack + Image Router)
+- Stage 2: L_sem = CE(policy logits, y_s)                         (Semantic Router)
+- Stage 3: L_LM + lambda_s L_sem + lambda_v L_img with the compressed visual sequence built by
+  ``vr_kernels.pool_pack`` straight into the placeholder rows of ``inputs_embeds``; the plan
+  (which frame gets which window) is decided under ``no_grad`` from the routers' outputs (or the
+  labels), so re-running the forward under activation checkpointing yields the same plan.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .features import projector, vision_tower
+
+GROUPS = ("vision", "projector", "language", "extractor", "semantic", "image")
+
+
+def param_groups(model: nn.Module, routers: nn.Module) -> Dict[str, List[nn.Parameter]]:
+    """Every parameter of model + routers in exactly one named group."""
+    from vr_runtime.model import language_model, lm_head
+    groups = {
+        "vision": list(vision_tower(model).parameters()),
+        "projector": list(projector(model).parameters()),
+        "language": list(language_model(model).parameters()) + list(lm_head(model).parameters()),
+        "extractor": list(routers.shadow.parameters()),
+        "semantic": list(routers.semantic.parameters()),
+        "image": list(routers.image.parameters()),
+    }
+    seen = {id(p) for ps in groups.values() for p in ps}
+    rest = [n for n, p in list(model.named_parameters()) + list(routers.named_parameters())
+            if id(p) not in seen]
+    if rest:  # a new submodule in a future transformers: refuse rather than train it silently
+        raise RuntimeError(f"parameters outside every freezing group: {rest[:5]}")
+    return groups
+
+
+def apply_freezing(model: nn.Module, routers: nn.Module, trainable: List[str]) -> List[nn.Parameter]:
+    """requires_grad exactly for the groups in ``trainable``; returns those parameters."""
+    bad = sorted(set(trainable) - set(GROUPS))
+    if bad:
+        raise ValueError(f"trainable: unknown groups {bad}; expected some of {GROUPS}")
+    params = []
+    for name, ps in param_groups(model, routers).items():
+        on = name in trainable
+        for p in ps:
+            p.requires_grad_(on)
+        if on:
+            params.extend(ps)
+    return params
+
+
+def _pack(Z, plan, grid, out, dest, backend="auto"):
+    import vr_kernels
+    return vr_kernels.pool_pack(Z, list(plan), grid, out=out, dest=dest, backend=backend)
+
+
+class Trainee(nn.Module):
+    """model + routers with the stage's forward. ``batch`` is a list of example dicts:
+    ``v`` (pre-projector features [T,256,4C], stages 1/3), ``q_ids`` (question ids [Lq]),
+    ``labels`` ([T] float, optional in stage 3), ``policy`` (int, optional in stage 3),
+    ``question``/``answer`` (stage 3)."""
+
+    def __init__(self, lm, routers, cfg, pack=None):
+        super().__init__()
+        self.model = lm.model
+        self.routers = routers
+        self.cfg = cfg
+        self.tokenizer = lm.tokenizer
+        self.image_token_id = lm.image_token_id
+        self.grid = tuple(lm.grid)
+        self.pack = pack or functools.partial(_pack, backend=cfg.pool_pack_backend)
+
+    # -- shared pieces
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(ids)
+
+    def project(self, v: torch.Tensor) -> torch.Tensor:
+        proj = projector(self.model)
+        p = next(proj.parameters())
+        return proj(v.to(device=p.device, dtype=p.dtype))
+
+    def forward(self, batch: List[dict]) -> Dict[str, torch.Tensor]:
+        stage = self.cfg.stage
+        if stage == 1:
+            return self.stage1(batch)
+        if stage == 2:
+            return self.stage2(batch)
+        return self.stage3(batch)
+
+    def frame_subset(self, labels: torch.Tensor) -> Optional[torch.Tensor]:
+        """Frames that enter L_img: all, or (``frames_per_example``) every relevant frame plus
+        random irrelevant ones. Exact because the Image Router scores each frame on its own
+        ([Z_t; q] through the shadow stack), so a subset is a cheaper, class-rebalanced sample of
+        the same per-frame terms."""
+        n = self.cfg.frames_per_example
+        if not n or n >= labels.numel():
+            return None
+        pos = torch.nonzero(labels > 0.5).flatten()
+        neg = torch.nonzero(labels <= 0.5).flatten()
+        neg = neg[torch.randperm(neg.numel(), device=neg.device)[:max(n - pos.numel(), 1)]]
+        return torch.sort(torch.cat([pos[:n - 1], neg]))[0]
+
+    def frame_loss(self, Z, q, labels):
+        """L_img over the (sub)set of frames -> (loss, logits, labels used)."""
+        idx = self.frame_subset(labels)
+        if idx is not None:
+            Z, labels = Z[idx], labels[idx]
+        logits = self.routers.frame_logits(Z, q).float()
+        y = labels.to(logits.device)
+        return F.binary_cross_entropy_with_logits(logits, y), logits, y
+
+    # -- stage 1
+    def stage1(self, batch):
+        losses, correct, total = [], 0, 0
+        for ex in batch:
+            Z = self.project(ex["v"])
+            loss, logits, y = self.frame_loss(Z, self.embed(ex["q_ids"]), ex["labels"])
+            losses.append(loss)
+            correct += int(((logits > 0) == (y > 0.5)).sum())
+            total += y.numel()
+        loss = torch.stack(losses).mean()
+        return {"loss": loss, "l_img": loss.detach(),
+                "frame_acc": torch.tensor(correct / max(total, 1))}
+
+    # -- stage 2
+    def _policy_logits(self, batch):
+        ids = [ex["q_ids"] for ex in batch]
+        L = max(int(i.numel()) for i in ids)
+        dev = ids[0].device
+        pad = torch.zeros(len(ids), L, dtype=torch.long, device=dev)
+        mask = torch.zeros(len(ids), L, dtype=torch.long, device=dev)
+        for b, i in enumerate(ids):  # right padding: the causal shadow stack never sees pads
+            pad[b, :i.numel()] = i
+            mask[b, :i.numel()] = 1
+        return self.routers.policy_logits(self.embed(pad), mask).float()
+
+    def stage2(self, batch):
+        logits = self._policy_logits(batch)
+        y = torch.tensor([ex["policy"] for ex in batch], device=logits.device)
+        loss = F.cross_entropy(logits, y)
+        return {"loss": loss, "l_sem": loss.detach(),
+                "policy_acc": (logits.argmax(-1) == y).float().mean().detach()}
+
+    # -- stage 3
+    @torch.no_grad()
+    def plan(self, policy_logits, frame_logits, ex, text_tokens: int):
+        """The routing decision (no gradient): windows per frame under the context budget."""
+        from vr_runtime.budget import plan_fragment, plan_global, visual_budget
+        c = self.cfg
+        if c.plan_from == "labels" and ex.get("policy") is not None:
+            fragment = bool(ex["policy"])
+            relevant = (ex["labels"] > 0.5).tolist() if ex.get("labels") is not None \
+                else [False] * frame_logits.shape[0]
+        else:
+            fragment = bool(policy_logits.argmax(-1).item() == 1)
+            relevant = (frame_logits > 0).tolist()  # sigmoid > 0.5
+        T = frame_logits.shape[0]
+        budget = visual_budget(c.model_max_length, text_tokens, c.gen_tokens, 100,
+                               grid=self.grid, coarsest=c.fragment_scales[1])
+        if fragment:
+            s1, s0 = c.fragment_scales
+            return plan_fragment(relevant, budget, self.grid, high=s1, low=s0,
+                                 global_scale=c.global_scale), True
+        return plan_global(T, budget, self.grid, c.global_scale), False
+
+    def text_tokens(self, question: str, num_frames: int) -> int:
+        """L_text exactly as the runtime counts it (every frame's line present: an upper bound)."""
+        from vr_runtime.prompt import text_tokens
+        return text_tokens(self.tokenizer, question, num_frames)
+
+    def build_sequence(self, ex, plan):
+        """Prompt ids (InternVL video prompt, chat template) + answer ids, and per-frame dest."""
+        from vr_kernels import pooled_counts
+        from .prompting import video_prompt_ids
+        counts = pooled_counts(plan, self.grid)
+        ids, starts = video_prompt_ids(self.tokenizer, ex["question"], counts, self.image_token_id)
+        ans = self.tokenizer(ex["answer"], add_special_tokens=False)["input_ids"]
+        end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        full = ids + ans + [end]
+        dest, k = [], 0
+        for t, n in enumerate(counts):
+            if n:
+                dest.append(starts[k])
+                k += 1
+            else:
+                dest.append(0)  # dropped frame: no rows, dest unused
+        return full, len(ids), dest
+
+    def stage3(self, batch):
+        c = self.cfg
+        lm_losses, sem_losses, img_losses = [], [], []
+        n_tok = 0
+        for ex in batch:
+            Z = self.project(ex["v"])                     # grad -> projector
+            q = self.embed(ex["q_ids"])
+            pol = self.routers.policy_logits(q.unsqueeze(0)).float()   # [1, 2]
+            l_img = fr = None
+            if ex.get("labels") is not None:
+                l_img, fr, _ = self.frame_loss(Z, q, ex["labels"])
+            T = Z.shape[0]
+            if c.plan_from == "labels" and ex.get("policy") is not None:
+                fr_all = torch.zeros(T)  # not used: the plan follows the labels
+            elif fr is not None and fr.shape[0] == T:
+                fr_all = fr.detach()
+            else:
+                with torch.no_grad():  # the decision for every frame, without gradient
+                    fr_all = self.routers.frame_logits(Z.detach(), q.detach()).float()
+            plan, _ = self.plan(pol.detach()[0], fr_all, ex,
+                                self.text_tokens(ex["question"], Z.shape[0]))
+            ids, n_prompt, dest = self.build_sequence(ex, plan)
+            ids_t = torch.tensor(ids, device=Z.device)
+            emb = self.embed(ids_t)                       # [L, D]; grad -> embed_tokens
+            emb = self.pack(Z.to(emb.dtype), plan, self.grid, emb, dest)
+            logits = self.lm_logits(emb.unsqueeze(0), n_prompt - 1)[0]   # predicts ids[n_prompt:]
+            target = ids_t[n_prompt:]
+            lm_losses.append(F.cross_entropy(logits.float(), target, reduction="sum"))
+            n_tok += target.numel()
+            if ex.get("policy") is not None:
+                y = torch.tensor([int(ex["policy"])], device=pol.device)
+                sem_losses.append(F.cross_entropy(pol, y))
+            if l_img is not None:
+                img_losses.append(l_img)
+        l_lm = torch.stack(lm_losses).sum() / max(n_tok, 1)
+        zero = l_lm.new_zeros(())
+        l_sem = torch.stack(sem_losses).mean() if sem_losses else zero
+        l_img = torch.stack(img_losses).mean() if img_losses else zero
+        loss = l_lm + c.lambda_sem * l_sem + c.lambda_img * l_img
+        return {"loss": loss, "l_lm": l_lm.detach(), "l_sem": l_sem.detach(),
+                "l_img": l_img.detach()}
+
+    def lm_logits(self, inputs_embeds: torch.Tensor, start: int) -> torch.Tensor:
+        """Decoder over the whole sequence; the LM head only on positions >= ``start``."""
+        from vr_runtime.model import language_model, lm_head
+        h = language_model(self.model)(inputs_embeds=inputs_embeds, use_cache=False,
+                                       return_dict=True).last_hidden_state
+        return lm_head(self.model)(h[:, start:-1])
