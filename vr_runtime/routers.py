@@ -265,6 +265,16 @@ class Routers(nn.Module):
         self.image.to(device=p.device, dtype=p.dtype)
         self.trained = False
 
+    def to_model(self, device, dtype) -> "Routers":
+        """Move to ``device`` and cast *parameters* to ``dtype``. Unlike ``.to(dtype)`` this keeps
+        the rotary ``inv_freq`` buffer in fp32, as in the backbone."""
+        self.to(device)
+        with torch.no_grad():
+            for p in self.parameters():
+                if p.dtype != dtype:
+                    p.data = p.data.to(dtype)
+        return self
+
     @classmethod
     def from_model(cls, model, cfg: Optional[RouterConfig] = None, seed: int = 0) -> "Routers":
         """Routers for ``model`` (an InternVLForConditionalGeneration): the shadow stack is a deep

@@ -95,10 +95,9 @@ class VideoRouter:
     @staticmethod
     def _routers_for(lm, routers, router_config):
         if isinstance(routers, Routers):
-            return routers.to(device=lm.device, dtype=lm.dtype)
+            return routers.to_model(lm.device, lm.dtype)
         if routers is not None:
-            r = Routers.load(pathlib.Path(routers), lm.model)
-            return r.to(device=lm.device, dtype=lm.dtype)
+            return Routers.load(pathlib.Path(routers), lm.model)  # built on the model's device/dtype
         return Routers.from_model(lm.model, router_config)
 
     def clear_visual_cache(self) -> None:
