@@ -121,6 +121,7 @@ class ShadowStack(nn.Module):
         if getattr(cfg, "layer_types", None) is not None:
             cfg.layer_types = list(cfg.layer_types)[:num_layers]
         cfg.vocab_size = 1  # embeddings come in precomputed; do not allocate a vocab-sized table
+        cfg.pad_token_id = None  # (a real pad id, e.g. 151643, is not a valid row of that table)
         kw = {}
         attn = getattr(text_config, "_attn_implementation", None)
         if attn:

@@ -171,3 +171,17 @@ def test_visual_cache_matches_uncached(tiny_lm, routers, pool):
             torch.testing.assert_close(routers.frame_logits_cached(cache, q),
                                        routers.frame_logits(Z, q, router_pool=pool),
                                        rtol=1e-4, atol=1e-5)
+
+
+def test_shadow_stack_with_real_pad_id(tiny_lm):
+    """InternVL3 configs carry pad_token_id=151643: the shadow stack must not use it."""
+    import copy
+    from vr_runtime.routers import ShadowStack
+    cfg = copy.deepcopy(tiny_lm.model.config.text_config)
+    cfg.pad_token_id = 151643
+    src = language_model(tiny_lm.model)
+    shadow = ShadowStack(cfg, 2, source=src)
+    x = torch.randn(1, 9, tiny_lm.hidden_size)
+    with torch.no_grad():
+        ref = src(inputs_embeds=x, output_hidden_states=True).hidden_states[2]
+        torch.testing.assert_close(shadow(x), ref, rtol=1e-5, atol=1e-5)
