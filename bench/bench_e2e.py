@@ -628,7 +628,8 @@ def main(argv=None) -> int:
         srows = [r for r in rows if r["sweep"] == sweep]
         if srows:
             print(f"\n== {sweep} sweep")
-            print(e2e_report.text_table(srows, cpu) if sweep != "batch" else batch_text(srows))
+            print(batch_text(srows) if sweep == "batch" else e2e_report.text_table(
+                [dict(r, label=f"{r['label']} (T={r['frames']}, B={r['budget']:,})") for r in srows], cpu))
     print(f"\n== reference: {e2e_report.PAPER_NOTE}")
     print(e2e_report.paper_table())
     print("\n== targets: " + json.dumps({k: v for k, v in targets.items() if k != "targets"},
