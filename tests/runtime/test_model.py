@@ -128,3 +128,21 @@ def test_load_hf_directory_round_trip(tiny_lm, tmp_path, frames):
     assert torch.equal(ids1, ids2)
     lm16 = load_model(tmp_path, dtype="bf16")
     assert lm16.dtype == torch.bfloat16 and next(lm16.model.parameters()).dtype == torch.bfloat16
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_window1_equals_hf_forward_cuda(frames, dtype):
+    """On CUDA the same equivalence through the Triton pool_pack (bf16: rounding-level)."""
+    lm = load_model("tiny", device="cuda", dtype=dtype)
+    pv = frames(3, seed=17)
+    ids, starts = build_video_prompt(lm.tokenizer, "Which color is the circle?", [256] * 3,
+                                     lm.image_token_id)
+    with torch.inference_mode():
+        ref = lm.model(input_ids=ids[None].cuda(), pixel_values=pv.cuda()).logits.float()
+        Z = encode_frames(lm.model, pv, chunk_size=2)
+        embeds = reconstruct_embeds(lm.model, ids, Z, [1, 1, 1], lm.image_token_id, lm.grid,
+                                    frame_starts=starts)
+        ours = lm.model(inputs_embeds=embeds).logits.float()
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(ours, ref, rtol=tol, atol=tol)

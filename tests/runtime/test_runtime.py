@@ -206,3 +206,13 @@ def test_answer_batch_paths_and_tensors(tiny_vr, frames):
     assert res[0].text == res[2].text
     with pytest.raises(ValueError, match="questions"):
         tiny_vr.answer_batch([pv, pv], [Q], **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("policy", ["fragment", "dense"])
+def test_answer_cuda_reports_memory(frames, policy):
+    vr = VideoRouter.from_pretrained("tiny", device="cuda", dtype="bf16")
+    r = vr.answer(frames(8, seed=18), Q, num_frames=8, max_new_tokens=4, policy=policy).report
+    assert r["device"].startswith("cuda") and r["dtype"] == "bfloat16"
+    assert r["peak_memory_bytes"] and r["peak_memory_bytes"] > 0
+    assert r["timings_s"]["prefill"] > 0 and json.dumps(r)
