@@ -304,7 +304,13 @@ class Device:
             self._libc.malloc_trim(0)
 
     def sampler(self) -> e2e_memory.PeakSampler:
-        return e2e_memory.PeakSampler(self.nvml if self.cuda else self.rss)
+        # Within one call the caching allocator only grows its reserve (nothing calls
+        # empty_cache), so NVML's reading is non-decreasing and a 10 ms poll loses nothing while
+        # keeping the sampler thread off the launch path. Freed CPU buffers do go back to the OS
+        # (large blocks are mmapped), so RSS is polled faster.
+        if self.cuda:
+            return e2e_memory.PeakSampler(self.nvml, interval_s=0.010)
+        return e2e_memory.PeakSampler(self.rss, interval_s=0.002)
 
     def reset_peak(self):
         if self.cuda:
@@ -386,6 +392,7 @@ def summarise(reports: List[dict]) -> dict:
         ttft_max_s=max(x for x in ttfts if x is not None) if any(x is not None for x in ttfts) else None,
         runs=len(reports), runs_ttft_s=ttfts,
         peak_mem_gb=gb(max((r["_torch_peak"] or 0) for r in reports) or None),
+        nvml_stage_peak_gb=gb(max((r.get("peak_memory_nvml_bytes") or 0) for r in reports) or None),
         outside_peak_gb=gb(max((r["_outside_peak"] or 0) for r in reports) or None),
     )
 
@@ -607,6 +614,7 @@ def main(argv=None) -> int:
         memory=("torch max_memory_allocated + NVML " + dev.nvml_scope) if not cpu else
                "process RSS peak (sampled every 2 ms), freed heap trimmed between rows",
         build_s=build_s, seed=args.seed, question=args.question,
+        attn_implementation=getattr(vr.lm.model.config, "_attn_implementation", None),
         cpu_threads=torch.get_num_threads() if cpu else None)
     meta = dict(benchmark="e2e_latency (paper table latency_breakdown)", label=label,
                 environment=env, settings=settings, targets=targets)
@@ -686,8 +694,9 @@ def batch_markdown(rows, cpu) -> str:
 
 
 if __name__ == "__main__":
+    from vr_runtime.errors import DeviceError
     try:
         sys.exit(main())
-    except BenchError as e:
-        print(f"bench_e2e: {e}", file=sys.stderr)
+    except (ValueError, DeviceError) as e:  # BenchError, missing model files, bad routers, no CUDA
+        print(f"bench_e2e: {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(2)

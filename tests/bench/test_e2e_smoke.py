@@ -192,3 +192,50 @@ def test_cpu_mode_end_to_end(tmp_path):
         assert len(list(csv.DictReader(f))) == 6
     assert "CPU figures" in stem.with_suffix(".md").read_text()
     assert stem.with_suffix(".png").stat().st_size > 10_000
+
+
+def test_trained_routers_decide(tmp_path):
+    """With router weights marked trained, the VideoRouter rows use the routers' own decisions
+    (policy auto, no imposed pattern) and the results say so."""
+    import bench_e2e
+    from vr_runtime import VideoRouter
+    vr = VideoRouter.from_pretrained("tiny")
+    vr.routers.trained = True
+    path = tmp_path / "routers.safetensors"
+    vr.routers.save(path)
+    threads = torch.get_num_threads()
+    stem = tmp_path / "e2e_trained"
+    try:
+        assert bench_e2e.main(["--cpu", "--shape", "tiny", "--frames", "4", "--runs", "1",
+                               "--warmup", "0", "--threads", "1", "--max-new-tokens", "1",
+                               "--policies", "dense,vr14", "--no-plot", "--routers", str(path),
+                               "--out", str(stem)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    doc = json.loads(stem.with_suffix(".json").read_text())
+    assert doc["settings"]["routers_trained"] is True
+    assert doc["settings"]["router_mode"].startswith("trained")
+    row = next(r for r in doc["rows"] if r["policy"] == "vr14")
+    assert not row.get("error") and row["router_s"] > 0
+    assert row["policy_run"] in ("global", "fragment")
+    assert not stem.with_suffix(".png").exists()
+
+
+@pytest.mark.gpu
+def test_gpu_mode_small(tmp_path):
+    """On a GPU: a 1B-shape run at 16 frames; torch and NVML peaks are both recorded and the
+    driver-level figure is at least the allocator's."""
+    import bench_e2e
+    stem = tmp_path / "e2e_gpu"
+    assert bench_e2e.main(["--shape", "1b", "--frames", "16", "--budget", "3072", "--runs", "2",
+                           "--warmup", "1", "--policies", "dense,budget,vr14", "--out",
+                           str(stem)]) == 0
+    doc = json.loads(stem.with_suffix(".json").read_text())
+    assert doc["label"] == "GPU figures" and doc["environment"]["cuda"]
+    for r in doc["rows"]:
+        assert not r.get("error"), r["error"]
+        assert r["peak_mem_gb"] > 1.8  # the 1B weights alone are ~1.9 GB in bf16
+        if r.get("nvml_peak_gb") is not None:
+            assert r["nvml_peak_gb"] >= r["peak_mem_gb"]
+    dense, vr = (next(r for r in doc["rows"] if r["policy"] == p) for p in ("dense", "vr14"))
+    assert vr["visual_tokens"] < dense["visual_tokens"] and vr["router_s"] > 0
