@@ -136,7 +136,7 @@ CSV_FIELDS = ["sweep", "policy", "label", "frames", "budget", "batch", "batch_mo
               "visual_tokens", "dense_visual_tokens", "router_s", "vision_s", "compress_s",
               "vision_compress_s", "prefill_s", "ttft_s", "generate_s", "total_s",
               "per_video_s", "peak_mem_gb", "nvml_peak_gb", "ttft_x_dense", "mem_x_dense",
-              "runs", "ttft_min_s", "ttft_max_s", "error"]
+              "runs", "ttft_min_s", "ttft_max_s", "reused_from", "error"]
 
 
 def write_results(stem: pathlib.Path, meta: dict, rows: List[dict]) -> List[pathlib.Path]:
