@@ -383,6 +383,10 @@ class VideoRouter:
             embeds = reconstruct_embeds(lm.model, ids, Z, [plan[t] for t in keep], lm.image_token_id,
                                         grid, frame_starts=starts)
 
+        if resolved == "dense" and ids.numel() + max_new_tokens > max_length:
+            notes.append(f"dense has no budget: its prompt of {ids.numel()} tokens plus "
+                         f"{max_new_tokens} new tokens exceeds max_length {max_length}")
+
         # --- prefill + greedy generation with the KV cache -----------------------------------
         gen = self.generate(embeds, max_new_tokens, timer)
         del embeds

@@ -10,6 +10,7 @@ report ``None``.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from typing import Dict, Optional
 
@@ -31,7 +32,6 @@ class _NVML:
             pynvml.nvmlInit()
             idx = device.index if device.index is not None else torch.cuda.current_device()
             # NVML numbers devices physically; honour CUDA_VISIBLE_DEVICES when it is a plain list.
-            import os
             vis = os.environ.get("CUDA_VISIBLE_DEVICES")
             if vis:
                 ids = [v.strip() for v in vis.split(",") if v.strip()]

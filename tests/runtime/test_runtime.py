@@ -40,6 +40,7 @@ def test_answer_every_policy(tiny_vr, frames, policy):
     assert r["generated_tokens"] <= 3
     if policy == "dense":
         assert r["scales"] == [1] * T
+        assert any("exceeds max_length 1000" in n for n in r["notes"])  # 5 x 256 > 1000
     else:
         assert r["visual_tokens"] <= r["budget"]
     if policy == "auto":  # untrained routers must not pretend
