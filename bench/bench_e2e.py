@@ -43,7 +43,7 @@ What is measured, and how:
 from __future__ import annotations
 
 import argparse
-import copy
+import contextlib
 import ctypes
 import json
 import math
@@ -326,20 +326,31 @@ def random_video(num_frames: int, seed: int) -> torch.Tensor:
     return torch.randn(num_frames, 3, 448, 448, generator=g)
 
 
+def answer_kwargs(args, num_frames: int, max_length: int, kw: dict) -> dict:
+    """answer() keywords of one row. VideoRouter rows run policy "auto" -- the Semantic Router,
+    then the Image Router -- as a trained deployment would (see ``routing``)."""
+    out = dict(num_frames=num_frames, max_length=max_length, max_new_tokens=args.max_new_tokens,
+               margin=args.margin, **kw)
+    if kw.get("policy") == "fragment":
+        out["policy"] = "auto"
+        if args.router_pool is not None:
+            out["router_pool"] = args.router_pool
+    return out
+
+
+def routing(vr, kw: dict, relevant):
+    """forced_routing (routers computed, decisions imposed) for a VideoRouter row with a fixed
+    pattern; nothing for the baselines or when trained routers decide."""
+    if kw.get("policy") == "fragment" and relevant is not None:
+        return e2e_override.forced_routing(vr, relevant)
+    return contextlib.nullcontext()
+
+
 def answer(vr, video, args, max_length: int, kw: dict, relevant):
-    """One VideoRouter.answer; a VideoRouter row with a fixed pattern runs inside forced_routing
-    (routers computed, decisions imposed) with policy "auto", as a trained deployment would."""
-    common_kw = dict(num_frames=int(video.shape[0]), max_length=max_length,
-                     max_new_tokens=args.max_new_tokens, margin=args.margin)
-    if kw.get("policy") != "fragment":
-        return vr.answer(video, args.question, **common_kw, **kw)
-    kw = dict(kw, policy="auto")
-    if args.router_pool is not None:
-        kw["router_pool"] = args.router_pool
-    if relevant is None:  # trained routers decide
-        return vr.answer(video, args.question, **common_kw, **kw)
-    with e2e_override.forced_routing(vr, relevant):
-        return vr.answer(video, args.question, **common_kw, **kw)
+    """One VideoRouter.answer call of a row."""
+    with routing(vr, kw, relevant):
+        return vr.answer(video, args.question,
+                         **answer_kwargs(args, int(video.shape[0]), max_length, kw))
 
 
 def call(vr, dev: Device, video, args, max_length: int, kw: dict, relevant) -> dict:
@@ -405,11 +416,12 @@ def measure_row(vr, dev, args, video, key, label, kw, *, sweep, budget, max_leng
     rel = relevant if fragment else None
     if fragment:
         row["relevant"] = None if rel is None else sum(rel)
-    dev.release()
     try:
-        for _ in range(args.warmup):
-            call(vr, dev, video, args, max_length, kw, rel)
-        reports = [call(vr, dev, video, args, max_length, kw, rel) for _ in range(args.runs)]
+        with e2e_override.routers_offloaded(vr, enabled=dev.cuda and not fragment):
+            dev.release()
+            for _ in range(args.warmup):
+                call(vr, dev, video, args, max_length, kw, rel)
+            reports = [call(vr, dev, video, args, max_length, kw, rel) for _ in range(args.runs)]
     except (ValueError, RuntimeError) as e:  # BudgetError, OOM, ...: keep the other rows
         row["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
         if dev.cuda:
@@ -476,42 +488,29 @@ def run_batch(vr, dev, args, rows, text_cache) -> None:
         for key, label, kw in POLICIES:
             if key not in args.policies:
                 continue
-            rel = relevant if kw.get("policy") == "fragment" else None
+            fragment = kw.get("policy") == "fragment"
+            rel = relevant if fragment else None
             row = dict(sweep="batch", policy=key, label=label, frames=frames, budget=budget, batch=B,
-                       batch_mode="answer_batch" if batched else "sequential (no answer_batch)",
+                       batch_mode=("answer_batch (the runtime answers the videos one after "
+                                   "another; its decode prefetch does not apply to tensors)")
+                       if batched else "sequential answer() calls (no answer_batch)",
                        max_length=max_length)
-            dev.release()
             try:
-                walls, peaks, outs, reps = [], [], [], []
-                for i in range(args.warmup + args.runs):
-                    dev.reset_peak()
-                    with dev.sampler() as s:
-                        dev.sync()
-                        t0 = time.perf_counter()
-                        if batched:  # a batched runtime entry point, when one exists
-                            res = vr.answer_batch(videos[:B], [args.question] * B, num_frames=frames,
-                                                  max_length=max_length,
-                                                  max_new_tokens=args.max_new_tokens,
-                                                  relevant=None if rel is None else [rel] * B, **kw)
-                            got = [r.report for r in res]
-                        else:
-                            got = [answer(vr, v, args, max_length, kw, rel).report
-                                   for v in videos[:B]]
-                        dev.sync()
-                        wall = time.perf_counter() - t0
-                    if i >= args.warmup:
-                        walls.append(wall)
-                        peaks.append(dev.torch_peak() or max(
-                            (r.get("peak_memory_bytes") or 0) for r in got) or None)
-                        outs.append(s.peak)
-                        reps.extend(got)
+                with e2e_override.routers_offloaded(vr, enabled=dev.cuda and not fragment):
+                    dev.release()
+                    runs = [batch_call(vr, dev, args, videos[:B], max_length, kw, rel, batched)
+                            for _ in range(args.warmup + args.runs)][args.warmup:]
             except (ValueError, RuntimeError) as e:
                 row["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
                 rows.append(row)
                 continue
             gb = lambda b: None if not b else b / 1e9  # noqa: E731
+            walls = [w for w, _, _, _ in runs]
+            reps = [r for _, _, _, got in runs for r in got]
+            peaks = [p for _, p, _, _ in runs]
+            outs = [o for _, _, o, _ in runs]
             row.update(
-                visual_tokens=sum(r.get("visual_tokens") or 0 for r in reps[:B]),
+                visual_tokens=sum(r.get("visual_tokens") or 0 for r in runs[0][3]),
                 ttft_s=median([r["timings_s"].get("ttft") for r in reps]),
                 total_s=median(walls), per_video_s=median(walls) / B, runs=len(walls),
                 peak_mem_gb=gb(max(p or 0 for p in peaks)) if dev.cuda else gb(max(o or 0 for o in outs)),
@@ -519,6 +518,25 @@ def run_batch(vr, dev, args, rows, text_cache) -> None:
             rows.append(row)
             print(f"  [batch] B={B} {label}: {row['total_s']:.3f} s for {B} videos "
                   f"({row['batch_mode']})", flush=True)
+
+
+def batch_call(vr, dev, args, videos, max_length, kw, rel, batched):
+    """One timed pass over ``videos`` -> (wall s, torch peak, NVML/RSS peak, reports)."""
+    dev.reset_peak()
+    with dev.sampler() as s:
+        dev.sync()
+        t0 = time.perf_counter()
+        if batched:  # the runtime's batched entry point, when it has one
+            with routing(vr, kw, rel):
+                res = vr.answer_batch(videos, args.question, **answer_kwargs(
+                    args, int(videos[0].shape[0]), max_length, kw))
+            got = [r.report for r in res]
+        else:
+            got = [answer(vr, v, args, max_length, kw, rel).report for v in videos]
+        dev.sync()
+        wall = time.perf_counter() - t0
+    peak = dev.torch_peak() or max((r.get("peak_memory_bytes") or 0) for r in got) or None
+    return wall, peak, s.peak, got
 
 
 # ----------------------------------------------------------------------------- targets

@@ -53,3 +53,25 @@ def forced_routing(vr, relevant: Sequence[bool]):
         routers.trained = trained
         # Drop the instance attributes so the class methods are visible again.
         del routers.policy_logits, routers.frame_probs
+
+
+@contextlib.contextmanager
+def routers_offloaded(vr, enabled: bool = True):
+    """Baseline rows (Dense, Budget, Uniform) are plain InternVL3: no router in memory. On a GPU
+    the VideoRouter object keeps its shadow stack resident (4 decoder layers: ~1.9 GB at the 8B
+    shape), which would inflate the baselines' peak memory; so while a baseline row runs the
+    routers wait on the CPU (the baselines never call them) and come back afterwards. The moves
+    happen outside the timed calls."""
+    routers = vr.routers
+    try:
+        home = next(routers.parameters()).device
+    except StopIteration:
+        home = None
+    if not enabled or home is None or home.type == "cpu":
+        yield
+        return
+    routers.to("cpu")
+    try:
+        yield
+    finally:
+        routers.to(home)

@@ -158,7 +158,7 @@ def test_cpu_mode_end_to_end(tmp_path):
     try:
         assert bench_e2e.main(["--cpu", "--shape", "tiny", "--frames", "4", "--runs", "1",
                                "--warmup", "0", "--threads", "1", "--max-new-tokens", "2",
-                               "--out", str(stem)]) == 0
+                               "--sweep", "batch", "--batch-sizes", "2", "--out", str(stem)]) == 0
     finally:
         torch.set_num_threads(threads)
     doc = json.loads(stem.with_suffix(".json").read_text())
@@ -188,8 +188,14 @@ def test_cpu_mode_end_to_end(tmp_path):
         else:
             assert r["router_s"] == 0
     assert rows["dense"]["ttft_x_dense"] == 1.0
+    batch = {r["policy"]: r for r in doc["rows"] if r["sweep"] == "batch"}
+    assert set(batch) == set(expect)
+    for key, r in batch.items():  # two different videos, same plan each
+        assert not r.get("error") and r["batch"] == 2
+        assert r["visual_tokens"] == 2 * rows[key]["visual_tokens"]
+        assert r["per_video_s"] == pytest.approx(r["total_s"] / 2)
     with stem.with_suffix(".csv").open() as f:
-        assert len(list(csv.DictReader(f))) == 6
+        assert len(list(csv.DictReader(f))) == 12
     assert "CPU figures" in stem.with_suffix(".md").read_text()
     assert stem.with_suffix(".png").stat().st_size > 10_000
 
