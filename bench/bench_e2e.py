@@ -628,7 +628,7 @@ def main(argv=None) -> int:
         text_tokens=text_cache.get(args.frames), max_new_tokens=args.max_new_tokens,
         margin=args.margin,
         max_length=main_rows[0].get("max_length") if main_rows else None,
-        runs=args.runs, warmup=args.warmup, dtype=str(getattr(vr, "dtype", args.dtype)),
+        runs=args.runs, warmup=args.warmup, dtype=str(vr.lm.dtype).replace("torch.", ""),
         relevance=("from trained Image Router" if trained else
                    f"fixed {args.relevance}: {sum(relevance_pattern(args.frames, args.relevant_frac, args.relevance))}"
                    f" of {args.frames} frames"),
@@ -637,10 +637,12 @@ def main(argv=None) -> int:
         router_layers=getattr(getattr(vr.routers, "config", None), "num_layers", None),
         router_pool=(args.router_pool if args.router_pool is not None else
                      getattr(getattr(vr.routers, "config", None), "router_pool", None)),
-        router_mode=("forced: policy 'auto' inside e2e_override.forced_routing -- Semantic and Image "
-                     "Router forward passes run on every VideoRouter call, their outputs replaced by "
-                     "Fragment and the fixed pattern" if not trained else
+        router_mode=("Semantic + Image Router run, decisions imposed" if not trained else
                      "trained routers decide (policy 'auto')"),
+        router_mode_detail=("policy 'auto' inside e2e_override.forced_routing: both routers' full "
+                            "forward passes run on every VideoRouter call (timed in 'router'); "
+                            "their outputs are replaced by Fragment and the fixed pattern"
+                            if not trained else "policy 'auto' with the loaded router weights"),
         memory=("torch max_memory_allocated + NVML " + dev.nvml_scope) if not cpu else
                "process RSS peak (sampled every 2 ms), freed heap trimmed between rows",
         build_s=build_s, seed=args.seed, question=args.question,
@@ -650,7 +652,7 @@ def main(argv=None) -> int:
                 environment=env, settings=settings, targets=targets)
     title = f"{common.device_name(device)} | {shape_name(args)} | {args.frames} frames, budget {args.budget:,}"
 
-    md = markdown_block(main_rows, rows, cpu, title, label)
+    md = markdown_block(main_rows, rows, cpu, title, label, settings, env)
     files = e2e_report.write_results(stem, meta, rows)
     stem.with_suffix(".md").write_text(md + "\n")
     files.append(stem.with_suffix(".md"))
@@ -690,9 +692,34 @@ def batch_text(rows) -> str:
     return "\n".join(lines)
 
 
-def markdown_block(main_rows, rows, cpu, title, label) -> str:
-    out = [f"### {title}", "", f"*{label}.* Median of the timed runs; ratios to Dense from the same run.",
-           "", e2e_report.markdown_table(main_rows, cpu)]
+def settings_line(st: dict, env: dict) -> str:
+    """One paragraph with what a reader needs to interpret the table."""
+    ml = st.get("max_length")
+    parts = [
+        f"{st['shape']}, {st['dtype']}, attention {st.get('attn_implementation')}",
+        f"{st['frames']} frames, visual budget {st['budget']:,}"
+        + (f" (max_length {ml:,} = budget + {st['text_tokens']} text + {st['max_new_tokens']} "
+           f"new + {st['margin']} margin)" if ml else ""),
+        f"relevance: {st['relevance']}",
+        f"routers: {st['router_mode']}, shadow stack {st.get('router_layers')} "
+        f"layer(s), router_pool {st.get('router_pool')}",
+        f"median of {st['runs']} runs after {st['warmup']} warm-up",
+        f"memory: {st['memory']}",
+        f"torch {env.get('torch')}, transformers {env.get('transformers')}, triton "
+        f"{env.get('triton')}, CUDA {env.get('cuda')}, driver {env.get('driver')}",
+        f"{env.get('date_utc')}",
+        f"`{env.get('command')}`",
+    ]
+    if st.get("cpu_threads"):
+        parts.insert(5, f"{st['cpu_threads']} CPU thread(s)")
+    return "; ".join(parts) + "."
+
+
+def markdown_block(main_rows, rows, cpu, title, label, settings=None, env=None) -> str:
+    out = [f"### {title}", "", f"*{label}.* Median of the timed runs; ratios to Dense from the same run."]
+    if settings is not None:
+        out += ["", settings_line(settings, env or {})]
+    out += ["", e2e_report.markdown_table(main_rows, cpu)]
     for sweep in ("frames", "budget"):
         srows = [r for r in rows if r["sweep"] == sweep]
         if srows:

@@ -245,3 +245,17 @@ def test_gpu_mode_small(tmp_path):
             assert r["nvml_peak_gb"] >= r["peak_mem_gb"]
     dense, vr = (next(r for r in doc["rows"] if r["policy"] == p) for p in ("dense", "vr14"))
     assert vr["visual_tokens"] < dense["visual_tokens"] and vr["router_s"] > 0
+
+
+@pytest.mark.gpu
+def test_routers_offloaded_for_baselines():
+    """On a GPU the baselines run with the shadow stack off the device, and it comes back."""
+    import e2e_override
+    from vr_runtime import VideoRouter
+    vr = VideoRouter.from_pretrained("tiny", device="cuda")
+    before = torch.cuda.memory_allocated()
+    with e2e_override.routers_offloaded(vr):
+        assert all(p.device.type == "cpu" for p in vr.routers.parameters())
+        assert torch.cuda.memory_allocated() < before
+    assert all(p.device.type == "cuda" for p in vr.routers.parameters())
+    assert torch.cuda.memory_allocated() == before
