@@ -37,8 +37,15 @@ What is measured, and how:
   [T, 3, 448, 448] tensor). Each row: ``--warmup`` untimed calls, then the median of ``--runs``.
 * Memory: peak torch allocation per call (``torch.cuda.max_memory_allocated``), and the peak
   NVML reading (driver-level, CUDA context and allocator cache included) polled in a thread. The
-  allocator cache is emptied between rows so each row's NVML peak is its own. On CPU: the
-  process RSS peak (weights included), with freed heap returned to the OS between rows.
+  allocator cache is emptied between rows so each row's NVML peak is its own. The baselines are
+  plain InternVL3, so on a GPU their rows run with the routers moved to the CPU (the shadow
+  stack is ~1.9 GB at 8B); the VideoRouter rows count them. On CPU: the process RSS peak
+  (weights included), with freed heap returned to the OS between rows.
+* Batch: B different videos per row through the runtime's ``answer_batch`` when it has one
+  (else B ``answer`` calls); total and per-video wall time, peak memory over the batch.
+* Targets (issue): on an H100/H200 at 8B / 64 frames / 12,288, VideoRouter (1,4) TTFT <= 0.40x
+  Dense and <= 1.0 s, routers <= 8% of its TTFT, peak memory <= 20 GB; evaluated and printed
+  only for such a run, and never for CPU figures.
 """
 from __future__ import annotations
 
@@ -46,7 +53,6 @@ import argparse
 import contextlib
 import ctypes
 import json
-import math
 import pathlib
 import statistics
 import sys
