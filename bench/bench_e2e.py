@@ -149,6 +149,7 @@ def parse_args(argv=None):
     ap.add_argument("--out", help="results path stem (default bench/results/e2e_<device>_<shape>)")
     ap.add_argument("--no-plot", action="store_true")
     args = ap.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     return finish_args(args, ap)
 
 
@@ -213,8 +214,10 @@ def shape_config(args) -> Optional[dict]:
 def shape_name(args) -> str:
     if args.model:
         return pathlib.Path(args.model).name
-    base = pathlib.Path(args.config).stem if args.config else (
-        "tiny" if args.shape == "tiny" else f"internvl3-{args.shape}")
+    if args.shape == "tiny":
+        return "tiny preset"
+    base = pathlib.Path(args.config).stem if args.config else f"InternVL3-{args.shape.upper()} shape"
+    base += ", random weights"
     if args.text_layers or args.vision_layers:
         base += f" (reduced: {args.text_layers or 'all'} text / {args.vision_layers or 'all'} vision layers)"
     return base
@@ -625,7 +628,7 @@ def main(argv=None) -> int:
     env = common.environment(device)
     env["driver"] = e2e_memory.nvml_driver_version()
     tag = device_tag(device)
-    shape_tag = args.shape or "model"
+    shape_tag = args.shape or (pathlib.Path(args.config).stem if args.config else "model")
     stem = pathlib.Path(args.out) if args.out else HERE / "results" / f"e2e_{tag}_{shape_tag}"
     targets = check_targets(rows, args, not cpu)
     settings = dict(
@@ -651,7 +654,7 @@ def main(argv=None) -> int:
                             if not trained else "policy 'auto' with the loaded router weights"),
         memory=("torch max_memory_allocated + NVML " + dev.nvml_scope) if not cpu else
                "process RSS peak (sampled every 2 ms), freed heap trimmed between rows",
-        build_s=build_s, seed=args.seed, question=args.question,
+        build_s=build_s, seed=args.seed, question=args.question, argv=args.argv,
         attn_implementation=getattr(vr.lm.model.config, "_attn_implementation", None),
         cpu_threads=torch.get_num_threads() if cpu else None)
     meta = dict(benchmark="e2e_latency (paper table latency_breakdown)", label=label,
