@@ -82,3 +82,13 @@ def test_policy_label_files(tmp_path):
     dup = _write(tmp_path / "ab2.jsonl", [{"category": "a", "acc_global": 1, "acc_fragment": 1}] * 2)
     with pytest.raises(DataFormatError, match="listed twice"):
         read_accuracies(dup)
+
+
+def test_policy_labels_command(tmp_path, capsys):
+    from vr_runtime.training.__main__ import main
+    acc = _write(tmp_path / "ab.jsonl", [{"category": "needle", "acc_global": 0.3, "acc_fragment": 0.5}])
+    assert main(["policy-labels", "--accuracies", acc, "--tau", "0.1"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"needle": 1}
+    bad = _write(tmp_path / "bad.jsonl", [{"category": "x", "acc_global": "high", "acc_fragment": 1}])
+    assert main(["policy-labels", "--accuracies", bad, "--tau", "0.1"]) == 2
+    assert "acc_global" in capsys.readouterr().err

@@ -22,11 +22,11 @@ def _kernel_pack(backend):
         Z, list(plan), grid, out=out, dest=dest, backend=backend)
 
 
-def _batch(lm, T=6, seed=0):
+def _batch(lm, T=4, seed=0):
     g = torch.Generator().manual_seed(seed)
     tok = lm.tokenizer
     out = []
-    for q, a, pol, rel in (("What shape is the red object?", "circle", 1, [0, 1, 1, 0, 0, 0]),
+    for q, a, pol, rel in (("What shape is the red object?", "circle", 1, [0, 1, 1, 0]),
                            ("What is the background color?", "black", 0, [0] * T)):
         out.append({"v": torch.randn(T, 256, 256, generator=g),
                     "q_ids": torch.tensor(tok(q, add_special_tokens=False)["input_ids"]),
@@ -37,7 +37,7 @@ def _batch(lm, T=6, seed=0):
 
 def _grads(lm, pack, plan_from="labels"):
     torch.manual_seed(0)
-    routers = Routers.from_model(lm.model, RouterConfig(router_dim=32, num_heads=4), seed=1)
+    routers = Routers.from_model(lm.model, RouterConfig(router_dim=32, num_heads=4, router_pool=2), seed=1)
     cfg = load_config("tiny_stage3", routers=None, plan_from=plan_from, frames_per_example=0)
     params = apply_freezing(lm.model, routers, cfg.trainable_groups)
     tr = Trainee(lm, routers, cfg, pack=pack)

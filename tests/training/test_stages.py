@@ -28,7 +28,7 @@ def snapshot(lm, routers):
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_stage_trains_exactly_its_groups(stage, tiny_data, tiny_lm, tmp_path):
-    r0 = Routers.from_model(tiny_lm.model, RouterConfig(router_dim=32, num_heads=4), seed=3)
+    r0 = Routers.from_model(tiny_lm.model, RouterConfig(router_dim=32, num_heads=4, router_pool=2), seed=3)
     r0.save(tmp_path / "r0.safetensors")
     before = snapshot(tiny_lm, r0)
     cfg = stage_config(stage, tiny_data, tmp_path / "out", routers=str(tmp_path / "r0.safetensors"),

@@ -58,6 +58,7 @@ class TrainConfig:
     router_num_layers: int = 4
     router_dim: Optional[int] = None    # Image Router width (None: the RouterConfig default)
     router_heads: int = 8
+    router_pool: int = 1                # window on Z_t before the Image Router (1 = paper)
     frames_per_example: int = 0         # > 0: L_img on all positives + random negatives up to
                                         # this many frames (frames are scored independently)
     gen_tokens: int = 64                # L_gen reserved in the Stage 3 budget, as at inference

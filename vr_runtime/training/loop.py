@@ -89,7 +89,7 @@ def build(cfg: TrainConfig, device=None, lm=None):
         routers = Routers.load(cfg.routers, lm.model)
     else:
         rcfg = RouterConfig(num_layers=cfg.router_num_layers, router_dim=cfg.router_dim,
-                            num_heads=cfg.router_heads)
+                            num_heads=cfg.router_heads, router_pool=cfg.router_pool)
         routers = Routers.from_model(lm.model, rcfg, seed=cfg.seed)
     routers.to(lm.device)
     params = apply_freezing(lm.model, routers, cfg.trainable_groups)

@@ -124,8 +124,15 @@ def make_video(path: str, spec: VideoSpec) -> str:
 
 
 def sample_spec(rng: random.Random, num_frames: int = 16, size: int = 448, fps: float = 2.0,
-                n_target=(2, 3), n_distractor=(4, 8)) -> VideoSpec:
-    """A random video: target in 2-3 frames, distractors (other colors) in 4-8 other frames."""
+                n_target=(2, 3), n_distractor=(4, 8), target_r=(0.25, 0.29),
+                distractor_r=(0.08, 0.125)) -> VideoSpec:
+    """A random video: target in 2-3 frames, distractors (other colors) in 4-8 other frames.
+
+    Radii are fractions of the frame size. Distractors are smaller than the target by default:
+    with the tiny model's random, frozen vision tower and a CPU-sized training budget, the
+    router could not learn to match a color *word* against same-size shapes of other colors
+    (it stayed at the prior), while a salient target is learnable. Pass
+    ``distractor_r=target_r`` for the harder, purely query-conditioned variant."""
     if num_frames < n_target[1] + n_distractor[1]:
         raise ValueError(f"num_frames: need >= {n_target[1] + n_distractor[1]} frames, "
                          f"got {num_frames}")
@@ -140,16 +147,16 @@ def sample_spec(rng: random.Random, num_frames: int = 16, size: int = 448, fps: 
     m = rng.randint(*n_distractor)
     others = [c for c in colors if c != spec.target_color]
 
-    def place(t, shape, color):
-        r = rng.randint(size // 5, size // 4)
+    def place(t, shape, color, rr):
+        r = rng.randint(int(rr[0] * size), int(rr[1] * size))
         cx = rng.randint(r + 4, size - r - 5)
         cy = rng.randint(r + 4, size - r - 5)
         spec.shapes.append(Shape(t, shape, color, cx, cy, r))
 
     for t in order[:k]:
-        place(t, spec.target_shape, spec.target_color)
+        place(t, spec.target_shape, spec.target_color, target_r)
     for t in order[k:k + m]:
-        place(t, rng.choice(SHAPES), rng.choice(others))
+        place(t, rng.choice(SHAPES), rng.choice(others), distractor_r)
     spec.shapes.sort(key=lambda s: s.frame)
     return spec
 
@@ -167,7 +174,8 @@ def questions(spec: VideoSpec, rng: random.Random) -> List[dict]:
 
 
 def demo_spec() -> VideoSpec:
-    """The bundled demo: a red circle in frames 5-7 of 16 among distractors, black background.
+    """The bundled demo: a big red circle in frames 5-7 of 16 among smaller distractors of other
+    colors, black background.
 
     Ask it "What shape is the red object?" (Fragment: frames 5-7 kept at full resolution,
     answer "circle") or "What is the background color?" (Global, answer "black")."""
@@ -183,7 +191,7 @@ def demo_spec() -> VideoSpec:
             shape, color = distractors[t]
         else:
             continue
-        r = rng.randint(90, 112)
+        r = rng.randint(112, 128) if color == "red" else rng.randint(36, 56)
         spec.shapes.append(Shape(t, shape, color, rng.randint(r + 4, 443 - r),
                                  rng.randint(r + 4, 443 - r), r))
     return spec

@@ -42,6 +42,18 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
             "config": f"vr_runtime/training/configs/tiny_stage{stage}.json"}
         print(json.dumps({f"stage{stage}": res["metrics"]}, indent=2))
         prev = os.path.join(cfg.output_dir, "routers.safetensors")
+        if stage == 3:  # the shipped routers after joint fine-tuning, on the Stage 1/2 sets
+            from .data import read_jsonl
+            from .evaluate import eval_policy, eval_relevance
+            tr = res["trainee"]
+            tr.eval()
+            rel = read_jsonl(os.path.join(data, "heldout_relevance.jsonl"), "relevance")
+            pol = read_jsonl(os.path.join(data, "heldout_policy.jsonl"), "policy")
+            from .features import FeatureCache
+            cache = FeatureCache(tr.model, 16, os.path.join(data, ".vr_cache"))
+            summary["final_routers"] = {"relevance": eval_relevance(tr, rel, cache),
+                                        "policy": eval_policy(tr, pol)}
+            print(json.dumps(summary["final_routers"], indent=2))
     os.makedirs(results, exist_ok=True)
     from .curves import plot_curves
     plot_curves(work, os.path.join(results, "training_curves.png"))
