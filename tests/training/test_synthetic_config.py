@@ -39,6 +39,8 @@ def test_videos_decode_with_the_labelled_content(tmp_path):
     assert len(read_jsonl(paths["policy"], "policy")) == 4
     conv = read_jsonl(paths["conversations"], "conversation")
     assert {e.policy for e in conv} == {0, 1}
+    # only Fragment questions carry frame labels into Stage 3 (L_img)
+    assert all((e.frame_labels is not None) == (e.policy == 1) for e in conv)
     from vr_runtime.video import load_video
     clip = load_video(rel[0].video, num_frames=12)
     assert clip.pixel_values.shape == (12, 3, 448, 448)

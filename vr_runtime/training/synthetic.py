@@ -7,8 +7,9 @@ known frames; distractor shapes of other colors appear in other frames.
 - Fragment questions ("What shape is the red object?") need the frames where the queried color
   appears: those frames are labelled 1, all others 0; policy label 1 (Fragment). The router has
   to read the color named in the question, so relevance is query-dependent.
-- Global questions ("What is the background color?") are about the whole video: every frame
-  label is 0 by our rule (no frame is singled out) and the policy label is 0 (Global).
+- Global questions ("What is the background color?") are about the whole video: policy label 0
+  (Global) and no frame labels in the Stage 3 file (the Image Router is only used under the
+  Fragment policy); ``questions()`` reports all-zero labels for them.
 
 The frozen vision tower of the tiny model has random weights, which act roughly as a random
 projection of each 28x28 patch: large flat saturated regions survive it, fine texture does not,
@@ -224,10 +225,15 @@ def generate(out_dir: str, num_videos: int, seed: int = 0, num_frames: int = 16,
             if q["policy"] == 1:
                 rel.append({**base, "frame_labels": q["frame_labels"]})
             pol.append({**base, "policy": "fragment" if q["policy"] else "global"})
-            conv.append({"id": ex_id, "video": name, "conversations": [
+            line = {"id": ex_id, "video": name, "conversations": [
                 {"from": "human", "value": "<video>\n" + q["question"]},
-                {"from": "gpt", "value": q["answer"]}],
-                "frame_labels": q["frame_labels"], "policy": q["policy"]})
+                {"from": "gpt", "value": q["answer"]}], "policy": q["policy"]}
+            if q["policy"] == 1:
+                # Only Fragment questions carry frame labels (L_img): the Image Router is only
+                # consulted under the Fragment policy, and an all-zero target for Global
+                # questions would fight the relevance learned in Stage 1.
+                line["frame_labels"] = q["frame_labels"]
+            conv.append(line)
     os.makedirs(vdir, exist_ok=True)
     paths = {k: os.path.join(out_dir, f"{split}_{k}.jsonl")
              for k in ("relevance", "policy", "conversations")}

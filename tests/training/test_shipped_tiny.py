@@ -1,0 +1,33 @@
+"""The shipped tiny weights (trained by scripts/train_tiny.sh) route the bundled demo clip:
+the Fragment question keeps the evidence frames, the Global question is routed Global."""
+import pathlib
+
+import numpy as np
+import pytest
+import torch
+
+ASSETS = pathlib.Path(__file__).resolve().parents[2] / "vr_runtime" / "assets" / "tiny"
+pytestmark = pytest.mark.skipif(not (ASSETS / "routers.safetensors").is_file()
+                                or not (ASSETS / "model.safetensors").is_file(),
+                                reason="tiny weights not trained yet (scripts/train_tiny.sh)")
+
+
+@torch.no_grad()
+def test_shipped_routers_find_the_demo_evidence():
+    from vr_runtime.model import encode_frames, load_model
+    from vr_runtime.routers import Routers, embed_question
+    from vr_runtime.training.synthetic import DEMO_QUESTIONS, demo_spec, render_frame
+    from vr_runtime.video import preprocess_frames
+
+    lm = load_model("tiny")
+    routers = Routers.load(ASSETS / "routers.safetensors", lm.model)
+    assert routers.trained
+    spec = demo_spec()
+    pv = preprocess_frames(np.stack([render_frame(spec, t) for t in range(spec.num_frames)]))
+    Z = encode_frames(lm.model, pv)
+    frag = embed_question(lm.model, lm.tokenizer, DEMO_QUESTIONS["fragment"])
+    glob = embed_question(lm.model, lm.tokenizer, DEMO_QUESTIONS["global"])
+    assert routers.policy_logits(frag[None]).argmax(-1).item() == 1
+    assert routers.policy_logits(glob[None]).argmax(-1).item() == 0
+    relevant = (routers.frame_probs(Z, frag) > 0.5).tolist()
+    assert [t for t, r in enumerate(relevant) if r] == spec.frames_with("red")
