@@ -34,6 +34,15 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
         cfg.eval_data = os.path.join(data, f"heldout_{names[stage]}.jsonl")
         cfg.output_dir = os.path.join(work, f"stage{stage}")
         cfg.routers = prev
+        done = os.path.join(cfg.output_dir, "metrics.json")
+        if stage < 3 and os.path.isfile(done) and \
+                os.path.isfile(os.path.join(cfg.output_dir, "routers.safetensors")):
+            # a finished stage is reused (delete its folder to retrain it)
+            with open(done) as f:
+                summary["stages"][f"stage{stage}"] = {"metrics": json.load(f)["metrics"],
+                                                      "reused": True}
+            prev = os.path.join(cfg.output_dir, "routers.safetensors")
+            continue
         t0 = time.time()
         res = train(cfg)
         summary["stages"][f"stage{stage}"] = {
