@@ -256,8 +256,16 @@ def build(args, device, dtype):
         return VideoRouter.from_pretrained(args.model, routers=args.routers, device=device,
                                            dtype=dtype, router_config=rc)
     if args.shape == "tiny":
-        return VideoRouter.from_pretrained("tiny", routers=args.routers, device=device, dtype=dtype,
-                                           router_config=rc)
+        if args.routers:
+            return VideoRouter.from_pretrained("tiny", routers=args.routers, device=device,
+                                               dtype=dtype)
+        # from_pretrained("tiny") would pick up the shipped trained routers, which decide on the
+        # synthetic task's frames; the benchmark feeds random frames, so it keeps its fixed
+        # relevance protocol (untrained routers, decisions imposed) unless --routers is given.
+        from vr_runtime.model import load_model
+        from vr_runtime.routers import Routers
+        lm = load_model("tiny", device=device, dtype=dtype)
+        return VideoRouter(lm, Routers.from_model(lm.model, rc))
     return VideoRouter.from_config(shape_config(args), routers=args.routers, device=device,
                                    dtype=dtype, seed=args.seed, router_config=rc)
 
