@@ -284,50 +284,65 @@ def pixel_shuffle(x: torch.Tensor, scale_factor: float = 0.5) -> torch.Tensor:
     return x.permute(0, 2, 1, 3).contiguous()
 
 
+def _check_pixels(pixel_values: torch.Tensor, chunk_size: int) -> None:
+    if pixel_values.ndim != 4 or pixel_values.shape[1] != 3:
+        raise ValueError(f"pixel_values: expected [T, 3, H, W], got {tuple(pixel_values.shape)}")
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size: expected an int >= 1, got {chunk_size!r}")
+
+
+def vision_feature_chunks(model, pixel_values: torch.Tensor, chunk_size: int = 16):
+    """Yield ``(start, feats)`` per chunk of ``chunk_size`` frames: the vision tower's selected
+    layer, CLS dropped, pixel-shuffled: ``[b, H*W, 4*C]`` (pre-projector) in the tower's dtype.
+
+    One chunk of ViT activations is alive at a time; callers project or copy and drop it."""
+    _check_pixels(pixel_values, chunk_size)
+    cfg = model.config
+    vt = _inner(model).vision_tower
+    layer = cfg.vision_feature_layer
+    if not isinstance(layer, int):
+        raise ValueError(f"vision_feature_layer {layer!r}: only a single layer is supported")
+    p = next(vt.parameters())
+    for i in range(0, pixel_values.shape[0], chunk_size):
+        pv = pixel_values[i:i + chunk_size].to(device=p.device, dtype=p.dtype, non_blocking=True)
+        out = vt(pixel_values=pv, output_hidden_states=(layer != -1), return_dict=True)
+        feats = out.last_hidden_state if layer == -1 else out.hidden_states[layer]
+        del out
+        if cfg.vision_feature_select_strategy == "default":
+            feats = feats[:, 1:, :]  # drop CLS
+        b, n, c = feats.shape
+        side = int(round(n ** 0.5))
+        feats = pixel_shuffle(feats.reshape(b, side, side, c), cfg.downsample_ratio)
+        yield i, feats.reshape(b, -1, feats.shape[-1])
+
+
 def encode_frames(model, pixel_values: torch.Tensor, chunk_size: int = 16,
                   requires_grad: bool = False) -> torch.Tensor:
     """Frames [T, 3, 448, 448] -> Z [T, 256, D] in the model's dtype on its device.
 
     Processes ``chunk_size`` frames at a time and copies each chunk's projected tokens into one
     preallocated output, so peak activation memory is that of one chunk of the ViT."""
-    if pixel_values.ndim != 4 or pixel_values.shape[1] != 3:
-        raise ValueError(f"pixel_values: expected [T, 3, H, W], got {tuple(pixel_values.shape)}")
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size: expected an int >= 1, got {chunk_size!r}")
+    _check_pixels(pixel_values, chunk_size)
     cfg = model.config
-    inner = _inner(model)
-    vt, proj = inner.vision_tower, inner.multi_modal_projector
-    layer = cfg.vision_feature_layer
-    if not isinstance(layer, int):
-        raise ValueError(f"vision_feature_layer {layer!r}: only a single layer is supported")
+    proj = _inner(model).multi_modal_projector
     p = next(proj.parameters())
-    dev, dt = p.device, p.dtype
     H, W = frame_grid(cfg)
     T = pixel_values.shape[0]
-    D = cfg.text_config.hidden_size
-    Z = torch.empty(T, H * W, D, device=dev, dtype=dt)
+    Z = torch.empty(T, H * W, cfg.text_config.hidden_size, device=p.device, dtype=p.dtype)
     with torch.set_grad_enabled(requires_grad and torch.is_grad_enabled()):
         chunks = []
-        for i in range(0, T, chunk_size):
-            pv = pixel_values[i:i + chunk_size].to(device=dev, dtype=dt, non_blocking=True)
-            out = vt(pixel_values=pv, output_hidden_states=(layer != -1), return_dict=True)
-            feats = out.last_hidden_state if layer == -1 else out.hidden_states[layer]
-            if cfg.vision_feature_select_strategy == "default":
-                feats = feats[:, 1:, :]  # drop CLS
-            b, n, c = feats.shape
-            side = int(round(n ** 0.5))
-            feats = pixel_shuffle(feats.reshape(b, side, side, c), cfg.downsample_ratio)
-            z = proj(feats.reshape(b, -1, feats.shape[-1]))
+        for i, feats in vision_feature_chunks(model, pixel_values, chunk_size):
+            z = proj(feats.to(p.dtype))
             if requires_grad:
                 chunks.append(z)
             else:
-                Z[i:i + b].copy_(z)
-            del out, feats, z
+                Z[i:i + z.shape[0]].copy_(z)
+            del feats, z
         if requires_grad:
             Z = torch.cat(chunks, 0)
     return Z
 
 
-__all__ = ["LoadedModel", "load_model", "model_from_config", "encode_frames", "pixel_shuffle",
+__all__ = ["LoadedModel", "load_model", "model_from_config", "encode_frames", "vision_feature_chunks", "pixel_shuffle",
            "language_model", "lm_head", "frame_grid", "resolve_device", "resolve_dtype",
            "pick_attn_implementation"]
