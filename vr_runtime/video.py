@@ -317,12 +317,18 @@ def load_video(path, num_frames: int = 64, time_window: Optional[Tuple[float, fl
     """Decode ``num_frames`` frames of ``path`` with InternVL's sampling (optionally within
     ``time_window`` = (start_s, end_s)) and preprocess them to ``[T, 3, size, size]``."""
     t0 = time.perf_counter()
+    vr, path, indices, fps, total, note = _prepare(path, num_frames, time_window, size)
+    return _finish(vr, path, indices, fps, total, num_frames, note, size, progress, t0)
+
+
+def _prepare(path, num_frames, time_window, size):
+    """The cheap part: argument checks, opening (probe + decord) and the sampling plan."""
     _check_count(num_frames, "num_frames")
     _check_count(size, "size")
     path = os.fspath(path)
     vr, declared_s = _open(path)
     indices, fps, total, note = _plan(vr, path, num_frames, time_window, declared_s)
-    return _finish(vr, path, indices, fps, total, num_frames, note, size, progress, t0)
+    return vr, path, indices, fps, total, note
 
 
 def _finish(vr, path, indices, fps, total, num_frames, note, size, progress, t0) -> VideoClip:
@@ -354,11 +360,7 @@ def prefetch_video(path, num_frames: int = 64, time_window: Optional[Tuple[float
     (before a caller spends seconds loading a model); the decoding and resizing, which release
     the GIL in decord and torch, overlap whatever the caller does next."""
     t0 = time.perf_counter()
-    _check_count(num_frames, "num_frames")
-    _check_count(size, "size")
-    path = os.fspath(path)
-    vr, declared_s = _open(path)
-    indices, fps, total, note = _plan(vr, path, num_frames, time_window, declared_s)
+    vr, path, indices, fps, total, note = _prepare(path, num_frames, time_window, size)
     try:  # a truncated file usually fails on its last frames: find out now, not after loading
         with _quiet_stderr():
             vr.get_batch([indices[-1]])
