@@ -55,6 +55,15 @@ class TrainConfig:
     lambda_img: float = 0.01
     pool_pack_backend: str = "auto"     # vr_kernels backend: auto / triton / torch / reference
     plan_from: str = "routers"          # Stage 3 plans: the routers' decisions, or "labels"
+    train_max_length: List[int] = field(default_factory=list)
+                                        # [lo, hi]: Stage 3 training draws each example's
+                                        # L_max uniformly from [lo, hi] (tight budgets drop
+                                        # frames, as at inference); [] = model_max_length
+    false_positive_prob: float = 0.0    # Stage 3 training, Fragment plans: probability of
+                                        # marking one random irrelevant frame relevant (the
+                                        # router's typical error at inference)
+    eval_max_lengths: List[int] = field(default_factory=list)
+                                        # Stage 3: also evaluate under these L_max values
     router_num_layers: int = 4
     router_dim: Optional[int] = None    # Image Router width (None: the RouterConfig default)
     router_heads: int = 8
@@ -88,6 +97,15 @@ class TrainConfig:
                               f"got {self.lr_scheduler_type!r}")
         if self.plan_from not in ("routers", "labels"):
             raise ConfigError(f"plan_from: expected 'routers' or 'labels', got {self.plan_from!r}")
+        if self.train_max_length and (len(self.train_max_length) != 2 or
+                                      not 1 <= self.train_max_length[0] <= self.train_max_length[1]):
+            raise ConfigError(f"train_max_length: expected [] or [lo, hi] with 1 <= lo <= hi, "
+                              f"got {self.train_max_length!r}")
+        if not 0.0 <= self.false_positive_prob <= 1.0:
+            raise ConfigError(f"false_positive_prob: expected in [0, 1], "
+                              f"got {self.false_positive_prob!r}")
+        if any(not isinstance(v, int) or v < 1 for v in self.eval_max_lengths):
+            raise ConfigError(f"eval_max_lengths: expected ints >= 1, got {self.eval_max_lengths!r}")
         if len(self.fragment_scales) != 2:
             raise ConfigError(f"fragment_scales: expected [s1, s0], got {self.fragment_scales!r}")
         if self.dropout != 0.0:

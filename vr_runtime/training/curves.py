@@ -33,6 +33,14 @@ def plot_curves(runs_dir: str, out: str) -> str:
         for k in keys:
             if k in log[0]:
                 ax.plot(steps, [r[k] for r in log], label=k)
+        if stage == 3:  # Stage 3b continues Stage 3 (inference-matched plans): steps run on
+            more = read_log(os.path.join(runs_dir, "stage3b", "log.jsonl"))
+            if more:
+                ax.axvline(steps[-1], color="gray", ls=":", lw=1)
+                s3b = [steps[-1] + r["step"] for r in more]
+                for k in keys:
+                    if k in more[0]:
+                        ax.plot(s3b, [r[k] for r in more], label=f"{k} (3b)")
         ax.set_ylabel("loss")
         ax.set_yscale("log")
         if acc_key and acc_key in log[0]:

@@ -5,7 +5,8 @@
   (frame labels are imbalanced, so plain accuracy alone flatters a router that says "no").
 - Stage 2: policy accuracy of the Semantic Router (Global vs Fragment).
 - Stage 3: exact-match answer accuracy of greedy decoding with the routers' compression plan,
-  per policy label, against the chance level of the synthetic task (1 / number of answers).
+  per policy label, against the chance level of the synthetic task (1 / number of answers), at
+  ``model_max_length`` and at each of ``eval_max_lengths`` (tight budgets, as in the demo).
 """
 from __future__ import annotations
 
@@ -59,15 +60,17 @@ def eval_policy(trainee, examples: List[Example], batch_size: int = 64) -> dict:
 
 
 @torch.no_grad()
-def generate(trainee, ex: Example, v: torch.Tensor, max_new_tokens: int = 8):
-    """Greedy answer under the routers' plan -> (text, plan, fragment?)."""
+def generate(trainee, ex: Example, v: torch.Tensor, max_new_tokens: int = 8,
+             max_length=None):
+    """Greedy answer under the routers' plan (budget from ``max_length``, default the config's
+    ``model_max_length``) -> (text, plan, fragment?)."""
     q = _q(trainee, ex)
     Z = trainee.project(v)
     qe = trainee.embed(q)
     pol = trainee.routers.policy_logits(qe.unsqueeze(0)).float()[0]
     fr = trainee.routers.frame_logits(Z, qe).float()
     plan, fragment = trainee.plan(pol, fr, {"policy": None},
-                                  trainee.text_tokens(ex.question, Z.shape[0]))
+                                  trainee.text_tokens(ex.question, Z.shape[0]), max_length)
     probe = Example(video=ex.video, question=ex.question, answer="x")
     ids, n_prompt, dest = trainee.build_sequence(vars(probe), plan)
     ids = ids[:n_prompt]
@@ -91,13 +94,14 @@ def _last_logits(trainee, emb):
 
 
 @torch.no_grad()
-def eval_answers(trainee, examples: List[Example], cache, progress=False) -> dict:
+def eval_answers(trainee, examples: List[Example], cache, progress=False,
+                 max_length=None) -> dict:
     answers = defaultdict(set)
     right = defaultdict(lambda: [0, 0])
     routed = [0, 0]
     samples = []
     for ex in tqdm(examples, desc="eval answers", disable=not progress, leave=False):
-        text, plan, fragment = generate(trainee, ex, cache.get(ex.video))
+        text, plan, fragment = generate(trainee, ex, cache.get(ex.video), max_length=max_length)
         key = "fragment" if ex.policy else "global"
         answers[key].add(ex.answer.lower())
         ok = text.lower() == ex.answer.lower()
@@ -114,7 +118,8 @@ def eval_answers(trainee, examples: List[Example], cache, progress=False) -> dic
             "answer_accuracy_by_policy": {k: r / n for k, (r, n) in sorted(right.items())},
             "chance_by_policy": {k: 1 / len(v) for k, v in sorted(answers.items())},
             "policy_routing_accuracy": routed[0] / max(routed[1], 1),
-            "examples": total_n, "samples": samples}
+            "examples": total_n, "max_length": max_length or trainee.cfg.model_max_length,
+            "samples": samples}
 
 
 def evaluate_stage(trainee, examples: List[Example], cache, progress=False) -> dict:
@@ -123,4 +128,11 @@ def evaluate_stage(trainee, examples: List[Example], cache, progress=False) -> d
         return eval_relevance(trainee, examples, cache, progress)
     if stage == 2:
         return eval_policy(trainee, examples)
-    return eval_answers(trainee, examples, cache, progress)
+    res = eval_answers(trainee, examples, cache, progress)
+    if trainee.cfg.eval_max_lengths:  # the same questions under tighter budgets (drops)
+        res["by_max_length"] = {}
+        for L in trainee.cfg.eval_max_lengths:
+            r = eval_answers(trainee, examples, cache, progress, max_length=L)
+            r["samples"] = r["samples"][:2]
+            res["by_max_length"][str(L)] = r
+    return res

@@ -152,8 +152,10 @@ class Trainee(nn.Module):
 
     # -- stage 3
     @torch.no_grad()
-    def plan(self, policy_logits, frame_logits, ex, text_tokens: int):
-        """The routing decision (no gradient): windows per frame under the context budget."""
+    def plan(self, policy_logits, frame_logits, ex, text_tokens: int,
+             max_length: Optional[int] = None):
+        """The routing decision (no gradient): windows per frame under the context budget
+        (``max_length``, default ``model_max_length``)."""
         from vr_runtime.budget import plan_fragment, plan_global, visual_budget
         c = self.cfg
         if c.plan_from == "labels" and ex.get("policy") is not None:
@@ -164,13 +166,39 @@ class Trainee(nn.Module):
             fragment = bool(policy_logits.argmax(-1).item() == 1)
             relevant = (frame_logits > 0).tolist()  # sigmoid > 0.5
         T = frame_logits.shape[0]
-        budget = visual_budget(c.model_max_length, text_tokens, c.gen_tokens, 100,
+        budget = visual_budget(max_length or c.model_max_length, text_tokens, c.gen_tokens, 100,
                                grid=self.grid, coarsest=c.fragment_scales[1])
         if fragment:
             s1, s0 = c.fragment_scales
             return plan_fragment(relevant, budget, self.grid, high=s1, low=s0,
                                  global_scale=c.global_scale), True
         return plan_global(T, budget, self.grid, c.global_scale), False
+
+    def training_plan(self, policy_logits, frame_logits, ex, text_tokens: int):
+        """``plan`` with the inference-time conditions the answer head must survive: a random
+        L_max from ``train_max_length`` (tight ones drop frames, even evidence frames when
+        false positives crowd the budget) and, with ``false_positive_prob``, one irrelevant
+        frame promoted to relevant. Random draws use torch's RNG (seeded by the loop)."""
+        c = self.cfg
+        max_length = None
+        if c.train_max_length:
+            lo, hi = c.train_max_length
+            max_length = int(torch.randint(lo, hi + 1, ()).item())
+        frame_logits = frame_logits.clone()
+        ex = dict(ex)
+        if c.false_positive_prob and torch.rand(()).item() < c.false_positive_prob:
+            if c.plan_from == "labels" and ex.get("labels") is not None:
+                rel = ex["labels"] > 0.5
+            else:
+                rel = frame_logits > 0
+            neg = torch.nonzero(~rel.to(frame_logits.device)).flatten()
+            if neg.numel() and bool(rel.any()):  # only Fragment-style plans have relevance
+                t = int(neg[torch.randint(neg.numel(), ())])
+                if ex.get("labels") is not None:
+                    ex["labels"] = ex["labels"].clone()
+                    ex["labels"][t] = 1.0
+                frame_logits[t] = 1.0
+        return self.plan(policy_logits, frame_logits, ex, text_tokens, max_length)
 
     def text_tokens(self, question: str, num_frames: int) -> int:
         """L_text exactly as the runtime counts it (every frame's line present: an upper bound)."""
@@ -214,8 +242,8 @@ class Trainee(nn.Module):
             else:
                 with torch.no_grad():  # the decision for every frame, without gradient
                     fr_all = self.routers.frame_logits(Z.detach(), q.detach()).float()
-            plan, _ = self.plan(pol.detach()[0], fr_all, ex,
-                                self.text_tokens(ex["question"], Z.shape[0]))
+            plan, _ = self.training_plan(pol.detach()[0], fr_all, ex,
+                                         self.text_tokens(ex["question"], Z.shape[0]))
             ids, n_prompt, dest = self.build_sequence(ex, plan)
             ids_t = torch.tensor(ids, device=Z.device)
             emb = self.embed(ids_t)                       # [L, D]; grad -> embed_tokens

@@ -217,7 +217,9 @@ def generate(out_dir: str, num_videos: int, seed: int = 0, num_frames: int = 16,
     for i in range(num_videos):
         spec = sample_spec(rng, num_frames=num_frames, size=size, fps=fps)
         name = f"{split}/{split}_{i:05d}.mp4"
-        make_video(os.path.join(out_dir, name), spec)
+        path = os.path.join(out_dir, name)
+        if not os.path.isfile(path):  # same seed -> same spec: keep the file (and its mtime,
+            make_video(path, spec)    # which keys the feature cache) when growing a split
         for j, q in enumerate(questions(spec, rng)):
             ex_id = f"{split}_{i:05d}_{j}"
             base = {"id": ex_id, "video": name, "question": q["question"], "answer": q["answer"],

@@ -1,7 +1,7 @@
 """Train the ``tiny`` preset on the synthetic evidence task, end to end, and ship it.
 
-synthetic data -> Stage 1 -> Stage 2 -> Stage 3 (configs ``tiny_stage{1,2,3}``, clearly *not*
-the paper's values) -> held-out metrics JSON + curves PNG -> optionally copy
+synthetic data -> Stage 1 -> Stage 2 -> Stage 3 -> Stage 3b (Stage 3 continued with the plans
+the runtime makes at inference; configs ``tiny_stage{1,2,3,3b}``, clearly *not* the paper's values) -> held-out metrics JSON + curves PNG -> optionally copy
 ``model.safetensors`` and ``routers.safetensors`` into ``vr_runtime/assets/tiny/``, where the
 runtime picks them up.
 """
@@ -21,27 +21,34 @@ ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
              n_heldout: int = 40, results: str = "bench/results", seed: int = 0) -> dict:
     data = os.path.join(work, "data")
-    if not os.path.isfile(os.path.join(data, "heldout_conversations.jsonl")):
-        generate(data, n_train, seed=seed, split="train")
-        generate(data, n_heldout, seed=seed, split="heldout")
-    from .loop import train
+    for split, n in (("train", n_train), ("heldout", n_heldout)):
+        # (re)write a split whose size differs; existing videos are kept (same seed, same specs)
+        f = os.path.join(data, f"{split}_policy.jsonl")
+        if not os.path.isfile(f) or sum(1 for _ in open(f)) != 2 * n:
+            generate(data, n, seed=seed, split=split)
+    from .loop import build, train
     summary = {"work": work, "train_videos": n_train, "heldout_videos": n_heldout, "stages": {}}
     prev = None
-    for stage in (1, 2, 3):
+    names = {1: "relevance", 2: "policy", 3: "conversations", "3b": "conversations"}
+    for stage in (1, 2, 3, "3b"):
         cfg = load_config(f"tiny_stage{stage}")
-        names = {1: "relevance", 2: "policy", 3: "conversations"}
         cfg.train_data = os.path.join(data, f"train_{names[stage]}.jsonl")
         cfg.eval_data = os.path.join(data, f"heldout_{names[stage]}.jsonl")
         cfg.output_dir = os.path.join(work, f"stage{stage}")
         cfg.routers = prev
+        if stage == "3b":  # Stage 3 continued from Stage 3's model, inference-matched plans
+            cfg.model = os.path.join(work, "stage3", "hf")
         done = os.path.join(cfg.output_dir, "metrics.json")
-        if stage < 3 and os.path.isfile(done) and \
-                os.path.isfile(os.path.join(cfg.output_dir, "routers.safetensors")):
+        prev = os.path.join(cfg.output_dir, "routers.safetensors")
+        if os.path.isfile(done) and os.path.isfile(prev) and (stage in (1, 2) or os.path.isfile(
+                os.path.join(cfg.output_dir, "model.safetensors"))):
             # a finished stage is reused (delete its folder to retrain it)
             with open(done) as f:
-                summary["stages"][f"stage{stage}"] = {"metrics": json.load(f)["metrics"],
-                                                      "reused": True}
-            prev = os.path.join(cfg.output_dir, "routers.safetensors")
+                m = json.load(f)
+            summary["stages"][f"stage{stage}"] = {
+                "metrics": m["metrics"], "global_step": m.get("global_step"), "reused": True,
+                "trainable": cfg.trainable_groups,
+                "config": f"vr_runtime/training/configs/tiny_stage{stage}.json"}
             continue
         t0 = time.time()
         res = train(cfg)
@@ -50,19 +57,20 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
             "wall_s": round(time.time() - t0, 1), "trainable": cfg.trainable_groups,
             "config": f"vr_runtime/training/configs/tiny_stage{stage}.json"}
         print(json.dumps({f"stage{stage}": res["metrics"]}, indent=2))
-        prev = os.path.join(cfg.output_dir, "routers.safetensors")
-        if stage == 3:  # the shipped routers after joint fine-tuning, on the Stage 1/2 sets
-            from .data import read_jsonl
-            from .evaluate import eval_policy, eval_relevance
-            tr = res["trainee"]
-            tr.eval()
-            rel = read_jsonl(os.path.join(data, "heldout_relevance.jsonl"), "relevance")
-            pol = read_jsonl(os.path.join(data, "heldout_policy.jsonl"), "policy")
-            from .features import FeatureCache
-            cache = FeatureCache(tr.model, 16, os.path.join(data, ".vr_cache"))
-            summary["final_routers"] = {"relevance": eval_relevance(tr, rel, cache),
-                                        "policy": eval_policy(tr, pol)}
-            print(json.dumps(summary["final_routers"], indent=2))
+    # the shipped routers (after Stage 3b) on the Stage 1/2 held-out sets
+    from .data import read_jsonl
+    from .evaluate import eval_policy, eval_relevance
+    from .features import FeatureCache
+    cfg = load_config("tiny_stage3b", routers=prev)
+    cfg.model = os.path.join(work, "stage3b", "hf")
+    _, _, tr, _ = build(cfg)
+    tr.eval()
+    rel = read_jsonl(os.path.join(data, "heldout_relevance.jsonl"), "relevance")
+    pol = read_jsonl(os.path.join(data, "heldout_policy.jsonl"), "policy")
+    cache = FeatureCache(tr.model, 16, os.path.join(data, ".vr_cache"))
+    summary["final_routers"] = {"relevance": eval_relevance(tr, rel, cache),
+                                "policy": eval_policy(tr, pol)}
+    print(json.dumps(summary["final_routers"], indent=2))
     os.makedirs(results, exist_ok=True)
     from .curves import plot_curves
     plot_curves(work, os.path.join(results, "training_curves.png"))
@@ -70,8 +78,8 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
         json.dump(summary, f, indent=2)
     if ship:
         os.makedirs(ASSETS, exist_ok=True)
-        shutil.copyfile(os.path.join(work, "stage3", "model.safetensors"),
+        shutil.copyfile(os.path.join(work, "stage3b", "model.safetensors"),
                         os.path.join(ASSETS, "model.safetensors"))
-        shutil.copyfile(os.path.join(work, "stage3", "routers.safetensors"),
+        shutil.copyfile(os.path.join(work, "stage3b", "routers.safetensors"),
                         os.path.join(ASSETS, "routers.safetensors"))
     return summary

@@ -1,0 +1,59 @@
+"""Stage 3 training plans match what the runtime decides at inference: a random L_max from
+``train_max_length`` (tight budgets drop frames exactly as Algorithm 1 does) and, with
+``false_positive_prob``, one irrelevant frame promoted to relevant."""
+import torch
+
+from vr_runtime.budget import plan_fragment, visual_budget
+from vr_runtime.routers import RouterConfig, Routers
+from vr_runtime.training.config import load_config
+from vr_runtime.training.stages import Trainee
+
+T, TEXT = 16, 138
+
+
+def _trainee(lm, **over):
+    routers = Routers.from_model(lm.model, RouterConfig(router_dim=32, num_heads=4, router_pool=2),
+                                 seed=1)
+    cfg = load_config("tiny_stage3", routers=None, plan_from="labels", **over)
+    return Trainee(lm, routers, cfg)
+
+
+def _ex(relevant):
+    return {"policy": 1, "labels": torch.tensor([float(t in relevant) for t in range(T)])}
+
+
+def test_tight_training_budget_drops_frames_like_algorithm_1(tiny_lm):
+    rel = sorted(torch.randperm(T)[:3].tolist())
+    budget = 800                                  # 3 x 256 full frames + 2 frames at 16 tokens
+    L = budget + TEXT + 64 + 100
+    tr = _trainee(tiny_lm, train_max_length=[L, L], false_positive_prob=0.0)
+    ex = _ex(rel)
+    plan, fragment = tr.training_plan(torch.tensor([0.0, 1.0]), torch.zeros(T), ex, TEXT)
+    assert fragment
+    want = plan_fragment([t in rel for t in range(T)], budget, tr.grid, high=1, low=4)
+    assert plan == want
+    assert [t for t in range(T) if plan[t] == 1] == rel and sum(w == 4 for w in plan) == 2
+    assert visual_budget(L, TEXT, 64, 100, grid=tr.grid) == budget
+
+
+def test_false_positive_adds_one_full_resolution_frame(tiny_lm):
+    torch.manual_seed(0)
+    rel = sorted(torch.randperm(T)[:2].tolist())
+    tr = _trainee(tiny_lm, train_max_length=[], false_positive_prob=1.0)
+    ex = _ex(rel)
+    before = ex["labels"].clone()
+    seen = set()
+    for _ in range(20):
+        plan, _ = tr.training_plan(torch.tensor([0.0, 1.0]), torch.zeros(T), ex, TEXT)
+        full = [t for t in range(T) if plan[t] == 1]
+        assert set(rel) < set(full) and len(full) == len(rel) + 1
+        seen |= set(full) - set(rel)
+    assert len(seen) > 1                          # a random frame, not a fixed one
+    assert torch.equal(ex["labels"], before)      # the example's labels (L_img) are untouched
+
+
+def test_global_plans_get_no_false_positive(tiny_lm):
+    tr = _trainee(tiny_lm, train_max_length=[], false_positive_prob=1.0)
+    ex = {"policy": 0, "labels": None}
+    plan, fragment = tr.training_plan(torch.tensor([1.0, 0.0]), torch.zeros(T), ex, TEXT)
+    assert not fragment and plan == [2] * T
