@@ -12,6 +12,7 @@ Work is spread by input tokens, not output rows: see ``tiles.py``.
 from __future__ import annotations
 
 import os
+import re
 from typing import Optional, Sequence, Tuple
 
 import torch
@@ -31,6 +32,18 @@ except Exception:  # pragma: no cover - triton is a dependency, but keep CPU use
 # Triton decides interpreter vs compiler when a kernel is decorated, i.e. when this module is
 # imported; TRITON_INTERPRET=1 must be set before that (tests/conftest.py does).
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+def _interpreter_runs_kernels() -> bool:
+    # Triton < 3.7's interpreter cannot loop over a bound loaded from memory (`range(nr)` on a
+    # loaded scalar raises), which these kernels do; compiled kernels are not affected.
+    if not (INTERPRET and HAS_TRITON):
+        return False
+    major_minor = tuple(int(v) for v in re.findall(r"\d+", triton.__version__)[:2])
+    return major_minor >= (3, 7)
+
+
+# Triton on CPU tensors: the interpreter is on and can run these kernels.
+CPU_TRITON = _interpreter_runs_kernels()
 
 # Tokens per tile (see tiles.py). Compiled: 64 balances a 1/2/4/8 mix exactly on 16x16 grids.
 # Interpreted: every program instance costs milliseconds of Python, so take whole frames.
@@ -313,7 +326,7 @@ def _pick_backend(backend: str, device: torch.device) -> str:
     if backend == "auto":
         if device.type == "cuda" and HAS_TRITON:
             return "triton"
-        if device.type == "cpu" and INTERPRET and HAS_TRITON:
+        if device.type == "cpu" and CPU_TRITON:
             return "triton"
         return "torch"
     if backend == "triton":
@@ -322,6 +335,10 @@ def _pick_backend(backend: str, device: torch.device) -> str:
         if device.type == "cpu" and not INTERPRET:
             raise PoolPackArgError("backend: 'triton' on CPU tensors needs TRITON_INTERPRET=1 set before "
                                    "vr_kernels is imported; use backend='torch' instead")
+        if device.type == "cpu" and not CPU_TRITON:
+            raise PoolPackArgError(f"backend: the interpreter of triton {triton.__version__} cannot "
+                                   f"run these kernels on CPU; install triton>=3.7 or use "
+                                   f"backend='torch'")
         if device.type not in ("cpu", "cuda"):
             raise PoolPackArgError(f"backend: 'triton' does not run on {device.type} tensors")
     return backend
