@@ -7,4 +7,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK="${1:-runs/tiny}"
 unset TRITON_INTERPRET   # CPU training uses the vectorised PyTorch pool_pack, not the interpreter
-python -m vr_runtime.training tiny --work "$WORK" --ship --train 160 --heldout 40
+python -m vr_runtime.training tiny --work "$WORK" --ship --train 480 --heldout 60
