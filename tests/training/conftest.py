@@ -26,14 +26,3 @@ def _base_lm():
 def tiny_lm(_base_lm):
     """A fresh copy of the tiny model for each test (training mutates it)."""
     return copy.deepcopy(_base_lm)
-
-
-def stage_config(stage, data, out, **kw):
-    from vr_runtime.training.config import load_config
-    names = {1: "relevance", 2: "policy", 3: "conversations"}
-    base = dict(train_data=data[names[stage]], eval_data=None, output_dir=str(out), routers=None,
-                max_steps=2, per_device_train_batch_size=1, gradient_accumulation_steps=1,
-                logging_steps=1, report_to=[], frames_per_example=3, pool_pack_backend="torch",
-                router_dim=32, router_heads=4, warmup_ratio=0.0, lr_scheduler_type="constant")
-    base.update(kw)
-    return load_config(f"tiny_stage{stage}", **base)

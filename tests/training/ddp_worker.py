@@ -7,7 +7,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from safetensors.torch import save_file  # noqa: E402
 
-from conftest import stage_config  # noqa: E402
+from stage_helpers import stage_config  # noqa: E402
 from vr_runtime.training.loop import train  # noqa: E402
 
 

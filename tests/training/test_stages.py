@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from conftest import stage_config
+from stage_helpers import stage_config
 from vr_runtime.routers import RouterConfig, Routers
 from vr_runtime.training.loop import train
 

@@ -1,0 +1,15 @@
+"""Small stage configs for the training tests (shared by the tests and the DDP worker).
+
+A plain module, not conftest: `from conftest import ...` resolves to whichever conftest.py
+pytest imported first, which breaks when several test folders run together."""
+
+
+def stage_config(stage, data, out, **kw):
+    from vr_runtime.training.config import load_config
+    names = {1: "relevance", 2: "policy", 3: "conversations"}
+    base = dict(train_data=data[names[stage]], eval_data=None, output_dir=str(out), routers=None,
+                max_steps=2, per_device_train_batch_size=1, gradient_accumulation_steps=1,
+                logging_steps=1, report_to=[], frames_per_example=3, pool_pack_backend="torch",
+                router_dim=32, router_heads=4, warmup_ratio=0.0, lr_scheduler_type="constant")
+    base.update(kw)
+    return load_config(f"tiny_stage{stage}", **base)
