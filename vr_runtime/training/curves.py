@@ -49,7 +49,9 @@ def plot_curves(runs_dir: str, out: str) -> str:
             ax2.set_ylim(0, 1.02)
             ax2.set_ylabel("accuracy")
             ax2.legend(loc="center right", fontsize=8)
-        ax.legend(loc="upper right", fontsize=8)
+        # Stage 3 has eight curves (3 + 3b): two columns at the bottom keep them all visible.
+        ax.legend(loc="lower left" if stage == 3 else "upper right", fontsize=7,
+                  ncol=2 if stage == 3 else 1)
     fig.suptitle("VideoRouter tiny preset on the synthetic evidence task (CPU)")
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
