@@ -36,3 +36,27 @@ def test_shipped_routers_find_the_demo_evidence():
     # square, was a false positive before Stage 3b; now ~0.29)
     assert sorted(probs.topk(len(evidence)).indices.tolist()) == evidence
     assert int((probs > 0.5).sum()) == len(evidence)
+
+
+def test_demo_answers_with_the_shipped_weights():
+    """`videorouter demo`'s settings end to end (decoding the bundled mp4, both routers, the
+    budgeted plan, generation): the Fragment question keeps frames 5-7 at full resolution and
+    is answered 'circle'; the Global question is pooled uniformly and answered 'black'."""
+    from vr_runtime import VideoRouter
+    from vr_runtime.cli import (DEMO_FRAMES, DEMO_MAX_LENGTH, DEMO_MAX_NEW_TOKENS, DEMO_QUESTION,
+                                SAMPLE_VIDEO)
+    from vr_runtime.training.synthetic import DEMO_QUESTIONS, demo_spec
+
+    vr = VideoRouter.from_pretrained("tiny")
+    kw = dict(num_frames=DEMO_FRAMES, max_length=DEMO_MAX_LENGTH, max_new_tokens=DEMO_MAX_NEW_TOKENS)
+    assert DEMO_QUESTION == DEMO_QUESTIONS["fragment"]
+    frag = vr.answer(str(SAMPLE_VIDEO), DEMO_QUESTION, **kw)
+    rep = frag.report
+    assert rep["policy"] == "fragment" and rep["routers_trained"]
+    evidence = demo_spec().frames_with("red")
+    assert [t for t, w in enumerate(rep["scales"]) if w == 1] == evidence
+    assert rep["visual_tokens"] <= rep["budget"] < rep["dense_visual_tokens"]
+    assert frag.text == "circle"
+    glob = vr.answer(str(SAMPLE_VIDEO), DEMO_QUESTIONS["global"], **kw)
+    assert glob.report["policy"] == "global" and set(glob.report["scales"]) == {2}
+    assert glob.text == "black"
