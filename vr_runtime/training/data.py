@@ -144,12 +144,12 @@ def parse_record(rec, kind: str, where: str, root: str = ".", check_files: bool 
                    meta=meta)
 
 
-def read_jsonl(path: str, kind: str, check_files: bool = True) -> List[Example]:
-    """Read and validate a whole JSONL file (blank lines are skipped)."""
+def iter_jsonl(path: str, what: str = "data"):
+    """Yield ``(where, record)`` for each non-blank line of a JSONL file, ``where`` being
+    ``path:line`` for error messages; a missing file or a line that is not JSON is a
+    ``DataFormatError``."""
     if not os.path.isfile(path):
-        raise DataFormatError(f"{path}: no such data file")
-    root = os.path.dirname(os.path.abspath(path))
-    out = []
+        raise DataFormatError(f"{path}: no such {what} file")
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -159,7 +159,13 @@ def read_jsonl(path: str, kind: str, check_files: bool = True) -> List[Example]:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DataFormatError(f"{where}: not valid JSON ({e.msg} at column {e.colno})")
-            out.append(parse_record(rec, kind, where, root, check_files))
+            yield where, rec
+
+
+def read_jsonl(path: str, kind: str, check_files: bool = True) -> List[Example]:
+    """Read and validate a whole JSONL file (blank lines are skipped)."""
+    root = os.path.dirname(os.path.abspath(path))
+    out = [parse_record(rec, kind, where, root, check_files) for where, rec in iter_jsonl(path)]
     if not out:
         raise DataFormatError(f"{path}: no examples")
     return out

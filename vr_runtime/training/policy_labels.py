@@ -9,11 +9,9 @@ questions with a ``category`` field into the policy JSONL Stage 2 reads.
 """
 from __future__ import annotations
 
-import json
-import os
 from typing import Dict, List
 
-from .data import DataFormatError, write_jsonl
+from .data import DataFormatError, iter_jsonl, write_jsonl
 
 
 def policy_labels(accuracies: Dict[str, tuple], tau: float) -> Dict[str, int]:
@@ -32,32 +30,22 @@ def policy_labels(accuracies: Dict[str, tuple], tau: float) -> Dict[str, int]:
 
 
 def read_accuracies(path: str) -> Dict[str, tuple]:
-    if not os.path.isfile(path):
-        raise DataFormatError(f"{path}: no such accuracy file")
     acc = {}
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataFormatError(f"{where}: not valid JSON ({e.msg})")
-            if not isinstance(rec, dict):
-                raise DataFormatError(f"{where}: expected a JSON object")
-            cat = rec.get("category")
-            if not isinstance(cat, str) or not cat:
-                raise DataFormatError(f"{where}: 'category' must be a non-empty string")
-            if cat in acc:
-                raise DataFormatError(f"{where}: category {cat!r} listed twice")
-            vals = []
-            for k in ("acc_global", "acc_fragment"):
-                v = rec.get(k)
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                    raise DataFormatError(f"{where}: '{k}' must be a number >= 0, got {v!r}")
-                vals.append(float(v))
-            acc[cat] = tuple(vals)
+    for where, rec in iter_jsonl(path, "accuracy"):
+        if not isinstance(rec, dict):
+            raise DataFormatError(f"{where}: expected a JSON object")
+        cat = rec.get("category")
+        if not isinstance(cat, str) or not cat:
+            raise DataFormatError(f"{where}: 'category' must be a non-empty string")
+        if cat in acc:
+            raise DataFormatError(f"{where}: category {cat!r} listed twice")
+        vals = []
+        for k in ("acc_global", "acc_fragment"):
+            v = rec.get(k)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise DataFormatError(f"{where}: '{k}' must be a number >= 0, got {v!r}")
+            vals.append(float(v))
+        acc[cat] = tuple(vals)
     if not acc:
         raise DataFormatError(f"{path}: no categories")
     return acc
@@ -66,20 +54,12 @@ def read_accuracies(path: str) -> Dict[str, tuple]:
 def label_questions(questions_path: str, labels: Dict[str, int], out_path: str) -> int:
     """Copy each question line adding ``policy`` from its ``category``; returns lines written."""
     recs: List[dict] = []
-    with open(questions_path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{questions_path}:{lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataFormatError(f"{where}: not valid JSON ({e.msg})")
-            cat = rec.get("category") if isinstance(rec, dict) else None
-            if cat not in labels:
-                raise DataFormatError(f"{where}: category {cat!r} has no A/B accuracies; "
-                                      f"add it to the accuracy file")
-            rec["policy"] = labels[cat]
-            recs.append(rec)
+    for where, rec in iter_jsonl(questions_path, "question"):
+        cat = rec.get("category") if isinstance(rec, dict) else None
+        if cat not in labels:
+            raise DataFormatError(f"{where}: category {cat!r} has no A/B accuracies; "
+                                  f"add it to the accuracy file")
+        rec["policy"] = labels[cat]
+        recs.append(rec)
     write_jsonl(out_path, recs)
     return len(recs)
