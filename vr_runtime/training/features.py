@@ -13,10 +13,7 @@ from typing import Dict, Iterable, Optional
 import torch
 from tqdm.auto import tqdm
 
-
-def _inner(model):
-    return model.model if hasattr(model, "model") and hasattr(model.model, "vision_tower") \
-        else model
+from vr_runtime.model import _inner, vision_feature_chunks
 
 
 def vision_tower(model):
@@ -30,24 +27,7 @@ def projector(model):
 @torch.no_grad()
 def vision_features(model, pixel_values: torch.Tensor, chunk_size: int = 16) -> torch.Tensor:
     """[T, 3, 448, 448] -> pre-projector features [T, H*W, 4*C] (fp32, on the model's device)."""
-    from vr_runtime.model import pixel_shuffle
-
-    cfg = model.config
-    vt = vision_tower(model)
-    layer = cfg.vision_feature_layer
-    p = next(vt.parameters())
-    out = []
-    for i in range(0, pixel_values.shape[0], chunk_size):
-        pv = pixel_values[i:i + chunk_size].to(device=p.device, dtype=p.dtype)
-        o = vt(pixel_values=pv, output_hidden_states=(layer != -1), return_dict=True)
-        f = o.last_hidden_state if layer == -1 else o.hidden_states[layer]
-        if cfg.vision_feature_select_strategy == "default":
-            f = f[:, 1:, :]  # drop CLS
-        b, n, c = f.shape
-        side = int(round(n ** 0.5))
-        f = pixel_shuffle(f.reshape(b, side, side, c), cfg.downsample_ratio)
-        out.append(f.reshape(b, -1, f.shape[-1]).float())
-    return torch.cat(out, 0)
+    return torch.cat([f.float() for _, f in vision_feature_chunks(model, pixel_values, chunk_size)], 0)
 
 
 def fingerprint(module: torch.nn.Module) -> str:
