@@ -80,7 +80,6 @@ class Case:
         # Prompt layout: 16 text rows, then per kept frame a few text rows ("FrameN: <img>") and
         # its placeholders, then 32 text rows.
         dest, pos = [], 16
-        mask = []
         for c in self.counts:
             if c:
                 pos += text_per_frame

@@ -24,7 +24,7 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def pool_pack_torch(frames: torch.Tensor, plan: Plan, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     H, W = plan.grid
-    T, N, D = plan.T, plan.N, plan.D
+    D = plan.D
     groups: "OrderedDict[tuple, list]" = OrderedDict()
     for t, w in enumerate(plan.windows):
         if w is not None:

@@ -5,7 +5,7 @@ ready for ``vr_kernels.pool_pack``. Every plan's token total is <= the budget.
 """
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import Sequence, Tuple
 
 from vr_kernels.windows import normalize_window, window_tokens
 

@@ -26,7 +26,7 @@ import concurrent.futures as cf
 import inspect
 import pathlib
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Union
+from typing import List, Optional, Sequence
 
 import torch
 

@@ -1,8 +1,6 @@
 """Stage 3: gradients flow through the fused pooling into the projector and the LLM, and the
 kernel backends (vectorised torch, Triton under the interpreter) give the reference gradient."""
-import functools
 
-import pytest
 import torch
 
 from vr_runtime.routers import RouterConfig, Routers

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pathlib
 from dataclasses import dataclass, field
 from typing import List, Optional

@@ -21,7 +21,7 @@ import os
 import random
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 import numpy as np
 
