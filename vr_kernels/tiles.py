@@ -93,9 +93,13 @@ def build_tiles(plan: Plan, tokens_per_tile: int, device) -> Tuple[torch.Tensor,
     if plan.rows > INT32_MAX or plan.T * plan.N > INT32_MAX:
         raise ValueError(f"frames/out: {plan.T * plan.N} tokens or {plan.rows} rows exceed 2**31-1; "
                          f"split the call")
-    table = torch.tensor(rows if rows else [[0] * TILE_COLS], dtype=torch.int32)
-    if torch.device(device).type != "cpu":
-        table = table.pin_memory().to(device, non_blocking=True)
+    # The table is cached across calls, so it must not be an inference tensor: one built under
+    # torch.inference_mode (the runtime's answer()) and reused by a call with autograd on
+    # (training) would fail in save_for_backward.
+    with torch.inference_mode(False):
+        table = torch.tensor(rows if rows else [[0] * TILE_COLS], dtype=torch.int32)
+        if torch.device(device).type != "cpu":
+            table = table.pin_memory().to(device, non_blocking=True)
     hit = (table, n_fwd)
     _CACHE[key] = hit
     if len(_CACHE) > _CACHE_SIZE:

@@ -228,6 +228,22 @@ def test_grad_wrt_out_only(backend):
     torch.testing.assert_close(gb, want)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backward_after_inference_mode_call(backend):
+    # The tile table of a schedule is cached: one first built under inference_mode (the runtime)
+    # must still serve a later call with autograd on (training) of the same schedule.
+    grid, scales = (4, 4), [1, (2, 3), 0]
+    x = torch.randn(3, 16, 6)
+    with torch.inference_mode():
+        pool_pack(x, scales, grid, backend=backend)
+    xr = x.clone().requires_grad_(True)
+    g = torch.randn(sum(pooled_counts(scales, grid)), 6)
+    (gx,) = torch.autograd.grad(pool_pack(xr, scales, grid, backend=backend), xr, g)
+    xq = x.clone().requires_grad_(True)
+    (gr,) = torch.autograd.grad(pool_pack_reference(xq, scales, grid), xq, g)
+    _close(gx, gr, torch.float32)
+
+
 def test_gradcheck_torch_path_fp64():
     x = torch.randn(3, 12, 5, dtype=torch.float64, requires_grad=True)
     scales, grid = [(2, 3), 0, 5], (3, 4)
