@@ -85,13 +85,26 @@ def pick_attn_implementation(attn_implementation, device: torch.device, dtype: t
     """Explicit choice wins; else flash-attention 2 on CUDA in 16-bit when installed, else sdpa."""
     if attn_implementation:
         return attn_implementation
-    if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
-        try:
-            import flash_attn  # noqa: F401
-            return "flash_attention_2"
-        except ImportError:
-            pass
+    if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and _flash_attn_2_usable():
+        return "flash_attention_2"
     return "sdpa"
+
+
+def _flash_attn_2_usable() -> bool:
+    # Ask transformers, which checks the distribution name and version (>= 2.3.3) before it
+    # accepts "flash_attention_2": an importable `flash_attn` alone (FA4 ships under that name,
+    # or an old 2.x) would make model construction raise instead of falling back to sdpa.
+    try:
+        from transformers.utils import is_flash_attn_2_available
+    except ImportError:
+        is_flash_attn_2_available = None
+    try:
+        if is_flash_attn_2_available is not None and not is_flash_attn_2_available():
+            return False
+        import flash_attn  # noqa: F401  (a wheel built for another torch fails here)
+        return True
+    except Exception:
+        return False
 
 
 @contextlib.contextmanager
@@ -265,8 +278,16 @@ def model_from_config(config, device="cpu", dtype=None, seed: int = 0,
                 bos_token_id=ids["<|im_start|>"])
     cfg["text_config"] = text
     config = InternVLConfig.from_dict(cfg)
-    with _fast_init_ctx(), torch.device(dev):
-        model = InternVLForConditionalGeneration._from_config(config, dtype=dt, attn_implementation=attn)
+    try:
+        with _fast_init_ctx(), torch.device(dev):
+            model = InternVLForConditionalGeneration._from_config(config, dtype=dt, attn_implementation=attn)
+    except (ImportError, ValueError):
+        if attn == "sdpa" or attn_implementation:
+            raise
+        # flash-attention chosen automatically but refused by transformers: sdpa always works.
+        config = InternVLConfig.from_dict(cfg)
+        with _fast_init_ctx(), torch.device(dev):
+            model = InternVLForConditionalGeneration._from_config(config, dtype=dt, attn_implementation="sdpa")
     init_weights_(model, seed)
     model.eval()
     return _wrap(model, tok, dev, dt, name)

@@ -112,6 +112,28 @@ def test_model_from_config(small_config, frames):
         model_from_config(small_config(vocab=100))
 
 
+def test_flash_attention_only_when_transformers_accepts_it(monkeypatch, small_config):
+    import sys
+    import types
+
+    import transformers.utils
+
+    import vr_runtime.model as M
+    cuda = torch.device("cuda")  # only inspected, nothing is allocated
+    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
+    monkeypatch.setattr(transformers.utils, "is_flash_attn_2_available", lambda: False)
+    assert M.pick_attn_implementation(None, cuda, torch.bfloat16) == "sdpa"
+    monkeypatch.setattr(transformers.utils, "is_flash_attn_2_available", lambda: True)
+    assert M.pick_attn_implementation(None, cuda, torch.bfloat16) == "flash_attention_2"
+    assert M.pick_attn_implementation(None, cuda, torch.float32) == "sdpa"
+    assert M.pick_attn_implementation("eager", cuda, torch.bfloat16) == "eager"
+    # Chosen automatically but refused when the model is built: model_from_config uses sdpa.
+    monkeypatch.delitem(sys.modules, "flash_attn")
+    monkeypatch.setattr(M, "pick_attn_implementation", lambda *a: "flash_attention_2")
+    lm = M.model_from_config(small_config(hidden=96), device="cpu", dtype="fp32")
+    assert lm.model.config._attn_implementation == "sdpa"
+
+
 def test_load_hf_directory_round_trip(tiny_lm, tmp_path, frames):
     """An InternVL3-*-hf style directory (save_pretrained of the tiny model) loads with
     local_files_only + safetensors and gives the same model, tokenizer and prompt."""
