@@ -265,8 +265,9 @@ def check_targets(sp: List[Dict]) -> List[str]:
     for s in sp:
         if (s["T"], s["D"], s["mix"]) != (PAPER["T"], PAPER["D"], PAPER["mix"]):
             continue
-        ok = s.get("copy_frac", 0) >= TARGETS["copy_fraction"]
-        lines.append(f"{s['dir']}: {s.get('copy_frac', 0):.0%} of copy bandwidth (target >= 90%): "
+        frac = s.get("copy_frac") or 0.0  # None when a copy timing was unavailable
+        ok = frac >= TARGETS["copy_fraction"]
+        lines.append(f"{s['dir']}: {frac:.0%} of copy bandwidth (target >= 90%): "
                      f"{'met' if ok else 'NOT met'}")
         for b, tgt in (("llava", "vs_llava"), ("compiled", "vs_compiled_fixed"),
                        ("compiled_changing", "vs_compiled_changing")):
