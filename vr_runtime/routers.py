@@ -28,6 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .errors import RouterWeightsError
+from .weights import copy_state_strict
 
 FORMAT = "videorouter-routers-v1"
 
@@ -397,18 +398,9 @@ class Routers(nn.Module):
                 f"router weights {str(path)!r}: shadow stack of {cfg.num_layers} layers, but the "
                 f"model has {tcfg.num_hidden_layers}")
         routers = cls.from_model(model, cfg)
-        own = routers.state_dict()
-        missing = sorted(set(own) - set(state))
-        extra = sorted(set(state) - set(own))
-        bad = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}"
-               for k in sorted(set(state) & set(own)) if tuple(state[k].shape) != tuple(own[k].shape)]
-        if missing or extra or bad:
-            raise RouterWeightsError(
-                f"router weights {str(path)!r} do not fit the model: missing {missing[:4]}, "
-                f"unexpected {extra[:4]}, wrong shape {bad[:4]}")
-        with torch.no_grad():
-            for k, v in state.items():
-                own[k].copy_(v)
+        misfit = copy_state_strict(routers, state, limit=4)
+        if misfit:
+            raise RouterWeightsError(f"router weights {str(path)!r} do not fit the model: {misfit}")
         routers.trained = meta.get("trained", "true") == "true"
         if device is not None:
             routers.to(device)

@@ -164,19 +164,12 @@ def load_safetensors_into(model: torch.nn.Module, path) -> None:
     """Strict load of a safetensors state dict (never pickle); a clear error on mismatch."""
     from safetensors.torch import load_file
     from .errors import ModelFilesError
+    from .weights import copy_state_strict
     state = load_file(str(path), device=str(next(model.parameters()).device))
-    own = model.state_dict()
-    # Tied heads may be stored once; everything else must match exactly.
-    missing = [k for k in own if k not in state]
-    extra = [k for k in state if k not in own]
-    bad = [k for k in state if k in own and tuple(state[k].shape) != tuple(own[k].shape)]
-    if missing or extra or bad:
-        raise ModelFilesError(
-            f"{path}: weights do not fit the tiny model (missing {missing[:5]}, unexpected "
-            f"{extra[:5]}, wrong shape {bad[:5]}); regenerate them with vr_runtime.training")
-    with torch.no_grad():
-        for k, v in state.items():
-            own[k].copy_(v)
+    misfit = copy_state_strict(model, state)
+    if misfit:
+        raise ModelFilesError(f"{path}: weights do not fit the tiny model ({misfit}); "
+                              f"regenerate them with vr_runtime.training")
 
 
 def num_params(model: torch.nn.Module) -> int:

@@ -1,0 +1,25 @@
+"""Strict copy of a loaded state dict into a module (safetensors in, never pickle)."""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import torch
+
+
+def copy_state_strict(module: torch.nn.Module, state: Dict[str, torch.Tensor],
+                      limit: int = 5) -> Optional[str]:
+    """Copy ``state`` into ``module`` if the keys and shapes match exactly.
+
+    Returns ``None`` after copying, or, copying nothing, a description of what does not fit
+    (missing / unexpected keys, wrong shapes) for the caller's own error message."""
+    own = module.state_dict()
+    missing = sorted(set(own) - set(state))
+    extra = sorted(set(state) - set(own))
+    bad = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}"
+           for k in sorted(set(state) & set(own)) if tuple(state[k].shape) != tuple(own[k].shape)]
+    if missing or extra or bad:
+        return f"missing {missing[:limit]}, unexpected {extra[:limit]}, wrong shape {bad[:limit]}"
+    with torch.no_grad():
+        for k, v in state.items():
+            own[k].copy_(v)
+    return None
