@@ -23,15 +23,18 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from .backbones.base import VisionTokens
+
 IMG_START, IMG_END, IMG_CONTEXT = "<img>", "</img>", "<IMG_CONTEXT>"
+INTERNVL_TOKENS = VisionTokens(IMG_START, IMG_END, IMG_CONTEXT)
 
 _CHATML = "<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
 
 
-def _check_question(question: str) -> str:
+def _check_question(question: str, tokens: VisionTokens = INTERNVL_TOKENS) -> str:
     if not isinstance(question, str) or not question.strip():
         raise ValueError("question: empty; ask a non-empty question about the video")
-    for t in (IMG_START, IMG_END, IMG_CONTEXT):
+    for t in (tokens.start, tokens.end, tokens.context):
         if t in question:
             raise ValueError(f"question: contains the image token {t!r}, which would corrupt the "
                              f"placeholder layout; remove it")
@@ -54,28 +57,30 @@ def render_chat(tokenizer, content: str, system: Optional[str] = None) -> str:
     return sys_txt + _CHATML.format(content=content)
 
 
-def video_content(question: str, kept: Sequence[int]) -> str:
-    """User-turn text with one ``<IMG_CONTEXT>`` marker per kept frame (sampled indices)."""
-    lines = [f"Frame{i + 1}: {IMG_START}{IMG_CONTEXT}{IMG_END}" for i in kept]
+def video_content(question: str, kept: Sequence[int], tokens: VisionTokens = INTERNVL_TOKENS) -> str:
+    """User-turn text with one placeholder marker per kept frame (sampled indices)."""
+    lines = [f"Frame{i + 1}: {tokens.start}{tokens.context}{tokens.end}" for i in kept]
     return "\n".join(lines) + ("\n" if lines else "") + question
 
 
 def build_video_prompt(tokenizer, question: str, counts: Sequence[int], image_token_id: int,
-                       system: Optional[str] = None) -> Tuple[torch.Tensor, List[int]]:
+                       system: Optional[str] = None, tokens: VisionTokens = INTERNVL_TOKENS
+                       ) -> Tuple[torch.Tensor, List[int]]:
     """Token ids [L] (int64, CPU) and, per kept frame in temporal order, its first placeholder row.
 
-    ``counts[i]`` is the number of placeholder rows of sampled frame i (0 = frame left out)."""
-    question = _check_question(question)
+    ``counts[i]`` is the number of placeholder rows of sampled frame i (0 = frame left out);
+    ``tokens`` are the backbone's frame delimiters and placeholder."""
+    question = _check_question(question, tokens)
     counts = [int(c) for c in counts]
     if any(c < 0 for c in counts):
         raise ValueError(f"counts: every entry must be >= 0, got {counts}")
     kept = [i for i, c in enumerate(counts) if c > 0]
-    text = render_chat(tokenizer, video_content(question, kept), system)
+    text = render_chat(tokenizer, video_content(question, kept, tokens), system)
     ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
     is_ph = ids == image_token_id
     if int(is_ph.sum()) != len(kept):
-        raise ValueError(f"prompt: found {int(is_ph.sum())} {IMG_CONTEXT} tokens for {len(kept)} kept "
-                         f"frames; the tokenizer must hold {IMG_CONTEXT} (id {image_token_id}) as one "
+        raise ValueError(f"prompt: found {int(is_ph.sum())} {tokens.context} tokens for {len(kept)} kept "
+                         f"frames; the tokenizer must hold {tokens.context} (id {image_token_id}) as one "
                          f"special token and the chat template must not add image tokens")
     repeats = torch.ones_like(ids)
     repeats[is_ph] = torch.tensor([counts[i] for i in kept], dtype=torch.long)
@@ -83,14 +88,15 @@ def build_video_prompt(tokenizer, question: str, counts: Sequence[int], image_to
     return ids.repeat_interleave(repeats), starts[is_ph].tolist()
 
 
-def text_tokens(tokenizer, question: str, num_frames: int, system: Optional[str] = None) -> int:
-    """L_text: prompt tokens that are not visual placeholders, with every frame's line present.
-
-    Frame labels and <img></img> tags count as text. Keeping all ``num_frames`` lines makes this an
-    upper bound for every plan (dropping a frame only removes its line), so the budget is safe."""
-    question = _check_question(question)
-    text = render_chat(tokenizer, video_content(question, range(num_frames)), system)
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"]) - num_frames
+def text_tokens(tokenizer, question: str, num_frames: int, system: Optional[str] = None,
+                tokens: VisionTokens = INTERNVL_TOKENS, kept: Optional[Sequence[int]] = None) -> int:
+    """L_text: prompt tokens that are not visual placeholders, with the lines of the ``kept``
+    frames (default: all ``num_frames``; an upper bound for every plan, since dropping a frame
+    only removes its line). Frame labels and the frame delimiters count as text."""
+    question = _check_question(question, tokens)
+    kept = range(num_frames) if kept is None else list(kept)
+    text = render_chat(tokenizer, video_content(question, kept, tokens), system)
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"]) - len(kept)
 
 
 def plan_dest(counts: Sequence[int], frame_starts: Sequence[int]) -> List[int]:
@@ -103,4 +109,4 @@ def plan_dest(counts: Sequence[int], frame_starts: Sequence[int]) -> List[int]:
 
 
 __all__ = ["build_video_prompt", "text_tokens", "render_chat", "video_content", "plan_dest",
-           "IMG_START", "IMG_END", "IMG_CONTEXT"]
+           "IMG_START", "IMG_END", "IMG_CONTEXT", "INTERNVL_TOKENS"]

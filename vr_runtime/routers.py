@@ -143,22 +143,29 @@ class ShadowStack(nn.Module):
                     self.decoder.layers[i].load_state_dict(source.layers[i].state_dict())
             self.decoder.rotary_emb = copy.deepcopy(source.rotary_emb)
 
-    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """x [B, L, D] -> [B, L, D]; ``mask`` [B, L] (1 = token) or None for no padding."""
-        out = self.decoder(inputs_embeds=x, attention_mask=mask, use_cache=False, return_dict=True)
+    @staticmethod
+    def _pos(position_ids):
+        return {} if position_ids is None else {"position_ids": position_ids}
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None,
+                position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x [B, L, D] -> [B, L, D]; ``mask`` [B, L] (1 = token) or None for no padding;
+        ``position_ids`` as the backbone's decoder takes them (None: 0..L-1)."""
+        out = self.decoder(inputs_embeds=x, attention_mask=mask, use_cache=False, return_dict=True,
+                           **self._pos(position_ids))
         return out.last_hidden_state
 
-    def prefix(self, x: torch.Tensor):
+    def prefix(self, x: torch.Tensor, position_ids: Optional[torch.Tensor] = None):
         """Run a (question-independent) prefix x [B, N, D]; -> (H [B, N, D], KV cache)."""
-        out = self.decoder(inputs_embeds=x, use_cache=True, return_dict=True)
+        out = self.decoder(inputs_embeds=x, use_cache=True, return_dict=True,
+                           **self._pos(position_ids))
         return out.last_hidden_state, out.past_key_values
 
-    def extend(self, x: torch.Tensor, cache) -> torch.Tensor:
-        """Continue after :meth:`prefix`: x [B, L, D] at positions N..N+L-1 -> H [B, L, D].
-
-        Works on a deep copy, so one prefix cache serves any number of questions."""
+    def extend(self, x: torch.Tensor, cache, position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Continue after :meth:`prefix`: x [B, L, D] at positions N..N+L-1 (or ``position_ids``)
+        -> H [B, L, D]. Works on a deep copy, so one prefix cache serves any number of questions."""
         out = self.decoder(inputs_embeds=x, past_key_values=copy.deepcopy(cache), use_cache=True,
-                           return_dict=True)
+                           return_dict=True, **self._pos(position_ids))
         return out.last_hidden_state
 
 

@@ -1,0 +1,227 @@
+"""The backbone interface: everything the VideoRouter pipeline needs that differs between model
+families (InternVL3, Qwen2.5-VL), behind one class, one module per family (``internvl3.py``,
+``qwen2_5_vl.py``), the way Liger-Kernel keeps one file per model.
+
+The pipeline (``vr_runtime.runtime``) only talks to a :class:`Backbone`:
+
+    frame_spec                    frame size, mean/std (decoding + preprocessing)
+    vision_features / project     frozen vision tower -> pre-projector features; the trainable
+                                  projector -> Z_t [H*W, D] on a row-major ``grid`` per frame
+    encode_frames                 both, in chunks, into a preallocated Z [T, H*W, D]
+    build_prompt / text_tokens    the prompt with per-frame placeholder counts (``vision_tokens``)
+    position_ids                  per-token positions for a (compressed) prompt; None = 1-D
+    router_position_ids           positions of [Z_t; q] in the shadow stack
+    decoder / text_config         the decoder layers + rotary embedding the shadow stack copies
+    forward                       prefill / decode step returning last-row logits and the cache
+    stop_token_ids                generation stops
+
+A subclass sets the class attributes, implements the abstract methods, and registers itself in
+``vr_runtime.backbones`` (model_type -> class, preset name -> loader).
+"""
+from __future__ import annotations
+
+import abc
+import contextlib
+from dataclasses import dataclass
+from typing import ClassVar, Iterator, Optional, Sequence, Tuple
+
+import torch
+
+
+@dataclass(frozen=True)
+class FrameSpec:
+    """How a decoded RGB frame becomes model input: resized to ``size`` (H, W), scaled to [0, 1]
+    and normalised with ``mean`` / ``std`` per channel."""
+    size: Tuple[int, int]
+    mean: Tuple[float, float, float]
+    std: Tuple[float, float, float]
+
+
+@dataclass(frozen=True)
+class VisionTokens:
+    """The strings that frame one frame's placeholder rows in the prompt:
+    ``start + context * n + end`` (``context`` is the placeholder, one id per visual token)."""
+    start: str
+    end: str
+    context: str
+
+
+@contextlib.contextmanager
+def no_init_weights():
+    """Skip transformers' weight initialisation while constructing (weights come right after)."""
+    from transformers.initialization import no_init_weights as ctx  # transformers >= 5
+    with ctx():
+        yield
+
+
+class Backbone(abc.ABC):
+    """One loaded model of a family, in eval mode, on ``device`` in ``dtype``."""
+
+    family: ClassVar[str] = ""                 # "internvl3", "qwen2_5_vl"
+    model_types: ClassVar[Tuple[str, ...]] = ()  # config.json model_type values it loads
+    vision_tokens: ClassVar[VisionTokens]
+
+    def __init__(self, model, tokenizer, device: torch.device, dtype: torch.dtype, name: str):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.dtype = dtype
+        self.name = name
+        self.image_token_id = self._check_tokens()
+
+    # ------------------------------------------------------------------ identity
+    @property
+    @abc.abstractmethod
+    def grid(self) -> Tuple[int, int]:
+        """Per-frame token grid (rows, cols) of Z_t: (16, 16) at 448x448 for both families."""
+
+    @property
+    @abc.abstractmethod
+    def frame_spec(self) -> FrameSpec:
+        ...
+
+    @property
+    def text_config(self):
+        return self.model.config.text_config
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.text_config.hidden_size)
+
+    @property
+    def embed_tokens(self) -> torch.nn.Module:
+        return self.model.get_input_embeddings()
+
+    def _check_tokens(self) -> int:
+        from ..errors import ModelFilesError
+        tok, vt = self.tokenizer, self.vision_tokens
+        for t in (vt.start, vt.end, vt.context):
+            if len(tok.encode(t, add_special_tokens=False)) != 1:
+                raise ModelFilesError(f"model {self.name!r}: the tokenizer does not hold {t!r} as "
+                                      f"one token")
+        image_token_id = int(self.model.config.image_token_id)
+        if tok.convert_tokens_to_ids(vt.context) != image_token_id:
+            raise ModelFilesError(f"model {self.name!r}: config.image_token_id {image_token_id} is "
+                                  f"not the tokenizer's {vt.context} id "
+                                  f"{tok.convert_tokens_to_ids(vt.context)}")
+        return image_token_id
+
+    # ------------------------------------------------------------------ parts
+    @abc.abstractmethod
+    def decoder(self) -> torch.nn.Module:
+        """The text decoder (``layers``, ``rotary_emb``, ``norm``): the shadow stack copies its
+        first k layers and its rotary embedding."""
+
+    @abc.abstractmethod
+    def lm_head(self) -> torch.nn.Module:
+        ...
+
+    @abc.abstractmethod
+    def vision_tower(self) -> torch.nn.Module:
+        """The frozen part of the vision path (everything before the projector)."""
+
+    @abc.abstractmethod
+    def projector(self) -> torch.nn.Module:
+        """The trainable vision-language projector (InternVL's MLP, Qwen's patch merger)."""
+
+    # ------------------------------------------------------------------ vision
+    @abc.abstractmethod
+    def vision_features(self, pixel_values: torch.Tensor,
+                        chunk_size: int = 16) -> Iterator[Tuple[int, torch.Tensor]]:
+        """Yield ``(start, v)`` per chunk of frames [b, 3, H, W]: pre-projector features in the
+        tower's dtype, one chunk of activations alive at a time."""
+
+    @abc.abstractmethod
+    def project(self, v: torch.Tensor) -> torch.Tensor:
+        """Pre-projector features of b frames -> Z [b, H*W, D] (row-major on ``grid``)."""
+
+    def encode_frames(self, pixel_values: torch.Tensor, chunk_size: int = 16,
+                      requires_grad: bool = False) -> torch.Tensor:
+        """Frames [T, 3, H, W] -> Z [T, H*W, D] in the model's dtype on its device, one chunk
+        of ViT activations alive at a time (copied into one preallocated Z)."""
+        check_pixels(pixel_values, chunk_size)
+        p = next(self.projector().parameters())
+        H, W = self.grid
+        T = pixel_values.shape[0]
+        with torch.set_grad_enabled(requires_grad and torch.is_grad_enabled()):
+            if requires_grad:
+                return torch.cat([self.project(v.to(p.dtype))
+                                  for _, v in self.vision_features(pixel_values, chunk_size)], 0)
+            Z = torch.empty(T, H * W, self.hidden_size, device=p.device, dtype=p.dtype)
+            for i, v in self.vision_features(pixel_values, chunk_size):
+                z = self.project(v.to(p.dtype))
+                Z[i:i + z.shape[0]].copy_(z)
+                del v, z
+        return Z
+
+    # ------------------------------------------------------------------ prompt
+    def build_prompt(self, question: str, counts: Sequence[int], system: Optional[str] = None):
+        """-> (ids [L] int64 CPU, first placeholder row of each kept frame)."""
+        from ..prompt import build_video_prompt
+        return build_video_prompt(self.tokenizer, question, counts, self.image_token_id, system,
+                                  tokens=self.vision_tokens)
+
+    def text_tokens(self, question: str, num_frames: int, system: Optional[str] = None,
+                    kept: Optional[Sequence[int]] = None) -> int:
+        """L_text: prompt tokens that are not visual placeholders, with the lines of ``kept``
+        frames (default: all ``num_frames``)."""
+        from ..prompt import text_tokens
+        return text_tokens(self.tokenizer, question, num_frames, system,
+                           tokens=self.vision_tokens, kept=kept)
+
+    # ------------------------------------------------------------------ positions
+    def position_ids(self, ids: torch.Tensor, plan: Sequence, frame_starts: Sequence[int],
+                     grid: Optional[Tuple[int, int]] = None) -> Optional[torch.Tensor]:
+        """Positions of a prompt whose kept frames hold pooled grids (``plan``); None means the
+        decoder's default 1-D positions 0..L-1."""
+        return None
+
+    def router_position_ids(self, tokens_grid: Tuple[int, int], num_text: int,
+                            batch: int) -> Optional[torch.Tensor]:
+        """Positions of [Z_t; q] (a ``tokens_grid`` of visual tokens then ``num_text`` question
+        tokens) in the shadow stack; None means 1-D 0..L-1."""
+        return None
+
+    def next_position(self, position_ids: Optional[torch.Tensor], length: int) -> int:
+        """First position after a prompt of ``length`` tokens with ``position_ids``."""
+        return length if position_ids is None else int(position_ids.max()) + 1
+
+    def step_position_ids(self, position: int) -> Optional[torch.Tensor]:
+        """Positions of one decoded token at scalar ``position`` (None: the decoder's default)."""
+        return None
+
+    # ------------------------------------------------------------------ generation
+    def forward(self, *, inputs_embeds=None, input_ids=None, position_ids=None,
+                past_key_values=None, logits_to_keep: int = 1):
+        """One decoder pass -> HF output (``logits`` of the last ``logits_to_keep`` rows,
+        ``past_key_values``). Vision inputs never go through here: frames are already in
+        ``inputs_embeds``."""
+        kw = {"position_ids": position_ids} if position_ids is not None else {}
+        return self.model(inputs_embeds=inputs_embeds, input_ids=input_ids,
+                          past_key_values=past_key_values, use_cache=True, return_dict=True,
+                          logits_to_keep=logits_to_keep, **kw)
+
+    def stop_token_ids(self) -> set:
+        tok, cfg = self.tokenizer, self.model.config
+        ids = set()
+        for src in (getattr(self.model, "generation_config", None), cfg.text_config):
+            e = getattr(src, "eos_token_id", None) if src is not None else None
+            if e is not None:
+                ids.update(e if isinstance(e, (list, tuple)) else [e])
+        if tok.eos_token_id is not None:
+            ids.add(tok.eos_token_id)
+        im_end = tok.convert_tokens_to_ids("<|im_end|>")
+        if isinstance(im_end, int) and im_end != tok.unk_token_id:
+            ids.add(im_end)
+        return {int(i) for i in ids}
+
+
+def check_pixels(pixel_values: torch.Tensor, chunk_size: int) -> None:
+    if pixel_values.ndim != 4 or pixel_values.shape[1] != 3:
+        raise ValueError(f"pixel_values: expected [T, 3, H, W], got {tuple(pixel_values.shape)}")
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size: expected an int >= 1, got {chunk_size!r}")
+
+
+__all__ = ["Backbone", "FrameSpec", "VisionTokens", "no_init_weights",
+           "check_pixels"]
