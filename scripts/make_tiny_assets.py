@@ -22,7 +22,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vr_runtime.tiny import SPECIAL_TOKENS, tiny_config_dict  # noqa: E402
+from vr_runtime.backbones.internvl3 import tiny_config_dict  # noqa: E402
+from vr_runtime.tiny import SPECIAL_TOKENS  # noqa: E402
 
 VOCAB_SIZE = 1024
 

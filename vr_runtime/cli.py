@@ -26,7 +26,9 @@ import warnings
 from typing import Optional
 
 PROG = "videorouter"
-POLICIES = ("auto", "global", "fragment", "dense", "budget", "uniform")
+# Shown in --help; the accepted set is vr_runtime.policies.policy_names(), checked after
+# parsing (importing the planners pulls in torch, which --help and a bad flag should not wait for).
+POLICY_HELP = "auto|global|fragment|dense|budget|uniform"
 DTYPES = ("bf16", "fp16", "fp32")
 SAMPLE_VIDEO = pathlib.Path(__file__).resolve().parent / "assets" / "sample.mp4"
 # The bundled clip's Fragment question (vr_runtime.training.synthetic.DEMO_QUESTIONS): its
@@ -79,7 +81,7 @@ def _positive_int(name):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Query-adaptive budgeted visual-token compression "
-                     "for long-video question answering on InternVL3.")
+                     "for long-video question answering on InternVL3 and Qwen2.5-VL.")
     sub = parser.add_subparsers(dest="command", metavar="{ask,demo}", parser_class=_Parser)
     sub.required = True
 
@@ -88,8 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("video", metavar="VIDEO", help="video file (anything decord/ffmpeg reads)")
     ask.add_argument("question", metavar="QUESTION", help="the question, in quotes")
     ask.add_argument("--model", default="tiny", metavar="PATH|tiny",
-                     help="local InternVL3-*-hf directory, or 'tiny' for the embedded demo "
-                          "model (default: tiny)")
+                     help="local InternVL3-*-hf or Qwen2.5-VL-*-Instruct directory, or a preset: "
+                          "'tiny' (the embedded demo model), 'tiny-qwen2.5-vl' (default: tiny)")
     ask.add_argument("--routers", default=None, metavar="PATH",
                      help="router weights (.safetensors) trained for this model")
     ask.add_argument("--frames", type=_positive_int("--frames"), default=64,
@@ -98,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="context length L_max in tokens (default: 12288)")
     ask.add_argument("--max-new-tokens", type=_positive_int("--max-new-tokens"), default=64,
                      help="tokens to generate at most (default: 64)")
-    ask.add_argument("--policy", choices=POLICIES, default="auto",
+    ask.add_argument("--policy", default="auto", metavar=POLICY_HELP,
                      help="auto lets the Semantic Router choose global or fragment; dense, "
                           "budget and uniform are the baselines (default: auto)")
     _add_common(ask, device=True)
@@ -106,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="ask the bundled sample video with the tiny model",
                           description=f"Run 'ask' on the bundled {DEMO_FRAMES}-frame sample "
                           f"video with the tiny model and the question {DEMO_QUESTION!r}.")
-    demo.add_argument("--policy", choices=POLICIES, default="auto",
+    demo.add_argument("--policy", default="auto", metavar=POLICY_HELP,
                       help="as for ask; 'fragment' shows the Image Router's frame scores even "
                            "when the routers are untrained (default: auto)")
     _add_common(demo, device=False)
@@ -138,15 +140,19 @@ def _check_inputs(args) -> None:
         parent = plot.parent if str(plot.parent) else pathlib.Path(".")
         if not parent.is_dir():
             raise UsageError(f"--plot {args.plot!r}: directory {str(parent)!r} does not exist")
+    from .policies import policy_names
+    if args.policy not in policy_names():
+        raise UsageError(f"--policy {args.policy!r}: expected one of {', '.join(policy_names())}")
+    from .backbones import PRESETS
     from .errors import ModelFilesError, RouterWeightsError
-    if args.model != "tiny":
+    if args.model not in PRESETS:
         m = pathlib.Path(args.model)
+        where = (f"pass a local InternVL3-*-hf or Qwen2.5-VL-*-Instruct directory or a preset "
+                 f"({', '.join(PRESETS)})")
         if not m.exists():
-            raise ModelFilesError(f"--model {args.model!r}: no such directory; pass a local "
-                                  "InternVL3-*-hf directory or 'tiny'")
+            raise ModelFilesError(f"--model {args.model!r}: no such directory; {where}")
         if not m.is_dir():
-            raise ModelFilesError(f"--model {args.model!r}: not a directory; pass a local "
-                                  "InternVL3-*-hf directory or 'tiny'")
+            raise ModelFilesError(f"--model {args.model!r}: not a directory; {where}")
     if args.routers is not None:
         r = pathlib.Path(args.routers)
         if not r.is_file():
@@ -156,7 +162,7 @@ def _check_inputs(args) -> None:
 def _device_dtype(args):
     """Resolve --device/--dtype now: asking for CUDA on a machine without it fails fast."""
     import torch
-    from .model import resolve_device, resolve_dtype
+    from .devices import resolve_device, resolve_dtype
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dev = resolve_device(device)
     dtype = resolve_dtype(args.dtype, dev)

@@ -7,7 +7,6 @@ writes the result into that frame's placeholder rows. There is no packed interme
 """
 from __future__ import annotations
 
-import inspect
 from typing import Optional, Sequence, Tuple
 
 import torch
@@ -16,14 +15,9 @@ from vr_kernels import pool_pack, pooled_counts
 
 from .prompt import plan_dest
 
-_HAS_BACKEND = "backend" in inspect.signature(pool_pack).parameters
-
-
 def _backend_kw(device: torch.device, backend: Optional[str]) -> dict:
     """On CPU the runtime takes pool_pack's vectorised torch path even under TRITON_INTERPRET=1:
     the interpreter is how the kernel tests run Triton on CPU, ~100x slower than torch there."""
-    if not _HAS_BACKEND:
-        return {}
     if backend is None:
         backend = "torch" if device.type == "cpu" else "auto"
     return {"backend": backend}

@@ -28,6 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .errors import RouterWeightsError
+from .policies import DEFAULT_THRESHOLD
 from .weights import copy_state_strict
 
 FORMAT = "videorouter-routers-v1"
@@ -44,26 +45,24 @@ def pool_frames(Z: torch.Tensor, window: int, grid=(16, 16)) -> torch.Tensor:
     if grid[0] * grid[1] != N:
         raise ValueError(f"grid: {grid} does not hold the {N} tokens of a frame")
     n = pooled_counts([window], grid)[0]
-    kw = {"backend": "torch"} if Z.device.type == "cpu" and _pool_has_backend() else {}
+    kw = {"backend": "torch"} if Z.device.type == "cpu" else {}
     return pool_pack(Z.contiguous(), [window] * T, grid, **kw).view(T, n, D)
 
 
-def _pool_has_backend() -> bool:
-    import inspect
-    from vr_kernels import pool_pack
-    return "backend" in inspect.signature(pool_pack).parameters
+def pooled_grid(grid, window: int):
+    return (-(-grid[0] // window), -(-grid[1] // window))
 
 
 @dataclass
 class RouterConfig:
     num_layers: int = 4            # k: decoder layers copied into the shadow stack
-    hidden_size: int = 0           # D of the language model (filled in by from_model)
+    hidden_size: int = 0           # D of the language model (filled in by from_backbone)
     router_dim: Optional[int] = None      # Image Router width (None: 256 if D <= 1024 else 1024)
     num_heads: int = 8             # heads of the Image Router's Transformer block
     ffn_mult: int = 4              # MLP width of that block = ffn_mult * router_dim
     semantic_hidden: Optional[int] = None  # Semantic Router MLP width (None: as router_dim)
     num_classes: int = 2           # 0 = Global, 1 = Fragment
-    threshold: float = 0.5         # frame relevant iff sigmoid(logit) > threshold
+    threshold: float = DEFAULT_THRESHOLD  # frame relevant iff sigmoid(logit) > threshold
     # Window (as in vr_kernels) applied to Z_t before the shadow stack. 1 = the paper: all 256
     # tokens of a frame. 2 = a 2x2 mean pool, 64 tokens: ~4x cheaper Image Router. Saved with
     # the weights because routers should be trained with the pooling they run with.
@@ -101,12 +100,6 @@ class RouterConfig:
 
 
 # ----------------------------------------------------------------------------- shadow stack
-def _text_parts(model):
-    from .model import language_model
-    lm = language_model(model)
-    return lm, model.config.text_config
-
-
 class ShadowStack(nn.Module):
     """E_1:k: a k-layer copy of the backbone decoder (weights copied when ``model`` is given)."""
 
@@ -127,12 +120,12 @@ class ShadowStack(nn.Module):
         attn = getattr(text_config, "_attn_implementation", None)
         if attn:
             kw["attn_implementation"] = attn
-        from .model import _fast_init_ctx
+        from .backbones.base import no_init_weights
         dev, dt = torch.device("cpu"), torch.float32
         if source is not None:  # build on the source's device in its dtype (4 8B layers: ~2 GB)
             p = next(source.parameters())
             dev, dt = p.device, p.dtype
-        with _fast_init_ctx(), torch.device(dev):
+        with no_init_weights(), torch.device(dev):
             decoder = AutoModel.from_config(cfg, dtype=dt, **kw)
         decoder.embed_tokens = None
         decoder.norm = nn.Identity()  # features = residual stream after layer k (no final norm)
@@ -252,6 +245,7 @@ class VisualCache:
     num_frames: int
     tokens: int           # N per frame (after router_pool)
     router_pool: int
+    grid: tuple           # the pooled token grid of each frame
 
 
 # ----------------------------------------------------------------------------- both routers
@@ -260,9 +254,11 @@ class Routers(nn.Module):
     loaded (or set by training); the runtime then refuses to let ``auto`` pretend to route."""
 
     def __init__(self, cfg: RouterConfig, text_config, source: Optional[nn.Module] = None,
-                 seed: int = 0):
+                 seed: int = 0, positions=None):
         super().__init__()
         self.config = cfg
+        # The backbone's positions for [Z_t; q] (Backbone.router_position_ids), None = 1-D.
+        self.positions = positions
         self.shadow = ShadowStack(text_config, cfg.num_layers, source)
         self.semantic = SemanticRouter(cfg)
         self.image = ImageRouter(cfg)
@@ -285,12 +281,20 @@ class Routers(nn.Module):
         return self
 
     @classmethod
-    def from_model(cls, model, cfg: Optional[RouterConfig] = None, seed: int = 0) -> "Routers":
-        """Routers for ``model`` (an InternVLForConditionalGeneration): the shadow stack is a deep
-        copy of its first ``cfg.num_layers`` decoder layers + rotary embedding; heads are new."""
-        lm, tcfg = _text_parts(model)
+    def from_backbone(cls, bb, cfg: Optional[RouterConfig] = None, seed: int = 0) -> "Routers":
+        """Routers for a :class:`~vr_runtime.backbones.Backbone`: the shadow stack is a deep copy
+        of its decoder's first ``cfg.num_layers`` layers + rotary embedding (positions as the
+        backbone lays out [Z_t; q]); the heads are new."""
+        tcfg = bb.text_config
         cfg = (cfg or RouterConfig()).resolved(int(tcfg.hidden_size))
-        return cls(cfg, tcfg, source=lm, seed=seed).eval()
+        return cls(cfg, tcfg, source=bb.decoder(), seed=seed,
+                   positions=bb.router_position_ids).eval()
+
+    def _positions(self, tokens_grid, num_text: int, batch: int, device):
+        if self.positions is None:
+            return None
+        pos = self.positions(tokens_grid, num_text, batch)
+        return None if pos is None else pos.to(device)
 
     # -- routing
     def policy_logits(self, q_embeds: torch.Tensor, q_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -325,11 +329,13 @@ class Routers(nn.Module):
         if not isinstance(frame_batch, int) or frame_batch < 1:
             raise ValueError(f"frame_batch: expected an int >= 1 or None, got {frame_batch!r}")
         q = q_embeds.to(Z.dtype)
+        tg = pooled_grid(grid, pool)
         out = []
         for i in range(0, T, frame_batch):
             z = Z[i:i + frame_batch]
             x = torch.cat([z, q.unsqueeze(0).expand(z.shape[0], Lq, D)], 1)
-            out.append(self.image(self.shadow(x)))
+            pos = self._positions(tg, Lq, z.shape[0], x.device)
+            out.append(self.image(self.shadow(x, position_ids=pos)))
         return torch.cat(out, 0) if out else Z.new_zeros(0)
 
     def visual_cache(self, Z: torch.Tensor, frame_batch: Optional[int] = None,
@@ -345,16 +351,23 @@ class Routers(nn.Module):
             Z = pool_frames(Z, pool, grid)
         T, N, _ = Z.shape
         fb = frame_batch or max(1, MAX_ROUTER_TOKENS // (N + 64))
-        chunks = [self.shadow.prefix(Z[i:i + fb]) for i in range(0, T, fb)]
-        return VisualCache(chunks=chunks, num_frames=T, tokens=N, router_pool=pool)
+        tg = pooled_grid(grid, pool)
+        chunks = []
+        for i in range(0, T, fb):
+            z = Z[i:i + fb]
+            pos = self._positions(tg, 0, z.shape[0], z.device)
+            chunks.append(self.shadow.prefix(z, position_ids=None if pos is None else pos[..., :N]))
+        return VisualCache(chunks=chunks, num_frames=T, tokens=N, router_pool=pool, grid=tg)
 
     def frame_logits_cached(self, cache: "VisualCache", q_embeds: torch.Tensor) -> torch.Tensor:
         """Frame logits [T] for a question, reusing a :meth:`visual_cache` of the video."""
         out = []
+        Lq = q_embeds.shape[0]
         for H_z, kv in cache.chunks:
-            b, _, D = H_z.shape
+            b, N, D = H_z.shape
             q = q_embeds.to(H_z.dtype).unsqueeze(0).expand(b, -1, D)
-            H_q = self.shadow.extend(q, kv)
+            pos = self._positions(cache.grid, Lq, b, H_z.device)
+            H_q = self.shadow.extend(q, kv, position_ids=None if pos is None else pos[..., N:])
             out.append(self.image(torch.cat([H_z, H_q], 1)))
         return torch.cat(out, 0)
 
@@ -372,8 +385,8 @@ class Routers(nn.Module):
         save_file(state, str(path), metadata=meta)
 
     @classmethod
-    def load(cls, path, model, device=None) -> "Routers":
-        """Routers saved by :meth:`save`, checked against ``model``; ``RouterWeightsError`` on
+    def load(cls, path, bb, device=None) -> "Routers":
+        """Routers saved by :meth:`save`, checked against backbone ``bb``; ``RouterWeightsError`` on
         anything unreadable or that does not fit (names the field, key or shape)."""
         from safetensors import safe_open
         path = pathlib.Path(path)
@@ -394,7 +407,7 @@ class Routers(nn.Module):
             cfg = RouterConfig.from_json(meta["router_config"])
         except (ValueError, TypeError) as e:
             raise RouterWeightsError(f"router weights {str(path)!r}: bad router config ({e})") from None
-        _, tcfg = _text_parts(model)
+        tcfg = bb.text_config
         D = int(tcfg.hidden_size)
         if cfg.hidden_size != D:
             raise RouterWeightsError(
@@ -404,7 +417,7 @@ class Routers(nn.Module):
             raise RouterWeightsError(
                 f"router weights {str(path)!r}: shadow stack of {cfg.num_layers} layers, but the "
                 f"model has {tcfg.num_hidden_layers}")
-        routers = cls.from_model(model, cfg)
+        routers = cls.from_backbone(bb, cfg)
         misfit = copy_state_strict(routers, state, limit=4)
         if misfit:
             raise RouterWeightsError(f"router weights {str(path)!r} do not fit the model: {misfit}")
@@ -423,5 +436,5 @@ def embed_question(model, tokenizer, question: str) -> torch.Tensor:
     return emb(ids.to(emb.weight.device))
 
 
-__all__ = ["RouterConfig", "VisualCache", "pool_frames", "MAX_ROUTER_TOKENS", "ShadowStack", "SemanticRouter", "ImageRouter", "Routers",
+__all__ = ["RouterConfig", "VisualCache", "pool_frames", "pooled_grid", "MAX_ROUTER_TOKENS", "ShadowStack", "SemanticRouter", "ImageRouter", "Routers",
            "embed_question", "FORMAT"]

@@ -1,48 +1,50 @@
-"""VideoRouter: the inference path of the paper (Sections 3.1-3.2, Algorithm 1) on InternVL3.
+"""VideoRouter: the inference path of the paper (Sections 3.1-3.2, Algorithm 1) over a backbone.
 
-``answer`` runs, for one video and one question::
+``answer`` is a list of stages with small typed results between them::
 
-    decode    sample + preprocess T frames (vr_runtime.video; not part of TTFT, as in the paper)
-    router    Semantic Router on the question (policy "auto"); Image Router on [Z_t; q] ("fragment")
-    vision    ViT + pixel shuffle + projector -> Z [T, 256, D], in chunks
-    compress  plan windows under the budget, build the prompt with per-frame placeholder counts,
-              pool_pack straight into the rows of inputs_embeds
-    prefill   one forward over inputs_embeds with logits_to_keep=1 and a KV cache
-    generate  greedy decoding with the cache until <|im_end|>/EOS or max_new_tokens
+    request   check every argument (and the budget: it depends only on the question and T)
+    decode    sample + preprocess T frames -> Frames   (not part of TTFT, as in the paper)
+    policy    the Semantic Router on the question (``auto``) -> PolicyDecision
+    vision    frozen vision tower + projector -> Z [T, H*W, D]
+    score     a FrameScorer (Image Router, cached, fixed, CLIP) -> FrameScores
+    plan      the policy's planner, fitted exactly into max_length -> FittedPlan
+    compress  the prompt with per-frame placeholder counts, pool_pack into inputs_embeds
+    prefill   one decoder pass (last-row logits, KV cache)       TTFT = vision + router +
+    generate  greedy decoding with the cache                            compress + prefill
+    report    report.build_report
 
-TTFT = vision + router + compress + prefill (SPEC section 3). When the plan does not depend on Z
-(every policy except a routed ``fragment``) it is made before the vision stage and only the
-frames it keeps are encoded: a dropped frame's ViT pass would be thrown away.
+When the plan does not depend on Z (every policy but ``fragment``), it is made before the vision
+stage and only the frames it keeps are encoded. Everything specific to a model family (frame
+spec, vision, prompt layout, positions, decoder) is behind ``self.lm``, a
+:class:`~vr_runtime.backbones.Backbone`.
 
-Untrained routers (no weights given, none shipped): the runtime still runs, but ``auto`` does not
-pretend to route -- it falls back to :data:`UNTRAINED_AUTO_POLICY` ("global": broad coverage,
-the Semantic Router's class 0, needs no frame scores) and the report says so
-(``routers_trained: false`` and a ``notes`` entry). ``fragment`` then uses the untrained Image
-Router's scores, also noted, unless ``relevant=`` is given.
+Untrained routers (no weights given, none shipped): ``auto`` does not pretend to route -- it falls
+back to :data:`~vr_runtime.policies.UNTRAINED_AUTO_POLICY` and the report says so.
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
-import inspect
 import pathlib
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 import torch
 
 from vr_kernels import pooled_counts
-from vr_kernels.windows import normalize_window
 
 from . import budget as B
-from .model import LoadedModel, encode_frames, load_model, model_from_config
-from .prompt import build_video_prompt, text_tokens
+from .backbones import Backbone, backbone_from_config, load_backbone
+from .policies import (AUTO, SEMANTIC_CLASSES, UNTRAINED_AUTO_POLICY, FittedPlan, Windows,
+                       fit_plan, get_planner, policy_from_logits, policy_names)
 from .reconstruct import reconstruct_embeds
+from .report import build_report
 from .routers import RouterConfig, Routers, embed_question
+from .scorers import (CachedImageRouterScorer, FixedRelevance, FrameScorer, FrameScores,
+                      ImageRouterScorer, ScoringInput)
 from .timing import StageTimer
 
-POLICIES = ("auto", "global", "fragment", "dense", "budget", "uniform")
-UNTRAINED_AUTO_POLICY = "global"
-SEMANTIC_CLASSES = ("global", "fragment")  # Semantic Router class 0 / 1 (paper: y_s)
+POLICIES = policy_names()
 
 
 @dataclass
@@ -51,58 +53,154 @@ class Answer:
     report: dict = field(default_factory=dict)
 
 
-def _json_window(w):
-    nw = normalize_window(w)
-    if nw is None:
-        return 0
-    return nw[0] if nw[0] == nw[1] else [nw[0], nw[1]]
+@dataclass(frozen=True)
+class Request:
+    """One checked call of :meth:`VideoRouter.answer`."""
+    video: object
+    question: str
+    num_frames: int
+    max_length: int
+    max_new_tokens: int
+    policy: str
+    time_window: Optional[tuple]
+    scorer: Optional[FrameScorer]
+    windows: Windows
+    margin: int
+    budget: Optional[int]          # a fixed visual budget B_img (controlled protocol), or None
+    chunk_size: int
+    system: Optional[str]
+    cache_visual: bool
+    route_to: Mapping[str, str]    # Semantic Router class -> planner
+
+
+@dataclass
+class Frames:
+    pixel_values: torch.Tensor     # [T, 3, H, W]
+    indices: List[int]
+    times_s: Optional[List[float]]
+    notes: List[str]
+    decode_s: Optional[float]
+
+    @property
+    def T(self) -> int:
+        return int(self.pixel_values.shape[0])
+
+
+@dataclass(frozen=True)
+class PolicyDecision:
+    policy: str                    # the planner that runs
+    probability: Optional[float]   # the Semantic Router's confidence, when it decided
+    notes: tuple = ()
 
 
 class VideoRouter:
-    def __init__(self, lm: LoadedModel, routers: Optional[Routers] = None):
+    def __init__(self, lm: Backbone, routers: Optional[Routers] = None,
+                 visual_cache_size: int = 1):
         self.lm = lm
-        self.routers = routers if routers is not None else Routers.from_model(lm.model)
+        self.routers = routers if routers is not None else Routers.from_backbone(lm)
         self.routers.eval()
-        sig = inspect.signature(lm.model.forward).parameters
-        # transformers renamed num_logits_to_keep -> logits_to_keep (4.50).
-        self._keep_kw = "logits_to_keep" if "logits_to_keep" in sig else "num_logits_to_keep"
-        self._stop_ids = self._stop_token_ids()
-        self._vcache = None  # cache_visual: the last video's question-independent state
+        self._stop_ids = lm.stop_token_ids()
+        # cache_visual: question-independent state of the last videos (LRU).
+        self.visual_cache_size = int(visual_cache_size)
+        self._vcache: "collections.OrderedDict[tuple, dict]" = collections.OrderedDict()
 
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_pretrained(cls, path_or_name="tiny", routers=None, device="cpu", dtype=None,
-                        attn_implementation=None, router_config: Optional[RouterConfig] = None):
-        """``routers``: a safetensors path, a :class:`Routers`, or None. For ``"tiny"`` with None,
-        ``vr_runtime/assets/tiny/routers.safetensors`` is loaded when it exists."""
-        lm = load_model(path_or_name, device=device, dtype=dtype,
-                        attn_implementation=attn_implementation)
+                        attn_implementation=None, router_config: Optional[RouterConfig] = None,
+                        **kw):
+        """``path_or_name``: a local InternVL3-*-hf / Qwen2.5-VL-*-Instruct directory or a preset
+        (``tiny``, ``tiny-qwen2.5-vl``). ``routers``: a safetensors path, a :class:`Routers`, or
+        None; for ``"tiny"`` with None the shipped ``assets/tiny/routers.safetensors`` loads."""
+        lm = load_backbone(path_or_name, device=device, dtype=dtype,
+                           attn_implementation=attn_implementation)
         if routers is None and str(path_or_name) == "tiny":
             from .tiny import ASSETS
             shipped = ASSETS / "routers.safetensors"
             if shipped.is_file():
                 routers = shipped
-        return cls(lm, cls._routers_for(lm, routers, router_config))
+        return cls(lm, cls._routers_for(lm, routers, router_config), **kw)
 
     @classmethod
     def from_config(cls, config, device="cpu", dtype=None, seed: int = 0, routers=None,
-                    attn_implementation=None, router_config: Optional[RouterConfig] = None):
-        """Random weights of a shape preset (see :func:`vr_runtime.model.model_from_config`)."""
-        lm = model_from_config(config, device=device, dtype=dtype, seed=seed,
-                               attn_implementation=attn_implementation)
-        return cls(lm, cls._routers_for(lm, routers, router_config))
+                    attn_implementation=None, router_config: Optional[RouterConfig] = None, **kw):
+        """Random weights of a shape preset (``vr_runtime.backbones.backbone_from_config``)."""
+        lm = backbone_from_config(config, device=device, dtype=dtype, seed=seed,
+                                  attn_implementation=attn_implementation)
+        return cls(lm, cls._routers_for(lm, routers, router_config), **kw)
 
     @staticmethod
     def _routers_for(lm, routers, router_config):
         if isinstance(routers, Routers):
+            routers.positions = lm.router_position_ids
             return routers.to_model(lm.device, lm.dtype)
         if routers is not None:
-            return Routers.load(pathlib.Path(routers), lm.model)  # built on the model's device/dtype
-        return Routers.from_model(lm.model, router_config)
+            return Routers.load(pathlib.Path(routers), lm)  # built on the model's device/dtype
+        return Routers.from_backbone(lm, router_config)
+
+    @property
+    def routers_trained(self) -> bool:
+        return bool(getattr(self.routers, "trained", False))
 
     def clear_visual_cache(self) -> None:
-        self._vcache = None
+        self._vcache.clear()
 
+    def question_embeddings(self, question: str) -> torch.Tensor:
+        """Emb(q) [Lq, D]: what both routers read (the bare question, no prompt around it)."""
+        return embed_question(self.lm.model, self.lm.tokenizer, question)
+
+    # ------------------------------------------------------------------ stage: request
+    def request(self, video, question, num_frames=64, max_length=12288, max_new_tokens=64,
+                policy="auto", time_window=None, relevant=None, scorer=None, high=1, low=4,
+                global_scale=2, margin=100, budget=None, chunk_size=16, frame_batch=None,
+                system=None, router_pool=None, cache_visual=False, route_to=None) -> Request:
+        """Check the arguments of :meth:`answer` (before any decoding) -> :class:`Request`."""
+        if policy not in POLICIES:
+            raise ValueError(f"policy {policy!r}: expected one of {', '.join(POLICIES)}")
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError("question: empty; ask a non-empty question about the video")
+        for name, v, lo in (("num_frames", num_frames, 1), ("max_length", max_length, 1),
+                            ("max_new_tokens", max_new_tokens, 0), ("margin", margin, 0),
+                            ("chunk_size", chunk_size, 1)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+                raise ValueError(f"{name}: expected an int >= {lo}, got {v!r}")
+        if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool)
+                                   or budget < 1):
+            raise ValueError(f"budget: expected a visual-token budget >= 1 or None, got {budget!r}")
+        if relevant is not None and scorer is not None:
+            raise ValueError("relevant and scorer: give one of them (relevant= is a fixed scorer)")
+        if relevant is not None:
+            scorer = FixedRelevance(relevant)
+        elif scorer is None:
+            cls = CachedImageRouterScorer if cache_visual else ImageRouterScorer
+            scorer = cls(frame_batch=frame_batch, router_pool=router_pool)
+        elif not isinstance(scorer, FrameScorer):
+            raise ValueError(f"scorer: expected a vr_runtime.scorers.FrameScorer, got "
+                             f"{type(scorer).__name__}")
+        routes = dict(zip(SEMANTIC_CLASSES, SEMANTIC_CLASSES))
+        routes.update(route_to or {})
+        for cls_name, target in routes.items():
+            if cls_name not in SEMANTIC_CLASSES:
+                raise ValueError(f"route_to: keys are Semantic Router classes {SEMANTIC_CLASSES}, "
+                                 f"got {cls_name!r}")
+            get_planner(target)
+        if time_window is not None:
+            time_window = tuple(time_window)
+        return Request(video, question, num_frames, max_length, max_new_tokens, policy,
+                       time_window, scorer, Windows(high, low, global_scale), margin, budget,
+                       chunk_size, system, bool(cache_visual), routes)
+
+    def check_budget(self, req: Request, num_frames: int) -> None:
+        """The budget depends only on the question and the frame count: refuse a hopeless one
+        before decoding (``BudgetError``: one frame's line + one frame at the coarse window must
+        fit ``max_length`` with the generation and the margin)."""
+        if req.policy == "dense" or req.budget is not None or num_frames < 1:
+            return
+        n_text = self.lm.text_tokens(req.question, num_frames, req.system, kept=[0])
+        B.visual_budget(req.max_length, n_text, req.max_new_tokens, req.margin, grid=self.lm.grid,
+                        coarsest=req.windows.low)
+
+    # ------------------------------------------------------------------ stage: decode
     @staticmethod
     def _video_key(video, num_frames, time_window) -> tuple:
         """Identity of a video input for ``cache_visual``. Paths: file identity + sampling
@@ -121,49 +219,252 @@ class VideoRouter:
             return ("tensor", id(video), video._version, tuple(video.shape))
         return ("clip", id(video))
 
-    @property
-    def routers_trained(self) -> bool:
-        return bool(getattr(self.routers, "trained", False))
+    def video_state(self, req: Request) -> Optional[dict]:
+        """The cached per-video state for ``cache_visual`` (a dict, ``{}`` on a miss), or None."""
+        if not req.cache_visual:
+            return None
+        key = self._video_key(req.video, req.num_frames, req.time_window)
+        obj = None if key[0] == "path" else req.video
+        st = self._vcache.get(key)
+        if st is not None and st["obj"] is obj:
+            self._vcache.move_to_end(key)
+            st["hit"] = True
+            return st
+        st = {"key": key, "obj": obj, "hit": False}
+        self._vcache[key] = st
+        while len(self._vcache) > max(self.visual_cache_size, 1):
+            self._vcache.popitem(last=False)
+        return st
 
-    def _stop_token_ids(self) -> set:
-        tok, cfg = self.lm.tokenizer, self.lm.model.config
-        ids = set()
-        for src in (getattr(self.lm.model, "generation_config", None), cfg.text_config):
-            e = getattr(src, "eos_token_id", None) if src is not None else None
-            if e is not None:
-                ids.update(e if isinstance(e, (list, tuple)) else [e])
-        if tok.eos_token_id is not None:
-            ids.add(tok.eos_token_id)
-        im_end = tok.convert_tokens_to_ids("<|im_end|>")
-        if isinstance(im_end, int) and im_end != tok.unk_token_id:
-            ids.add(im_end)
-        return {int(i) for i in ids}
+    def decode(self, req: Request, timer: StageTimer, state: Optional[dict] = None) -> Frames:
+        if state is not None and "frames" in state:
+            f = state["frames"]
+            return Frames(f.pixel_values, f.indices, f.times_s, list(f.notes), None)
+        with timer.stage("decode"):
+            frames = self._decode(req.video, req.num_frames, req.time_window)
+        spec = self.lm.frame_spec
+        if tuple(frames.pixel_values.shape[-2:]) != tuple(spec.size):
+            raise ValueError(f"video: frames are {tuple(frames.pixel_values.shape[-2:])}, the "
+                             f"model expects {tuple(spec.size)}")
+        if frames.T == 0:
+            raise ValueError("video: no frames to answer from")
+        if isinstance(req.video, torch.Tensor) and frames.T != req.num_frames:
+            frames.notes.append(f"{frames.T} frames were given as a tensor; "
+                                f"num_frames={req.num_frames} was not applied")
+        if state is not None:
+            state["frames"] = frames
+        return frames
 
-    # ------------------------------------------------------------------ the pipeline
-    def _decode(self, video, num_frames, time_window):
-        """-> (pixel_values [T,3,S,S], frame_indices, frame_times_s or None, notes, decode_s)."""
+    def _decode(self, video, num_frames, time_window) -> Frames:
         from .errors import VideoError
         if isinstance(video, torch.Tensor):
             if video.ndim != 4 or video.shape[1] != 3:
                 raise ValueError(f"video: a tensor must be [T, 3, H, W] frames, got {tuple(video.shape)}")
             if time_window is not None:
                 raise ValueError("time_window: only applies to a video file, not to a frame tensor")
-            T = video.shape[0]
-            return video, list(range(T)), None, [], None
+            return Frames(video, list(range(video.shape[0])), None, [], None)
+        spec = self.lm.frame_spec
         if isinstance(video, (str, pathlib.Path)):
             from .video import load_video
-            clip = load_video(str(video), num_frames=num_frames, time_window=time_window)
+            clip = load_video(str(video), num_frames=num_frames, time_window=time_window,
+                              size=spec.size[0])
         elif isinstance(video, cf.Future):  # from vr_runtime.video.prefetch_video
             clip = video.result()
         elif hasattr(video, "pixel_values") and hasattr(video, "frame_indices"):
             clip = video
         else:
             raise VideoError(f"video: expected a path, a VideoClip, a Future of one or a "
-                             f"[T,3,H,W] tensor, got "
-                             f"{type(video).__name__}")
+                             f"[T,3,H,W] tensor, got {type(video).__name__}")
         notes = [clip.note] if getattr(clip, "note", None) else []
-        return (clip.pixel_values, list(clip.frame_indices), list(clip.timestamps_s), notes,
-                getattr(clip, "decode_s", None))
+        return Frames(clip.pixel_values, list(clip.frame_indices), list(clip.timestamps_s), notes,
+                      getattr(clip, "decode_s", None))
+
+    # ------------------------------------------------------------------ stage: policy
+    def decide_policy(self, req: Request, timer: StageTimer) -> PolicyDecision:
+        """``auto``: the Semantic Router's class, routed through ``req.route_to``."""
+        if req.policy != AUTO:
+            return PolicyDecision(req.policy, None)
+        if not self.routers_trained:
+            return PolicyDecision(req.route_to[UNTRAINED_AUTO_POLICY], None, (
+                f"routers are untrained: policy 'auto' fell back to '{UNTRAINED_AUTO_POLICY}' "
+                f"(pass trained router weights or an explicit --policy)",))
+        with timer.stage("router"):
+            q = self.question_embeddings(req.question)
+            cls, prob = policy_from_logits(self.routers.policy_logits(q[None])[0])
+        return PolicyDecision(req.route_to[cls], prob)
+
+    # ------------------------------------------------------------------ stage: vision
+    def encode(self, frames: Frames, req: Request, timer: StageTimer, state: Optional[dict],
+               keep: Optional[Sequence[int]] = None) -> torch.Tensor:
+        """Z of the ``keep`` frames (all when None). With a video cache, Z of every frame is
+        computed once and kept (a later question may keep other frames)."""
+        if state is not None:
+            if "Z" not in state:
+                with timer.stage("vision"):
+                    state["Z"] = self.lm.encode_frames(frames.pixel_values, req.chunk_size)
+            else:
+                timer.add("vision", 0.0)
+            Z = state["Z"]
+            return Z if keep is None else Z[list(keep)]
+        pv = frames.pixel_values if keep is None else frames.pixel_values[list(keep)]
+        with timer.stage("vision"):
+            return self.lm.encode_frames(pv, req.chunk_size) if pv.shape[0] else None
+
+    # ------------------------------------------------------------------ stage: score
+    def score_frames(self, req: Request, frames: Frames, Z, timer: StageTimer,
+                     state: Optional[dict], budget: int) -> FrameScores:
+        inp = ScoringInput(req.question, frames.pixel_values, Z, budget, req.windows, state)
+        with timer.stage("router"):
+            return req.scorer.score(self, inp)
+
+    # ------------------------------------------------------------------ stage: plan
+    def plan(self, req: Request, policy: str, T: int,
+             relevant: Optional[Sequence[bool]] = None) -> FittedPlan:
+        """Windows per frame for ``policy``, fitted exactly: the plan plus the prompt text it
+        implies fits ``max_length - max_new_tokens - margin`` (a fixed ``req.budget`` instead
+        bounds the visual tokens alone, as in the paper's controlled protocol)."""
+        planner = get_planner(policy)
+        grid, w = self.lm.grid, req.windows
+
+        def text_for(kept):
+            return self.lm.text_tokens(req.question, T, req.system, kept=kept)
+
+        if not planner.budgeted:
+            plan = planner.plan(T, None, grid, relevant, w)
+            fitted = FittedPlan(plan, None, text_for([t for t, x in enumerate(plan) if x]))
+        elif req.budget is not None:
+            plan = planner.plan(T, req.budget, grid, relevant, w)
+            fitted = FittedPlan(plan, req.budget, text_for(
+                [t for t, c in enumerate(pooled_counts(plan, grid)) if c]))
+        else:
+            fitted = fit_plan(lambda b: planner.plan(T, b, grid, relevant, w), text_for, T,
+                              req.max_length, req.max_new_tokens, req.margin, grid,
+                              coarsest=w.low)
+        if sum(pooled_counts(fitted.plan, grid)) == 0:
+            raise B.BudgetError(f"visual budget {fitted.budget} holds no frame under policy "
+                                f"{policy!r}; raise max_length or lower max_new_tokens")
+        return fitted
+
+    def _scoring_budget(self, req: Request, T: int) -> int:
+        """The budget a rank-based scorer plans for: the fixed one, or the one with every
+        frame's line counted (safe for any plan)."""
+        if req.budget is not None:
+            return req.budget
+        n_text = self.lm.text_tokens(req.question, T, req.system)
+        return max(req.max_length - n_text - req.max_new_tokens - req.margin, 0)
+
+    # ------------------------------------------------------------------ stage: compress
+    def compress(self, req: Request, plan: Sequence, Z: torch.Tensor, keep: Sequence[int],
+                 timer: StageTimer):
+        """Prompt ids with per-frame placeholder counts; the kept frames of Z pooled straight
+        into their rows of inputs_embeds. -> (ids [L], embeds [1, L, D], position_ids or None)."""
+        lm = self.lm
+        with timer.stage("compress"):
+            counts = pooled_counts(plan, lm.grid)
+            ids, starts = lm.build_prompt(req.question, counts, req.system)
+            kept_plan = [plan[t] for t in keep]
+            embeds = reconstruct_embeds(lm.model, ids, Z, kept_plan, lm.image_token_id, lm.grid,
+                                        frame_starts=starts)
+            pos = lm.position_ids(ids, kept_plan, starts)
+        return ids, embeds, pos
+
+    # ------------------------------------------------------------------ stage: generate
+    @torch.inference_mode()
+    def generate(self, embeds: torch.Tensor, max_new_tokens: int,
+                 timer: Optional[StageTimer] = None,
+                 position_ids: Optional[torch.Tensor] = None) -> List[int]:
+        """Prefill ``embeds`` [1, L, D] (logits of the last row only, KV cache on), then greedy
+        decoding with the cache until a stop id or ``max_new_tokens``. Returns the new ids
+        (the stop id excluded). Stages "prefill" and "generate" go to ``timer``."""
+        lm = self.lm
+        timer = timer or StageTimer(lm.device)
+        with timer.stage("prefill"):
+            out = lm.forward(inputs_embeds=embeds, position_ids=position_ids)
+            nxt = out.logits[:, -1].argmax(-1)
+        pos = lm.next_position(position_ids, embeds.shape[1])
+        gen: List[int] = []
+        with timer.stage("generate"):
+            cache = out.past_key_values
+            del out
+            tok_id = int(nxt)  # one host sync per token is inherent to stopping on EOS
+            while len(gen) < max_new_tokens and tok_id not in self._stop_ids:
+                gen.append(tok_id)
+                if len(gen) == max_new_tokens:
+                    break
+                o = lm.forward(input_ids=nxt.view(1, 1), past_key_values=cache,
+                               position_ids=lm.step_position_ids(pos))
+                pos += 1
+                cache = o.past_key_values
+                nxt = o.logits[:, -1].argmax(-1)
+                tok_id = int(nxt)
+            del cache
+        return gen
+
+    # ------------------------------------------------------------------ the pipeline
+    @torch.inference_mode()
+    def answer(self, video, question: str, num_frames: int = 64, max_length: int = 12288,
+               max_new_tokens: int = 64, policy: str = "auto", **options) -> Answer:
+        """Answer ``question`` about ``video`` (path | VideoClip | Future | [T,3,H,W] tensor).
+
+        ``options`` (see :meth:`request`): ``time_window``; ``relevant`` (fixed Image Router
+        decisions, one bool per sampled frame) or ``scorer`` (a FrameScorer); ``high``/``low``/
+        ``global_scale`` (s1, s0, s_g); ``margin``; ``budget`` (a fixed visual budget B_img
+        instead of one derived from ``max_length``); ``chunk_size``; ``frame_batch`` and
+        ``router_pool`` (the Image Router: frames per shadow-stack call; window on Z_t first,
+        None = the routers' configured one); ``system``; ``cache_visual`` (keep decoded frames,
+        Z and the Image Router's question-independent state for the next question on the same
+        video: the report says "hit"/"miss"); ``route_to`` (Semantic Router class -> policy,
+        e.g. ``{"fragment": "uniform"}`` for the no-Image-Router ablation)."""
+        req = self.request(video, question, num_frames, max_length, max_new_tokens, policy,
+                           **options)
+        T_req = int(video.shape[0]) if isinstance(video, torch.Tensor) else num_frames
+        self.check_budget(req, T_req)
+        timer = StageTimer(self.lm.device)
+        state = self.video_state(req)
+        hit = bool(state and state["hit"])
+        frames = self.decode(req, timer, state)
+        T = frames.T
+        notes = list(frames.notes)
+        if hit:
+            notes.append("visual cache hit: decoded frames, Z and the Image Router's "
+                         "question-independent state were reused from an earlier question")
+
+        decision = self.decide_policy(req, timer)
+        notes += decision.notes
+        planner = get_planner(decision.policy)
+        scores, Z, keep = None, None, None
+        if planner.needs_relevance:
+            scorer = req.scorer
+            if scorer.uses_routers and not self.routers_trained:
+                notes.append("routers are untrained: the Image Router's frame scores come from "
+                             "untrained weights")
+            if isinstance(scorer, ImageRouterScorer) and scorer.pool(self) != \
+                    self.routers.config.router_pool:
+                notes.append(f"router_pool={scorer.pool(self)} differs from the pooling the "
+                             f"routers were built with ({self.routers.config.router_pool})")
+            Z = self.encode(frames, req, timer, state) if scorer.needs_z else None
+            scores = self.score_frames(req, frames, Z, timer, state, self._scoring_budget(req, T))
+            fitted = self.plan(req, decision.policy, T, scores.relevant)
+            if not any(scores.relevant):
+                notes.append("no frame was relevant: the Global plan was used")
+        else:
+            fitted = self.plan(req, decision.policy, T)
+        keep = [t for t, c in enumerate(pooled_counts(fitted.plan, self.lm.grid)) if c]
+        if Z is None:
+            Z = self.encode(frames, req, timer, state, keep)
+        elif len(keep) < T:
+            Z = Z[keep]
+
+        ids, embeds, pos = self.compress(req, fitted.plan, Z, keep, timer)
+        if not planner.budgeted and ids.numel() + req.max_new_tokens > req.max_length:
+            notes.append(f"{decision.policy} has no budget: its prompt of {ids.numel()} tokens "
+                         f"plus {req.max_new_tokens} new tokens exceeds max_length {req.max_length}")
+        gen = self.generate(embeds, req.max_new_tokens, timer, pos)
+        del embeds
+        text = self.lm.tokenizer.decode(gen, skip_special_tokens=True).strip()
+        report = build_report(self, req, frames, decision, scores, fitted, ids.numel(), len(gen),
+                              timer, notes, ("hit" if hit else "miss") if req.cache_visual else None)
+        return Answer(text=text, report=report)
 
     def answer_batch(self, videos: Sequence, questions, num_frames: int = 64, time_window=None,
                      **kw) -> List[Answer]:
@@ -176,11 +477,13 @@ class VideoRouter:
         qs = [questions] * len(videos) if isinstance(questions, str) else list(questions)
         if len(qs) != len(videos):
             raise ValueError(f"questions: expected 1 or {len(videos)} questions, got {len(qs)}")
+        spec = self.lm.frame_spec
 
         def start(v):
             if isinstance(v, (str, pathlib.Path)):
                 from .video import prefetch_video
-                return prefetch_video(str(v), num_frames=num_frames, time_window=time_window)
+                return prefetch_video(str(v), num_frames=num_frames, time_window=time_window,
+                                      size=spec.size[0])
             return v
 
         out: List[Answer] = []
@@ -193,242 +496,6 @@ class VideoRouter:
                                    **kw))
         return out
 
-    def _plan(self, policy, T, budget, grid, relevant, high, low, global_scale):
-        if policy == "dense":
-            return B.plan_dense(T)
-        if policy == "budget":
-            return B.plan_budget(T, budget, grid)
-        if policy == "uniform":
-            return B.plan_uniform(T, budget, grid)
-        if policy == "global":
-            return B.plan_global(T, budget, grid, global_scale)
-        return B.plan_fragment(relevant, budget, grid, high=high, low=low, global_scale=global_scale)
 
-    @torch.inference_mode()
-    def generate(self, embeds: torch.Tensor, max_new_tokens: int,
-                 timer: Optional[StageTimer] = None) -> List[int]:
-        """Prefill ``embeds`` [1, L, D] (logits of the last row only, KV cache on), then greedy
-        decoding with the cache until a stop id or ``max_new_tokens``. Returns the new ids
-        (the stop id excluded). Stages "prefill" and "generate" go to ``timer``."""
-        lm = self.lm
-        timer = timer or StageTimer(lm.device)
-        keep = {self._keep_kw: 1}
-        with timer.stage("prefill"):
-            out = lm.model(inputs_embeds=embeds, use_cache=True, return_dict=True, **keep)
-            nxt = out.logits[:, -1].argmax(-1)
-        gen: List[int] = []
-        with timer.stage("generate"):
-            cache = out.past_key_values
-            del out
-            tok_id = int(nxt)  # one host sync per token is inherent to stopping on EOS
-            while len(gen) < max_new_tokens and tok_id not in self._stop_ids:
-                gen.append(tok_id)
-                if len(gen) == max_new_tokens:
-                    break
-                o = lm.model(input_ids=nxt.view(1, 1), past_key_values=cache, use_cache=True,
-                             return_dict=True, **keep)
-                cache = o.past_key_values
-                nxt = o.logits[:, -1].argmax(-1)
-                tok_id = int(nxt)
-            del cache
-        return gen
-
-    @torch.inference_mode()
-    def answer(self, video, question: str, num_frames: int = 64, max_length: int = 12288,
-               max_new_tokens: int = 64, policy: str = "auto", time_window=None,
-               relevant: Optional[Sequence[bool]] = None, high=1, low=4, global_scale=2,
-               margin: int = 100, chunk_size: int = 16, frame_batch: Optional[int] = None,
-               system: Optional[str] = None, router_pool: Optional[int] = None,
-               cache_visual: bool = False) -> Answer:
-        """Answer ``question`` about ``video`` (path | VideoClip | [T,3,448,448] tensor).
-
-        ``relevant`` forces the Image Router's decisions (one bool per sampled frame), for
-        benchmarks and ablations; it is only used by ``fragment`` (and ``auto`` -> fragment).
-        ``router_pool``: window applied to Z_t before the Image Router (None: the routers'
-        configured value, 1 = the paper; 2 = 2x2 pooling, ~4x cheaper routing).
-        ``cache_visual``: keep the question-independent work on this video (decoded frames, Z of
-        every frame, the Image Router's shadow-stack state over each Z_t) and reuse it when the
-        next question is about the same video; a new question then costs its text only. One
-        video is kept (:meth:`clear_visual_cache` frees it); the report says "hit" or "miss"."""
-        lm = self.lm
-        if policy not in POLICIES:
-            raise ValueError(f"policy {policy!r}: expected one of {', '.join(POLICIES)}")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens: expected an int >= 0, got {max_new_tokens!r}")
-        if not isinstance(question, str) or not question.strip():
-            raise ValueError("question: empty; ask a non-empty question about the video")
-        timer = StageTimer(lm.device)
-        notes: List[str] = []
-
-        entry = None
-        if cache_visual:
-            key = self._video_key(video, num_frames, time_window)
-            vc = self._vcache
-            if vc is not None and vc["key"] == key and vc["obj"] is (video if key[0] != "path" else None):
-                entry = vc
-        hit = entry is not None
-        with timer.stage("decode"):
-            decoded = entry["decoded"] if hit else self._decode(video, num_frames, time_window)
-        pv, frame_indices, frame_times, vnotes, decode_s = decoded
-        if hit:
-            decode_s = None  # nothing was decoded for this question
-        notes += vnotes
-        T = int(pv.shape[0])
-        if T == 0:
-            raise ValueError("video: no frames to answer from")
-        size = lm.model.config.vision_config.image_size
-        size = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
-        if tuple(pv.shape[-2:]) != size:
-            raise ValueError(f"video: frames are {tuple(pv.shape[-2:])}, the model expects {size}")
-        if isinstance(video, torch.Tensor) and T != num_frames:
-            notes.append(f"{T} frames were given as a tensor; num_frames={num_frames} was not applied")
-        grid = lm.grid
-        per_frame = grid[0] * grid[1]
-
-        n_text = text_tokens(lm.tokenizer, question, T, system)
-        try:
-            budget = B.visual_budget(max_length, n_text, max_new_tokens, margin, grid=grid)
-        except B.BudgetError:
-            if policy != "dense":
-                raise
-            budget = None  # dense has no budget; report it as such
-
-        # --- router stage 1: the Semantic Router (question only) -----------------------------
-        policy_prob = None
-        resolved = policy
-        q_emb = None
-        if policy == "auto":
-            if self.routers_trained:
-                with timer.stage("router"):
-                    q_emb = embed_question(lm.model, lm.tokenizer, question)
-                    probs = torch.softmax(self.routers.policy_logits(q_emb[None]).float(), -1)[0]
-                    cls = int(probs.argmax())
-                    policy_prob = float(probs[cls])
-                resolved = SEMANTIC_CLASSES[cls]
-            else:
-                resolved = UNTRAINED_AUTO_POLICY
-                notes.append(f"routers are untrained: policy 'auto' fell back to "
-                             f"'{UNTRAINED_AUTO_POLICY}' (pass trained router weights or an "
-                             f"explicit --policy)")
-        routed = resolved == "fragment" and relevant is None
-        trained_pool = self.routers.config.router_pool
-        pool = trained_pool if router_pool is None else router_pool
-        if routed and pool != trained_pool:
-            notes.append(f"router_pool={pool} differs from the pooling the routers were built "
-                         f"with ({trained_pool})")
-        if relevant is not None:
-            relevant = [bool(r) for r in relevant]
-            if len(relevant) != T:
-                raise ValueError(f"relevant: expected {T} entries (one per sampled frame), got {len(relevant)}")
-
-        # --- vision (+ plan first when it does not need Z) ----------------------------------
-        scores = None
-        if cache_visual:
-            if hit:
-                Z = entry["Z"]
-                timer.add("vision", 0.0)
-                notes.append("visual cache hit: decoded frames, Z and the Image Router's "
-                             "question-independent state were reused from an earlier question")
-            else:
-                with timer.stage("vision"):
-                    Z = encode_frames(lm.model, pv, chunk_size)
-                self._vcache = entry = {"key": key, "decoded": decoded, "Z": Z, "router": {},
-                                        "obj": video if key[0] != "path" else None}
-            keep = list(range(T))
-            if routed:
-                if not self.routers_trained:
-                    notes.append("routers are untrained: the Image Router's frame scores come "
-                                 "from untrained weights")
-                with timer.stage("router"):
-                    rkey = (id(self.routers), pool)
-                    rc = entry["router"].get(rkey)
-                    if rc is None:
-                        rc = entry["router"][rkey] = (self.routers, self.routers.visual_cache(
-                            Z, frame_batch, pool, grid))
-                    if q_emb is None:
-                        q_emb = embed_question(lm.model, lm.tokenizer, question)
-                    probs = torch.sigmoid(self.routers.frame_logits_cached(rc[1], q_emb).float())
-                    scores = probs.tolist()
-                    relevant = [p > self.routers.config.threshold for p in scores]
-            plan = self._plan(resolved, T, budget, grid, relevant, high, low, global_scale)
-        elif routed:
-            with timer.stage("vision"):
-                Z = encode_frames(lm.model, pv, chunk_size)
-            if not self.routers_trained:
-                notes.append("routers are untrained: the Image Router's frame scores come from "
-                             "untrained weights")
-            with timer.stage("router"):
-                if q_emb is None:
-                    q_emb = embed_question(lm.model, lm.tokenizer, question)
-                probs = self.routers.frame_probs(Z, q_emb, frame_batch, pool, grid)
-                scores = probs.tolist()
-                relevant = [p > self.routers.config.threshold for p in scores]
-            plan = self._plan(resolved, T, budget, grid, relevant, high, low, global_scale)
-            keep = list(range(T))
-        else:
-            plan = self._plan(resolved, T, budget, grid, relevant, high, low, global_scale)
-            keep = [t for t in range(T) if plan[t] != 0]
-            with timer.stage("vision"):
-                Z = encode_frames(lm.model, pv[keep], chunk_size) if keep else None
-        if resolved == "fragment" and not any(relevant):
-            notes.append("no frame was relevant: the Global plan was used")
-        counts = pooled_counts(plan, grid)
-        if sum(counts) == 0:
-            raise B.BudgetError(f"visual budget {budget} holds no frame under policy {resolved!r}; "
-                                f"raise max_length or lower max_new_tokens")
-
-        # --- compress: prompt with per-frame placeholders, pool_pack into inputs_embeds ------
-        with timer.stage("compress"):
-            ids, starts = build_video_prompt(lm.tokenizer, question, counts, lm.image_token_id, system)
-            embeds = reconstruct_embeds(lm.model, ids, Z, [plan[t] for t in keep], lm.image_token_id,
-                                        grid, frame_starts=starts)
-
-        if resolved == "dense" and ids.numel() + max_new_tokens > max_length:
-            notes.append(f"dense has no budget: its prompt of {ids.numel()} tokens plus "
-                         f"{max_new_tokens} new tokens exceeds max_length {max_length}")
-
-        # --- prefill + greedy generation with the KV cache -----------------------------------
-        gen = self.generate(embeds, max_new_tokens, timer)
-        del embeds
-        text = lm.tokenizer.decode(gen, skip_special_tokens=True).strip()
-
-        t = timer.times
-        timings = {k: round(t.get(k, 0.0), 6) for k in ("decode", "vision", "router", "compress",
-                                                         "prefill", "generate")}
-        if decode_s is not None and decode_s > 0:
-            timings["decode"] = round(float(decode_s), 6)  # includes a prefetch that overlapped
-        timings["ttft"] = round(sum(t.get(k, 0.0) for k in ("vision", "router", "compress", "prefill")), 6)
-        report = {
-            "model": lm.name,
-            "device": str(lm.device),
-            "dtype": str(lm.dtype).replace("torch.", ""),
-            "policy": resolved,
-            "policy_requested": policy,
-            "policy_probability": policy_prob,
-            "routers_trained": self.routers_trained,
-            "num_frames_requested": int(num_frames),
-            "num_frames_used": T,
-            "frame_indices": [int(i) for i in frame_indices],
-            "frame_times_s": None if frame_times is None else [round(float(x), 4) for x in frame_times],
-            "frame_scores": None if scores is None else [round(float(s), 6) for s in scores],
-            "router_pool": pool if routed else None,
-            "visual_cache": ("hit" if hit else "miss") if cache_visual else None,
-            "relevant": relevant if resolved == "fragment" else None,
-            "scales": [_json_window(w) for w in plan],
-            "frame_tokens": counts,
-            "visual_tokens": int(sum(counts)),
-            "dense_visual_tokens": T * per_frame,
-            "budget": budget,
-            "max_length": int(max_length),
-            "text_tokens": int(n_text),
-            "prompt_tokens": int(ids.numel()),
-            "generated_tokens": len(gen),
-            "timings_s": timings,
-            "peak_memory_bytes": timer.torch_peak(),
-            "peak_memory_nvml_bytes": timer.nvml_peak,
-            "notes": notes,
-        }
-        return Answer(text=text, report=report)
-
-
-__all__ = ["VideoRouter", "Answer", "POLICIES", "UNTRAINED_AUTO_POLICY", "SEMANTIC_CLASSES"]
+__all__ = ["VideoRouter", "Answer", "Request", "Frames", "PolicyDecision", "POLICIES",
+           "UNTRAINED_AUTO_POLICY", "SEMANTIC_CLASSES"]

@@ -7,9 +7,9 @@ import torch
 
 @pytest.fixture(scope="session")
 def tiny_lm():
-    from vr_runtime.model import load_model
+    from vr_runtime.backbones import load_backbone
     torch.manual_seed(0)
-    return load_model("tiny", device="cpu", dtype=torch.float32)
+    return load_backbone("tiny", device="cpu", dtype=torch.float32)
 
 
 @pytest.fixture(scope="session")
@@ -18,7 +18,7 @@ def tiny_vr(tiny_lm):
     routers.safetensors shipped in the assets, so results do not depend on training)."""
     from vr_runtime.routers import Routers
     from vr_runtime.runtime import VideoRouter
-    return VideoRouter(tiny_lm, Routers.from_model(tiny_lm.model))
+    return VideoRouter(tiny_lm, Routers.from_backbone(tiny_lm))
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def frames():
 
 @pytest.fixture
 def small_config():
-    """Factory of a shape preset (HF config.json layout) smaller than tiny, for model_from_config tests."""
+    """Factory of a shape preset (HF config.json layout) smaller than tiny, for backbone_from_config tests."""
     import json
     from vr_runtime.tiny import ASSETS
 
@@ -43,6 +43,6 @@ def small_config():
                                   num_key_value_heads=2)
         cfg["vision_config"].update(hidden_size=32, num_attention_heads=2, intermediate_size=64,
                                     num_hidden_layers=1)
-        cfg["image_token_id"] = 0  # rewritten by model_from_config to the tiny tokenizer's id
+        cfg["image_token_id"] = 0  # rewritten by backbone_from_config to the tiny tokenizer's id
         return cfg
     return make

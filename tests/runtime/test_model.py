@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vr_runtime.errors import DeviceError, ModelFilesError
-from vr_runtime.model import encode_frames, load_model, model_from_config
+from vr_runtime.backbones import backbone_from_config, load_backbone
 from vr_runtime.prompt import build_video_prompt
 from vr_runtime.reconstruct import reconstruct_embeds
 from vr_runtime.tiny import SPECIAL_TOKENS, load_tiny_tokenizer
@@ -38,7 +38,7 @@ def test_tiny_tokenizer():
 
 
 def test_tiny_weights_deterministic(tiny_lm):
-    other = load_model("tiny")
+    other = load_backbone("tiny")
     a, b = tiny_lm.model.state_dict(), other.model.state_dict()
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -49,7 +49,7 @@ def test_encode_frames_matches_hf(tiny_lm, frames, chunk):
     pv = frames(3, seed=chunk)
     with torch.no_grad():
         ref = _hf_image_features(tiny_lm.model, pv)
-        Z = encode_frames(tiny_lm.model, pv, chunk_size=chunk)
+        Z = tiny_lm.encode_frames(pv, chunk_size=chunk)
     assert Z.shape == (3, 256, tiny_lm.hidden_size)
     torch.testing.assert_close(Z, ref, rtol=1e-5, atol=1e-6)
 
@@ -63,7 +63,7 @@ def test_compressed_path_window1_equals_hf_forward(tiny_lm, frames):
                                      lm.image_token_id)
     with torch.no_grad():
         ref = lm.model(input_ids=ids[None], pixel_values=pv).logits
-        Z = encode_frames(lm.model, pv, chunk_size=2)
+        Z = lm.encode_frames(pv, chunk_size=2)
         embeds = reconstruct_embeds(lm.model, ids, Z, plan, lm.image_token_id, lm.grid,
                                     frame_starts=starts)
         ours = lm.model(inputs_embeds=embeds).logits
@@ -76,40 +76,40 @@ def test_compressed_path_window1_equals_hf_forward(tiny_lm, frames):
 
 def test_load_model_errors(tmp_path):
     with pytest.raises(ModelFilesError, match="not a directory"):
-        load_model(tmp_path / "nope")
+        load_backbone(tmp_path / "nope")
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "internvl"}))
     with pytest.raises(ModelFilesError, match="safetensors"):
-        load_model(tmp_path)
+        load_backbone(tmp_path)
     (tmp_path / "model.safetensors").write_bytes(b"")
     (tmp_path / "tokenizer.json").write_text("{}")
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "internvl_chat"}))
     with pytest.raises(ModelFilesError, match="internvl_chat"):
-        load_model(tmp_path)
+        load_backbone(tmp_path)
     with pytest.raises(ValueError, match="dtype"):
-        load_model("tiny", dtype="int8")
+        load_backbone("tiny", dtype="int8")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
 def test_cuda_absent_is_device_error():
     with pytest.raises(DeviceError, match="CUDA"):
-        load_model("tiny", device="cuda")
+        load_backbone("tiny", device="cuda")
 
 
-def test_model_from_config(small_config, frames):
-    lm = model_from_config(small_config(hidden=96), device="cpu", dtype="fp32", seed=3)
+def test_backbone_from_config(small_config, frames):
+    lm = backbone_from_config(small_config(hidden=96), device="cpu", dtype="fp32", seed=3)
     tok = lm.tokenizer
     assert lm.image_token_id == tok.convert_tokens_to_ids("<IMG_CONTEXT>")
     assert lm.model.config.text_config.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
     assert lm.hidden_size == 96 and lm.grid == (16, 16)
-    again = model_from_config(small_config(hidden=96), seed=3)
+    again = backbone_from_config(small_config(hidden=96), seed=3)
     w1 = lm.model.get_input_embeddings().weight
     assert torch.equal(w1, again.model.get_input_embeddings().weight)
     assert 0.015 < float(w1.detach().std()) < 0.025  # N(0, 0.02), not uninitialised memory
     with torch.no_grad():
-        Z = encode_frames(lm.model, frames(2), chunk_size=1)
+        Z = lm.encode_frames(frames(2), chunk_size=1)
     assert Z.shape == (2, 256, 96) and torch.isfinite(Z).all()
     with pytest.raises(ValueError, match="vocab_size"):
-        model_from_config(small_config(vocab=100))
+        backbone_from_config(small_config(vocab=100))
 
 
 def test_flash_attention_only_when_transformers_accepts_it(monkeypatch, small_config):
@@ -118,19 +118,20 @@ def test_flash_attention_only_when_transformers_accepts_it(monkeypatch, small_co
 
     import transformers.utils
 
-    import vr_runtime.model as M
+    import vr_runtime.backbones.internvl3 as M
+    import vr_runtime.devices as DV
     cuda = torch.device("cuda")  # only inspected, nothing is allocated
     monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
     monkeypatch.setattr(transformers.utils, "is_flash_attn_2_available", lambda: False)
-    assert M.pick_attn_implementation(None, cuda, torch.bfloat16) == "sdpa"
+    assert DV.pick_attn_implementation(None, cuda, torch.bfloat16) == "sdpa"
     monkeypatch.setattr(transformers.utils, "is_flash_attn_2_available", lambda: True)
-    assert M.pick_attn_implementation(None, cuda, torch.bfloat16) == "flash_attention_2"
-    assert M.pick_attn_implementation(None, cuda, torch.float32) == "sdpa"
-    assert M.pick_attn_implementation("eager", cuda, torch.bfloat16) == "eager"
+    assert DV.pick_attn_implementation(None, cuda, torch.bfloat16) == "flash_attention_2"
+    assert DV.pick_attn_implementation(None, cuda, torch.float32) == "sdpa"
+    assert DV.pick_attn_implementation("eager", cuda, torch.bfloat16) == "eager"
     # Chosen automatically but refused when the model is built: model_from_config uses sdpa.
     monkeypatch.delitem(sys.modules, "flash_attn")
     monkeypatch.setattr(M, "pick_attn_implementation", lambda *a: "flash_attention_2")
-    lm = M.model_from_config(small_config(hidden=96), device="cpu", dtype="fp32")
+    lm = backbone_from_config(small_config(hidden=96), device="cpu", dtype="fp32")
     assert lm.model.config._attn_implementation == "sdpa"
 
 
@@ -140,7 +141,7 @@ def test_load_hf_directory_round_trip(tiny_lm, tmp_path, frames):
     tiny_lm.model.save_pretrained(tmp_path, safe_serialization=True)
     tiny_lm.tokenizer.save_pretrained(tmp_path)
     assert list(tmp_path.glob("*.safetensors"))
-    lm = load_model(tmp_path, device="cpu", dtype="fp32")
+    lm = load_backbone(tmp_path, device="cpu", dtype="fp32")
     assert lm.name == tmp_path.name and lm.image_token_id == tiny_lm.image_token_id
     a, b = tiny_lm.model.state_dict(), lm.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -148,7 +149,7 @@ def test_load_hf_directory_round_trip(tiny_lm, tmp_path, frames):
     ids1, _ = build_video_prompt(tiny_lm.tokenizer, "Which shape is blue?", counts, lm.image_token_id)
     ids2, _ = build_video_prompt(lm.tokenizer, "Which shape is blue?", counts, lm.image_token_id)
     assert torch.equal(ids1, ids2)
-    lm16 = load_model(tmp_path, dtype="bf16")
+    lm16 = load_backbone(tmp_path, dtype="bf16")
     assert lm16.dtype == torch.bfloat16 and next(lm16.model.parameters()).dtype == torch.bfloat16
 
 
@@ -156,13 +157,13 @@ def test_load_hf_directory_round_trip(tiny_lm, tmp_path, frames):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_window1_equals_hf_forward_cuda(frames, dtype):
     """On CUDA the same equivalence through the Triton pool_pack (bf16: rounding-level)."""
-    lm = load_model("tiny", device="cuda", dtype=dtype)
+    lm = load_backbone("tiny", device="cuda", dtype=dtype)
     pv = frames(3, seed=17)
     ids, starts = build_video_prompt(lm.tokenizer, "Which color is the circle?", [256] * 3,
                                      lm.image_token_id)
     with torch.inference_mode():
         ref = lm.model(input_ids=ids[None].cuda(), pixel_values=pv.cuda()).logits.float()
-        Z = encode_frames(lm.model, pv, chunk_size=2)
+        Z = lm.encode_frames(pv, chunk_size=2)
         embeds = reconstruct_embeds(lm.model, ids, Z, [1, 1, 1], lm.image_token_id, lm.grid,
                                     frame_starts=starts)
         ours = lm.model(inputs_embeds=embeds).logits.float()

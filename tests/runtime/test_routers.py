@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from vr_runtime.errors import RouterWeightsError
-from vr_runtime.model import language_model, model_from_config
+from vr_runtime.backbones import backbone_from_config
 from vr_runtime.routers import FORMAT, RouterConfig, Routers, embed_question
 
 
 @pytest.fixture(scope="module")
 def routers(tiny_lm):
-    r = Routers.from_model(tiny_lm.model, RouterConfig(num_layers=2), seed=1)
+    r = Routers.from_backbone(tiny_lm, RouterConfig(num_layers=2), seed=1)
     # Random non-zero head weights so the round trip compares real values.
     g = torch.Generator().manual_seed(5)
     with torch.no_grad():
@@ -23,14 +23,14 @@ def routers(tiny_lm):
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_shadow_stack_is_first_k_layers(tiny_lm, k):
-    r = Routers.from_model(tiny_lm.model, RouterConfig(num_layers=k))
+    r = Routers.from_backbone(tiny_lm, RouterConfig(num_layers=k))
     x = torch.randn(2, 23, tiny_lm.hidden_size, generator=torch.Generator().manual_seed(k))
     with torch.no_grad():
-        ref = language_model(tiny_lm.model)(inputs_embeds=x, output_hidden_states=True).hidden_states[k]
+        ref = tiny_lm.decoder()(inputs_embeds=x, output_hidden_states=True).hidden_states[k]
         got = r.shadow(x)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     # A separate copy: training the shadow stack must not touch the backbone.
-    src = language_model(tiny_lm.model).layers[0].mlp.up_proj.weight
+    src = tiny_lm.decoder().layers[0].mlp.up_proj.weight
     assert r.shadow.decoder.layers[0].mlp.up_proj.weight.data_ptr() != src.data_ptr()
     assert r.shadow.decoder.embed_tokens is None
 
@@ -38,7 +38,7 @@ def test_shadow_stack_is_first_k_layers(tiny_lm, k):
 def test_shadow_stack_too_deep(tiny_lm):
     n = tiny_lm.model.config.text_config.num_hidden_layers
     with pytest.raises(ValueError, match="num_layers"):
-        Routers.from_model(tiny_lm.model, RouterConfig(num_layers=n + 1))
+        Routers.from_backbone(tiny_lm, RouterConfig(num_layers=n + 1))
 
 
 def test_policy_logits_padding_invariant(tiny_lm, routers):
@@ -85,7 +85,7 @@ def test_save_load_round_trip(tiny_lm, routers, tmp_path):
     path = tmp_path / "r.safetensors"
     routers.trained = True
     routers.save(path)
-    back = Routers.load(path, tiny_lm.model)
+    back = Routers.load(path, tiny_lm)
     assert back.trained is True and back.config == routers.config
     a, b = routers.state_dict(), back.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -105,9 +105,9 @@ def test_save_load_round_trip(tiny_lm, routers, tmp_path):
 def test_load_mismatch_errors(tiny_lm, routers, tmp_path, small_config):
     path = tmp_path / "r.safetensors"
     routers.save(path)
-    other = model_from_config(small_config(hidden=96))
+    other = backbone_from_config(small_config(hidden=96))
     with pytest.raises(RouterWeightsError, match="hidden size 128"):
-        Routers.load(path, other.model)
+        Routers.load(path, other)
     # A key removed from an otherwise valid file is named in the error.
     from safetensors.torch import load_file, save_file
     from safetensors import safe_open
@@ -117,22 +117,22 @@ def test_load_mismatch_errors(tiny_lm, routers, tmp_path, small_config):
     state.pop("image.cls")
     save_file(state, str(tmp_path / "cut.safetensors"), metadata=meta)
     with pytest.raises(RouterWeightsError, match="image.cls"):
-        Routers.load(tmp_path / "cut.safetensors", tiny_lm.model)
+        Routers.load(tmp_path / "cut.safetensors", tiny_lm)
     # Wrong shape in one tensor.
     state = load_file(str(path))
     state["semantic.fc2.bias"] = torch.zeros(3)
     save_file(state, str(tmp_path / "shape.safetensors"), metadata=meta)
     with pytest.raises(RouterWeightsError, match="semantic.fc2.bias"):
-        Routers.load(tmp_path / "shape.safetensors", tiny_lm.model)
+        Routers.load(tmp_path / "shape.safetensors", tiny_lm)
     # No metadata / not safetensors / missing.
     save_file(load_file(str(path)), str(tmp_path / "nometa.safetensors"))
     with pytest.raises(RouterWeightsError, match="router config"):
-        Routers.load(tmp_path / "nometa.safetensors", tiny_lm.model)
+        Routers.load(tmp_path / "nometa.safetensors", tiny_lm)
     (tmp_path / "junk.safetensors").write_bytes(b"\x80\x04not a safetensors file")
     with pytest.raises(RouterWeightsError, match="readable"):
-        Routers.load(tmp_path / "junk.safetensors", tiny_lm.model)
+        Routers.load(tmp_path / "junk.safetensors", tiny_lm)
     with pytest.raises(RouterWeightsError, match="no such file"):
-        Routers.load(tmp_path / "missing.safetensors", tiny_lm.model)
+        Routers.load(tmp_path / "missing.safetensors", tiny_lm)
 
 
 def test_router_config_validation():
@@ -179,7 +179,7 @@ def test_shadow_stack_with_real_pad_id(tiny_lm):
     from vr_runtime.routers import ShadowStack
     cfg = copy.deepcopy(tiny_lm.model.config.text_config)
     cfg.pad_token_id = 151643
-    src = language_model(tiny_lm.model)
+    src = tiny_lm.decoder()
     shadow = ShadowStack(cfg, 2, source=src)
     x = torch.randn(1, 9, tiny_lm.hidden_size)
     with torch.no_grad():

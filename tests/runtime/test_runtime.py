@@ -67,7 +67,7 @@ def test_forced_relevance_follows_algorithm1(tiny_vr, frames):
 
 
 def test_auto_with_trained_routers_uses_semantic_router(tiny_lm, frames):
-    routers = Routers.from_model(tiny_lm.model, seed=2)
+    routers = Routers.from_backbone(tiny_lm, seed=2)
     with torch.no_grad():  # make the Semantic Router decisively pick class 1 (fragment)
         routers.semantic.fc2.bias.copy_(torch.tensor([-5.0, 5.0]))
     routers.trained = True
@@ -80,14 +80,13 @@ def test_auto_with_trained_routers_uses_semantic_router(tiny_lm, frames):
 
 def test_generation_matches_full_recompute(tiny_vr, tiny_lm, frames):
     """Greedy decoding with the KV cache == argmax of a full forward per step."""
-    from vr_runtime.model import encode_frames
     from vr_runtime.prompt import build_video_prompt
     from vr_runtime.reconstruct import reconstruct_embeds
     lm = tiny_lm
     plan = [2, 1]
     ids, starts = build_video_prompt(lm.tokenizer, Q, pooled_counts(plan), lm.image_token_id)
     with torch.no_grad():
-        Z = encode_frames(lm.model, frames(2, seed=6))
+        Z = lm.encode_frames(frames(2, seed=6))
         embeds = reconstruct_embeds(lm.model, ids, Z, plan, lm.image_token_id, lm.grid, frame_starts=starts)
         vr = VideoRouter(lm, tiny_vr.routers)
         vr._stop_ids = set()  # compare a fixed number of steps
@@ -119,11 +118,10 @@ def test_stops_at_stop_token(tiny_vr, tiny_lm, frames):
 
 
 def _embeds(lm, pv, plan=(2, 2)):
-    from vr_runtime.model import encode_frames
     from vr_runtime.prompt import build_video_prompt
     from vr_runtime.reconstruct import reconstruct_embeds
     ids, starts = build_video_prompt(lm.tokenizer, Q, pooled_counts(plan), lm.image_token_id)
-    Z = encode_frames(lm.model, pv)
+    Z = lm.encode_frames(pv)
     return reconstruct_embeds(lm.model, ids, Z, list(plan), lm.image_token_id, lm.grid, frame_starts=starts)
 
 
@@ -187,7 +185,7 @@ def test_cache_visual_reuses_and_matches(tiny_lm, tiny_vr, frames):
                       policy="global").report
     assert other["visual_cache"] == "miss" and other["scales"] == [2] * 4
     vr.clear_visual_cache()
-    assert vr._vcache is None
+    assert not vr._vcache
 
 
 def test_answer_batch_paths_and_tensors(tiny_vr, frames):

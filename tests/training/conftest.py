@@ -18,8 +18,8 @@ def tiny_data(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def _base_lm():
-    from vr_runtime.model import load_model
-    return load_model("tiny", device="cpu", dtype=torch.float32)
+    from vr_runtime.backbones import load_backbone
+    return load_backbone("tiny", device="cpu", dtype=torch.float32)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ def _port():
 
 
 def test_two_process_gloo_stage1(tiny_data, tiny_lm, tmp_path):
-    r0 = Routers.from_model(tiny_lm.model, RouterConfig(router_dim=32, num_heads=4, router_pool=2), seed=5)
+    r0 = Routers.from_backbone(tiny_lm, RouterConfig(router_dim=32, num_heads=4, router_pool=2), seed=5)
     r0.save(tmp_path / "r0.safetensors")
     worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ddp_worker.py")
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")

@@ -14,17 +14,17 @@ pytestmark = pytest.mark.skipif(not (ASSETS / "routers.safetensors").is_file()
 
 @torch.no_grad()
 def test_shipped_routers_find_the_demo_evidence():
-    from vr_runtime.model import encode_frames, load_model
+    from vr_runtime.backbones import load_backbone
     from vr_runtime.routers import Routers, embed_question
     from vr_runtime.training.synthetic import DEMO_QUESTIONS, demo_spec, render_frame
     from vr_runtime.video import preprocess_frames
 
-    lm = load_model("tiny")
-    routers = Routers.load(ASSETS / "routers.safetensors", lm.model)
+    lm = load_backbone("tiny")
+    routers = Routers.load(ASSETS / "routers.safetensors", lm)
     assert routers.trained
     spec = demo_spec()
     pv = preprocess_frames(np.stack([render_frame(spec, t) for t in range(spec.num_frames)]))
-    Z = encode_frames(lm.model, pv)
+    Z = lm.encode_frames(pv)
     frag = embed_question(lm.model, lm.tokenizer, DEMO_QUESTIONS["fragment"])
     glob = embed_question(lm.model, lm.tokenizer, DEMO_QUESTIONS["global"])
     assert routers.policy_logits(frag[None]).argmax(-1).item() == 1

@@ -35,9 +35,9 @@ def _batch(lm, T=4, seed=0):
 
 def _grads(lm, pack, plan_from="labels"):
     torch.manual_seed(0)
-    routers = Routers.from_model(lm.model, RouterConfig(router_dim=32, num_heads=4, router_pool=2), seed=1)
+    routers = Routers.from_backbone(lm, RouterConfig(router_dim=32, num_heads=4, router_pool=2), seed=1)
     cfg = load_config("tiny_stage3", routers=None, plan_from=plan_from, frames_per_example=0)
-    params = apply_freezing(lm.model, routers, cfg.trainable_groups)
+    params = apply_freezing(lm, routers, cfg.trainable_groups)
     tr = Trainee(lm, routers, cfg, pack=pack)
     for p in params:
         p.grad = None

@@ -28,7 +28,7 @@ def snapshot(lm, routers):
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_stage_trains_exactly_its_groups(stage, tiny_data, tiny_lm, tmp_path):
-    r0 = Routers.from_model(tiny_lm.model, RouterConfig(router_dim=32, num_heads=4, router_pool=2), seed=3)
+    r0 = Routers.from_backbone(tiny_lm, RouterConfig(router_dim=32, num_heads=4, router_pool=2), seed=3)
     r0.save(tmp_path / "r0.safetensors")
     before = snapshot(tiny_lm, r0)
     cfg = stage_config(stage, tiny_data, tmp_path / "out", routers=str(tmp_path / "r0.safetensors"),
@@ -47,7 +47,7 @@ def test_stage_trains_exactly_its_groups(stage, tiny_data, tiny_lm, tmp_path):
         else:
             assert not any(flags), f"frozen group {g} changed"
     # the saved routers are what VideoRouter.from_pretrained(routers=...) loads
-    loaded = Routers.load(os.path.join(cfg.output_dir, "routers.safetensors"), tiny_lm.model)
+    loaded = Routers.load(os.path.join(cfg.output_dir, "routers.safetensors"), tiny_lm)
     assert loaded.trained
     for k, v in loaded.state_dict().items():
         assert torch.equal(v, after[k])

@@ -3,37 +3,45 @@
 ``false_positive_prob``, one irrelevant frame promoted to relevant."""
 import torch
 
-from vr_runtime.budget import plan_fragment, visual_budget
+from vr_runtime.budget import plan_fragment
 from vr_runtime.routers import RouterConfig, Routers
+from vr_runtime.runtime import VideoRouter
 from vr_runtime.training.config import load_config
 from vr_runtime.training.stages import Trainee
 
 T, TEXT = 16, 138
+Q = "What shape is the red object?"
 
 
 def _trainee(lm, **over):
-    routers = Routers.from_model(lm.model, RouterConfig(router_dim=32, num_heads=4, router_pool=2),
+    routers = Routers.from_backbone(lm, RouterConfig(router_dim=32, num_heads=4, router_pool=2),
                                  seed=1)
     cfg = load_config("tiny_stage3", routers=None, plan_from="labels", **over)
     return Trainee(lm, routers, cfg)
 
 
 def _ex(relevant):
-    return {"policy": 1, "labels": torch.tensor([float(t in relevant) for t in range(T)])}
+    return {"policy": 1, "question": Q,
+            "labels": torch.tensor([float(t in relevant) for t in range(T)])}
 
 
-def test_tight_training_budget_drops_frames_like_algorithm_1(tiny_lm):
+def test_tight_training_budget_drops_frames_like_the_runtime(tiny_lm):
     rel = sorted(torch.randperm(T)[:3].tolist())
-    budget = 800                                  # 3 x 256 full frames + 2 frames at 16 tokens
-    L = budget + TEXT + 64 + 100
+    mask = [t in rel for t in range(T)]
+    L = 800 + TEXT + 64 + 100                     # 3 x 256 full frames + a few at 16 tokens
     tr = _trainee(tiny_lm, train_max_length=[L, L], false_positive_prob=0.0)
     ex = _ex(rel)
-    plan, fragment = tr.training_plan(torch.tensor([0.0, 1.0]), torch.zeros(T), ex, TEXT)
+    plan, fragment = tr.training_plan(torch.tensor([0.0, 1.0]), torch.zeros(T), ex)
     assert fragment
-    want = plan_fragment([t in rel for t in range(T)], budget, tr.grid, high=1, low=4)
-    assert plan == want
-    assert [t for t in range(T) if plan[t] == 1] == rel and sum(w == 4 for w in plan) == 2
-    assert visual_budget(L, TEXT, 64, 100, grid=tr.grid) == budget
+    # The runtime's own plan stage on the same question, frame count and L_max.
+    vr = VideoRouter(tiny_lm, tr.routers)
+    req = vr.request(torch.zeros(T, 3, 448, 448), Q, num_frames=T, max_length=L, policy="fragment",
+                     relevant=mask)
+    fitted = vr.plan(req, "fragment", T, mask)
+    assert plan == fitted.plan
+    assert plan == plan_fragment(mask, fitted.budget, tr.grid, high=1, low=4)
+    low = sum(w == 4 for w in plan)
+    assert [t for t in range(T) if plan[t] == 1] == rel and 0 < low < T - 3  # Algorithm 1 drops
 
 
 def test_false_positive_adds_one_full_resolution_frame(tiny_lm):
@@ -44,7 +52,7 @@ def test_false_positive_adds_one_full_resolution_frame(tiny_lm):
     before = ex["labels"].clone()
     seen = set()
     for _ in range(20):
-        plan, _ = tr.training_plan(torch.tensor([0.0, 1.0]), torch.zeros(T), ex, TEXT)
+        plan, _ = tr.training_plan(torch.tensor([0.0, 1.0]), torch.zeros(T), ex)
         full = [t for t in range(T) if plan[t] == 1]
         assert set(rel) < set(full) and len(full) == len(rel) + 1
         seen |= set(full) - set(rel)
@@ -54,6 +62,6 @@ def test_false_positive_adds_one_full_resolution_frame(tiny_lm):
 
 def test_global_plans_get_no_false_positive(tiny_lm):
     tr = _trainee(tiny_lm, train_max_length=[], false_positive_prob=1.0)
-    ex = {"policy": 0, "labels": None}
-    plan, fragment = tr.training_plan(torch.tensor([1.0, 0.0]), torch.zeros(T), ex, TEXT)
+    ex = {"policy": 0, "labels": None, "question": Q}
+    plan, fragment = tr.training_plan(torch.tensor([1.0, 0.0]), torch.zeros(T), ex)
     assert not fragment and plan == [2] * T

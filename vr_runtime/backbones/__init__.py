@@ -1,0 +1,77 @@
+"""Backbone registry: a local checkpoint directory (read by its config.json ``model_type``), a
+preset name, or a shape preset (random weights) -> a :class:`~.base.Backbone`.
+
+Adding a backbone is one module with a ``Backbone`` subclass (``load``, ``tiny``,
+``from_config`` class methods) plus one line in each table below.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import pathlib
+from typing import Optional, Union
+
+from ..errors import ModelFilesError
+from .base import Backbone, FrameSpec, VisionTokens
+
+# model_type in config.json -> "module:Class" (imported on first use: transformers is heavy)
+MODEL_TYPES = {
+    "internvl": "internvl3:InternVL3Backbone",
+    "qwen2_5_vl": "qwen2_5_vl:Qwen25VLBackbone",
+}
+# preset name -> the model_type whose class builds it with ``.tiny()``
+PRESETS = {
+    "tiny": "internvl",
+    "tiny-qwen2.5-vl": "qwen2_5_vl",
+}
+
+
+def backbone_class(model_type: str):
+    spec = MODEL_TYPES.get(model_type)
+    if spec is None:
+        raise ModelFilesError(f"model_type {model_type!r} is not supported; expected one of "
+                              f"{', '.join(sorted(MODEL_TYPES))} (InternVL3-*-hf or "
+                              f"Qwen2.5-VL-*-Instruct)")
+    mod, cls = spec.split(":")
+    return getattr(importlib.import_module(f".{mod}", __name__), cls)
+
+
+def load_backbone(path_or_name: Union[str, pathlib.Path] = "tiny", device="cpu", dtype=None,
+                  attn_implementation: Optional[str] = None) -> Backbone:
+    """A preset (``tiny``, ``tiny-qwen2.5-vl``) or a local checkpoint directory, in eval mode."""
+    name = str(path_or_name)
+    if name in PRESETS:
+        return backbone_class(PRESETS[name]).tiny(device=device, dtype=dtype,
+                                                  attn_implementation=attn_implementation)
+    path = pathlib.Path(path_or_name).expanduser()
+    from .internvl3 import read_model_type
+    if not path.is_dir():
+        raise ModelFilesError(f"model {name!r}: not a directory; pass a local InternVL3-*-hf or "
+                              f"Qwen2.5-VL-*-Instruct directory (or a preset: "
+                              f"{', '.join(PRESETS)}); nothing is downloaded")
+    mtype = read_model_type(path) if (path / "config.json").is_file() else "internvl"
+    # A directory without config.json goes to InternVL3's loader, which names what is missing.
+    cls = backbone_class(mtype) if mtype in MODEL_TYPES else backbone_class("internvl")
+    return cls.load(path, device=device, dtype=dtype, attn_implementation=attn_implementation)
+
+
+def backbone_from_config(config, device="cpu", dtype=None, seed: int = 0,
+                         attn_implementation: Optional[str] = None) -> Backbone:
+    """Random weights of a shape preset: a config.json path or dict (its ``model_type`` picks
+    the backbone); paired with the tiny tokenizer. For latency benchmarks."""
+    name = "config"
+    if isinstance(config, (str, pathlib.Path)):
+        p = pathlib.Path(config)
+        if not p.is_file():
+            raise ModelFilesError(f"config {str(config)!r}: no such file")
+        name = p.stem
+        config = json.loads(p.read_text())
+    if not isinstance(config, dict):
+        raise ValueError(f"config: expected a path or a dict, got {type(config).__name__}")
+    cls = backbone_class(config.get("model_type", "internvl"))
+    return cls.from_config(config, device=device, dtype=dtype, seed=seed,
+                           attn_implementation=attn_implementation, name=name)
+
+
+__all__ = ["Backbone", "FrameSpec", "VisionTokens", "load_backbone", "backbone_from_config",
+           "backbone_class", "MODEL_TYPES", "PRESETS"]

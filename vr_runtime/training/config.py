@@ -69,6 +69,7 @@ class TrainConfig:
     router_pool: int = 1                # window on Z_t before the Image Router (1 = paper)
     frames_per_example: int = 0         # > 0: L_img on all positives + random negatives up to
                                         # this many frames (frames are scored independently)
+    margin: int = 100                   # eps reserved in the Stage 3 budget, as at inference
     gen_tokens: int = 64                # L_gen reserved in the Stage 3 budget, as at inference
     bf16: bool = False
     gradient_checkpointing: bool = False

@@ -69,28 +69,30 @@ def generate(trainee, ex: Example, v: torch.Tensor, max_new_tokens: int = 8,
     qe = trainee.embed(q)
     pol = trainee.routers.policy_logits(qe.unsqueeze(0)).float()[0]
     fr = trainee.routers.frame_logits(Z, qe).float()
-    plan, fragment = trainee.plan(pol, fr, {"policy": None},
-                                  trainee.text_tokens(ex.question, Z.shape[0]), max_length)
+    plan, fragment = trainee.plan(pol, fr, {"policy": None, "question": ex.question}, max_length)
     probe = Example(video=ex.video, question=ex.question, answer="x")
-    ids, n_prompt, dest = trainee.build_sequence(vars(probe), plan)
+    ids, n_prompt, dest, _ = trainee.build_sequence(vars(probe), plan)
     ids = ids[:n_prompt]
+    kept = [w for w, d in zip(plan, dest) if w]
+    starts = [d for w, d in zip(plan, dest) if w]
     end = trainee.tokenizer.convert_tokens_to_ids("<|im_end|>")
     out = []
     for _ in range(max_new_tokens):  # short answers: recompute without a KV cache
         ids_t = torch.tensor(ids + out, device=Z.device)
         emb = trainee.pack(Z, plan, trainee.grid, trainee.embed(ids_t), dest)
-        nxt = int(_last_logits(trainee, emb).argmax())
+        pos = trainee.bb.position_ids(ids_t.cpu(), kept, starts)
+        nxt = int(_last_logits(trainee, emb, pos).argmax())
         if nxt == end:
             break
         out.append(nxt)
     return trainee.tokenizer.decode(out, skip_special_tokens=True).strip(), plan, fragment
 
 
-def _last_logits(trainee, emb):
-    from vr_runtime.model import language_model, lm_head
-    h = language_model(trainee.model)(inputs_embeds=emb.unsqueeze(0), use_cache=False,
-                                      return_dict=True).last_hidden_state
-    return lm_head(trainee.model)(h[:, -1])[0]
+def _last_logits(trainee, emb, position_ids=None):
+    kw = {} if position_ids is None else {"position_ids": position_ids.to(emb.device)}
+    h = trainee.bb.decoder()(inputs_embeds=emb.unsqueeze(0), use_cache=False, return_dict=True,
+                             **kw).last_hidden_state
+    return trainee.bb.lm_head()(h[:, -1])[0]
 
 
 @torch.no_grad()

@@ -1,8 +1,9 @@
-"""Frozen-vision feature cache and the pieces of the InternVL forward the stages reuse.
+"""Frozen-vision feature cache.
 
 The vision tower is frozen in all three stages, so each video's pre-projector features
-V [T, 256, 4*C_vit] (vision tower -> drop CLS -> pixel shuffle) are computed once and cached;
-the projector runs inside the training step (it is trainable in Stage 3, frozen before).
+(``Backbone.vision_features``: InternVL's tower -> drop CLS -> pixel shuffle, [T, 256, 4*C_vit];
+Qwen2.5-VL's tower before the patch merger) are computed once and cached; the projector
+(``Backbone.project``) runs inside the training step (it is trainable in Stage 3, frozen before).
 """
 from __future__ import annotations
 
@@ -13,21 +14,11 @@ from typing import Dict, Iterable, Optional
 import torch
 from tqdm.auto import tqdm
 
-from vr_runtime.model import _inner, vision_feature_chunks
-
-
-def vision_tower(model):
-    return _inner(model).vision_tower
-
-
-def projector(model):
-    return _inner(model).multi_modal_projector
-
 
 @torch.no_grad()
-def vision_features(model, pixel_values: torch.Tensor, chunk_size: int = 16) -> torch.Tensor:
-    """[T, 3, 448, 448] -> pre-projector features [T, H*W, 4*C] (fp32, on the model's device)."""
-    return torch.cat([f.float() for _, f in vision_feature_chunks(model, pixel_values, chunk_size)], 0)
+def vision_features(bb, pixel_values: torch.Tensor, chunk_size: int = 16) -> torch.Tensor:
+    """[T, 3, H, W] -> pre-projector features (fp32, on the model's device)."""
+    return torch.cat([f.float() for _, f in bb.vision_features(pixel_values, chunk_size)], 0)
 
 
 def fingerprint(module: torch.nn.Module) -> str:
@@ -43,12 +34,12 @@ def fingerprint(module: torch.nn.Module) -> str:
 class FeatureCache:
     """video path -> V [T, 256, 4C] (fp16 in RAM, fp16 safetensors on disk when ``cache_dir``)."""
 
-    def __init__(self, model, num_frames: int, cache_dir: Optional[str] = None):
-        self.model = model
+    def __init__(self, bb, num_frames: int, cache_dir: Optional[str] = None):
+        self.bb = bb
         self.num_frames = num_frames
         self.cache_dir = None
         if cache_dir:
-            self.cache_dir = os.path.join(cache_dir, f"{fingerprint(vision_tower(model))}"
+            self.cache_dir = os.path.join(cache_dir, f"{fingerprint(bb.vision_tower())}"
                                                      f"_T{num_frames}")
             os.makedirs(self.cache_dir, exist_ok=True)
         self.mem: Dict[str, torch.Tensor] = {}
@@ -71,8 +62,8 @@ class FeatureCache:
             v = load_file(f)["v"]
         else:
             from vr_runtime.video import load_video
-            clip = load_video(video, num_frames=self.num_frames)
-            v = vision_features(self.model, clip.pixel_values).half().cpu()
+            clip = load_video(video, num_frames=self.num_frames, size=self.bb.frame_spec.size[0])
+            v = vision_features(self.bb, clip.pixel_values).half().cpu()
             if f:
                 save_file({"v": v.contiguous()}, f + ".tmp")
                 os.replace(f + ".tmp", f)

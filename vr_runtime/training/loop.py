@@ -80,19 +80,19 @@ def _num_frames(cfg: TrainConfig, examples: List[Example]) -> int:
 
 def build(cfg: TrainConfig, device=None, lm=None):
     """Model, routers (with the stage's freezing) and the Trainee."""
-    from vr_runtime.model import load_model
+    from vr_runtime.backbones import load_backbone
     from vr_runtime.routers import RouterConfig, Routers
     from .stages import Trainee, apply_freezing
     if lm is None:
-        lm = load_model(cfg.model, device=device or "cpu", dtype=torch.float32)
+        lm = load_backbone(cfg.model, device=device or "cpu", dtype=torch.float32)
     if cfg.routers:
-        routers = Routers.load(cfg.routers, lm.model)
+        routers = Routers.load(cfg.routers, lm)
     else:
         rcfg = RouterConfig(num_layers=cfg.router_num_layers, router_dim=cfg.router_dim,
                             num_heads=cfg.router_heads, router_pool=cfg.router_pool)
-        routers = Routers.from_model(lm.model, rcfg, seed=cfg.seed)
+        routers = Routers.from_backbone(lm, rcfg, seed=cfg.seed)
     routers.to(lm.device)
-    params = apply_freezing(lm.model, routers, cfg.trainable_groups)
+    params = apply_freezing(lm, routers, cfg.trainable_groups)
     trainee = Trainee(lm, routers, cfg)
     return lm, routers, trainee, params
 
@@ -142,15 +142,14 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, progress: bool = True,
         trainee.pack = pack
     if cfg.gradient_checkpointing and cfg.stage == 3:
         # Safe because the plan is decided once, outside the recomputed region, under no_grad.
-        from vr_runtime.model import language_model
-        language_model(lm.model).gradient_checkpointing_enable(
+        lm.decoder().gradient_checkpointing_enable(
             gradient_checkpointing_kwargs={"use_reentrant": False})
-        language_model(lm.model).train()
+        lm.decoder().train()
     examples = read_jsonl(cfg.train_data, KINDS[cfg.stage])
     cache = None
     if cfg.stage != 2:
         from .features import FeatureCache
-        cache = FeatureCache(lm.model, _num_frames(cfg, examples),
+        cache = FeatureCache(lm, _num_frames(cfg, examples),
                              cache_dir or os.path.join(os.path.dirname(
                                  os.path.abspath(cfg.train_data)), ".vr_cache"))
     with acc.main_process_first():  # rank 0 fills the on-disk feature cache, others read it

@@ -19,18 +19,20 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .features import projector, vision_tower
+from vr_runtime.policies import Windows, fit_plan, get_planner, relevant_from_logits
 
 GROUPS = ("vision", "projector", "language", "extractor", "semantic", "image")
 
 
-def param_groups(model: nn.Module, routers: nn.Module) -> Dict[str, List[nn.Parameter]]:
-    """Every parameter of model + routers in exactly one named group."""
-    from vr_runtime.model import language_model, lm_head
+def param_groups(bb, routers: nn.Module) -> Dict[str, List[nn.Parameter]]:
+    """Every parameter of the backbone's model + routers in exactly one named group."""
+    model = bb.model
+    proj = list(bb.projector().parameters())
+    in_proj = {id(p) for p in proj}  # (Qwen's merger is a submodule of its vision tower)
     groups = {
-        "vision": list(vision_tower(model).parameters()),
-        "projector": list(projector(model).parameters()),
-        "language": list(language_model(model).parameters()) + list(lm_head(model).parameters()),
+        "vision": [p for p in bb.vision_tower().parameters() if id(p) not in in_proj],
+        "projector": proj,
+        "language": list(bb.decoder().parameters()) + list(bb.lm_head().parameters()),
         "extractor": list(routers.shadow.parameters()),
         "semantic": list(routers.semantic.parameters()),
         "image": list(routers.image.parameters()),
@@ -43,13 +45,13 @@ def param_groups(model: nn.Module, routers: nn.Module) -> Dict[str, List[nn.Para
     return groups
 
 
-def apply_freezing(model: nn.Module, routers: nn.Module, trainable: List[str]) -> List[nn.Parameter]:
+def apply_freezing(bb, routers: nn.Module, trainable: List[str]) -> List[nn.Parameter]:
     """requires_grad exactly for the groups in ``trainable``; returns those parameters."""
     bad = sorted(set(trainable) - set(GROUPS))
     if bad:
         raise ValueError(f"trainable: unknown groups {bad}; expected some of {GROUPS}")
     params = []
-    for name, ps in param_groups(model, routers).items():
+    for name, ps in param_groups(bb, routers).items():
         on = name in trainable
         for p in ps:
             p.requires_grad_(on)
@@ -72,6 +74,7 @@ class Trainee(nn.Module):
     def __init__(self, lm, routers, cfg, pack=None):
         super().__init__()
         self.model = lm.model
+        self.__dict__["bb"] = lm  # the Backbone (not a submodule: its model is self.model)
         self.routers = routers
         self.cfg = cfg
         self.tokenizer = lm.tokenizer
@@ -84,9 +87,7 @@ class Trainee(nn.Module):
         return self.model.get_input_embeddings()(ids)
 
     def project(self, v: torch.Tensor) -> torch.Tensor:
-        proj = projector(self.model)
-        p = next(proj.parameters())
-        return proj(v.to(device=p.device, dtype=p.dtype))
+        return self.bb.project(v)
 
     def forward(self, batch: List[dict]) -> Dict[str, torch.Tensor]:
         stage = self.cfg.stage
@@ -125,7 +126,8 @@ class Trainee(nn.Module):
             Z = self.project(ex["v"])
             loss, logits, y = self.frame_loss(Z, self.embed(ex["q_ids"]), ex["labels"])
             losses.append(loss)
-            correct += int(((logits > 0) == (y > 0.5)).sum())
+            correct += int((relevant_from_logits(logits, self.routers.config.threshold)
+                            == (y > 0.5)).sum())
             total += y.numel()
         loss = torch.stack(losses).mean()
         return {"loss": loss, "l_img": loss.detach(),
@@ -152,11 +154,10 @@ class Trainee(nn.Module):
 
     # -- stage 3
     @torch.no_grad()
-    def plan(self, policy_logits, frame_logits, ex, text_tokens: int,
-             max_length: Optional[int] = None):
-        """The routing decision (no gradient): windows per frame under the context budget
-        (``max_length``, default ``model_max_length``)."""
-        from vr_runtime.budget import plan_fragment, plan_global, visual_budget
+    def plan(self, policy_logits, frame_logits, ex, max_length: Optional[int] = None):
+        """The routing decision (no gradient), made as the runtime makes it: the Semantic
+        Router's class, the Image Router's threshold, the policy's planner fitted exactly into
+        the context budget (``max_length``, default ``model_max_length``) with its own text."""
         c = self.cfg
         if c.plan_from == "labels" and ex.get("policy") is not None:
             fragment = bool(ex["policy"])
@@ -164,17 +165,18 @@ class Trainee(nn.Module):
                 else [False] * frame_logits.shape[0]
         else:
             fragment = bool(policy_logits.argmax(-1).item() == 1)
-            relevant = (frame_logits > 0).tolist()  # sigmoid > 0.5
+            relevant = relevant_from_logits(frame_logits, self.routers.config.threshold).tolist()
         T = frame_logits.shape[0]
-        budget = visual_budget(max_length or c.model_max_length, text_tokens, c.gen_tokens, 100,
-                               grid=self.grid, coarsest=c.fragment_scales[1])
-        if fragment:
-            s1, s0 = c.fragment_scales
-            return plan_fragment(relevant, budget, self.grid, high=s1, low=s0,
-                                 global_scale=c.global_scale), True
-        return plan_global(T, budget, self.grid, c.global_scale), False
+        s1, s0 = c.fragment_scales
+        w = Windows(high=s1, low=s0, global_scale=c.global_scale)
+        planner = get_planner("fragment" if fragment else "global")
+        fitted = fit_plan(lambda b: planner.plan(T, b, self.grid, relevant, w),
+                          lambda kept: self.bb.text_tokens(ex["question"], T, kept=kept), T,
+                          max_length or c.model_max_length, c.gen_tokens, c.margin, self.grid,
+                          coarsest=s0)
+        return fitted.plan, fragment
 
-    def training_plan(self, policy_logits, frame_logits, ex, text_tokens: int):
+    def training_plan(self, policy_logits, frame_logits, ex):
         """``plan`` with the inference-time conditions the answer head must survive: a random
         L_max from ``train_max_length`` (tight ones drop frames, even evidence frames when
         false positives crowd the budget) and, with ``false_positive_prob``, one irrelevant
@@ -190,27 +192,23 @@ class Trainee(nn.Module):
             if c.plan_from == "labels" and ex.get("labels") is not None:
                 rel = ex["labels"] > 0.5
             else:
-                rel = frame_logits > 0
+                rel = relevant_from_logits(frame_logits, self.routers.config.threshold)
             neg = torch.nonzero(~rel.to(frame_logits.device)).flatten()
             if neg.numel() and bool(rel.any()):  # only Fragment-style plans have relevance
                 t = int(neg[torch.randint(neg.numel(), ())])
                 if ex.get("labels") is not None:
                     ex["labels"] = ex["labels"].clone()
                     ex["labels"][t] = 1.0
-                frame_logits[t] = 1.0
-        return self.plan(policy_logits, frame_logits, ex, text_tokens, max_length)
-
-    def text_tokens(self, question: str, num_frames: int) -> int:
-        """L_text exactly as the runtime counts it (every frame's line present: an upper bound)."""
-        from vr_runtime.prompt import text_tokens
-        return text_tokens(self.tokenizer, question, num_frames)
+                frame_logits[t] = 10.0  # relevant under any threshold
+        return self.plan(policy_logits, frame_logits, ex, max_length)
 
     def build_sequence(self, ex, plan):
-        """Prompt ids (InternVL video prompt, chat template) + answer ids, and per-frame dest."""
+        """Prompt ids (the runtime's video prompt, chat template) + answer ids, per-frame dest
+        and the backbone's position ids (None: 1-D)."""
         from vr_kernels import pooled_counts
-        from .prompting import video_prompt_ids
         counts = pooled_counts(plan, self.grid)
-        ids, starts = video_prompt_ids(self.tokenizer, ex["question"], counts, self.image_token_id)
+        ids, starts = self.bb.build_prompt(ex["question"], counts)
+        ids = ids.tolist()
         ans = self.tokenizer(ex["answer"], add_special_tokens=False)["input_ids"]
         end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         full = ids + ans + [end]
@@ -221,7 +219,9 @@ class Trainee(nn.Module):
                 k += 1
             else:
                 dest.append(0)  # dropped frame: no rows, dest unused
-        return full, len(ids), dest
+        kept_plan = [w for w, n in zip(plan, counts) if n]
+        pos = self.bb.position_ids(torch.tensor(full), kept_plan, starts)
+        return full, len(ids), dest, pos
 
     def stage3(self, batch):
         c = self.cfg
@@ -242,13 +242,12 @@ class Trainee(nn.Module):
             else:
                 with torch.no_grad():  # the decision for every frame, without gradient
                     fr_all = self.routers.frame_logits(Z.detach(), q.detach()).float()
-            plan, _ = self.training_plan(pol.detach()[0], fr_all, ex,
-                                         self.text_tokens(ex["question"], Z.shape[0]))
-            ids, n_prompt, dest = self.build_sequence(ex, plan)
+            plan, _ = self.training_plan(pol.detach()[0], fr_all, ex)
+            ids, n_prompt, dest, pos = self.build_sequence(ex, plan)
             ids_t = torch.tensor(ids, device=Z.device)
             emb = self.embed(ids_t)                       # [L, D]; grad -> embed_tokens
             emb = self.pack(Z.to(emb.dtype), plan, self.grid, emb, dest)
-            logits = self.lm_logits(emb.unsqueeze(0), n_prompt - 1)[0]   # predicts ids[n_prompt:]
+            logits = self.lm_logits(emb.unsqueeze(0), n_prompt - 1, pos)[0]  # predicts ids[n_prompt:]
             target = ids_t[n_prompt:]
             lm_losses.append(F.cross_entropy(logits.float(), target, reduction="sum"))
             n_tok += target.numel()
@@ -265,9 +264,10 @@ class Trainee(nn.Module):
         return {"loss": loss, "l_lm": l_lm.detach(), "l_sem": l_sem.detach(),
                 "l_img": l_img.detach()}
 
-    def lm_logits(self, inputs_embeds: torch.Tensor, start: int) -> torch.Tensor:
+    def lm_logits(self, inputs_embeds: torch.Tensor, start: int,
+                  position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Decoder over the whole sequence; the LM head only on positions >= ``start``."""
-        from vr_runtime.model import language_model, lm_head
-        h = language_model(self.model)(inputs_embeds=inputs_embeds, use_cache=False,
-                                       return_dict=True).last_hidden_state
-        return lm_head(self.model)(h[:, start:-1])
+        kw = {} if position_ids is None else {"position_ids": position_ids.to(inputs_embeds.device)}
+        h = self.bb.decoder()(inputs_embeds=inputs_embeds, use_cache=False, return_dict=True,
+                              **kw).last_hidden_state
+        return self.bb.lm_head()(h[:, start:-1])

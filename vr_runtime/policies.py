@@ -1,0 +1,195 @@
+"""Allocation policies in one place, for the runtime, the training and the command line: their
+names, the Semantic Router's classes, the Image Router's decision threshold, the planner
+registry, and the exact fit of a plan and its prompt text into ``max_length``.
+
+A policy is a planner: ``(num_frames, budget, grid, relevant, windows) -> one window per frame``
+(0 = dropped; SPEC section 2). ``auto`` is not a planner: the Semantic Router picks one of
+:data:`SEMANTIC_CLASSES`. Adding a policy is one :func:`register_planner` call.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from . import budget as B
+from .budget import BudgetError
+
+AUTO = "auto"
+SEMANTIC_CLASSES = ("global", "fragment")   # Semantic Router class 0 / 1 (paper: y_s)
+UNTRAINED_AUTO_POLICY = "global"            # what `auto` does without trained routers
+DEFAULT_THRESHOLD = 0.5                     # frame relevant iff sigmoid(logit) > threshold
+
+Grid = Tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Windows:
+    """The paper's pooling windows: relevant frames at ``high`` (s1), the others at ``low``
+    (s0), every frame at ``global_scale`` (s_g) under Global."""
+    high: object = 1
+    low: object = 4
+    global_scale: object = 2
+
+
+@dataclass(frozen=True)
+class Planner:
+    name: str
+    plan: Callable[..., list]     # (T, budget, grid, relevant, windows) -> windows per frame
+    needs_relevance: bool         # needs the frame scores (so Z) before planning
+    budgeted: bool = True         # False: ignores the budget (dense)
+    description: str = ""
+
+
+PLANNERS: Dict[str, Planner] = {}
+
+
+def register_planner(name: str, needs_relevance: bool = False, budgeted: bool = True,
+                     description: str = ""):
+    """Decorator: ``fn(num_frames, budget, grid, relevant, windows) -> plan`` becomes policy
+    ``name`` for ``VideoRouter.answer(policy=name)``, the CLI and training."""
+    def deco(fn):
+        if name in PLANNERS or name == AUTO:
+            raise ValueError(f"policy {name!r} is already registered")
+        PLANNERS[name] = Planner(name, fn, needs_relevance, budgeted, description)
+        return fn
+    return deco
+
+
+@register_planner("global", description="every frame pooled s_g x s_g (uniform subsampling "
+                                         "when that does not fit)")
+def _global(T, budget, grid, relevant, w: Windows):
+    return B.plan_global(T, budget, grid, w.global_scale)
+
+
+@register_planner("fragment", needs_relevance=True,
+                  description="Algorithm 1: relevant frames at s1, the others at s0")
+def _fragment(T, budget, grid, relevant, w: Windows):
+    return B.plan_fragment(relevant, budget, grid, high=w.high, low=w.low,
+                           global_scale=w.global_scale)
+
+
+@register_planner("dense", budgeted=False, description="every frame at full resolution, no budget")
+def _dense(T, budget, grid, relevant, w: Windows):
+    return B.plan_dense(T)
+
+
+@register_planner("budget", description="InternVL3*: as many full-resolution frames as fit")
+def _budget(T, budget, grid, relevant, w: Windows):
+    return B.plan_budget(T, budget, grid)
+
+
+@register_planner("uniform", description="one window for every frame, the finest that fits")
+def _uniform(T, budget, grid, relevant, w: Windows):
+    return B.plan_uniform(T, budget, grid)
+
+
+def policy_names() -> Tuple[str, ...]:
+    """Every value ``policy=`` accepts: ``auto`` and the registered planners."""
+    return (AUTO,) + tuple(PLANNERS)
+
+
+def get_planner(name: str) -> Planner:
+    p = PLANNERS.get(name)
+    if p is None:
+        raise ValueError(f"policy {name!r}: expected one of {', '.join(policy_names())}")
+    return p
+
+
+# ----------------------------------------------------------------------------- decisions
+def policy_from_logits(logits) -> Tuple[str, float]:
+    """Semantic Router logits [2] (a tensor) -> (policy name, its softmax probability)."""
+    probs = logits.float().reshape(-1).softmax(-1)
+    cls = int(probs.argmax())
+    return SEMANTIC_CLASSES[cls], float(probs[cls])
+
+
+def relevant_from_probs(probs: Sequence[float], threshold: float = DEFAULT_THRESHOLD) -> List[bool]:
+    return [float(p) > threshold for p in probs]
+
+
+def relevant_from_logits(logits, threshold: float = DEFAULT_THRESHOLD):
+    """sigmoid(logit) > threshold, decided on the logits (no sigmoid round-off near 0/1)."""
+    return logits > math.log(threshold / (1.0 - threshold))
+
+
+def topk_relevant(scores: Sequence[float], budget: int, grid: Grid, w: Windows) -> List[bool]:
+    """The highest-scoring frames that Algorithm 1 can keep at ``w.high`` with every other frame
+    at ``w.low`` (at least one; ties broken by temporal order): relevance from a score ranking
+    with no calibrated threshold (the CLIP baseline, paper Appendix D)."""
+    T = len(scores)
+    n1, n0 = B.window_tokens(w.high, grid), B.window_tokens(w.low, grid)
+    k = 1 if n1 == n0 else max(1, min(T, (budget - T * n0) // (n1 - n0)))
+    order = sorted(range(T), key=lambda t: (-float(scores[t]), t))[:k]
+    keep = set(order)
+    return [t in keep for t in range(T)]
+
+
+# ----------------------------------------------------------------------------- exact budget
+@dataclass(frozen=True)
+class FittedPlan:
+    plan: list                # one window per frame
+    budget: Optional[int]     # visual budget B_img the plan was made under (None: dense)
+    text_tokens: int          # non-visual prompt tokens with the kept frames' lines
+
+
+def fit_plan(plan_for: Callable[[int], list], text_for: Callable[[Sequence[int]], int],
+             num_frames: int, max_length: int, gen_tokens: int, margin: int, grid: Grid,
+             coarsest=4) -> FittedPlan:
+    """The plan for the largest visual budget whose plan *plus the text it implies* fits
+    ``max_length - gen_tokens - margin``.
+
+    L_text depends on the plan (a dropped frame's "FrameN:" line is not in the prompt), so the
+    budget is searched: from the safe one (every frame's line counted) up to the one with no
+    frame line at all, by bisection on whether plan + its own text fit. A plan's text only
+    shrinks as frames drop, so the result wastes at most about one frame's tokens, where the
+    all-lines budget wasted every dropped frame's line (6,123 of 16,000 tokens used at 1,200
+    frames). ``plan_for(budget)`` may raise ``BudgetError`` (e.g. uniform): that budget does not
+    fit. Raises ``BudgetError`` (the four numbers) when no frame fits at ``coarsest``."""
+    memo: Dict[tuple, int] = {}
+
+    def text(kept) -> int:
+        key = tuple(kept)
+        if key not in memo:
+            memo[key] = text_for(key)
+        return memo[key]
+
+    avail = max_length - gen_tokens - margin
+    if num_frames > 0:
+        # One frame's line must fit with one frame at the coarsest window (SPEC 2's error).
+        B.visual_budget(max_length, text([0]), gen_tokens, margin, grid=grid, coarsest=coarsest)
+    safe = avail - text(range(num_frames))
+    hi = avail - text(())
+
+    def attempt(budget: int):
+        if budget < 0:
+            return None
+        try:
+            plan = plan_for(budget)
+        except BudgetError:
+            return None
+        kept = [t for t, w in enumerate(plan) if B.window_tokens(w, grid) > 0]
+        used = B.plan_tokens(plan, grid)
+        t = text(kept)
+        return FittedPlan(plan, budget, t) if used + t <= avail else None
+
+    best = attempt(safe)
+    lo = max(safe, 0) if best is not None else -1
+    while lo < hi:  # invariant: attempt(lo) fits (or lo = -1), attempt(hi + 1) is not tried
+        mid = (lo + hi + 1) // 2
+        got = attempt(mid)
+        if got is not None:
+            best, lo = got, mid
+        else:
+            hi = mid - 1
+    if best is None:
+        raise BudgetError(f"max_length {max_length} holds no frame: text {text(range(num_frames))} "
+                          f"+ gen_tokens {gen_tokens} + margin {margin}; raise --max-length or "
+                          f"use fewer frames")
+    return best
+
+
+__all__ = ["AUTO", "SEMANTIC_CLASSES", "UNTRAINED_AUTO_POLICY", "DEFAULT_THRESHOLD", "Windows",
+           "Planner", "PLANNERS", "register_planner", "policy_names", "get_planner",
+           "policy_from_logits", "relevant_from_probs", "relevant_from_logits", "topk_relevant",
+           "FittedPlan", "fit_plan"]
