@@ -10,8 +10,8 @@ Rows (one VideoRouter.answer call each, on the same random video tensor):
   Dense                     every frame at full resolution, no budget
   Budget (InternVL3*)       as many full-resolution frames as the budget holds, uniformly sampled
   Uniform pooling           one window for all frames, the finest that fits (1x2 at 64 frames)
-  VideoRouter (1,4)         Fragment policy, relevant frames at window 1, the others at 4 (default)
-  VideoRouter (2,4), (4,8)  the same with coarser windows
+  VideoRouter (s=2,4)       the paper's default: s_g=2 (Global), s1=1 (relevant), s0=4 (others)
+  VideoRouter (s=4,8)       the paper's coarser row: s_g=4, s1=1, s0=8
 
 What is measured, and how:
 * Model: random weights in the exact shape of InternVL3-1B/2B/8B (vr_runtime/configs), paired with
@@ -19,19 +19,19 @@ What is measured, and how:
   --model, a real InternVL3-*-hf checkpoint.
 * Relevance: untrained routers make meaningless decisions, so the VideoRouter rows impose a
   fixed pattern (default 28 of 64 frames, spread evenly; --relevance clustered puts them in one
-  block). They call ``answer(policy="auto")`` inside ``e2e_override.forced_routing``: the Semantic
-  Router and the Image Router run their full forward passes (shadow stack + heads, every frame)
-  and only their outputs are replaced (Fragment; 1/0 per frame), so the router time in TTFT is
-  real. (``answer(relevant=...)`` would skip the routers and hide their cost.) With trained
-  router weights (--routers with ``trained`` set) the routers decide, with ``policy="auto"``.
+  block). They call ``answer(policy="fragment", scorer=FixedRelevance(pattern, run_routers=True))``
+  (the runtime's FrameScorer seam): the Semantic Router and the Image Router run their full
+  forward passes (shadow stack + heads, every frame) in the timed router stage and only their
+  decisions are replaced, so the router time in TTFT is real. With trained router weights
+  (--routers with ``trained`` set) the routers decide, with ``policy="auto"``.
 * Shadow stack: 4 decoder layers, as in the paper. For a reduced decoder (--text-layers, or the
   4-layer tiny preset of the CPU mode) the stack is reduced in proportion (4/28 of the depth, at
   least 1), so that the router's cost relative to the LLM stays that of the full-size model;
   --router-layers overrides.
-* Budget: the visual-token budget is fixed (12,288 as in the paper); ``max_length`` is derived as
-  budget + text tokens + max_new_tokens + margin, with the runtime's own count of the text tokens
-  of the full T-frame prompt (``vr_runtime.prompt.text_tokens``), so every budgeted row gets
-  exactly this visual budget (checked against each report's ``budget``).
+* Budget: the visual-token budget is fixed (12,288 as in the paper's controlled protocol) and
+  passed as ``answer(budget=...)``; ``max_length`` is budget + the full T-frame prompt's text
+  tokens + max_new_tokens + margin (the runtime's own count), so every plan fits (each report's
+  ``budget`` is checked against it).
 * Timing: stage times come from the runtime's synchronised stage timers (report["timings_s"]);
   TTFT = vision + router + compress + prefill, after video decoding (the input is a ready
   [T, 3, 448, 448] tensor). Each row: ``--warmup`` untimed calls, then the median of ``--runs``.
@@ -69,7 +69,6 @@ import torch  # noqa: E402
 
 import common  # noqa: E402  (bench/common.py: environment, device name, results writing)
 import e2e_memory  # noqa: E402
-import e2e_override  # noqa: E402
 import e2e_report  # noqa: E402
 
 CONFIGS = ROOT / "vr_runtime" / "configs"
@@ -81,9 +80,9 @@ POLICIES = [
     ("dense", "Dense", dict(policy="dense")),
     ("budget", "Budget (InternVL3*)", dict(policy="budget")),
     ("uniform", "Uniform pooling", dict(policy="uniform")),
-    ("vr14", "VideoRouter (1,4) default", dict(policy="fragment", high=1, low=4)),
-    ("vr24", "VideoRouter (2,4)", dict(policy="fragment", high=2, low=4)),
-    ("vr48", "VideoRouter (4,8)", dict(policy="fragment", high=4, low=8)),
+    # The paper's rows "VideoRouter (s=2,4)" (its default) and "(s=4,8)": (s_g, s0) with s1 = 1.
+    ("vr24", "VideoRouter (s=2,4) default", dict(policy="fragment", high=1, low=4, global_scale=2)),
+    ("vr48", "VideoRouter (s=4,8)", dict(policy="fragment", high=1, low=8, global_scale=4)),
 ]
 PAPER_FRAMES, PAPER_BUDGET, PAPER_RELEVANT = 64, 12288, 28
 SWEEP_FRAMES = (16, 32, 64, 128, 256)
@@ -262,10 +261,10 @@ def build(args, device, dtype):
         # from_pretrained("tiny") would pick up the shipped trained routers, which decide on the
         # synthetic task's frames; the benchmark feeds random frames, so it keeps its fixed
         # relevance protocol (untrained routers, decisions imposed) unless --routers is given.
-        from vr_runtime.model import load_model
+        from vr_runtime.backbones import load_backbone
         from vr_runtime.routers import Routers
-        lm = load_model("tiny", device=device, dtype=dtype)
-        return VideoRouter(lm, Routers.from_model(lm.model, rc))
+        lm = load_backbone("tiny", device=device, dtype=dtype)
+        return VideoRouter(lm, Routers.from_backbone(lm, rc))
     return VideoRouter.from_config(shape_config(args), routers=args.routers, device=device,
                                    dtype=dtype, seed=args.seed, router_config=rc)
 
@@ -343,40 +342,39 @@ def random_video(num_frames: int, seed: int) -> torch.Tensor:
     return torch.randn(num_frames, 3, 448, 448, generator=g)
 
 
-def answer_kwargs(args, num_frames: int, max_length: int, kw: dict) -> dict:
-    """answer() keywords of one row. VideoRouter rows run policy "auto" -- the Semantic Router,
-    then the Image Router -- as a trained deployment would (see ``routing``)."""
+def answer_kwargs(args, num_frames: int, max_length: int, budget: int, kw: dict,
+                  relevant=None) -> dict:
+    """answer() keywords of one row, at the fixed visual budget. VideoRouter rows run both
+    routers: with a fixed ``relevant`` pattern through ``FixedRelevance(run_routers=True)``
+    (decisions imposed, cost real), else policy "auto" as a trained deployment would."""
+    from vr_runtime.scorers import FixedRelevance
     out = dict(num_frames=num_frames, max_length=max_length, max_new_tokens=args.max_new_tokens,
                margin=args.margin, **kw)
+    if kw.get("policy") != "dense":
+        out["budget"] = budget
     if kw.get("policy") == "fragment":
-        out["policy"] = "auto"
-        if args.router_pool is not None:
-            out["router_pool"] = args.router_pool
+        if relevant is not None:
+            out["scorer"] = FixedRelevance(relevant, run_routers=True)
+        else:
+            out["policy"] = "auto"
+            if args.router_pool is not None:
+                out["router_pool"] = args.router_pool
     return out
 
 
-def routing(vr, kw: dict, relevant):
-    """forced_routing (routers computed, decisions imposed) for a VideoRouter row with a fixed
-    pattern; nothing for the baselines or when trained routers decide."""
-    if kw.get("policy") == "fragment" and relevant is not None:
-        return e2e_override.forced_routing(vr, relevant)
-    return contextlib.nullcontext()
-
-
-def answer(vr, video, args, max_length: int, kw: dict, relevant):
+def answer(vr, video, args, max_length: int, budget: int, kw: dict, relevant):
     """One VideoRouter.answer call of a row."""
-    with routing(vr, kw, relevant):
-        return vr.answer(video, args.question,
-                         **answer_kwargs(args, int(video.shape[0]), max_length, kw))
+    return vr.answer(video, args.question,
+                     **answer_kwargs(args, int(video.shape[0]), max_length, budget, kw, relevant))
 
 
-def call(vr, dev: Device, video, args, max_length: int, kw: dict, relevant) -> dict:
+def call(vr, dev: Device, video, args, max_length: int, budget: int, kw: dict, relevant) -> dict:
     """One answer(); returns its report plus the harness's own measurements."""
     dev.reset_peak()
     with dev.sampler() as s:
         dev.sync()
         t0 = time.perf_counter()
-        res = answer(vr, video, args, max_length, kw, relevant)
+        res = answer(vr, video, args, max_length, budget, kw, relevant)
         dev.sync()
         wall = time.perf_counter() - t0
     rep = dict(res.report)
@@ -434,11 +432,12 @@ def measure_row(vr, dev, args, video, key, label, kw, *, sweep, budget, max_leng
     if fragment:
         row["relevant"] = None if rel is None else sum(rel)
     try:
-        with e2e_override.routers_offloaded(vr, enabled=dev.cuda and not fragment):
+        with e2e_memory.routers_offloaded(vr, enabled=dev.cuda and not fragment):
             dev.release()
             for _ in range(args.warmup):
-                call(vr, dev, video, args, max_length, kw, rel)
-            reports = [call(vr, dev, video, args, max_length, kw, rel) for _ in range(args.runs)]
+                call(vr, dev, video, args, max_length, budget, kw, rel)
+            reports = [call(vr, dev, video, args, max_length, budget, kw, rel)
+                       for _ in range(args.runs)]
     except (ValueError, RuntimeError) as e:  # BudgetError, OOM, ...: keep the other rows
         row["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
         if dev.cuda:
@@ -461,8 +460,7 @@ def measure_row(vr, dev, args, video, key, label, kw, *, sweep, budget, max_leng
 def text_tokens_for(vr, dev, args, video) -> int:
     """Text tokens of the full T-frame prompt (question, chat template and every frame's
     "FrameN: <img></img>" line), counted the way the runtime counts them for its budget."""
-    from vr_runtime.prompt import text_tokens
-    return int(text_tokens(vr.lm.tokenizer, args.question, int(video.shape[0])))
+    return int(vr.lm.text_tokens(args.question, int(video.shape[0])))
 
 
 def run_table(vr, dev, args, frames, budget, sweep, rows, text_cache) -> None:
@@ -513,9 +511,10 @@ def run_batch(vr, dev, args, rows, text_cache) -> None:
                        if batched else "sequential answer() calls (no answer_batch)",
                        max_length=max_length)
             try:
-                with e2e_override.routers_offloaded(vr, enabled=dev.cuda and not fragment):
+                with e2e_memory.routers_offloaded(vr, enabled=dev.cuda and not fragment):
                     dev.release()
-                    runs = [batch_call(vr, dev, args, videos[:B], max_length, kw, rel, batched)
+                    runs = [batch_call(vr, dev, args, videos[:B], max_length, budget, kw, rel,
+                                       batched)
                             for _ in range(args.warmup + args.runs)][args.warmup:]
             except (ValueError, RuntimeError) as e:
                 row["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
@@ -537,19 +536,18 @@ def run_batch(vr, dev, args, rows, text_cache) -> None:
                   f"({row['batch_mode']})", flush=True)
 
 
-def batch_call(vr, dev, args, videos, max_length, kw, rel, batched):
+def batch_call(vr, dev, args, videos, max_length, budget, kw, rel, batched):
     """One timed pass over ``videos`` -> (wall s, torch peak, NVML/RSS peak, reports)."""
     dev.reset_peak()
     with dev.sampler() as s:
         dev.sync()
         t0 = time.perf_counter()
         if batched:  # the runtime's batched entry point, when it has one
-            with routing(vr, kw, rel):
-                res = vr.answer_batch(videos, args.question, **answer_kwargs(
-                    args, int(videos[0].shape[0]), max_length, kw))
+            res = vr.answer_batch(videos, args.question, **answer_kwargs(
+                args, int(videos[0].shape[0]), max_length, budget, kw, rel))
             got = [r.report for r in res]
         else:
-            got = [answer(vr, v, args, max_length, kw, rel).report for v in videos]
+            got = [answer(vr, v, args, max_length, budget, kw, rel).report for v in videos]
         dev.sync()
         wall = time.perf_counter() - t0
     peak = dev.torch_peak() or max((r.get("peak_memory_bytes") or 0) for r in got) or None
@@ -567,9 +565,9 @@ def check_targets(rows, args, cuda: bool) -> dict:
                        "frames, budget 12,288; not evaluated for this run")
         return out
     main = {r["policy"]: r for r in rows if r["sweep"] == "main" and not r.get("error")}
-    vr, dense = main.get("vr14"), main.get("dense")
+    vr, dense = main.get("vr24"), main.get("dense")
     if not vr or not dense:
-        out["note"] = "VideoRouter (1,4) or Dense row missing or failed"
+        out["note"] = "VideoRouter (s=2,4) or Dense row missing or failed"
         return out
     checks = {
         "ttft_x_dense <= 0.40": vr["ttft_s"] / dense["ttft_s"] <= TARGETS["ttft_x_dense"],
@@ -580,8 +578,8 @@ def check_targets(rows, args, cuda: bool) -> dict:
     out["other_rows"] = {k: dict(ttft_x_dense=r["ttft_s"] / dense["ttft_s"], ttft_s=r["ttft_s"],
                                  router_share=(r["router_s"] or 0) / r["ttft_s"],
                                  peak_mem_gb=r["peak_mem_gb"])
-                         for k, r in main.items() if k in ("vr24", "vr48")}
-    out.update(row="vr14 (VideoRouter defaults 1,4)", checks=checks, passed=all(checks.values()),
+                         for k, r in main.items() if k in ("vr48",)}
+    out.update(row="vr24 (VideoRouter (s=2,4), the paper's default)", checks=checks, passed=all(checks.values()),
                values=dict(ttft_x_dense=vr["ttft_s"] / dense["ttft_s"], ttft_s=vr["ttft_s"],
                            router_share=(vr["router_s"] or 0) / vr["ttft_s"],
                            peak_mem_gb=vr["peak_mem_gb"]))

@@ -123,8 +123,8 @@ def paper_table(markdown: bool = False) -> str:
 def pending_markdown(device: str, reason: str) -> str:
     """The GPU rows of BENCHMARKS.md before anyone has measured them: no figure, a reason."""
     head = [h for _, h, _ in COLUMNS]
-    labels = ["Dense", "Budget (InternVL3*)", "Uniform pooling", "VideoRouter (1,4) default",
-              "VideoRouter (2,4)", "VideoRouter (4,8)"]
+    labels = ["Dense", "Budget (InternVL3*)", "Uniform pooling", "VideoRouter (s=2,4) default",
+              "VideoRouter (s=4,8)"]
     out = [f"**{device}**: {reason}", "",
            "| " + " | ".join(head) + " |",
            "|" + "|".join(":--" if i == 0 else "--:" for i in range(len(head))) + "|"]
