@@ -44,7 +44,7 @@ from .scorers import (CachedImageRouterScorer, FixedRelevance, FrameScorer, Fram
                       ImageRouterScorer, ScoringInput)
 from .timing import StageTimer
 
-POLICIES = policy_names()
+POLICIES = policy_names()  # the built-in ones; register_planner adds more at run time
 
 
 @dataclass
@@ -155,8 +155,8 @@ class VideoRouter:
                 global_scale=2, margin=100, budget=None, chunk_size=16, frame_batch=None,
                 system=None, router_pool=None, cache_visual=False, route_to=None) -> Request:
         """Check the arguments of :meth:`answer` (before any decoding) -> :class:`Request`."""
-        if policy not in POLICIES:
-            raise ValueError(f"policy {policy!r}: expected one of {', '.join(POLICIES)}")
+        if policy not in policy_names():
+            raise ValueError(f"policy {policy!r}: expected one of {', '.join(policy_names())}")
         if not isinstance(question, str) or not question.strip():
             raise ValueError("question: empty; ask a non-empty question about the video")
         for name, v, lo in (("num_frames", num_frames, 1), ("max_length", max_length, 1),
