@@ -76,9 +76,14 @@ class Backbone(abc.ABC):
         """Per-frame token grid (rows, cols) of Z_t: (16, 16) at 448x448 for both families."""
 
     @property
-    @abc.abstractmethod
     def frame_spec(self) -> FrameSpec:
-        ...
+        return type(self).spec_from_config(self.model.config.to_dict())
+
+    @classmethod
+    @abc.abstractmethod
+    def spec_from_config(cls, config: dict) -> FrameSpec:
+        """The frame spec from a config.json dict: known before the weights load, so decoding
+        can start while the model loads (the CLI's prefetch)."""
 
     @property
     def text_config(self):

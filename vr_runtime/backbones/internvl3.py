@@ -60,10 +60,10 @@ class InternVL3Backbone(Backbone):
         r = self.model.config.downsample_ratio
         return int(img[0] // patch[0] * r), int(img[1] // patch[1] * r)
 
-    @property
-    def frame_spec(self) -> FrameSpec:
-        return FrameSpec(size=_pair(self.model.config.vision_config.image_size),
-                         mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    @classmethod
+    def spec_from_config(cls, config: dict) -> FrameSpec:
+        size = (config.get("vision_config") or {}).get("image_size", 448)
+        return FrameSpec(size=_pair(size), mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
     def decoder(self):
         return self._inner.language_model
@@ -133,6 +133,14 @@ class InternVL3Backbone(Backbone):
         return cls(model.eval(), tok, dev, dt, path.name)
 
     @classmethod
+    def preset_config(cls, name: str = "tiny") -> dict:
+        from ..tiny import ASSETS
+        path = ASSETS / "config.json"
+        if not path.is_file():
+            raise ModelFilesError(f"tiny preset: {path} is missing; run scripts/make_tiny_assets.py")
+        return json.loads(path.read_text())
+
+    @classmethod
     def tiny(cls, device="cpu", dtype=None, attn_implementation: Optional[str] = None,
              weights: Optional[str] = None) -> "InternVL3Backbone":
         """The ``tiny`` preset with its shipped (trained) weights, or a deterministic fill."""
@@ -141,10 +149,7 @@ class InternVL3Backbone(Backbone):
         dev = resolve_device(device)
         dt = resolve_dtype(dtype, dev)
         attn = pick_attn_implementation(attn_implementation, dev, dt)
-        path = ASSETS / "config.json"
-        if not path.is_file():
-            raise ModelFilesError(f"tiny preset: {path} is missing; run scripts/make_tiny_assets.py")
-        cfg = InternVLConfig.from_dict(json.loads(path.read_text()))
+        cfg = InternVLConfig.from_dict(cls.preset_config())
         # Built and filled on the CPU, then moved: the same weights on every device (a CUDA
         # generator would draw different numbers from the same seed). Built directly in `dtype`
         # (not cast afterwards): like from_pretrained, this keeps rotary inv_freq in fp32.
