@@ -169,9 +169,9 @@ def test_window1_equals_hf_forward(bb):
         Z = bb.encode_frames(pv, chunk_size=2)
         ids, E, pos = _compressed_embeds(bb, Z, [1] * T)
         ours = bb.forward(inputs_embeds=E, position_ids=pos, logits_to_keep=0).logits
-        mm = (ids == bb.image_token_id).int()[None]
-        ref = bb.model(input_ids=ids[None], pixel_values=frame_patches(pv),
-                       image_grid_thw=_thw([(16, 16)] * T), mm_token_type_ids=mm).logits
+        inputs = bb.reference_inputs(ids, pv)
+        assert inputs["image_grid_thw"].tolist() == [[1, 32, 32]] * T
+        ref = bb.model(**inputs).logits
     assert ours.shape == ref.shape == (1, ids.numel(), bb.model.config.text_config.vocab_size)
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
     assert torch.equal(pos, _hf_rope_index(bb, ids, [(16, 16)] * T))
@@ -308,9 +308,7 @@ def test_decode_step_equals_hf_generation_positions(bb):
     with torch.no_grad():
         Z = bb.encode_frames(pv)
         ids, E, pos = _compressed_embeds(bb, Z, [1] * T)
-        mm = (ids == bb.image_token_id).int()[None]
-        hf = bb.model(input_ids=ids[None], pixel_values=frame_patches(pv), use_cache=True,
-                      image_grid_thw=_thw([(16, 16)] * T), mm_token_type_ids=mm)
+        hf = bb.model(**bb.reference_inputs(ids, pv), use_cache=True)
         nxt = torch.tensor([[42]])
         hf_step = bb.model(input_ids=nxt, past_key_values=hf.past_key_values, use_cache=True,
                            mm_token_type_ids=torch.zeros_like(nxt)).logits[:, -1]
@@ -390,6 +388,13 @@ def test_load_local_dir_and_bad_dirs(bb, tmp_path):
     one_line(tmp_path / "nope", "not a directory")
     (tmp_path / "empty").mkdir()
     one_line(tmp_path / "empty", r"missing config.json, \*.safetensors, tokenizer")
+    from safetensors.torch import load_file, save_file
+    state = load_file(str(good / "model.safetensors"))
+    cut = sorted(k for k in state if "merger" in k)[0]
+    save_file({k: v for k, v in state.items() if k != cut}, str(good / "model.safetensors"),
+              metadata={"format": "pt"})
+    one_line(good, "lack 1 weight")
+    save_file(state, str(good / "model.safetensors"), metadata={"format": "pt"})
     cfg = json.loads((good / "config.json").read_text())
     (good / "config.json").write_text(json.dumps(dict(cfg, model_type="internvl")))
     one_line(good, "model_type 'internvl', expected 'qwen2_5_vl'")

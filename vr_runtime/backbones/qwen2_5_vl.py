@@ -252,6 +252,20 @@ class Qwen25VLBackbone(Backbone):
         z = self._merger(v.to(device=p.device, dtype=p.dtype).reshape(b * n * unit, c4 // unit))
         return z.view(b, n, -1)
 
+    def reference_inputs(self, ids: torch.Tensor, pixel_values: torch.Tensor) -> dict:
+        """Keyword arguments of HF's own ``model(...)`` for prompt ``ids`` [L] that holds every
+        frame of ``pixel_values`` [T, 3, 448, 448] at window 1: the dense reference the
+        compressed path must equal (Qwen derives M-RoPE itself only when given
+        ``mm_token_type_ids``)."""
+        ids = ids.reshape(1, -1).to(self.device)
+        gh, gw = FRAME_SIZE[0] // self.patch_size, FRAME_SIZE[1] // self.patch_size
+        return {"input_ids": ids,
+                "pixel_values": frame_patches(pixel_values, self.patch_size, self.merge_size,
+                                              self.temporal_patch_size).to(self.device),
+                "image_grid_thw": torch.tensor([[1, gh, gw]] * pixel_values.shape[0],
+                                               dtype=torch.long, device=self.device),
+                "mm_token_type_ids": (ids == self.image_token_id).int()}
+
     # ------------------------------------------------------------------ positions
     def position_ids(self, ids: torch.Tensor, plan: Sequence, frame_starts: Sequence[int],
                      grid: Optional[Tuple[int, int]] = None) -> torch.Tensor:
@@ -321,20 +335,26 @@ class Qwen25VLBackbone(Backbone):
         dt = resolve_dtype(dtype, dev)
         attn = pick_attn_implementation(attn_implementation, dev, dt)
         kw = dict(local_files_only=True, use_safetensors=True, trust_remote_code=False,
-                  device_map={"": str(dev)})
+                  device_map={"": str(dev)}, output_loading_info=True)
         try:
             try:
-                model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
+                model, info = Qwen2_5_VLForConditionalGeneration.from_pretrained(
                     str(path), dtype=dt, attn_implementation=attn, **kw)
             except (ImportError, ValueError):
                 if attn == "sdpa" or attn_implementation:
                     raise
                 # flash-attention chosen automatically but refused: sdpa is always supported.
-                model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
+                model, info = Qwen2_5_VLForConditionalGeneration.from_pretrained(
                     str(path), dtype=dt, attn_implementation="sdpa", **kw)
         except (OSError, ImportError, ValueError) as e:
             raise ModelFilesError(f"model {str(path)!r}: could not be loaded "
                                   f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from e
+        # transformers only warns about weights absent from the files (and leaves them random)
+        missing = sorted((info or {}).get("missing_keys") or [])
+        if missing:
+            raise ModelFilesError(f"model {str(path)!r}: the safetensors files lack {len(missing)} "
+                                  f"weight(s) (e.g. {', '.join(missing[:3])}); the checkpoint is "
+                                  f"incomplete")
         try:
             tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         except (OSError, ValueError) as e:
