@@ -368,6 +368,13 @@ def test_from_config_pairs_the_tiny_tokenizer():
     d["vocab_size"] = 100
     with pytest.raises(ValueError, match="vocab_size"):
         Qwen25VLBackbone.from_config(d)
+    # the nested layout (text_config) too, with a vocabulary larger than the tokenizer
+    from vr_runtime.backbones.qwen2_5_vl import special_ids, tiny_config_dict
+    nested = tiny_config_dict(4096, {k: 0 for k in special_ids(tok)})
+    n = Qwen25VLBackbone.from_config(nested, name="nested")
+    assert n.model.config.text_config.vocab_size == 4096 and n.name == "nested"
+    assert n.image_token_id == b.image_token_id
+    assert n.model.config.text_config.pad_token_id == tok.convert_tokens_to_ids("<|endoftext|>")
 
 
 def test_load_local_dir_and_bad_dirs(bb, tmp_path):
