@@ -177,6 +177,26 @@ def test_window1_equals_hf_forward(bb):
     assert torch.equal(pos, _hf_rope_index(bb, ids, [(16, 16)] * T))
 
 
+def test_pooled_plan_equals_hf_forward_on_pooled_features(bb):
+    """A mixed plan (dropped, square, non-square windows): our path equals HF's own forward
+    given the same pooled features as precomputed image outputs (``mm_encoder_outputs``) with
+    each kept frame's pooled grid in ``image_grid_thw``: HF scatters them and derives M-RoPE."""
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+    from vr_kernels.reference import pool_pack_reference
+    plan = [2, 0, (1, 4), 1, (3, 5)]
+    with torch.no_grad():
+        Z = bb.encode_frames(_frames(len(plan), seed=23))
+        ids, E, pos = _compressed_embeds(bb, Z, plan)
+        ours = bb.forward(inputs_embeds=E, position_ids=pos, logits_to_keep=0).logits
+        kept = [(t, g) for t, g in enumerate(plan_grids(plan, bb.grid)) if g is not None]
+        feats = [pool_pack_reference(Z[t:t + 1], [plan[t]], bb.grid) for t, _ in kept]
+        ref = bb.model(input_ids=ids[None], image_grid_thw=_thw([g for _, g in kept]),
+                       mm_token_type_ids=(ids == bb.image_token_id).int()[None],
+                       mm_encoder_outputs={"image": BaseModelOutputWithPooling(
+                           pooler_output=tuple(feats))}).logits
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+
+
 # ----------------------------------------------------------------------------- positions
 WINDOWS = [0, 1, 2, 3, 4, 5, 16, (2, 1), (1, 4), (3, 5), (16, 1), (8, 16)]
 
