@@ -42,14 +42,14 @@ def _hf_rope_index(bb, ids, grids):
     return pos
 
 
-def _compressed_embeds(bb, Z, plan, question=QUESTION):
+def _compressed_embeds(bb, Z, plan, question=QUESTION, backend="torch"):
     """Prompt ids, inputs_embeds with pool_pack'ed frames, positions: the runtime's path."""
     counts = pooled_counts(plan, bb.grid)
     ids, starts = bb.build_prompt(question, counts)
-    E = bb.embed_tokens(ids)[None].clone()
+    E = bb.embed_tokens(ids.to(bb.device))[None].clone()
     from vr_runtime.prompt import plan_dest
     pool_pack(Z, list(plan), bb.grid, out=E.view(-1, E.shape[-1]), dest=plan_dest(counts, starts),
-              backend="torch")
+              backend=backend)
     return ids, E, bb.position_ids(ids, plan, starts)
 
 
@@ -195,6 +195,35 @@ def test_pooled_plan_equals_hf_forward_on_pooled_features(bb):
                        mm_encoder_outputs={"image": BaseModelOutputWithPooling(
                            pooler_output=tuple(feats))}).logits
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_window1_equals_hf_forward_cuda(dtype):
+    """On CUDA (Triton pool_pack, positions on the device): the same equivalence, and a mixed
+    plan against HF given the pooled features (bf16: rounding-level)."""
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+    from vr_kernels.reference import pool_pack_reference
+    cb = Qwen25VLBackbone.tiny(device="cuda", dtype=dtype)
+    pv = _frames(3, seed=29)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    with torch.inference_mode():
+        Z = cb.encode_frames(pv, chunk_size=2)
+        ids, E, pos = _compressed_embeds(cb, Z, [1] * 3, backend="auto")
+        assert pos.device.type == "cuda"
+        ours = cb.forward(inputs_embeds=E, position_ids=pos, logits_to_keep=0).logits.float()
+        ref = cb.model(**cb.reference_inputs(ids, pv)).logits.float()
+        torch.testing.assert_close(ours, ref, rtol=tol, atol=tol)
+        plan = [2, 0, (1, 4)]
+        ids, E, pos = _compressed_embeds(cb, Z, plan, backend="auto")
+        ours = cb.forward(inputs_embeds=E, position_ids=pos, logits_to_keep=0).logits.float()
+        kept = [(t, g) for t, g in enumerate(plan_grids(plan, cb.grid)) if g is not None]
+        feats = tuple(pool_pack_reference(Z[t:t + 1], [plan[t]], cb.grid) for t, _ in kept)
+        ref = cb.model(input_ids=ids[None].cuda(), image_grid_thw=_thw([g for _, g in kept]).cuda(),
+                       mm_token_type_ids=(ids == cb.image_token_id).int()[None].cuda(),
+                       mm_encoder_outputs={"image": BaseModelOutputWithPooling(
+                           pooler_output=feats)}).logits.float()
+        torch.testing.assert_close(ours, ref, rtol=tol, atol=tol)
 
 
 # ----------------------------------------------------------------------------- positions

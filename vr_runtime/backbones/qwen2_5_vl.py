@@ -301,11 +301,9 @@ class Qwen25VLBackbone(Backbone):
         pos = mrope_position_ids(gh * gw + int(num_text), [(0, gh, gw)])
         return pos.unsqueeze(1).expand(3, int(batch), -1).to(self.device)
 
-    def next_position(self, position_ids: Optional[torch.Tensor], length: int) -> int:
-        return length if position_ids is None else int(position_ids.max()) + 1
-
     def step_position_ids(self, position: int) -> torch.Tensor:
-        """[3, 1, 1]: a decoded token is text, all three axes at ``position``."""
+        """[3, 1, 1]: a decoded token is text, all three axes at ``position`` (the base
+        class's ``next_position``, max + 1, is where HF's rope_deltas put the first one)."""
         return torch.full((3, 1, 1), int(position), dtype=torch.long, device=self.device)
 
     # ------------------------------------------------------------------ generation
