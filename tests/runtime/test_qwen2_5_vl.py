@@ -12,8 +12,7 @@ import torch
 
 from vr_kernels import pool_pack, pooled_counts
 from vr_runtime.backbones.qwen2_5_vl import (CLIP_MEAN, CLIP_STD, QWEN_SPECIAL_TOKENS,
-                                             Qwen25VLBackbone, frame_patches, plan_grids,
-                                             tiny_tokenizer)
+                                             Qwen25VLBackbone, frame_patches, plan_grids)
 from vr_runtime.errors import ModelFilesError
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "vr_runtime" / "configs"

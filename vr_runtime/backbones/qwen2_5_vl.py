@@ -87,8 +87,6 @@ CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 FRAME_SIZE = (448, 448)  # fixed, as in the paper: 32x32 patches of 14 -> 16x16 merged tokens
 
-CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
-
 
 # ----------------------------------------------------------------------------- pixels
 def frame_patches(pixel_values: torch.Tensor, patch_size: int = 14, merge_size: int = 2,
@@ -136,8 +134,7 @@ class VisionTrunk(nn.Module):
 
 
 # ----------------------------------------------------------------------------- positions
-def mrope_position_ids(length: int, blocks: Sequence[Tuple[int, int, int]],
-                       device=None) -> torch.Tensor:
+def mrope_position_ids(length: int, blocks: Sequence[Tuple[int, int, int]]) -> torch.Tensor:
     """M-RoPE positions [3, length] (int64) of a sequence whose image blocks are ``blocks`` =
     ``(first row, gh, gw)`` in increasing order (rows row..row+gh*gw-1 hold a row-major gh x gw
     grid) and whose other rows are text. Placement as HF's ``get_rope_index`` for images: text
@@ -158,7 +155,7 @@ def mrope_position_ids(length: int, blocks: Sequence[Tuple[int, int, int]],
         p += max(gh, gw)
         row = start + n
     pos[:, row:] = torch.arange(p, p + length - row)
-    return pos.to(device) if device is not None else pos
+    return pos
 
 
 def plan_grids(plan: Sequence, grid: Tuple[int, int]) -> List[Optional[Tuple[int, int]]]:
@@ -233,6 +230,9 @@ class Qwen25VLBackbone(Backbone):
             pv = pixel_values[i:i + chunk_size].to(device=p.device, dtype=p.dtype, non_blocking=True)
             b = pv.shape[0]
             grid_thw = torch.tensor([[1, gh, gw]] * b, dtype=torch.long, device=p.device)
+            # HF's tower un-permutes its attention windows only after the merger, inside its
+            # forward; swapping the merger for a reshape runs exactly that forward up to the
+            # merger, without copying it (its internals change between transformers releases).
             with self._swap:
                 visual.merger = self._group
                 try:
