@@ -44,7 +44,7 @@ def load_backbone(path_or_name: Union[str, pathlib.Path] = "tiny", device="cpu",
         return backbone_class(PRESETS[name]).tiny(device=device, dtype=dtype,
                                                   attn_implementation=attn_implementation)
     path = pathlib.Path(path_or_name).expanduser()
-    from .internvl3 import read_model_type
+    from .files import read_model_type
     if not path.is_dir():
         raise ModelFilesError(f"model {name!r}: not a directory; pass a local InternVL3-*-hf or "
                               f"Qwen2.5-VL-*-Instruct directory (or a preset: "
@@ -63,7 +63,7 @@ def frame_spec_for(path_or_name: Union[str, pathlib.Path]) -> FrameSpec:
         cls = backbone_class(PRESETS[name])
         return cls.spec_from_config(cls.preset_config(name))
     path = pathlib.Path(path_or_name).expanduser()
-    from .internvl3 import read_model_type
+    from .files import read_model_type
     if not (path / "config.json").is_file():
         raise ModelFilesError(f"model {name!r}: no config.json; pass a local InternVL3-*-hf or "
                               f"Qwen2.5-VL-*-Instruct directory (or a preset: {', '.join(PRESETS)})")

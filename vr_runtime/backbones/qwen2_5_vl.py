@@ -75,8 +75,9 @@ import torch
 import torch.nn as nn
 
 from ..errors import ModelFilesError
-from ..model import pick_attn_implementation, resolve_device, resolve_dtype
+from ..devices import pick_attn_implementation, resolve_device, resolve_dtype
 from .base import Backbone, FrameSpec, VisionTokens, check_pixels, no_init_weights
+from .files import check_weights_dir, load_dir_tokenizer
 
 QWEN_TOKENS = VisionTokens("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")
 # Added to the tiny BPE for the tiny-qwen2.5-vl preset (ChatML's tokens are already in it).
@@ -197,9 +198,9 @@ class Qwen25VLBackbone(Backbone):
         u = self.patch_size * self.merge_size
         return FRAME_SIZE[0] // u, FRAME_SIZE[1] // u
 
-    @property
-    def frame_spec(self) -> FrameSpec:
-        return FrameSpec(size=FRAME_SIZE, mean=CLIP_MEAN, std=CLIP_STD)
+    @classmethod
+    def spec_from_config(cls, config: dict) -> FrameSpec:
+        return FrameSpec(size=FRAME_SIZE, mean=CLIP_MEAN, std=CLIP_STD)  # fixed, as in the paper
 
     def decoder(self) -> nn.Module:
         return self.model.model.language_model  # Qwen2_5_VLTextModel
@@ -328,7 +329,7 @@ class Qwen25VLBackbone(Backbone):
         """A local Qwen2.5-VL-*-Instruct directory, in eval mode."""
         from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
         path = pathlib.Path(path).expanduser()
-        check_qwen_dir(path)
+        check_weights_dir(path, "qwen2_5_vl", "Qwen2.5-VL-*-Instruct")
         dev = resolve_device(device)
         dt = resolve_dtype(dtype, dev)
         attn = pick_attn_implementation(attn_implementation, dev, dt)
@@ -353,13 +354,13 @@ class Qwen25VLBackbone(Backbone):
             raise ModelFilesError(f"model {str(path)!r}: the safetensors files lack {len(missing)} "
                                   f"weight(s) (e.g. {', '.join(missing[:3])}); the checkpoint is "
                                   f"incomplete")
-        try:
-            tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        except (OSError, ValueError) as e:
-            raise ModelFilesError(f"model {str(path)!r}: tokenizer could not be loaded ({e})") from e
-        if not getattr(tok, "chat_template", None):
-            tok.chat_template = _dir_chat_template(path)
+        tok = load_dir_tokenizer(path, AutoTokenizer)
         return cls(model.eval(), tok, dev, dt, path.name)
+
+    @classmethod
+    def preset_config(cls, name: str = "tiny-qwen2.5-vl") -> dict:
+        tok = tiny_tokenizer()
+        return tiny_config_dict(len(tok), special_ids(tok))
 
     @classmethod
     def tiny(cls, device="cpu", dtype=None, attn_implementation: Optional[str] = None,
@@ -490,50 +491,6 @@ def with_token_ids(config: dict, ids: Dict[str, int], vocab_needed: int) -> dict
     return cfg
 
 
-# ----------------------------------------------------------------------------- local files
-def check_qwen_dir(path: pathlib.Path) -> None:
-    """config.json (model_type qwen2_5_vl), safetensors weights and a tokenizer, or one
-    ``ModelFilesError`` line naming what is wrong."""
-    layout = "Qwen2.5-VL-*-Instruct"
-    if not path.is_dir():
-        raise ModelFilesError(f"model {str(path)!r}: not a directory; pass a local {layout} "
-                              f"directory (or a preset name); nothing is downloaded")
-    missing = []
-    if not (path / "config.json").is_file():
-        missing.append("config.json")
-    if not (list(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file()):
-        missing.append("*.safetensors")
-    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
-        missing.append("tokenizer.json / tokenizer_config.json")
-    if missing:
-        raise ModelFilesError(f"model {str(path)!r}: missing {', '.join(missing)}; expected a "
-                              f"{layout} checkpoint directory")
-    try:
-        mtype = json.loads((path / "config.json").read_text()).get("model_type")
-    except (OSError, json.JSONDecodeError, AttributeError) as e:
-        raise ModelFilesError(f"model {str(path)!r}: unreadable config.json ({e})") from None
-    if mtype != "qwen2_5_vl":
-        raise ModelFilesError(f"model {str(path)!r}: config.json has model_type {mtype!r}, "
-                              f"expected 'qwen2_5_vl' (a {layout} checkpoint)")
-
-
-def _dir_chat_template(path: pathlib.Path) -> Optional[str]:
-    """The chat template kept with the processor (``chat_template.jinja`` / ``.json``)."""
-    if (path / "chat_template.jinja").is_file():
-        return (path / "chat_template.jinja").read_text()
-    for name in ("chat_template.json", "processor_config.json"):
-        f = path / name
-        if f.is_file():
-            try:
-                tpl = json.loads(f.read_text()).get("chat_template")
-            except (OSError, json.JSONDecodeError, AttributeError):
-                continue
-            if isinstance(tpl, str):
-                return tpl
-    return None
-
-
 __all__ = ["Qwen25VLBackbone", "QWEN_TOKENS", "QWEN_SPECIAL_TOKENS", "CLIP_MEAN", "CLIP_STD",
            "FRAME_SIZE", "VisionTrunk", "frame_patches", "mrope_position_ids", "plan_grids",
-           "tiny_tokenizer", "tiny_config_dict", "special_ids", "with_token_ids",
-           "check_qwen_dir"]
+           "tiny_tokenizer", "tiny_config_dict", "special_ids", "with_token_ids"]
