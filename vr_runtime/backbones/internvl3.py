@@ -22,7 +22,7 @@ import torch
 from ..devices import pick_attn_implementation, resolve_device, resolve_dtype
 from ..errors import ModelFilesError
 from ..prompt import INTERNVL_TOKENS
-from .base import Backbone, FrameSpec, check_pixels, no_init_weights
+from .base import Backbone, FrameSpec, build_model, check_pixels
 from .files import check_weights_dir, load_dir_tokenizer
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -152,11 +152,9 @@ class InternVL3Backbone(Backbone):
         attn = pick_attn_implementation(attn_implementation, dev, dt)
         cfg = InternVLConfig.from_dict(cls.preset_config())
         # Built and filled on the CPU, then moved: the same weights on every device (a CUDA
-        # generator would draw different numbers from the same seed). Built directly in `dtype`
-        # (not cast afterwards): like from_pretrained, this keeps rotary inv_freq in fp32.
-        with no_init_weights(), torch.device("cpu"):
-            model = InternVLForConditionalGeneration._from_config(cfg, dtype=dt,
-                                                                  attn_implementation=attn)
+        # generator would draw different numbers from the same seed).
+        model = build_model(InternVLForConditionalGeneration, cfg, dt, attn,
+                            bool(attn_implementation), torch.device("cpu"))
         wpath = pathlib.Path(weights) if weights else ASSETS / "model.safetensors"
         if wpath.is_file():
             load_safetensors_into(model, wpath)
@@ -177,7 +175,7 @@ class InternVL3Backbone(Backbone):
         tokenizer: ``image_token_id`` and the eos/pad/bos ids are rewritten to its ids (timings
         depend on shapes and lengths, not on token identities)."""
         from transformers import InternVLConfig, InternVLForConditionalGeneration
-        from ..tiny import init_weights_, load_tiny_tokenizer, special_ids
+        from ..tiny import load_tiny_tokenizer, special_ids
         dev = resolve_device(device)
         dt = resolve_dtype(dtype, dev)
         attn = pick_attn_implementation(attn_implementation, dev, dt)
@@ -193,17 +191,8 @@ class InternVL3Backbone(Backbone):
                     bos_token_id=ids["<|im_start|>"])
         cfg["text_config"] = text
 
-        def build(impl):
-            with no_init_weights(), torch.device(dev):
-                return InternVLForConditionalGeneration._from_config(
-                    InternVLConfig.from_dict(cfg), dtype=dt, attn_implementation=impl)
-        try:
-            model = build(attn)
-        except (ImportError, ValueError):
-            if attn == "sdpa" or attn_implementation:
-                raise
-            model = build("sdpa")  # flash-attention chosen automatically but refused
-        init_weights_(model, seed)
+        model = build_model(InternVLForConditionalGeneration, InternVLConfig.from_dict(cfg), dt,
+                            attn, bool(attn_implementation), dev, seed)
         return cls(model.eval(), tok, dev, dt, name)
 
 

@@ -66,7 +66,6 @@ Vision split (training's feature cache, Stage 3)
 from __future__ import annotations
 
 import copy
-import json
 import pathlib
 import threading
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
@@ -76,7 +75,7 @@ import torch.nn as nn
 
 from ..errors import ModelFilesError
 from ..devices import pick_attn_implementation, resolve_device, resolve_dtype
-from .base import Backbone, FrameSpec, VisionTokens, check_pixels, no_init_weights
+from .base import Backbone, FrameSpec, VisionTokens, build_model, check_pixels
 from .files import check_weights_dir, load_dir_tokenizer
 
 QWEN_TOKENS = VisionTokens("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")
@@ -376,17 +375,11 @@ class Qwen25VLBackbone(Backbone):
     def from_config(cls, config, device="cpu", dtype=None, seed: int = 0,
                     attn_implementation: Optional[str] = None,
                     name: str = "config") -> "Qwen25VLBackbone":
-        """Random weights of a shape preset (a dict or config.json path in the public
-        Qwen2.5-VL layout), for latency benchmarks. Built on ``device`` with transformers' init
+        """Random weights of a shape preset (a config.json dict in the public Qwen2.5-VL
+        layout; ``backbones.backbone_from_config`` reads paths), for latency benchmarks. Built on ``device`` with transformers' init
         skipped, then filled by ``tiny.init_weights_``. Paired with the tiny tokenizer: the
         image/video/vision-start/end ids and eos/pad/bos are rewritten to its ids (timings depend
         on shapes and lengths, not on token identities)."""
-        if isinstance(config, (str, pathlib.Path)):
-            p = pathlib.Path(config)
-            if not p.is_file():
-                raise ModelFilesError(f"config {str(config)!r}: no such file")
-            name = p.stem
-            config = json.loads(p.read_text())
         if not isinstance(config, dict):
             raise ValueError(f"config: expected a path or a dict, got {type(config).__name__}")
         if config.get("model_type", "qwen2_5_vl") != "qwen2_5_vl":
@@ -399,25 +392,12 @@ class Qwen25VLBackbone(Backbone):
     def _build(cls, cfg: dict, tok, name, device, dtype, seed, attn_implementation,
                build_on_cpu: bool = False) -> "Qwen25VLBackbone":
         from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-        from ..tiny import init_weights_
         dev = resolve_device(device)
         dt = resolve_dtype(dtype, dev)
         attn = pick_attn_implementation(attn_implementation, dev, dt)
         where = torch.device("cpu") if build_on_cpu else dev
-
-        def build(impl):
-            # Built directly in `dtype` (not cast afterwards): like from_pretrained, this keeps
-            # the rotary inv_freq buffers in fp32.
-            with no_init_weights(), torch.device(where):
-                return Qwen2_5_VLForConditionalGeneration._from_config(
-                    Qwen2_5_VLConfig.from_dict(cfg), dtype=dt, attn_implementation=impl)
-        try:
-            model = build(attn)
-        except (ImportError, ValueError):
-            if attn == "sdpa" or attn_implementation:
-                raise
-            model = build("sdpa")  # flash-attention chosen automatically but refused
-        init_weights_(model, seed)
+        model = build_model(Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLConfig.from_dict(cfg),
+                            dt, attn, bool(attn_implementation), where, seed)
         return cls(model.to(dev).eval(), tok, dev, dt, name)
 
 
