@@ -1,6 +1,4 @@
 """VideoRouter runtime on InternVL3 (SPEC sections 2 to 4)."""
-from .budget import (BudgetError, plan_budget, plan_dense, plan_fragment, plan_global,
-                     plan_tokens, plan_uniform, uniform_sample, visual_budget)
 from .errors import DeviceError, ModelFilesError, RouterWeightsError, VideoError
 
 __all__ = ["BudgetError", "visual_budget", "plan_global", "plan_fragment", "plan_dense",
@@ -8,10 +6,14 @@ __all__ = ["BudgetError", "visual_budget", "plan_global", "plan_fragment", "plan
            "Answer", "Routers", "RouterConfig", "load_model", "model_from_config", "encode_frames",
            "VideoError", "ModelFilesError", "RouterWeightsError", "DeviceError"]
 
-# Keep `import vr_runtime` light: the model stack (transformers) loads on first use.
-_LAZY = {"VideoRouter": "runtime", "Answer": "runtime", "Routers": "routers",
-         "RouterConfig": "routers", "load_model": "model", "model_from_config": "model",
-         "encode_frames": "model"}
+# Keep `import vr_runtime` light: torch (through budget -> vr_kernels) and the model stack
+# (transformers) load on first use, so `videorouter` reaches its Ctrl-C handler in
+# milliseconds instead of after seconds of imports.
+_BUDGET = ("BudgetError", "visual_budget", "plan_global", "plan_fragment", "plan_dense",
+           "plan_budget", "plan_uniform", "plan_tokens", "uniform_sample")
+_LAZY = {**{n: "budget" for n in _BUDGET}, "VideoRouter": "runtime", "Answer": "runtime",
+         "Routers": "routers", "RouterConfig": "routers", "load_model": "model",
+         "model_from_config": "model", "encode_frames": "model"}
 
 
 def __getattr__(name):
