@@ -41,8 +41,9 @@ DECODERS = ("auto", "pyav", "decord")
 
 # Codecs and containers for which decord's bundled FFmpeg gives ffmpeg's frames (checked by
 # tests/runtime/test_video_corpus.py). Everything else goes to PyAV: decord has no AV1, fails
-# on real-time VP9 and GIF, and returns wrong frames from MPEG-TS.
-DECORD_CODECS = frozenset({"h264", "hevc", "mjpeg"})
+# on real-time VP9 and GIF, returns wrong frames from MPEG-TS, and from HEVC when it seeks
+# (sparse sampling gave frames up to 255 levels off ffmpeg's).
+DECORD_CODECS = frozenset({"h264", "mjpeg"})
 DECORD_CONTAINERS = ("mov", "matroska", "avi")
 
 # Human names for the codecs users meet, for error messages.
@@ -82,9 +83,8 @@ class VideoIndex:
 
     @property
     def duration_s(self) -> float:
-        """From time 0 to the end of the last frame (its duration taken as the mean spacing)."""
-        t = self.pts_s
-        return float(t[-1] + 1.0 / self.fps) if self.fps > 0 else float(t[-1])
+        """From time 0 to the end of the last frame (shown as long as the one before it)."""
+        return _duration(self.pts_s, self.fps)
 
     @property
     def display_size(self) -> Tuple[int, int]:
@@ -94,6 +94,12 @@ class VideoIndex:
     @property
     def codec_name(self) -> str:
         return _CODEC_NAMES.get(self.codec, self.codec)
+
+
+def _duration(t: np.ndarray, fps: float) -> float:
+    if t.size > 1 and t[-1] > t[-2]:
+        return float(t[-1] + (t[-1] - t[-2]))
+    return float(t[-1] + 1.0 / fps) if fps > 0 else float(t[-1])
 
 
 def scaled_size(width: int, height: int, size: int) -> Tuple[int, int]:
@@ -154,7 +160,11 @@ def _index(container, path: str) -> VideoIndex:
     if width < 1 or height < 1:
         raise VideoError(f"{path}: the video stream declares no frame size (corrupt header?)")
     tb = float(stream.time_base) if stream.time_base else 0.0
+    # The video stream's own duration where the container keeps one (mp4), else the file's
+    # (mkv, ts): an audio track that runs on after the picture must not look like a cut.
     declared = container.duration / 1e6 if container.duration and container.duration > 0 else None
+    if stream.duration and stream.duration > 0 and tb > 0:
+        declared = float(stream.duration) * tb
 
     pts: List[int] = []
     key_pts: List[int] = []
@@ -331,7 +341,7 @@ def _candidates(info: VideoIndex, decoder: str) -> List[str]:
     if decoder != "auto":
         return [decoder]
     if (info.codec in DECORD_CODECS and info.container.startswith(DECORD_CONTAINERS)
-            and info.has_pts and _decord_module() is not None):
+            and info.has_pts and not info.rotation and _decord_module() is not None):
         return ["decord", "pyav"]
     return ["pyav"]
 
@@ -509,6 +519,11 @@ def _decord(info: VideoIndex, indices: List[int], scale: Tuple[int, int], on_fra
         decord.logging.set_level(decord.logging.QUIET)
     except Exception:  # pragma: no cover - older decord without the logging module
         pass
+    if info.rotation:
+        # decord applies (part of) the display matrix itself, and its frames then differ
+        # from ffmpeg's; PyAV's match.
+        raise VideoError(f"{info.path}: decord does not decode rotated videos correctly; use "
+                         f"--decoder pyav (or auto)")
     w, h = scale
     kw = {} if (w, h) == (info.width, info.height) else {"width": w, "height": h}
     with _quiet_stderr():

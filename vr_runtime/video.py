@@ -118,7 +118,7 @@ def sample_window(pts_s: Sequence[float], num_frames: int, time_window: Tuple[fl
         fps = (t.size - 1) / (t[-1] - t[0]) if t.size > 1 and t[-1] > t[0] else 1.0
     if not fps or fps <= 0 or not math.isfinite(fps):
         raise VideoError(f"time_window needs the frame rate, but the video reports fps={fps!r}")
-    duration = float(t[-1]) + 1.0 / fps
+    duration = D._duration(t, fps)
     slots = max(1, int(round(duration * fps)))
     start_slot, end_slot = _window_range(slots, fps, time_window, duration, t.size)
     eps = 1e-6
@@ -353,12 +353,14 @@ def _plan(info, path: str, num_frames: int, time_window) -> Tuple[List[int], Opt
     note = None
     if len(indices) < num_frames:
         where = "the video has" if time_window is None else "the time window holds"
-        note = (f"{where} only {len(indices)} frames; {num_frames} were asked for, "
+        frames = "frame" if len(indices) == 1 else "frames"
+        note = (f"{where} only {len(indices)} {frames}; {num_frames} were asked for, "
                 f"so all {len(indices)} are used")
     # A cut-off file decodes up to the cut (as ffmpeg does); say so rather than silently
     # sampling from the part that survived.
     decodable = info.duration_s
-    if info.truncated or (info.declared_s and decodable < 0.9 * info.declared_s - 1.0):
+    declared = info.declared_s
+    if info.truncated or (declared and decodable < declared - max(0.5, 0.05 * declared)):
         cut = ("the file is truncated or damaged part-way" if not info.declared_s else
                f"the file declares {info.declared_s:.1f} s but only {decodable:.1f} s decode "
                f"(truncated?)") + "; sampling from the decodable part"

@@ -62,8 +62,9 @@ SPECS: Dict[str, tuple] = {
     "ten_bit": ("10bit.mkv", "hevc", 160, 120, 10, 1,
                 ["-c:v", "libx265", "-preset", "ultrafast", "-pix_fmt", "yuv420p10le",
                  "-x265-params", "log-level=0"], None),
-    "odd_size": ("odd.mp4", "h264", 97, 61, 10, 1,
-                 ["-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv444p"], None),
+    "odd_size": ("odd.mp4", "h264", 97, 61, 10, 1,  # testsrc2 rounds to even: scale after
+                 ["-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv444p"],
+                 "scale=97:61"),
     "not_mod16": ("not16.mkv", "h264", 170, 98, 10, 1,
                   ["-c:v", "libx264", "-preset", "ultrafast"], None),
     "one_frame": ("one.mp4", "h264", 64, 48, 10, 1,
@@ -96,7 +97,7 @@ def make_corpus(d) -> Dict[str, Case]:
             _write_rotated(path, width=h, height=w, rate=r, frames=r * dur)
             return name, Case(path, codec, w, h, decord=False)
         cmd = ["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i",
-               SRC.format(w=w, h=h, r=r, d=dur)]
+               SRC.format(w=w + w % 2, h=h + h % 2, r=r, d=dur)]
         if vf:
             cmd += ["-vf", vf]
         cmd += ["-an", *opts, path]
