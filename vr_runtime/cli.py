@@ -57,6 +57,9 @@ DECODERS = ("auto", "pyav", "decord")  # vr_runtime.decoders.DECODERS (not impor
 # ----------------------------------------------------------------------------- interrupts
 
 _exiting = threading.Lock()
+# A private copy of fd 2, taken when the handler is installed: while a decoder silences its
+# C-level logging by pointing fd 2 at /dev/null, the "interrupted" line must still show.
+_stderr_fd = 2
 
 
 def _exit_interrupted(*_args) -> None:
@@ -69,8 +72,8 @@ def _exit_interrupted(*_args) -> None:
     if not _exiting.acquire(blocking=False):
         return  # another thread is already on its way out
     try:
-        prefix = "\r\x1b[K" if os.isatty(2) else ""  # over a progress bar, if one is drawn
-        os.write(2, f"{prefix}{PROG}: interrupted\n".encode())
+        prefix = "\r\x1b[K" if os.isatty(_stderr_fd) else ""  # over a progress bar, if any
+        os.write(_stderr_fd, f"{prefix}{PROG}: interrupted\n".encode())
     except OSError:
         pass
     os._exit(EXIT_INTERRUPTED)
@@ -96,6 +99,11 @@ def _watch_wakeup_fd(fd: int) -> None:
 def install_interrupt_handler() -> None:
     """Make SIGINT exit with one line and status 130 (see ``_exit_interrupted``). Called first
     thing in ``main``, before anything heavy is imported; main thread only."""
+    global _stderr_fd
+    try:
+        _stderr_fd = os.dup(2)
+    except OSError:  # pragma: no cover - no fd 2
+        pass
     signal.signal(signal.SIGINT, _exit_interrupted)
     try:
         r, w = os.pipe()

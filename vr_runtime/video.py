@@ -202,7 +202,8 @@ def preprocess_frames(frames: np.ndarray, size: int = 448, mean: Sequence[float]
         frames = np.stack([np.asarray(Image.fromarray(f).resize((size, size), bicubic))
                            for f in frames])
     x = torch.from_numpy(frames).permute(0, 3, 1, 2).float()
-    return ((x - mean_t * 255.0) / (std_t * 255.0)).contiguous()
+    # In place: the same arithmetic as (x - mean) / std, one float copy fewer at the peak.
+    return x.sub_(mean_t * 255.0).div_(std_t * 255.0).contiguous()
 
 
 def _norm(v, name) -> torch.Tensor:
@@ -219,20 +220,22 @@ def _norm(v, name) -> torch.Tensor:
 
 def estimate_memory(num_frames: int, size: int, width: int, height: int, bits: int = 8) -> int:
     """Bytes that loading ``num_frames`` frames of a ``width`` x ``height`` video at ``size``
-    needs at its peak, and an upper estimate:
+    needs at its peak; an upper estimate (bench/results/video_cpu.md compares it with the
+    measured peak, decord and PyAV, 448p to 4K):
 
     * the clip, float32 ``[T, 3, size, size]``, counted twice: the caller's model takes a
       device/dtype copy of it (none on CPU in fp32, a full one on CUDA);
-    * one chunk of staging: ``CHUNK`` decoded frames at the reduced decode size, their
-      resized uint8 copies and the float conversion;
-    * the decoder's own frames at full source resolution: up to 16 reference frames plus
-      frame-threading buffers (24 frames of YUV 4:2:0, 2 bytes a sample above 8 bits)."""
+    * one chunk of staging: ``CHUNK`` decoded frames at the reduced decode size, their PIL
+      resized copies, and four float32 temporaries of the normalisation;
+    * the decoder's own frames at full source resolution: reference frames plus
+      frame-threading buffers, taken as 32 frames of YUV 4:2:0 (2 bytes a sample above 8 bits);
+    * a fixed 100 MB for the decoding libraries' contexts and allocator slack."""
     w2, h2 = D.scaled_size(width, height, size)
     clip = int(num_frames) * 3 * size * size * 4
-    staging = CHUNK * (w2 * h2 * 3 + size * size * 3 + 2 * 3 * size * size * 4)
+    staging = CHUNK * (w2 * h2 * 3 + size * size * 3 + 4 * 3 * size * size * 4)
     sample_bytes = 2 if bits > 8 else 1
-    decoder = 24 * int(width * height * 1.5) * sample_bytes
-    return 2 * clip + staging + decoder
+    decoder = 32 * int(width * height * 1.5) * sample_bytes
+    return 2 * clip + staging + decoder + 100 * 2 ** 20
 
 
 def available_memory() -> Optional[int]:
