@@ -81,12 +81,12 @@ def main(argv=None) -> int:
     payload = {"benchmark": "video input: peak RSS and wall time of load_video",
                "label": "CPU figures (shared, loaded 2-core machine: wall times are noisy)",
                "environment": environment(), "settings": vars(args), "rows": rows}
-    try:
-        import av
-        payload["environment"]["pyav"] = av.__version__
-        payload["environment"]["ffmpeg_in_pyav"] = av.ffmpeg_version_info
-    except Exception:
-        pass
+    import av
+    payload["environment"]["pyav"] = av.__version__
+    payload["environment"]["ffmpeg_in_pyav"] = av.ffmpeg_version_info
+    if "decord" in decoders:
+        import decord
+        payload["environment"]["decord"] = decord.__version__
     md = markdown_table(rows, ["source", "decoder", "frames", "clip_mb",
                                "peak_above_imports_mb", "estimate_mb", "wall_s"])
     print(write_results(args.out, payload, md))

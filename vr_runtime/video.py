@@ -474,10 +474,11 @@ def prefetch_video(path, num_frames: int = 64, time_window: Optional[Tuple[float
     overlap whatever the caller does next."""
     t0 = time.perf_counter()
     plan = _prepare(path, num_frames, time_window, size, decoder, mean, std, memory_limit)
-    # A damaged file usually fails on its last frames: find out now, not after loading.
+    # A damaged file usually fails on its last frames: find out now, not after loading. With
+    # "auto", PyAV checks (one seek; decord would re-index the whole file first), and a
+    # decord-only failure later still falls back to PyAV.
     last = plan.indices[-1]
     scale = D.scaled_size(plan.info.width, plan.info.height, min(plan.size, 64))
-    used = D.decode_frames(plan.info, [last], scale, lambda i, f: None, plan.decoder)
-    if plan.decoder == "auto" and used != "decord":
-        plan.decoder = used  # decord failed on this file: do not try it again
+    D.decode_frames(plan.info, [last], scale, lambda i, f: None,
+                    "pyav" if plan.decoder == "auto" else plan.decoder)
     return _executor().submit(_finish, plan, progress, t0)
