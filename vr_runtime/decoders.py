@@ -177,10 +177,12 @@ def _index(container, path: str) -> VideoIndex:
         for pkt in container.demux(stream):
             if pkt.size == 0 or pkt.is_discard:  # flush packet / edit-list pre-roll
                 continue
-            t = pkt.pts if pkt.pts is not None else pkt.dts
+            t = pkt.pts
             if t is None:
+                # (AVI, raw streams): such frames also come out of the decoder without pts,
+                # so they are told apart by count, below.
                 missing_pts += 1
-                t = -1
+                t = pkt.dts if pkt.dts is not None else -1
             pts.append(int(t))
             if pkt.is_keyframe:
                 key_pts.append(int(t))
@@ -199,6 +201,10 @@ def _index(container, path: str) -> VideoIndex:
         raise VideoError(f"{path}: the video has zero frames"
                          + (" (the file is corrupt or truncated)" if truncated else ""))
     has_pts = missing_pts == 0 and tb > 0
+    if fmt == "avi" and _reorders(codec):
+        # AVI stores no presentation times: with B-frames its packet "pts" are decode-order
+        # guesses that the decoded frames do not carry. Frames are told apart by count there.
+        has_pts = False
     n = len(pts)
     if has_pts:
         order = np.argsort(np.asarray(pts, np.int64), kind="stable")
@@ -254,6 +260,15 @@ def _canonical(ctx) -> str:
         return (getattr(ctx, "name", "") or "").lower()
 
 
+def _reorders(codec: str) -> bool:
+    """Whether the codec can reorder frames (B-frames), from FFmpeg's codec descriptor."""
+    import av
+    try:
+        return bool(av.codec.Codec(codec, "r").reorder)
+    except Exception:
+        return True
+
+
 def _has_decoder(codec: str) -> bool:
     import av
     try:
@@ -264,7 +279,10 @@ def _has_decoder(codec: str) -> bool:
 
 
 def _rate(stream) -> float:
-    for r in (stream.average_rate, stream.guessed_rate, stream.base_rate):
+    # guessed_rate first: FFmpeg's best guess (the bitstream's timing info for a raw stream,
+    # where average_rate is the demuxer's 25 fps default). Files with timestamps replace this
+    # with the mean rate of their frames.
+    for r in (stream.guessed_rate, stream.average_rate, stream.base_rate):
         try:
             v = float(r)
         except (TypeError, ValueError, ZeroDivisionError):
@@ -417,9 +435,15 @@ def _pyav(info: VideoIndex, indices: List[int], scale: Tuple[int, int], on_frame
     holder = [av.open(info.path, metadata_errors="ignore")]
     try:
         if info.has_pts:
-            _pyav_by_pts(holder, info, indices, rgb, on_frame)
-        else:
-            _pyav_by_count(holder[0], info, indices, rgb, on_frame)
+            try:
+                _pyav_by_pts(holder, info, indices, rgb, on_frame)
+                return
+            except _NotByPts:
+                # Decoded frames do not carry the demuxer's timestamps: count them instead
+                # (frames delivered so far are delivered again, from the first).
+                holder[0].close()
+                holder[0] = av.open(info.path, metadata_errors="ignore")
+        _pyav_by_count(holder[0], info, indices, rgb, on_frame)
     except av.error.FFmpegError as e:
         raise VideoError(f"{info.path}: decoding the {info.codec_name} video failed; the file "
                          f"is corrupt or truncated ({_reason(e)})") from None
@@ -474,7 +498,7 @@ def _pyav_by_pts(holder: list, info: VideoIndex, indices: List[int], rgb, on_fra
                 gen = _frames(container, stream)
                 frame = _advance(gen, target)
                 if frame is None or frame.pts != target:
-                    raise _missing(info, k)
+                    raise _NotByPts()
                 break
             offset = int(pts[key]) - int(back / info.time_base)
             container.seek(max(offset, 0), stream=stream, backward=True)
@@ -483,6 +507,10 @@ def _pyav_by_pts(holder: list, info: VideoIndex, indices: List[int], rgb, on_fra
             back *= 4
         pos = int(np.searchsorted(pts, frame.pts))
         on_frame(n, rgb(frame))
+
+
+class _NotByPts(Exception):
+    """A frame of the index never came out of the decoder with its pts."""
 
 
 def _advance(gen: Iterator, target: int):

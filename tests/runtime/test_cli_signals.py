@@ -143,7 +143,7 @@ def test_broken_pipe_on_json_write(monkeypatch):
 def test_memory_refusal_is_one_line_before_work():
     t0 = time.monotonic()
     p = spawn("ask", SAMPLE, "What happens?", "--frames", "16",
-              env={"VIDEOROUTER_MEMORY_LIMIT": "100M"}, stdout=subprocess.PIPE,
+              env={"VIDEOROUTER_MEMORY_LIMIT": "240M"}, stdout=subprocess.PIPE,
               stderr=subprocess.PIPE)
     out, err = p.communicate(timeout=180)
     assert p.returncode == 2, (p.returncode, err)
@@ -160,3 +160,8 @@ def test_bad_decoder_is_a_usage_error():
               stderr=subprocess.PIPE)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 2 and len(err.splitlines()) == 1 and "--decoder" in err, err
+
+
+def test_decoder_choices_match_the_decoders_module():
+    from vr_runtime import decoders
+    assert cli.DECODERS == decoders.DECODERS

@@ -23,7 +23,7 @@ class Case:
     codec: str                   # FFmpeg codec name the probe must report
     width: int                   # displayed size (after rotation)
     height: int
-    decord: bool = False         # decord is expected to handle it (decoders.DECORD_CODECS)
+    decord: bool = False         # decoder="auto" would use decord for it
     note: Optional[str] = None   # what the case is about
 
 
@@ -47,6 +47,14 @@ SPECS: Dict[str, tuple] = {
             None),
     "mpeg2_ts": ("mpeg2.ts", "mpeg2video", 160, 120, 25, 2,
                  ["-c:v", "mpeg2video", "-q:v", "3", "-g", "10", "-bf", "2"], None),
+    "mpeg2_ps": ("mpeg2.mpg", "mpeg2video", 160, 120, 25, 1,
+                 ["-c:v", "mpeg2video", "-bf", "2", "-f", "vob"], None),
+    # AVI keeps no presentation times; with B-frames frames are told apart by count
+    "h264_avi": ("h264.avi", "h264", 160, 120, 10, 2,
+                 ["-c:v", "libx264", "-preset", "ultrafast", "-bf", "2"], None),
+    # a raw elementary stream: no container, no timestamps at all
+    "raw_h264": ("raw.h264", "h264", 160, 120, 10, 1,
+                 ["-c:v", "libx264", "-preset", "ultrafast", "-bf", "2", "-f", "h264"], None),
     "mjpeg": ("mjpeg.avi", "mjpeg", 160, 120, 10, 2, ["-c:v", "mjpeg", "-q:v", "3"], None),
     "prores": ("prores.mov", "prores", 96, 64, 10, 1, ["-c:v", "prores_ks", "-profile:v", "0"],
                None),
@@ -106,8 +114,10 @@ def make_corpus(d) -> Dict[str, Case]:
             data = open(path, "rb").read()
             path = os.path.join(str(d), "truncated.mkv")
             open(path, "wb").write(data[: int(len(data) * 0.6)])
-        from vr_runtime.decoders import DECORD_CODECS
-        return name, Case(path, codec, w, h, decord=codec in DECORD_CODECS)
+        from vr_runtime import decoders
+        # decord is checked wherever "auto" would use it
+        uses_decord = "decord" in decoders._candidates(decoders.probe(path), "auto")
+        return name, Case(path, codec, w, h, decord=uses_decord)
 
     # Two encoders at a time: the machine has two cores.
     with ThreadPoolExecutor(2) as ex:
@@ -146,12 +156,13 @@ def reference(path: str) -> Tuple[np.ndarray, np.ndarray]:
     w, h = int(kv["width"]), int(kv["height"])
     if int(float(kv.get("rotation", 0) or 0)) % 180:
         w, h = h, w
-    start = float(kv.get("start_time", "0") or 0)
+    start_text = kv.get("start_time", "0")
+    start = 0.0 if start_text in ("", "N/A") else float(start_text)
     raw = _run(["ffmpeg", "-v", "error", "-i", path, "-map", "0:v:0", "-fps_mode", "passthrough",
                 "-f", "rawvideo", "-pix_fmt", "rgb24", "-"])
     frames = np.frombuffer(raw, np.uint8).reshape(-1, h, w, 3)
     times = _run(["ffprobe", "-v", "error", "-select_streams", "v:0", "-show_entries",
                   "frame=best_effort_timestamp_time", "-of", "csv=p=0", path]).decode()
     t = np.array([float(x.strip().rstrip(",")) for x in times.split() if x.strip()
-                  and x.strip().rstrip(",") != "N/A"])
+                  and x.strip().rstrip(",") != "N/A"])  # (raw streams have no times)
     return frames, t - start
