@@ -245,3 +245,13 @@ def test_mean_std_and_size_parameters(corpus):
     torch.testing.assert_close(b.pixel_values, want, atol=1e-4, rtol=1e-4)
     with pytest.raises(VideoError, match="std"):
         load_video(path, num_frames=3, std=(0.0, 1.0, 1.0))
+
+
+def test_without_decord(corpus, monkeypatch):
+    """Where decord has no wheel (aarch64, Apple arm64) PyAV decodes everything."""
+    monkeypatch.setattr(D, "_decord_module", lambda: None)
+    assert D.available_decoders() == ["pyav"]
+    clip = load_video(corpus["h264"].path, num_frames=4, size=16)
+    assert clip.decoder == "pyav" and clip.num_frames == 4
+    with pytest.raises(VideoError, match="not installed"):
+        load_video(corpus["h264"].path, num_frames=4, decoder="decord")
