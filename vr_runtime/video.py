@@ -449,16 +449,33 @@ def load_video(path, num_frames: int = 64, time_window: Optional[Tuple[float, fl
     return _finish(plan, progress, t0)
 
 
-_pool: Optional[cf.ThreadPoolExecutor] = None
-_pool_lock = threading.Lock()
+# At most two decodes at once (answer_batch decodes the next file while the current one is
+# answered); more would only compete for the same cores and memory.
+_decode_slots = threading.BoundedSemaphore(2)
 
 
-def _executor() -> cf.ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = cf.ThreadPoolExecutor(max_workers=2, thread_name_prefix="vr-decode")
-        return _pool
+def _submit(fn, *args) -> "cf.Future":
+    """Run ``fn(*args)`` on a daemon thread and return its Future.
+
+    Not a ThreadPoolExecutor: the interpreter joins an executor's threads at exit, so a Ctrl-C
+    in the caller (a script, a notebook being closed) waited for a long decode to finish, and
+    a second Ctrl-C during that join printed "Exception ignored ... KeyboardInterrupt". A
+    daemon thread is simply dropped at exit. A Future cancelled before its turn never runs."""
+    future: cf.Future = cf.Future()
+
+    def run():
+        with _decode_slots:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                result = fn(*args)
+            except BaseException as e:  # delivered to whoever waits on the Future
+                future.set_exception(e)
+            else:
+                future.set_result(result)
+
+    threading.Thread(target=run, name="vr-decode", daemon=True).start()
+    return future
 
 
 def prefetch_video(path, num_frames: int = 64, time_window: Optional[Tuple[float, float]] = None,
@@ -481,4 +498,4 @@ def prefetch_video(path, num_frames: int = 64, time_window: Optional[Tuple[float
     scale = D.scaled_size(plan.info.width, plan.info.height, min(plan.size, 64))
     D.decode_frames(plan.info, [last], scale, lambda i, f: None,
                     "pyav" if plan.decoder == "auto" else plan.decoder)
-    return _executor().submit(_finish, plan, progress, t0)
+    return _submit(_finish, plan, progress, t0)

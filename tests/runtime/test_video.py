@@ -192,7 +192,10 @@ def test_load_video_fewer_frames_than_asked(videos):
 
 
 def test_prefetch_matches_load(videos):
+    import threading
     fut = prefetch_video(videos["grey"], num_frames=12, progress=True)
+    # daemon decode threads: the interpreter does not wait for (or hang joining) them at exit
+    assert all(t.daemon for t in threading.enumerate() if t.name == "vr-decode")
     clip = fut.result(timeout=60)
     ref = load_video(videos["grey"], num_frames=12)
     assert clip.frame_indices == ref.frame_indices
