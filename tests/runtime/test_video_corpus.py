@@ -16,7 +16,6 @@ Tolerances (stated once, here):
 ffmpeg (Debian package ``ffmpeg``) is required: without it these tests fail, loudly, rather than
 skip; CI installs it (.ci/run).
 """
-import os
 
 import numpy as np
 import pytest
