@@ -347,7 +347,7 @@ class _Plan:
     std: Sequence[float]
 
 
-def _plan(info, path: str, num_frames: int, time_window) -> Tuple[List[int], Optional[str]]:
+def _plan(info, num_frames: int, time_window) -> Tuple[List[int], Optional[str]]:
     total = info.num_frames
     if time_window is None:
         indices = sample_indices(total, num_frames, info.fps)
@@ -364,8 +364,8 @@ def _plan(info, path: str, num_frames: int, time_window) -> Tuple[List[int], Opt
     decodable = info.duration_s
     declared = info.declared_s
     if info.truncated or (declared and decodable < declared - max(0.5, 0.05 * declared)):
-        cut = ("the file is truncated or damaged part-way" if not info.declared_s else
-               f"the file declares {info.declared_s:.1f} s but only {decodable:.1f} s decode "
+        cut = ("the file is truncated or damaged part-way" if not declared else
+               f"the file declares {declared:.1f} s but only {decodable:.1f} s decode "
                f"(truncated?)") + "; sampling from the decodable part"
         note = cut if note is None else f"{note}; {cut}"
     return indices, note
@@ -380,7 +380,7 @@ def _prepare(path, num_frames, time_window, size, decoder, mean, std, memory_lim
     decoder = D.resolve_decoder(decoder)
     path = os.fspath(path)
     info = open_video(path)
-    indices, note = _plan(info, path, num_frames, time_window)
+    indices, note = _plan(info, num_frames, time_window)
     _check_memory(path, info, len(indices), size, memory_limit)
     return _Plan(info, path, indices, num_frames, size, note, decoder, mean, std)
 
