@@ -12,6 +12,12 @@ a second; then the frames decode on a background thread while the model loads.
 Errors a user can fix print one line, ``videorouter: error: ...``, on stderr and exit with
 status 2. Anything else prints one line with a hint to rerun with ``VIDEOROUTER_DEBUG=1``, which
 shows the traceback, and exits with status 1.
+
+Ctrl-C (SIGINT), at any moment from the first line of ``main`` on (imports, decoding threads,
+model load, prefill): one line, ``videorouter: interrupted``, and exit status 130 within a
+moment, with no traceback; a second SIGINT does the same. A closed stdout (``| head -1``) ends
+the program quietly with status 141 (128 + SIGPIPE, what the shell reports for ``cat`` and
+friends).
 """
 from __future__ import annotations
 
@@ -21,7 +27,9 @@ import json
 import math
 import os
 import pathlib
+import signal
 import sys
+import threading
 import warnings
 from typing import Optional
 
@@ -43,6 +51,89 @@ DEMO_MAX_NEW_TOKENS = 16
 
 EXIT_USAGE = 2     # the user's input is wrong (SPEC section 4)
 EXIT_INTERNAL = 1  # a bug or an environment failure
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C'd program
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
+DECODERS = ("auto", "pyav", "decord")  # vr_runtime.decoders.DECODERS (not imported: heavy)
+
+
+# ----------------------------------------------------------------------------- interrupts
+
+_exiting = threading.Lock()
+# A private copy of fd 2, taken when the handler is installed: while a decoder silences its
+# C-level logging by pointing fd 2 at /dev/null, the "interrupted" line must still show.
+_stderr_fd = 2
+
+
+def _exit_interrupted(*_args) -> None:
+    """Print one line and leave *now*, from whichever thread sees the signal first.
+
+    ``os._exit`` skips interpreter shutdown on purpose: joining the decode threads, library
+    atexit hooks and a second Ctrl-C during them were where SIGINT used to hang, be ignored or
+    print "Exception ignored ... KeyboardInterrupt". Nothing the command writes needs cleanup:
+    the plot is written to a temporary name and renamed."""
+    if not _exiting.acquire(blocking=False):
+        return  # another thread is already on its way out
+    try:
+        prefix = "\r\x1b[K" if os.isatty(_stderr_fd) else ""  # over a progress bar, if any
+        os.write(_stderr_fd, f"{prefix}{PROG}: interrupted\n".encode())
+    except OSError:
+        pass
+    os._exit(EXIT_INTERRUPTED)
+
+
+def _watch_wakeup_fd(fd: int) -> None:
+    # Python runs signal handlers in the main thread between bytecodes only; when that thread
+    # sits in a long C call that released the GIL (a torch op, an FFmpeg decode), this thread
+    # still wakes at once through the wakeup fd, which the C-level handler writes.
+    while True:
+        try:
+            data = os.read(fd, 64)
+        except InterruptedError:
+            continue
+        except OSError:
+            return
+        if not data:
+            return
+        if signal.SIGINT in data:
+            _exit_interrupted()
+
+
+def install_interrupt_handler() -> None:
+    """Make SIGINT exit with one line and status 130 (see ``_exit_interrupted``). Called first
+    thing in ``main``, before anything heavy is imported; main thread only."""
+    global _stderr_fd
+    try:
+        _stderr_fd = os.dup(2)
+    except OSError:  # pragma: no cover - no fd 2
+        pass
+    signal.signal(signal.SIGINT, _exit_interrupted)
+    try:
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except (OSError, ValueError, AttributeError):  # pragma: no cover - no pipes / not main
+        return
+    threading.Thread(target=_watch_wakeup_fd, args=(r,), name="vr-sigint", daemon=True).start()
+
+
+def _write_stdout(text: str) -> None:
+    """Write and flush; a reader that went away (``| head -1``) ends the program quietly."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _broken_pipe()
+
+
+def _broken_pipe() -> None:
+    # Point fd 1 at /dev/null so the interpreter's final flush of sys.stdout cannot raise
+    # again ("Exception ignored ... BrokenPipeError"), then leave with SIGPIPE's status.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+    raise SystemExit(EXIT_BROKEN_PIPE)
 
 
 class UsageError(ValueError):
@@ -103,6 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--policy", default="auto", metavar=POLICY_HELP,
                      help="auto lets the Semantic Router choose global or fragment; dense, "
                           "budget and uniform are the baselines (default: auto)")
+    ask.add_argument("--decoder", choices=DECODERS, default="auto",
+                     help="video decoding library: auto uses decord where it handles the "
+                          "codec and PyAV (FFmpeg) for everything else and as the fallback "
+                          "(default: auto)")
     _add_common(ask, device=True)
 
     demo = sub.add_parser("demo", help="ask the bundled sample video with the tiny model",
@@ -180,7 +275,9 @@ def run_ask(args) -> dict:
     from .backbones import frame_spec_for
     spec = frame_spec_for(args.model)   # from config.json: decoding overlaps the model load
     future = prefetch_video(args.video, num_frames=args.frames, size=spec.size[0], mean=spec.mean,
-                            std=spec.std, progress=_stderr_is_tty() and not args.json)
+                            std=spec.std, progress=_stderr_is_tty() and not args.json,
+                            decoder=getattr(args, "decoder", "auto"),
+                            memory_limit=_memory_for_video(args, device))
     try:
         from .runtime import VideoRouter
         vr = VideoRouter.from_pretrained(args.model, routers=args.routers, device=device,
@@ -198,6 +295,21 @@ def run_ask(args) -> dict:
     return {"answer": res.text, "report": report}
 
 
+def _memory_for_video(args, device) -> Optional[int]:
+    """Bytes the decoded frames may take: the machine's free memory less the model's weights
+    when they will load into host memory (a CPU run)."""
+    from .backbones import PRESETS
+    from .video import available_memory
+    avail = available_memory()
+    if avail is None or args.model in PRESETS or str(device) != "cpu":
+        return avail
+    weights = 0
+    for f in pathlib.Path(args.model).iterdir():
+        if f.suffix in (".safetensors", ".bin") and f.is_file():
+            weights += f.stat().st_size
+    return max(avail - weights, 0)
+
+
 def _stderr_is_tty() -> bool:
     try:
         return sys.stderr.isatty()
@@ -210,7 +322,7 @@ def _demo_args(args) -> argparse.Namespace:
         command="demo", video=str(SAMPLE_VIDEO), question=DEMO_QUESTION, model="tiny",
         routers=None, frames=DEMO_FRAMES, max_length=DEMO_MAX_LENGTH,
         max_new_tokens=DEMO_MAX_NEW_TOKENS, policy=args.policy, device="cpu", dtype="fp32",
-        json=args.json, plot=args.plot)
+        json=args.json, plot=args.plot, decoder="auto")
 
 
 # ----------------------------------------------------------------------------- output
@@ -345,6 +457,8 @@ def _quiet_libraries() -> None:
 
 
 def main(argv: Optional[list] = None) -> int:
+    if argv is None:  # the real command (not a test calling main() in its own process)
+        install_interrupt_handler()
     debug = os.environ.get("VIDEOROUTER_DEBUG", "") not in ("", "0")
     if not debug:
         _quiet_libraries()
@@ -359,10 +473,19 @@ def main(argv: Optional[list] = None) -> int:
             out = run_ask(args)
             if args.plot:
                 from .plot import plot_report
-                plot_report(out["report"], args.plot)
-    except KeyboardInterrupt:
+                # Written under a temporary name and renamed: an interrupt never leaves a
+                # half-written PNG at the user's path.
+                plot = pathlib.Path(args.plot)
+                tmp = plot.with_name(f".{plot.stem}.{os.getpid()}.tmp.png")
+                try:
+                    plot_report(out["report"], str(tmp))
+                    os.replace(tmp, plot)
+                finally:
+                    with contextlib.suppress(OSError):
+                        tmp.unlink()
+    except KeyboardInterrupt:  # main() called in-process, without the handler
         sys.stderr.write(f"{PROG}: interrupted\n")
-        return 130
+        return EXIT_INTERRUPTED
     except SystemExit:
         raise
     except Exception as e:  # noqa: BLE001 - the one place that turns errors into exit codes
@@ -373,12 +496,15 @@ def main(argv: Optional[list] = None) -> int:
         _fail(f"internal error: {type(e).__name__}: {_message(e)} (rerun with "
               f"VIDEOROUTER_DEBUG=1 for the traceback)", EXIT_INTERNAL)
     if args.json:
-        sys.stdout.write(json.dumps(out, default=_jsonable) + "\n")
+        _write_stdout(json.dumps(out, default=_jsonable) + "\n")
     else:
-        print_result(out)
-        if args.plot:
-            sys.stdout.write(f"plot: {args.plot}\n")
-    sys.stdout.flush()
+        try:
+            print_result(out)
+            if args.plot:
+                sys.stdout.write(f"plot: {args.plot}\n")
+        except BrokenPipeError:
+            _broken_pipe()
+        _write_stdout("")
     return 0
 
 

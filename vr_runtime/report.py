@@ -45,6 +45,8 @@ def build_report(vr, req, frames, decision, scores, fitted, prompt_tokens: int,
         "scorer": scores.source if scores is not None else None,
         "num_frames_requested": int(req.num_frames),
         "num_frames_used": T,
+        "decoder": frames.decoder,
+        "codec": frames.codec,
         "frame_indices": [int(i) for i in frames.indices],
         "frame_times_s": None if frames.times_s is None else [round(float(x), 4) for x in frames.times_s],
         "frame_scores": None if scores is None or scores.scores is None

@@ -71,6 +71,7 @@ class Request:
     system: Optional[str]
     cache_visual: bool
     route_to: Mapping[str, str]    # Semantic Router class -> planner
+    decoder: str                   # video decoding library (vr_runtime.decoders)
 
 
 @dataclass
@@ -80,6 +81,8 @@ class Frames:
     times_s: Optional[List[float]]
     notes: List[str]
     decode_s: Optional[float]
+    decoder: Optional[str] = None  # which library decoded the file, and its codec
+    codec: Optional[str] = None
 
     @property
     def T(self) -> int:
@@ -153,7 +156,8 @@ class VideoRouter:
     def request(self, video, question, num_frames=64, max_length=12288, max_new_tokens=64,
                 policy="auto", time_window=None, relevant=None, scorer=None, high=1, low=4,
                 global_scale=2, margin=100, budget=None, chunk_size=16, frame_batch=None,
-                system=None, router_pool=None, cache_visual=False, route_to=None) -> Request:
+                system=None, router_pool=None, cache_visual=False, route_to=None,
+                decoder="auto") -> Request:
         """Check the arguments of :meth:`answer` (before any decoding) -> :class:`Request`."""
         if policy not in policy_names():
             raise ValueError(f"policy {policy!r}: expected one of {', '.join(policy_names())}")
@@ -188,7 +192,7 @@ class VideoRouter:
             time_window = tuple(time_window)
         return Request(video, question, num_frames, max_length, max_new_tokens, policy,
                        time_window, scorer, Windows(high, low, global_scale), margin, budget,
-                       chunk_size, system, bool(cache_visual), routes)
+                       chunk_size, system, bool(cache_visual), routes, decoder)
 
     def check_budget(self, req: Request, num_frames: int) -> None:
         """The budget depends only on the question and the frame count: refuse a hopeless one
@@ -202,7 +206,7 @@ class VideoRouter:
 
     # ------------------------------------------------------------------ stage: decode
     @staticmethod
-    def _video_key(video, num_frames, time_window) -> tuple:
+    def _video_key(video, num_frames, time_window, decoder="auto") -> tuple:
         """Identity of a video input for ``cache_visual``. Paths: file identity + sampling
         arguments. Tensors and clips: the object itself (held by the cache, so its id cannot be
         reused) and, for tensors, its in-place version counter."""
@@ -214,7 +218,7 @@ class VideoRouter:
             except OSError:
                 ident = None
             tw = tuple(time_window) if time_window is not None else None
-            return ("path", str(p), ident, int(num_frames), tw)
+            return ("path", str(p), ident, int(num_frames), tw, decoder)
         if isinstance(video, torch.Tensor):
             return ("tensor", id(video), video._version, tuple(video.shape))
         return ("clip", id(video))
@@ -223,7 +227,7 @@ class VideoRouter:
         """The cached per-video state for ``cache_visual`` (a dict, ``{}`` on a miss), or None."""
         if not req.cache_visual:
             return None
-        key = self._video_key(req.video, req.num_frames, req.time_window)
+        key = self._video_key(req.video, req.num_frames, req.time_window, req.decoder)
         obj = None if key[0] == "path" else req.video
         st = self._vcache.get(key)
         if st is not None and st["obj"] is obj:
@@ -239,9 +243,10 @@ class VideoRouter:
     def decode(self, req: Request, timer: StageTimer, state: Optional[dict] = None) -> Frames:
         if state is not None and "frames" in state:
             f = state["frames"]
-            return Frames(f.pixel_values, f.indices, f.times_s, list(f.notes), None)
+            return Frames(f.pixel_values, f.indices, f.times_s, list(f.notes), None, f.decoder,
+                          f.codec)
         with timer.stage("decode"):
-            frames = self._decode(req.video, req.num_frames, req.time_window)
+            frames = self._decode(req.video, req.num_frames, req.time_window, req.decoder)
         spec = self.lm.frame_spec
         if tuple(frames.pixel_values.shape[-2:]) != tuple(spec.size):
             raise ValueError(f"video: frames are {tuple(frames.pixel_values.shape[-2:])}, the "
@@ -255,7 +260,7 @@ class VideoRouter:
             state["frames"] = frames
         return frames
 
-    def _decode(self, video, num_frames, time_window) -> Frames:
+    def _decode(self, video, num_frames, time_window, decoder="auto") -> Frames:
         from .errors import VideoError
         if isinstance(video, torch.Tensor):
             if video.ndim != 4 or video.shape[1] != 3:
@@ -267,7 +272,7 @@ class VideoRouter:
         if isinstance(video, (str, pathlib.Path)):
             from .video import load_video
             clip = load_video(str(video), num_frames=num_frames, time_window=time_window,
-                              size=spec.size[0], mean=spec.mean, std=spec.std)
+                              size=spec.size[0], mean=spec.mean, std=spec.std, decoder=decoder)
         elif isinstance(video, cf.Future):  # from vr_runtime.video.prefetch_video
             clip = video.result()
         elif hasattr(video, "pixel_values") and hasattr(video, "frame_indices"):
@@ -277,7 +282,8 @@ class VideoRouter:
                              f"[T,3,H,W] tensor, got {type(video).__name__}")
         notes = [clip.note] if getattr(clip, "note", None) else []
         return Frames(clip.pixel_values, list(clip.frame_indices), list(clip.timestamps_s), notes,
-                      getattr(clip, "decode_s", None))
+                      getattr(clip, "decode_s", None), getattr(clip, "decoder", None),
+                      getattr(clip, "codec", None))
 
     # ------------------------------------------------------------------ stage: policy
     def decide_policy(self, req: Request, timer: StageTimer) -> PolicyDecision:
@@ -414,7 +420,8 @@ class VideoRouter:
         None = the routers' configured one); ``system``; ``cache_visual`` (keep decoded frames,
         Z and the Image Router's question-independent state for the next question on the same
         video: the report says "hit"/"miss"); ``route_to`` (Semantic Router class -> policy,
-        e.g. ``{"fragment": "uniform"}`` for the no-Image-Router ablation)."""
+        e.g. ``{"fragment": "uniform"}`` for the no-Image-Router ablation); ``decoder``
+        ("auto", "pyav", "decord": the video library, see vr_runtime.decoders)."""
         req = self.request(video, question, num_frames, max_length, max_new_tokens, policy,
                            **options)
         T_req = int(video.shape[0]) if isinstance(video, torch.Tensor) else num_frames
@@ -467,7 +474,7 @@ class VideoRouter:
         return Answer(text=text, report=report)
 
     def answer_batch(self, videos: Sequence, questions, num_frames: int = 64, time_window=None,
-                     **kw) -> List[Answer]:
+                     decoder: str = "auto", **kw) -> List[Answer]:
         """``answer`` for several videos (``questions``: one string for all, or one per video).
 
         Runs them one after another -- each prefill is already a large GPU batch -- and overlaps
@@ -483,7 +490,8 @@ class VideoRouter:
             if isinstance(v, (str, pathlib.Path)):
                 from .video import prefetch_video
                 return prefetch_video(str(v), num_frames=num_frames, time_window=time_window,
-                                      size=spec.size[0], mean=spec.mean, std=spec.std)
+                                      size=spec.size[0], mean=spec.mean, std=spec.std,
+                                      decoder=decoder)
             return v
 
         out: List[Answer] = []
@@ -493,7 +501,7 @@ class VideoRouter:
             pending = start(videos[i + 1]) if i + 1 < len(videos) else None
             out.append(self.answer(cur, q, num_frames=num_frames,
                                    time_window=None if isinstance(cur, cf.Future) else time_window,
-                                   **kw))
+                                   decoder=decoder, **kw))
         return out
 
 

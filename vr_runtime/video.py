@@ -1,26 +1,33 @@
-"""Video input (SPEC section 3): decord decoding, InternVL's frame sampling, 448x448 ImageNet
-preprocessing, and a background prefetch so decoding overlaps model loading.
+"""Video input (SPEC section 3): decoding through :mod:`vr_runtime.decoders` (decord or PyAV,
+chosen per file), InternVL's frame sampling, 448x448 ImageNet preprocessing, a memory check
+before anything large is allocated, and a background prefetch so decoding overlaps model
+loading.
 
-Sampling follows InternVL's published ``load_video`` / ``get_index``: the clip (or the time
-window) is cut into T equal segments over the frame indices ``start_idx .. end_idx`` and the
-middle frame of each is taken::
+Sampling of the whole clip follows InternVL's published ``load_video`` / ``get_index``: the
+frames are cut into T equal segments by index and the middle frame of each is taken::
 
     seg_size = (end_idx - start_idx) / T
     idx_i    = start_idx + int(seg_size / 2 + round(seg_size * i))
 
-A clip with fewer frames than asked for yields all of them, and ``VideoClip.note`` says so.
+A ``time_window`` is sampled by *time*: the same formula runs on a constant-rate grid of
+``duration * fps`` slots over the window (``fps`` = the file's mean frame rate), and each slot
+takes the frame on screen at that time (the last frame whose presentation timestamp is not
+after it). On a constant-frame-rate file that is exactly InternVL's ``get_index`` with a
+``bound``; on a variable-frame-rate file (phone, browser and WebRTC recordings) the window is
+the right seconds of video and the frames are spread evenly in time within it.
 
-Bad inputs raise :class:`~vr_runtime.errors.VideoError` with one clear message. The file is
-probed with PyAV first (quiet, raises Python exceptions) so that images, text, audio-only and
-unparseable files never reach decord, which prints ffmpeg noise to stderr and fails with less
-helpful errors on such inputs.
+Reported times (``VideoClip.timestamps_s``) are the frames' real presentation timestamps, in
+seconds from the start of the file (ffprobe's ``pts_time - start_time``), never ``index / fps``.
+
+A clip with fewer frames than asked for yields all of them, and ``VideoClip.note`` says so.
+Bad inputs raise :class:`~vr_runtime.errors.VideoError` with one clear message.
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -30,33 +37,37 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from . import decoders as D
 from .errors import VideoError
 
-__all__ = ["VideoClip", "load_video", "sample_indices", "prefetch_video", "open_video",
-           "preprocess_frames", "IMAGENET_MEAN", "IMAGENET_STD"]
+__all__ = ["VideoClip", "load_video", "sample_indices", "sample_window", "prefetch_video",
+           "open_video", "preprocess_frames", "estimate_memory", "available_memory",
+           "IMAGENET_MEAN", "IMAGENET_STD"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
-# Frames decoded per decord call. Bounds peak host memory on high-resolution sources (64 raw
-# 1080p frames are ~400 MB of uint8) and gives the progress bar its steps.
+# Frames resized per step: bounds the uint8 staging memory and gives the progress bar steps.
 CHUNK = 8
-
-_stderr_lock = threading.Lock()
+# Env override for the memory the video may use (bytes, or with a K/M/G/T suffix): for
+# machines whose free memory is not what the process may really use, and for tests.
+MEMORY_ENV = "VIDEOROUTER_MEMORY_LIMIT"
 
 
 @dataclass
 class VideoClip:
     """Sampled, preprocessed frames of one video."""
-    pixel_values: torch.Tensor          # float32 [T, 3, size, size], ImageNet-normalised
-    frame_indices: List[int]            # source frame numbers, increasing
-    timestamps_s: List[float]           # frame_indices / fps
-    fps: float
+    pixel_values: torch.Tensor          # float32 [T, 3, size, size], normalised with mean/std
+    frame_indices: List[int]            # source frame numbers (presentation order), increasing
+    timestamps_s: List[float]           # their presentation times, s from the start of the file
+    fps: float                          # mean frame rate
     total_frames: int
     requested: int                      # frames asked for (T actually used may be fewer)
     note: Optional[str] = None          # e.g. "the video has 20 frames; 64 were asked for"
     path: Optional[str] = None
     decode_s: float = 0.0               # wall time spent decoding + preprocessing
+    decoder: Optional[str] = None       # backend that decoded it: "decord" or "pyav"
+    codec: Optional[str] = None         # FFmpeg codec name, e.g. "h264", "av1"
 
     @property
     def num_frames(self) -> int:
@@ -68,7 +79,8 @@ class VideoClip:
 def sample_indices(total_frames: int, num_frames: int, fps: float,
                    time_window: Optional[Tuple[float, float]] = None) -> List[int]:
     """InternVL's ``get_index``: the middle frame of each of ``num_frames`` equal segments of
-    ``[start_idx, end_idx]`` (the whole clip, or ``time_window`` in seconds).
+    ``[start_idx, end_idx]`` (the whole clip, or ``time_window`` in seconds at a constant
+    ``fps``).
 
     If the range holds fewer than ``num_frames`` frames, every frame in it is returned (so
     the result may be shorter than ``num_frames``). Indices are increasing and lie in
@@ -77,8 +89,12 @@ def sample_indices(total_frames: int, num_frames: int, fps: float,
     if isinstance(total_frames, bool) or not isinstance(total_frames, int) or total_frames < 1:
         raise VideoError(f"the video has no frames (total_frames={total_frames!r})")
     start_idx, end_idx = _window_range(total_frames, fps, time_window)
-    available = end_idx - start_idx + 1
-    if available <= num_frames:
+    return _segments(start_idx, end_idx, num_frames)
+
+
+def _segments(start_idx: int, end_idx: int, num_frames: int) -> List[int]:
+    """InternVL's formula over the inclusive range; all of it if it is not longer."""
+    if end_idx - start_idx + 1 <= num_frames:
         return list(range(start_idx, end_idx + 1))
     seg_size = float(end_idx - start_idx) / num_frames
     # Python's round() is round-half-to-even like np.round in InternVL's code.
@@ -86,21 +102,46 @@ def sample_indices(total_frames: int, num_frames: int, fps: float,
     return [min(max(i, start_idx), end_idx) for i in idx]
 
 
-def _window_range(total_frames: int, fps: float,
-                  time_window: Optional[Tuple[float, float]]) -> Tuple[int, int]:
-    """First and last frame index (inclusive) of the clip or of ``time_window``."""
-    max_frame = total_frames - 1
-    if time_window is None:
-        return 0, max_frame
+def sample_window(pts_s: Sequence[float], num_frames: int, time_window: Tuple[float, float],
+                  fps: Optional[float] = None) -> List[int]:
+    """Frames of a ``time_window`` = (start_s, end_s), sampled by time (module docstring).
+
+    ``pts_s``: every frame's presentation time in seconds, increasing; ``fps``: the mean frame
+    rate (default: from ``pts_s``). Returns increasing, distinct frame indices: all frames on
+    screen during the window if there are at most ``num_frames``, else the frame on screen at
+    each of ``num_frames`` evenly spaced times."""
+    _check_count(num_frames, "num_frames")
+    t = np.asarray(pts_s, dtype=np.float64)
+    if t.ndim != 1 or t.size < 1:
+        raise VideoError("the video has no frames")
+    if fps is None:
+        fps = (t.size - 1) / (t[-1] - t[0]) if t.size > 1 and t[-1] > t[0] else 1.0
+    if not fps or fps <= 0 or not math.isfinite(fps):
+        raise VideoError(f"time_window needs the frame rate, but the video reports fps={fps!r}")
+    duration = D._duration(t, fps)
+    slots = max(1, int(round(duration * fps)))
+    start_slot, end_slot = _window_range(slots, fps, time_window, duration, t.size)
+    eps = 1e-6
+
+    def on_screen(time_s: float) -> int:
+        return max(int(np.searchsorted(t, time_s + eps, side="right")) - 1, 0)
+
+    first = on_screen(start_slot / fps)
+    last = on_screen(end_slot / fps)
+    if last - first + 1 <= num_frames:
+        return list(range(first, last + 1))
+    slot_idx = _segments(start_slot, end_slot, num_frames)
+    out = sorted({on_screen(s / fps) for s in slot_idx})
+    return [min(max(i, first), last) for i in out]
+
+
+def _validate_window(time_window, duration: float, total_frames: int, fps: float):
     try:
         start_s, end_s = (float(v) for v in time_window)
     except (TypeError, ValueError):
         raise VideoError(f"time_window: expected (start_s, end_s) in seconds, got {time_window!r}")
     if not (math.isfinite(start_s) and math.isfinite(end_s)):
         raise VideoError(f"time_window: {time_window!r} must be finite seconds")
-    if not fps or fps <= 0 or not math.isfinite(fps):
-        raise VideoError(f"time_window needs the frame rate, but the video reports fps={fps!r}")
-    duration = total_frames / fps
     if start_s < 0 or start_s >= end_s:
         raise VideoError(f"time_window: need 0 <= start < end, got ({start_s:g}, {end_s:g}) s")
     # One frame of slack: a window ending "at the end" of a 10.0 s clip must not be refused
@@ -108,6 +149,23 @@ def _window_range(total_frames: int, fps: float,
     if start_s >= duration or end_s > duration + 1.0 / fps:
         raise VideoError(f"time_window ({start_s:g}, {end_s:g}) s is outside the video, which "
                          f"lasts {duration:.2f} s ({total_frames} frames at {fps:g} fps)")
+    return start_s, end_s
+
+
+def _window_range(total_frames: int, fps: float, time_window: Optional[Tuple[float, float]],
+                  duration: Optional[float] = None,
+                  real_frames: Optional[int] = None) -> Tuple[int, int]:
+    """First and last frame index (inclusive) of the clip or of ``time_window`` on a grid of
+    ``total_frames`` slots at ``fps`` (``duration``/``real_frames``: the video's own, for the
+    bounds check and its message; default the grid's)."""
+    max_frame = total_frames - 1
+    if time_window is None:
+        return 0, max_frame
+    if not fps or fps <= 0 or not math.isfinite(fps):
+        raise VideoError(f"time_window needs the frame rate, but the video reports fps={fps!r}")
+    start_s, end_s = _validate_window(time_window,
+                                      total_frames / fps if duration is None else duration,
+                                      total_frames if real_frames is None else real_frames, fps)
     start_idx = max(0, round(start_s * fps))
     end_idx = min(round(end_s * fps), max_frame)
     if end_idx < start_idx:  # a window shorter than one frame: take the frame it falls in
@@ -122,10 +180,10 @@ def _check_count(n, name: str) -> None:
 
 # ----------------------------------------------------------------------------- preprocessing
 
-def preprocess_frames(frames: np.ndarray, size: int = 448, mean=IMAGENET_MEAN,
-                      std=IMAGENET_STD) -> torch.Tensor:
-    """uint8 RGB ``[T, H, W, 3]`` -> float32 ``[T, 3, size, size]``, normalised with ``mean`` /
-    ``std`` (ImageNet's for InternVL; the backbone's ``FrameSpec`` says which).
+def preprocess_frames(frames: np.ndarray, size: int = 448, mean: Sequence[float] = IMAGENET_MEAN,
+                      std: Sequence[float] = IMAGENET_STD) -> torch.Tensor:
+    """uint8 RGB ``[T, H, W, 3]`` -> float32 ``[T, 3, size, size]``, normalised with
+    ``mean`` / ``std`` (per channel, on the 0..1 scale; ImageNet's by default).
 
     This is InternVL's transform (PIL bicubic resize to size x size, ToTensor, Normalize) with
     PIL itself doing the resize: torch's bicubic ``F.interpolate`` (even with ``antialias``)
@@ -135,88 +193,130 @@ def preprocess_frames(frames: np.ndarray, size: int = 448, mean=IMAGENET_MEAN,
     from PIL import Image
     if frames.ndim != 4 or frames.shape[-1] != 3:
         raise VideoError(f"expected RGB frames [T, H, W, 3], got shape {tuple(frames.shape)}")
+    mean_t, std_t = _norm(mean, "mean"), _norm(std, "std")
+    if not bool((std_t > 0).all()):
+        raise VideoError(f"std must be > 0, got {tuple(std)}")
     frames = np.ascontiguousarray(frames, dtype=np.uint8)
     if frames.shape[1:3] != (size, size):
         bicubic = getattr(getattr(Image, "Resampling", Image), "BICUBIC")
         frames = np.stack([np.asarray(Image.fromarray(f).resize((size, size), bicubic))
                            for f in frames])
     x = torch.from_numpy(frames).permute(0, 3, 1, 2).float()
-    m = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) * 255.0
-    sd = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255.0
-    return ((x - m) / sd).contiguous()
+    # In place: the same arithmetic as (x - mean) / std, one float copy fewer at the peak.
+    return x.sub_(mean_t * 255.0).div_(std_t * 255.0).contiguous()
+
+
+def _norm(v, name) -> torch.Tensor:
+    try:
+        t = torch.tensor([float(x) for x in v], dtype=torch.float32)
+    except (TypeError, ValueError):
+        raise VideoError(f"{name} must be 3 numbers (R, G, B), got {v!r}") from None
+    if t.numel() != 3 or not bool(torch.isfinite(t).all()):
+        raise VideoError(f"{name} must be 3 finite numbers (R, G, B), got {v!r}")
+    return t.view(1, 3, 1, 1)
+
+
+# ----------------------------------------------------------------------------- memory
+
+def estimate_memory(num_frames: int, size: int, width: int, height: int, bits: int = 8) -> int:
+    """Bytes that loading ``num_frames`` frames of a ``width`` x ``height`` video at ``size``
+    needs at its peak; an upper estimate (bench/results/video_cpu.md compares it with the
+    measured peak, decord and PyAV, 448p to 4K):
+
+    * the clip, float32 ``[T, 3, size, size]``, counted twice: the caller's model takes a
+      device/dtype copy of it (none on CPU in fp32, a full one on CUDA);
+    * one chunk of staging: ``CHUNK`` decoded frames at the reduced decode size, their PIL
+      resized copies, and four float32 temporaries of the normalisation;
+    * the decoder's own frames at full source resolution: reference frames plus
+      frame-threading buffers, taken as 32 frames of YUV 4:2:0 (2 bytes a sample above 8 bits);
+    * a fixed 100 MB for the decoding libraries' contexts and allocator slack."""
+    w2, h2 = D.scaled_size(width, height, size)
+    clip = int(num_frames) * 3 * size * size * 4
+    staging = CHUNK * (w2 * h2 * 3 + size * size * 3 + 4 * 3 * size * size * 4)
+    sample_bytes = 2 if bits > 8 else 1
+    decoder = 32 * int(width * height * 1.5) * sample_bytes
+    return 2 * clip + staging + decoder + 100 * 2 ** 20
+
+
+def available_memory() -> Optional[int]:
+    """Bytes this process may still allocate: ``$VIDEOROUTER_MEMORY_LIMIT`` if set, else the
+    smaller of the machine's available memory (/proc/meminfo MemAvailable) and the room left
+    under a cgroup memory limit (containers, CI); None where neither can be read."""
+    env = os.environ.get(MEMORY_ENV, "").strip()
+    if env:
+        return _parse_bytes(env)
+    cands = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    cands.append(int(line.split()[1]) * 1024)
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit_f, usage_f in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                             ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                              "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit_f) as f:
+                lim = f.read().strip()
+            with open(usage_f) as f:
+                used = int(f.read().strip())
+            if lim.isdigit() and int(lim) < 2 ** 60:
+                cands.append(max(int(lim) - used, 0))
+            break
+        except (OSError, ValueError):
+            continue
+    if not cands:
+        try:  # macOS and other POSIX: free pages (an underestimate, which errs safe)
+            cands.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError, AttributeError):
+            return None
+    return min(cands)
+
+
+def _parse_bytes(text: str) -> int:
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)i?b?\s*", text.lower())
+    if not m:
+        raise VideoError(f"{MEMORY_ENV}={text!r}: expected bytes, e.g. 8G or 512M")
+    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000.0
+    return f"{n:.1f} TB"  # pragma: no cover
+
+
+def _check_memory(path: str, info: "D.VideoIndex", n: int, size: int,
+                  limit: Optional[int]) -> None:
+    """Refuse before allocating when ``n`` frames cannot fit in memory."""
+    avail = available_memory() if limit is None else int(limit)
+    if avail is None:
+        return
+    need = estimate_memory(n, size, info.width, info.height, info.bits)
+    if need <= avail:
+        return
+    per_frame = estimate_memory(2, size, info.width, info.height, info.bits) - \
+        estimate_memory(1, size, info.width, info.height, info.bits)
+    fixed = need - n * per_frame
+    fit = max(int((avail - fixed) // per_frame), 0)
+    advice = (f"ask for at most {fit} frames (--frames {fit})" if fit >= 1 else
+              "free some memory first")
+    raise VideoError(f"{path}: {n} frames at {size}x{size} need about {_fmt_bytes(need)} of "
+                     f"memory but only {_fmt_bytes(avail)} is available; {advice}, or use a "
+                     f"time window")
 
 
 # ----------------------------------------------------------------------------- opening
 
-@contextlib.contextmanager
-def _quiet_stderr():
-    """Silence C-level writes to fd 2 (decord's and ffmpeg's logging) for the duration.
-
-    fd 2 is process-wide, so this is kept to the short open call and serialised."""
-    with _stderr_lock:
-        try:
-            sys.stderr.flush()
-        except Exception:  # pragma: no cover - a closed or odd sys.stderr
-            pass
-        try:
-            saved = os.dup(2)
-        except OSError:  # pragma: no cover - no fd 2 (e.g. some embedded interpreters)
-            yield
-            return
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, 2)
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            os.close(devnull)
-
-
-def _probe(path: str) -> Optional[float]:
-    """Reject what is not a decodable video before decord sees it (PyAV raises cleanly).
-
-    Returns the duration the container declares, in seconds (None if it declares none)."""
-    import av
-    try:
-        container = av.open(path, metadata_errors="ignore")
-    except Exception as e:  # av.error.FFmpegError and friends
-        raise VideoError(f"{path}: not a readable video (unknown format, corrupt or truncated "
-                         f"file: {_reason(e)})") from None
-    try:
-        fmt = (container.format.name or "").lower()
-        streams = list(container.streams.video)
-        if not streams:
-            kinds = sorted({s.type for s in container.streams})
-            raise VideoError(f"{path}: the file has no video stream"
-                             + (f" (only {', '.join(kinds)})" if kinds else ""))
-        codec = (streams[0].codec_context.name or "").lower()
-        if fmt == "tty":  # ffmpeg renders .txt/.ans files as "ANSI art" video
-            raise VideoError(f"{path}: this is a text file, not a video")
-        # Still images come through ffmpeg's image demuxers ("png_pipe", "jpeg_pipe", "image2");
-        # MJPEG or PNG frames inside a real container (avi, mov, mkv) are a video.
-        if fmt.endswith("_pipe") or fmt == "image2":
-            raise VideoError(f"{path}: this is an image ({codec or fmt}), not a video")
-        duration = container.duration  # in AV_TIME_BASE units (microseconds)
-        return duration / 1e6 if duration and duration > 0 else None
-    finally:
-        container.close()
-
-
-def _reason(e: BaseException) -> str:
-    msg = getattr(e, "strerror", None) or str(e) or type(e).__name__
-    return " ".join(str(msg).split())
-
-
-def open_video(path) -> "object":
-    """Validate ``path`` and open it with decord; returns the ``decord.VideoReader``.
-
-    Raises ``VideoError`` for a missing, empty, corrupt or non-video file and for zero frames."""
-    return _open(os.fspath(path))[0]
-
-
-def _open(path: str):
-    """``open_video`` plus the duration the container declares (seconds or None)."""
+def open_video(path) -> "D.VideoIndex":
+    """Validate ``path`` and index it: returns the :class:`vr_runtime.decoders.VideoIndex`
+    (codec, size, rotation, every frame's timestamp). Raises ``VideoError`` for a missing,
+    empty, corrupt or non-video file, an undecodable codec and for zero frames."""
+    path = os.fspath(path)
     if not os.path.exists(path):
         raise VideoError(f"{path}: no such file")
     if os.path.isdir(path):
@@ -226,153 +326,176 @@ def _open(path: str):
         with open(path, "rb"):
             pass
     except OSError as e:
-        raise VideoError(f"{path}: cannot read the file ({_reason(e)})") from None
+        raise VideoError(f"{path}: cannot read the file ({D._reason(e)})") from None
     if size == 0:
         raise VideoError(f"{path}: the file is empty (0 bytes)")
-    declared_s = _probe(path)
-
-    import decord
-    try:
-        decord.logging.set_level(decord.logging.QUIET)
-    except Exception:  # pragma: no cover - older decord without the logging module
-        pass
-    try:
-        with _quiet_stderr():
-            vr = decord.VideoReader(path, ctx=decord.cpu(0))
-    except Exception as e:  # decord raises RuntimeError / DECORDError
-        raise VideoError(f"{path}: decord cannot open the video; the file is corrupt, truncated "
-                         f"or in an unsupported format ({_decord_reason(e)})") from None
-    if len(vr) < 1:
-        raise VideoError(f"{path}: the video has zero frames")
-    return vr, declared_s
-
-
-def _decord_reason(e: BaseException) -> str:
-    # decord messages carry a "[hh:mm:ss] /path/to/source.cc:NN:" prefix and a stack trace.
-    lines = [ln for ln in str(e).splitlines() if ln.strip()]
-    msg = lines[0] if lines else type(e).__name__
-    if ".cc:" in msg:
-        msg = msg.split(".cc:", 1)[1].split(":", 1)[-1]
-    return " ".join(msg.split())[:200]
-
-
-def _fps(vr) -> float:
-    try:
-        fps = float(vr.get_avg_fps())
-    except Exception:
-        fps = 0.0
-    return fps if math.isfinite(fps) and fps > 0 else 0.0
+    return D.probe(path)
 
 
 # ----------------------------------------------------------------------------- loading
 
-def _plan(vr, path: str, num_frames: int, time_window,
-          declared_s: Optional[float] = None) -> Tuple[List[int], float, int, Optional[str]]:
-    total = len(vr)
-    fps = _fps(vr)
-    if time_window is not None and fps <= 0:
-        raise VideoError(f"{path}: the video reports no frame rate, so time_window cannot be used")
-    indices = sample_indices(total, num_frames, fps if fps > 0 else 1.0, time_window)
+@dataclass
+class _Plan:
+    info: "D.VideoIndex"
+    path: str
+    indices: List[int]
+    num_frames: int
+    size: int
+    note: Optional[str]
+    decoder: str
+    mean: Sequence[float]
+    std: Sequence[float]
+
+
+def _plan(info, num_frames: int, time_window) -> Tuple[List[int], Optional[str]]:
+    total = info.num_frames
+    if time_window is None:
+        indices = sample_indices(total, num_frames, info.fps)
+    else:
+        indices = sample_window(info.pts_s, num_frames, time_window, info.fps)
     note = None
     if len(indices) < num_frames:
         where = "the video has" if time_window is None else "the time window holds"
-        note = (f"{where} only {len(indices)} frames; {num_frames} were asked for, "
+        frames = "frame" if len(indices) == 1 else "frames"
+        note = (f"{where} only {len(indices)} {frames}; {num_frames} were asked for, "
                 f"so all {len(indices)} are used")
-    # Containers without a trailing index (mkv, ts) decode a cut-off file up to the cut; say so
-    # rather than silently sampling from the part that survived.
-    if fps > 0 and declared_s and total / fps < 0.9 * declared_s - 1.0:
-        cut = (f"the file declares {declared_s:.1f} s but only {total / fps:.1f} s decode "
-               f"(truncated?); sampling from the decodable part")
+    # A cut-off file decodes up to the cut (as ffmpeg does); say so rather than silently
+    # sampling from the part that survived.
+    decodable = info.duration_s
+    declared = info.declared_s
+    if info.truncated or (declared and decodable < declared - max(0.5, 0.05 * declared)):
+        cut = ("the file is truncated or damaged part-way" if not declared else
+               f"the file declares {declared:.1f} s but only {decodable:.1f} s decode "
+               f"(truncated?)") + "; sampling from the decodable part"
         note = cut if note is None else f"{note}; {cut}"
-    return indices, fps, total, note
+    return indices, note
 
 
-def _decode(vr, path: str, indices: Sequence[int], size: int, progress: bool,
-            norm=(IMAGENET_MEAN, IMAGENET_STD)) -> torch.Tensor:
-    out = torch.empty(len(indices), 3, size, size, dtype=torch.float32)
-    chunks = [indices[i:i + CHUNK] for i in range(0, len(indices), CHUNK)]
+def _prepare(path, num_frames, time_window, size, decoder, mean, std, memory_limit) -> _Plan:
+    """The cheap part: argument checks, probing/indexing, the sampling plan and the memory
+    check (before anything large is allocated)."""
+    _check_count(num_frames, "num_frames")
+    _check_count(size, "size")
+    _norm(mean, "mean"), _norm(std, "std")
+    decoder = D.resolve_decoder(decoder)
+    path = os.fspath(path)
+    info = open_video(path)
+    indices, note = _plan(info, num_frames, time_window)
+    _check_memory(path, info, len(indices), size, memory_limit)
+    return _Plan(info, path, indices, num_frames, size, note, decoder, mean, std)
+
+
+def _finish(plan: _Plan, progress: bool, t0: float) -> VideoClip:
+    info, size = plan.info, plan.size
+    n = len(plan.indices)
+    out = torch.empty(n, 3, size, size, dtype=torch.float32)
+    scale = D.scaled_size(info.width, info.height, size)
     bar = None
-    if progress and len(chunks) > 1:
+    if progress and n > CHUNK:
         from tqdm.auto import tqdm
         # delay: the bar shows only when decoding takes long enough to be worth watching.
-        bar = tqdm(total=len(indices), desc="decoding", unit="frame", file=sys.stderr,
+        bar = tqdm(total=n, desc="decoding", unit="frame", file=sys.stderr,
                    leave=False, dynamic_ncols=True, delay=1.0)
-    try:
-        done = 0
-        for chunk in chunks:
-            try:
-                frames = vr.get_batch(list(chunk)).asnumpy()
-            except Exception as e:
-                raise VideoError(f"{path}: decoding frames {chunk[0]}..{chunk[-1]} failed; the "
-                                 f"file is corrupt or truncated ({_decord_reason(e)})") from None
-            out[done:done + len(chunk)] = preprocess_frames(frames, size, *norm)
-            done += len(chunk)
+    pending: List[np.ndarray] = []
+    done = [0]
+
+    def flush():
+        if pending:
+            k = done[0]
+            out[k:k + len(pending)] = preprocess_frames(np.stack(pending), size, plan.mean,
+                                                        plan.std)
+            done[0] += len(pending)
             if bar is not None:
-                bar.update(len(chunk))
+                bar.update(len(pending))
+            pending.clear()
+
+    def on_frame(i: int, frame: np.ndarray):
+        if i < done[0] + len(pending):  # a fallback backend starts over
+            done[0], pending[:] = i, []
+        pending.append(frame)
+        if len(pending) == CHUNK:
+            flush()
+    try:
+        used = D.decode_frames(info, plan.indices, scale, on_frame, plan.decoder)
+        flush()
     finally:
         if bar is not None:
             bar.close()
-    return out
+    if done[0] != n:
+        raise VideoError(f"{plan.path}: only {done[0]} of {n} sampled frames decoded; the "
+                         f"file is corrupt or truncated")
+    t = info.pts_s
+    return VideoClip(pixel_values=out, frame_indices=list(plan.indices),
+                     timestamps_s=[float(t[i]) for i in plan.indices], fps=info.fps,
+                     total_frames=info.num_frames, requested=plan.num_frames, note=plan.note,
+                     path=plan.path, decode_s=time.perf_counter() - t0, decoder=used,
+                     codec=info.codec)
 
 
 def load_video(path, num_frames: int = 64, time_window: Optional[Tuple[float, float]] = None,
-               size: int = 448, progress: bool = False, mean=IMAGENET_MEAN,
-               std=IMAGENET_STD) -> VideoClip:
+               size: int = 448, progress: bool = False, *, decoder: str = "auto",
+               mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
+               memory_limit: Optional[int] = None) -> VideoClip:
     """Decode ``num_frames`` frames of ``path`` with InternVL's sampling (optionally within
-    ``time_window`` = (start_s, end_s)) and preprocess them to ``[T, 3, size, size]``."""
+    ``time_window`` = (start_s, end_s), sampled by time) and preprocess them to
+    ``[T, 3, size, size]`` normalised with ``mean`` / ``std``.
+
+    ``decoder``: "auto" (decord where it handles the codec, else PyAV; PyAV also when decord
+    fails), "pyav" or "decord". ``memory_limit``: bytes the clip may use (default: what the
+    machine has free, see :func:`available_memory`); a request that cannot fit raises
+    ``VideoError`` before decoding."""
     t0 = time.perf_counter()
-    vr, path, indices, fps, total, note = _prepare(path, num_frames, time_window, size)
-    return _finish(vr, path, indices, fps, total, num_frames, note, size, progress, t0,
-                   (mean, std))
+    plan = _prepare(path, num_frames, time_window, size, decoder, mean, std, memory_limit)
+    return _finish(plan, progress, t0)
 
 
-def _prepare(path, num_frames, time_window, size):
-    """The cheap part: argument checks, opening (probe + decord) and the sampling plan."""
-    _check_count(num_frames, "num_frames")
-    _check_count(size, "size")
-    path = os.fspath(path)
-    vr, declared_s = _open(path)
-    indices, fps, total, note = _plan(vr, path, num_frames, time_window, declared_s)
-    return vr, path, indices, fps, total, note
+# At most two decodes at once (answer_batch decodes the next file while the current one is
+# answered); more would only compete for the same cores and memory.
+_decode_slots = threading.BoundedSemaphore(2)
 
 
-def _finish(vr, path, indices, fps, total, num_frames, note, size, progress, t0,
-            norm=(IMAGENET_MEAN, IMAGENET_STD)) -> VideoClip:
-    pixels = _decode(vr, path, indices, size, progress, norm)
-    return VideoClip(pixel_values=pixels, frame_indices=list(indices),
-                     timestamps_s=[i / fps if fps > 0 else float("nan") for i in indices],
-                     fps=fps, total_frames=total, requested=num_frames, note=note, path=path,
-                     decode_s=time.perf_counter() - t0)
+def _submit(fn, *args) -> "cf.Future":
+    """Run ``fn(*args)`` on a daemon thread and return its Future.
 
+    Not a ThreadPoolExecutor: the interpreter joins an executor's threads at exit, so a Ctrl-C
+    in the caller (a script, a notebook being closed) waited for a long decode to finish, and
+    a second Ctrl-C during that join printed "Exception ignored ... KeyboardInterrupt". A
+    daemon thread is simply dropped at exit. A Future cancelled before its turn never runs."""
+    future: cf.Future = cf.Future()
 
-_pool: Optional[cf.ThreadPoolExecutor] = None
-_pool_lock = threading.Lock()
+    def run():
+        with _decode_slots:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                result = fn(*args)
+            except BaseException as e:  # delivered to whoever waits on the Future
+                future.set_exception(e)
+            else:
+                future.set_result(result)
 
-
-def _executor() -> cf.ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = cf.ThreadPoolExecutor(max_workers=2, thread_name_prefix="vr-decode")
-        return _pool
+    threading.Thread(target=run, name="vr-decode", daemon=True).start()
+    return future
 
 
 def prefetch_video(path, num_frames: int = 64, time_window: Optional[Tuple[float, float]] = None,
-                   size: int = 448, progress: bool = False, mean=IMAGENET_MEAN,
-                   std=IMAGENET_STD) -> "cf.Future[VideoClip]":
+                   size: int = 448, progress: bool = False, *, decoder: str = "auto",
+                   mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
+                   memory_limit: Optional[int] = None) -> "cf.Future[VideoClip]":
     """Start :func:`load_video` on a background thread and return its Future.
 
-    The cheap checks run here, synchronously, so a missing, empty or non-video file, a bad
-    window, or a file truncated before its last sampled frame raises ``VideoError`` at once
-    (before a caller spends seconds loading a model); the decoding and resizing, which release
-    the GIL in decord and torch, overlap whatever the caller does next."""
+    The cheap checks run here, synchronously, so a missing, empty or non-video file, an
+    undecodable codec, a bad window, a request that does not fit in memory, or a file damaged
+    at its last sampled frame raises ``VideoError`` at once (before a caller spends seconds
+    loading a model); the decoding and resizing, which release the GIL in FFmpeg and PIL,
+    overlap whatever the caller does next."""
     t0 = time.perf_counter()
-    vr, path, indices, fps, total, note = _prepare(path, num_frames, time_window, size)
-    try:  # a truncated file usually fails on its last frames: find out now, not after loading
-        with _quiet_stderr():
-            vr.get_batch([indices[-1]])
-    except Exception as e:
-        raise VideoError(f"{path}: cannot decode frame {indices[-1]}; the file is corrupt or "
-                         f"truncated ({_decord_reason(e)})") from None
-    return _executor().submit(_finish, vr, path, indices, fps, total, num_frames, note, size,
-                              progress, t0, (mean, std))
+    plan = _prepare(path, num_frames, time_window, size, decoder, mean, std, memory_limit)
+    # A damaged file usually fails on its last frames: find out now, not after loading. With
+    # "auto", PyAV checks (one seek; decord would re-index the whole file first), and a
+    # decord-only failure later still falls back to PyAV.
+    last = plan.indices[-1]
+    scale = D.scaled_size(plan.info.width, plan.info.height, min(plan.size, 64))
+    D.decode_frames(plan.info, [last], scale, lambda i, f: None,
+                    "pyav" if plan.decoder == "auto" else plan.decoder)
+    return _submit(_finish, plan, progress, t0)

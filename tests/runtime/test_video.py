@@ -192,7 +192,10 @@ def test_load_video_fewer_frames_than_asked(videos):
 
 
 def test_prefetch_matches_load(videos):
+    import threading
     fut = prefetch_video(videos["grey"], num_frames=12, progress=True)
+    # daemon decode threads: the interpreter does not wait for (or hang joining) them at exit
+    assert all(t.daemon for t in threading.enumerate() if t.name == "vr-decode")
     clip = fut.result(timeout=60)
     ref = load_video(videos["grey"], num_frames=12)
     assert clip.frame_indices == ref.frame_indices
@@ -271,3 +274,50 @@ def test_mjpeg_in_a_container_is_a_video(tmp_path):
     assert clip.frame_indices == internvl_get_index(None, 4.0, 7, num_segments=4).tolist()
     expect = torch.tensor([float(grey_level(i)) for i in clip.frame_indices])
     torch.testing.assert_close(decoded_levels(clip), expect, atol=3.0, rtol=0)
+
+
+# ----------------------------------------------------------------------------- time windows
+
+def test_sample_window_equals_internvl_on_constant_rate():
+    """By-time window sampling is exactly InternVL's get_index(bound) when frames are evenly
+    spaced (pts = i / fps), including the fewer-frames-than-asked case."""
+    from vr_runtime.video import sample_window
+    rng = random.Random(99)
+    for _ in range(400):
+        fps = rng.choice([1.0, 4.0, 23.976, 25.0, 29.97, 30.0, 60.0, rng.uniform(0.5, 60)])
+        total = rng.randint(2, 3000)
+        num = rng.randint(1, 96)
+        dur = total / fps
+        a, b = sorted(rng.uniform(0, dur) for _ in range(2))
+        if b - a < 1e-3:
+            continue
+        pts = [i / fps for i in range(total)]
+        ours = sample_window(pts, num, (a, b), fps)
+        assert ours == sample_indices(total, num, fps, (a, b)), (total, num, fps, a, b)
+
+
+def test_sample_window_variable_rate():
+    """Random VFR timelines: picks are distinct, increasing, on screen inside the window, and
+    as many as asked when the window holds enough frames."""
+    from vr_runtime.video import sample_window
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        n = int(rng.integers(2, 400))
+        gaps = rng.choice([rng.uniform(0.005, 0.05), rng.uniform(0.2, 1.0)], size=n - 1)
+        pts = np.concatenate([[rng.uniform(0, 0.5)], rng.uniform(0.5, 1.5, n - 1) * gaps])
+        pts = np.cumsum(pts)
+        end = pts[-1] + (pts[-1] - pts[-2])
+        a, b = sorted(rng.uniform(0, end, 2))
+        if b - a < 0.05:
+            continue
+        num = int(rng.integers(1, 64))
+        idx = sample_window(pts, num, (a, b))
+        assert idx == sorted(set(idx)) and len(idx) >= 1
+        nxt = np.append(pts[1:], np.inf)
+        fps = (n - 1) / (pts[-1] - pts[0])
+        slack = 0.5 / fps + 1e-6  # window bounds snap to the grid, as InternVL's round() does
+        assert all(pts[i] <= b + slack and nxt[i] > a - slack for i in idx), (a, b, idx)
+        on_screen = [i for i in range(n) if pts[i] <= b and nxt[i] > a]
+        assert len(idx) <= max(num, 1)
+        if len(on_screen) >= 4 * num:  # plenty of frames: the full count
+            assert len(idx) >= num - 1, (len(idx), num, len(on_screen))

@@ -1,0 +1,579 @@
+"""Video decoding backends: one probe (PyAV) that indexes a file, and interchangeable decoders
+that turn a list of frame indices into small RGB frames.
+
+Why a layer: no single library decodes everything users hand over. decord (named by the
+design) has no AV1 decoder in its bundled FFmpeg, fails on real-time VP9 and animated GIF,
+returns wrong frames from MPEG-TS and from HEVC when it seeks, mishandles rotation, and has no
+aarch64 / Apple-arm64 wheel. PyAV (always installed) ships an FFmpeg with every common decoder
+(dav1d for AV1). ``decoder="auto"`` uses decord only where the corpus tests show it gives
+ffmpeg's frames (``DECORD_CODECS`` / ``DECORD_CONTAINERS``), when it is installed, and PyAV for
+everything else and as the fallback whenever decord fails on a file.
+
+The probe demuxes every packet of the video stream once (no decoding, except the first frame
+for its rotation; decord does the same to build its index) and keeps the presentation
+timestamps, sorted. Containers without presentation times (raw streams, AVI with B-frames)
+are decoded by frame count instead, at ``i / fps``. Frame ``i`` is the ``i``-th
+frame in presentation order and ``VideoIndex.pts_s[i]`` its real time in seconds from the
+start of the file, which is what ffmpeg/ffprobe report (``pts_time - start_time``). That makes
+times right on variable-frame-rate files (phone and browser recordings), where ``i / fps`` is
+not.
+
+Frames are decoded straight to a reduced resolution (``scaled_size``: each side capped at
+twice the model's input size) by the decoder's scaler, one frame at a time, so a 4K file holds
+no full-resolution RGB frames (bench/results/video_cpu.md: 32 frames of 4K cost ~0.1 GB more
+than of 448p). Rotation metadata (phone
+videos) is applied, as ffmpeg does by default.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .errors import VideoError
+
+__all__ = ["VideoIndex", "probe", "decode_frames", "DECODERS", "available_decoders",
+           "scaled_size", "resolve_decoder"]
+
+DECODERS = ("auto", "pyav", "decord")
+
+# Codecs and containers for which decord's bundled FFmpeg gives ffmpeg's frames (checked by
+# tests/runtime/test_video_corpus.py). Everything else goes to PyAV: decord has no AV1, fails
+# on real-time VP9 and GIF, returns wrong frames from MPEG-TS, and from HEVC when it seeks
+# (sparse sampling gave frames up to 255 levels off ffmpeg's).
+DECORD_CODECS = frozenset({"h264", "mjpeg"})
+DECORD_CONTAINERS = ("mov", "matroska", "avi")
+
+# Human names for the codecs users meet, for error messages.
+_CODEC_NAMES = {"h264": "H.264", "hevc": "HEVC/H.265", "av1": "AV1", "vp9": "VP9", "vp8": "VP8",
+                "mpeg2video": "MPEG-2", "mpeg4": "MPEG-4 Part 2", "mjpeg": "Motion JPEG",
+                "prores": "ProRes", "gif": "GIF"}
+
+
+@dataclass
+class VideoIndex:
+    """What the probe learnt about a file: codec, geometry and every frame's timestamp."""
+    path: str
+    container: str                 # FFmpeg demuxer name, e.g. "mov,mp4,m4a,3gp,3g2,mj2"
+    codec: str                     # FFmpeg codec name, e.g. "h264", "av1"
+    width: int                     # coded frame size (before rotation)
+    height: int
+    rotation: int                  # degrees counter-clockwise to apply for display (0/90/180/270)
+    pts: np.ndarray                # int64 [N] presentation timestamps, stream time base, sorted
+    time_base: float               # seconds per pts unit
+    start: int                     # pts of time 0 (the file's start time), stream time base
+    keyframe: np.ndarray           # int64 [N]: index of the keyframe to seek to for frame i
+    has_pts: bool                  # False: pts were synthesised (raw streams); decode by count
+    fps: float                     # average frame rate (frames / duration)
+    declared_s: Optional[float]    # duration the container declares, seconds
+    truncated: bool = False        # demuxing stopped on a read error before the end
+    bits: int = 8                  # bits per sample of the source (10 for 10-bit HDR etc.)
+
+    @property
+    def num_frames(self) -> int:
+        return int(self.pts.shape[0])
+
+    @property
+    def pts_s(self) -> np.ndarray:
+        """float64 [N]: each frame's presentation time in seconds from the start of the file."""
+        return (self.pts - self.start).astype(np.float64) * self.time_base
+
+    @property
+    def duration_s(self) -> float:
+        """From time 0 to the end of the last frame (shown as long as the one before it)."""
+        return _duration(self.pts_s, self.fps)
+
+    @property
+    def display_size(self) -> Tuple[int, int]:
+        """(width, height) as shown, after rotation."""
+        return (self.height, self.width) if self.rotation % 180 else (self.width, self.height)
+
+    @property
+    def codec_name(self) -> str:
+        return _CODEC_NAMES.get(self.codec, self.codec)
+
+
+def _duration(t: np.ndarray, fps: float) -> float:
+    if t.size > 1 and t[-1] > t[-2]:
+        return float(t[-1] + (t[-1] - t[-2]))
+    return float(t[-1] + 1.0 / fps) if fps > 0 else float(t[-1])
+
+
+def scaled_size(width: int, height: int, size: int) -> Tuple[int, int]:
+    """The resolution frames are decoded to for a ``size`` x ``size`` model input: each side
+    capped at ``2 * size`` (the final resize, InternVL's PIL bicubic, then shrinks by at most
+    2x, so its result stays within a grey level or two of resizing the full frame; see
+    tests/runtime/test_video_corpus.py). Sources already that small are not scaled."""
+    cap = 2 * int(size)
+    return min(int(width), cap), min(int(height), cap)
+
+
+# ----------------------------------------------------------------------------- probing
+
+def _reason(e: BaseException) -> str:
+    msg = getattr(e, "strerror", None) or str(e) or type(e).__name__
+    return " ".join(str(msg).split())[:200]
+
+
+def probe(path: str) -> VideoIndex:
+    """Open ``path`` with PyAV, reject what is not a decodable video with one clear
+    :class:`VideoError`, and index every frame's presentation timestamp."""
+    import av
+    try:
+        container = av.open(path, metadata_errors="ignore")
+    except Exception as e:  # av.error.FFmpegError and friends
+        raise VideoError(f"{path}: not a readable video (unknown format, corrupt or truncated "
+                         f"file: {_reason(e)})") from None
+    try:
+        return _index(container, path)
+    finally:
+        container.close()
+
+
+def _index(container, path: str) -> VideoIndex:
+    import av
+    fmt = (container.format.name or "").lower()
+    streams = list(container.streams.video)
+    if not streams:
+        kinds = sorted({s.type for s in container.streams})
+        raise VideoError(f"{path}: the file has no video stream"
+                         + (f" (only {', '.join(kinds)})" if kinds else ""))
+    # The first stream that is not a cover picture (mp4/mkv "attached_pic" artwork).
+    stream = next((s for s in streams if not _is_attached_pic(s)), streams[0])
+    ctx = stream.codec_context
+    codec = _canonical(ctx)
+    if fmt == "tty":  # ffmpeg renders .txt/.ans files as "ANSI art" video
+        raise VideoError(f"{path}: this is a text file, not a video")
+    # Still images come through ffmpeg's image demuxers ("png_pipe", "jpeg_pipe", "image2");
+    # MJPEG or PNG frames inside a real container (avi, mov, mkv) are a video.
+    if fmt.endswith("_pipe") or fmt == "image2":
+        raise VideoError(f"{path}: this is an image ({codec or fmt}), not a video")
+    if not codec or codec == "none" or not _has_decoder(codec):
+        raise VideoError(f"{path}: cannot decode this video: its codec "
+                         f"({_CODEC_NAMES.get(codec, codec or 'unknown')}) has no decoder in "
+                         f"this FFmpeg build; re-encode it, e.g. "
+                         f"'ffmpeg -i INPUT -c:v libx264 -crf 18 out.mp4'")
+    width, height = int(ctx.width or 0), int(ctx.height or 0)
+    if width < 1 or height < 1:
+        raise VideoError(f"{path}: the video stream declares no frame size (corrupt header?)")
+    tb = float(stream.time_base) if stream.time_base else 0.0
+    # The video stream's own duration where the container keeps one (mp4), else the file's
+    # (mkv, ts): an audio track that runs on after the picture must not look like a cut.
+    declared = container.duration / 1e6 if container.duration and container.duration > 0 else None
+    if stream.duration and stream.duration > 0 and tb > 0:
+        declared = float(stream.duration) * tb
+
+    pts: List[int] = []
+    key_pts: List[int] = []
+    missing_pts = 0
+    truncated = False
+    rotation: Optional[int] = None
+    # Demux (no decoding) to list every frame. A read error part-way (a cut-off or damaged
+    # file) ends the index there; what came before is still a video.
+    try:
+        for pkt in container.demux(stream):
+            if pkt.size == 0 or pkt.is_discard:  # flush packet / edit-list pre-roll
+                continue
+            t = pkt.pts
+            if t is None:
+                # (AVI, raw streams): such frames also come out of the decoder without pts,
+                # so they are told apart by count, below.
+                missing_pts += 1
+                t = pkt.dts if pkt.dts is not None else -1
+            pts.append(int(t))
+            if pkt.is_keyframe:
+                key_pts.append(int(t))
+            if rotation is None and len(pts) <= 32:
+                # The display matrix reaches PyAV on decoded frames only: decode until the
+                # first frame comes out (a few packets at most), then just demux.
+                try:
+                    for frame in pkt.decode():
+                        rotation = int(frame.rotation or 0)
+                        break
+                except av.error.FFmpegError:
+                    pass
+    except (av.error.FFmpegError, OSError):
+        truncated = True
+    if not pts:
+        raise VideoError(f"{path}: the video has zero frames"
+                         + (" (the file is corrupt or truncated)" if truncated else ""))
+    has_pts = missing_pts == 0 and tb > 0
+    if fmt == "avi" and _reorders(codec):
+        # AVI stores no presentation times: with B-frames its packet "pts" are decode-order
+        # guesses that the decoded frames do not carry. Frames are told apart by count there.
+        has_pts = False
+    n = len(pts)
+    if has_pts:
+        order = np.argsort(np.asarray(pts, np.int64), kind="stable")
+        p = np.asarray(pts, np.int64)[order]
+        # Duplicate pts (broken muxers) would make frames indistinguishable by time.
+        if np.any(np.diff(p) <= 0):
+            has_pts = False
+    fps = _rate(stream)
+    if has_pts:
+        # First-frame time 0 is the file's start (ffmpeg's start_time), not the first video
+        # frame: a video that starts after its audio keeps its real offset.
+        start_us = container.start_time  # microseconds; None when the container has none
+        start = int(p[0])
+        if start_us is not None and tb > 0:
+            start = min(start, int(round(start_us / 1e6 / tb)))
+        span = float(p[-1] - p[0]) * tb
+        if n > 1 and span > 0:
+            fps = (n - 1) / span  # mean spacing, so duration_s = span + one mean frame
+        keys = np.asarray(sorted(set(key_pts)), np.int64)
+        # Frame i seeks to the last keyframe whose pts is <= its own.
+        pos = np.searchsorted(keys, p, side="right") - 1 if keys.size else np.full(n, -1)
+        key_idx = np.searchsorted(p, keys[np.maximum(pos, 0)]) if keys.size else np.zeros(n)
+        keyframe = np.where(pos >= 0, key_idx, 0).astype(np.int64)
+    else:
+        # No usable timestamps (raw elementary streams): frame i is the i-th frame out of the
+        # decoder, its time i / fps.
+        fps = fps if fps > 0 else 25.0
+        tb = 1.0 / fps
+        p = np.arange(n, dtype=np.int64)
+        start = 0
+        keyframe = np.zeros(n, np.int64)
+    if not (fps > 0 and math.isfinite(fps)):
+        fps = 1.0 / tb if tb > 0 else 25.0
+    bits = _bit_depth(ctx)
+    return VideoIndex(path=path, container=fmt, codec=codec, width=width, height=height,
+                      rotation=int(round((rotation or 0) / 90.0)) % 4 * 90, pts=p, time_base=tb, start=start,
+                      keyframe=keyframe, has_pts=has_pts, fps=float(fps), declared_s=declared,
+                      truncated=truncated, bits=bits)
+
+
+def _is_attached_pic(stream) -> bool:
+    try:
+        return bool(stream.disposition & 0x0400)  # AV_DISPOSITION_ATTACHED_PIC
+    except Exception:
+        return False
+
+
+def _canonical(ctx) -> str:
+    """The codec's FFmpeg name ("av1"), not the decoder's ("libdav1d")."""
+    try:
+        return (ctx.codec.canonical_name or ctx.name or "").lower()
+    except Exception:
+        return (getattr(ctx, "name", "") or "").lower()
+
+
+def _reorders(codec: str) -> bool:
+    """Whether the codec can reorder frames (B-frames), from FFmpeg's codec descriptor."""
+    import av
+    try:
+        return bool(av.codec.Codec(codec, "r").reorder)
+    except Exception:
+        return True
+
+
+def _has_decoder(codec: str) -> bool:
+    import av
+    try:
+        av.codec.Codec(codec, "r")
+        return True
+    except Exception:
+        return False
+
+
+def _rate(stream) -> float:
+    # guessed_rate first: FFmpeg's best guess (the bitstream's timing info for a raw stream,
+    # where average_rate is the demuxer's 25 fps default). Files with timestamps replace this
+    # with the mean rate of their frames.
+    for r in (stream.guessed_rate, stream.average_rate, stream.base_rate):
+        try:
+            v = float(r)
+        except (TypeError, ValueError, ZeroDivisionError):
+            continue
+        if v > 0 and math.isfinite(v):
+            return v
+    return 0.0
+
+
+def _bit_depth(ctx) -> int:
+    try:
+        return max(c.bits for c in ctx.format.components)
+    except Exception:
+        return 8
+
+
+# ----------------------------------------------------------------------------- backends
+
+_stderr_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silence C-level writes to fd 2 (decord's and ffmpeg's logging) for the duration.
+
+    fd 2 is process-wide, so this is kept to short calls and serialised."""
+    with _stderr_lock:
+        try:
+            sys.stderr.flush()
+        except Exception:  # pragma: no cover - a closed or odd sys.stderr
+            pass
+        try:
+            saved = os.dup(2)
+        except OSError:  # pragma: no cover - no fd 2 (e.g. some embedded interpreters)
+            yield
+            return
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, 2)
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            os.close(devnull)
+
+
+def available_decoders() -> List[str]:
+    """Backends that can be imported here (PyAV always: it is a core dependency)."""
+    out = ["pyav"]
+    if _decord_module() is not None:
+        out.append("decord")
+    return out
+
+
+def _decord_module():
+    try:
+        import decord
+        return decord
+    except Exception:  # not installed (aarch64, Apple arm64) or broken
+        return None
+
+
+def resolve_decoder(decoder: str) -> str:
+    """Check a ``decoder=`` / ``--decoder`` value."""
+    if decoder not in DECODERS:
+        raise VideoError(f"decoder: expected one of {', '.join(DECODERS)}, got {decoder!r}")
+    if decoder == "decord" and _decord_module() is None:
+        raise VideoError("decoder 'decord' is not installed here (it has no wheel for this "
+                         "platform); use --decoder auto or pyav")
+    return decoder
+
+
+def _candidates(info: VideoIndex, decoder: str) -> List[str]:
+    if decoder != "auto":
+        return [decoder]
+    if (info.codec in DECORD_CODECS and info.container.startswith(DECORD_CONTAINERS)
+            and info.has_pts and not info.rotation and _decord_module() is not None):
+        return ["decord", "pyav"]
+    return ["pyav"]
+
+
+OnFrame = Callable[[int, np.ndarray], None]
+
+
+def decode_frames(info: VideoIndex, indices: Sequence[int], scale: Tuple[int, int],
+                  on_frame: OnFrame, decoder: str = "auto") -> str:
+    """Decode frames ``indices`` (increasing, distinct) of ``info`` as uint8 RGB scaled to
+    ``scale`` = (width, height) of the coded frame and rotated for display, calling
+    ``on_frame(position_in_indices, frame)`` for each, in order. Returns the backend used.
+
+    With ``decoder="auto"`` a backend that fails before delivering a frame is replaced by the
+    next; an explicit backend's failure is the user's answer."""
+    cands = _candidates(info, decoder)
+    last: Optional[BaseException] = None
+    for name in cands:
+        delivered = [0]
+
+        def counted(i, f, _d=delivered):
+            _d[0] += 1
+            on_frame(i, f)
+        try:
+            _BACKENDS[name](info, list(indices), scale, counted)
+            return name
+        except VideoError as e:
+            last = e
+            if delivered[0] or name == cands[-1]:
+                raise
+        except Exception as e:  # a backend's own error types (decord.DECORDError, ...)
+            last = e
+            if delivered[0] or name == cands[-1]:
+                raise VideoError(f"{info.path}: decoding the {info.codec_name} video with "
+                                 f"{name} failed; the file is corrupt or truncated "
+                                 f"({_clean_reason(e)})") from None
+    raise VideoError(f"{info.path}: cannot decode the video ({_clean_reason(last)})")
+
+
+def _clean_reason(e: Optional[BaseException]) -> str:
+    """A library's error without its source paths and stack traces (decord prefixes
+    "[hh:mm:ss] /path/to/source.cc:NN:" and appends a backtrace)."""
+    if e is None:
+        return "unknown error"
+    lines = [ln for ln in str(e).splitlines() if ln.strip()]
+    msg = lines[0] if lines else type(e).__name__
+    for marker in (".cc:", ".cpp:", ".c:", ".h:"):
+        if marker in msg:
+            msg = msg.split(marker, 1)[1].split(":", 1)[-1]
+    return " ".join(msg.split())[:200] or type(e).__name__
+
+
+def _orient(frame: np.ndarray, rotation: int) -> np.ndarray:
+    """Apply a counter-clockwise display rotation (the display matrix's convention)."""
+    k = (rotation // 90) % 4
+    return np.ascontiguousarray(np.rot90(frame, k)) if k else frame
+
+
+# --- PyAV
+
+def _pyav(info: VideoIndex, indices: List[int], scale: Tuple[int, int], on_frame: OnFrame) -> None:
+    import av
+    w, h = scale
+    interp = av.video.reformatter.Interpolation.AREA  # a box filter: right for shrinking
+
+    def rgb(frame) -> np.ndarray:
+        if (frame.width, frame.height) == (w, h):
+            arr = frame.to_ndarray(format="rgb24")
+        else:
+            arr = frame.to_ndarray(format="rgb24", width=w, height=h, interpolation=interp)
+        return _orient(arr, info.rotation)
+
+    holder = [av.open(info.path, metadata_errors="ignore")]
+    try:
+        if info.has_pts:
+            try:
+                _pyav_by_pts(holder, info, indices, rgb, on_frame)
+                return
+            except _NotByPts:
+                # Decoded frames do not carry the demuxer's timestamps: count them instead
+                # (frames delivered so far are delivered again, from the first).
+                holder[0].close()
+                holder[0] = av.open(info.path, metadata_errors="ignore")
+        _pyav_by_count(holder[0], info, indices, rgb, on_frame)
+    except av.error.FFmpegError as e:
+        raise VideoError(f"{info.path}: decoding the {info.codec_name} video failed; the file "
+                         f"is corrupt or truncated ({_reason(e)})") from None
+    finally:
+        holder[0].close()
+
+
+def _video_stream(container, info: VideoIndex):
+    streams = list(container.streams.video)
+    s = next((x for x in streams if not _is_attached_pic(x)), streams[0])
+    s.thread_type = "AUTO"
+    # Each frame thread holds frames of its own: a few threads are nearly as fast on the small
+    # samples decoded here and keep a 4K decode's memory bounded on many-core machines.
+    s.codec_context.thread_count = min(4, os.cpu_count() or 1)
+    return s
+
+
+def _frames(container, stream) -> Iterator:
+    for pkt in container.demux(stream):
+        for frame in pkt.decode():
+            yield frame
+    # demux ends with an empty packet whose decode() drains the decoder
+
+
+def _pyav_by_pts(holder: list, info: VideoIndex, indices: List[int], rgb, on_frame) -> None:
+    """``holder[0]``: the open container (replaced, and closed by the caller, if decoding has
+    to restart from the top of the file)."""
+    import av
+    container = holder[0]
+    stream = _video_stream(container, info)
+    pts = info.pts
+    gen: Optional[Iterator] = None
+    pos = -1            # pts-order index of the last frame decoded in the current run
+    for n, k in enumerate(indices):
+        target = int(pts[k])
+        key = int(info.keyframe[k])
+        if gen is None or k <= pos or key > pos:
+            # Seek only when the target's keyframe lies ahead of where decoding is: between
+            # nearby targets, decoding on is cheaper than seeking back to the same keyframe.
+            container.seek(int(pts[key]), stream=stream, backward=True, any_frame=False)
+            gen, pos = _frames(container, stream), -1
+        frame = _advance(gen, target)
+        back = 1.0
+        while frame is None or frame.pts != target:
+            # The seek landed past the target (inexact seeking in MPEG-TS/PS, or an index
+            # that disagrees with the decoder), or the decoder skipped it: seek further back,
+            # and in the end decode from the start of the file, which is always right.
+            if back > 64 or frame is None:
+                container.close()
+                container = holder[0] = av.open(info.path, metadata_errors="ignore")
+                stream = _video_stream(container, info)
+                gen = _frames(container, stream)
+                frame = _advance(gen, target)
+                if frame is None or frame.pts != target:
+                    raise _NotByPts()
+                break
+            offset = int(pts[key]) - int(back / info.time_base)
+            container.seek(max(offset, 0), stream=stream, backward=True)
+            gen = _frames(container, stream)
+            frame = _advance(gen, target)
+            back *= 4
+        pos = int(np.searchsorted(pts, frame.pts))
+        on_frame(n, rgb(frame))
+
+
+class _NotByPts(Exception):
+    """A frame of the index never came out of the decoder with its pts."""
+
+
+def _advance(gen: Iterator, target: int):
+    """The first frame whose pts is >= target (frames without pts are skipped)."""
+    for frame in gen:
+        if frame.pts is not None and frame.pts >= target:
+            return frame
+    return None
+
+
+def _missing(info: VideoIndex, k: int) -> VideoError:
+    return VideoError(f"{info.path}: frame {k} (at {info.pts_s[k]:.2f} s) of the "
+                      f"{info.codec_name} video does not decode; the file is corrupt or "
+                      f"truncated")
+
+
+def _pyav_by_count(container, info: VideoIndex, indices: List[int], rgb, on_frame) -> None:
+    stream = _video_stream(container, info)
+    want: Dict[int, int] = {k: n for n, k in enumerate(indices)}
+    got = 0
+    for i, frame in enumerate(_frames(container, stream)):
+        if i in want:
+            on_frame(want[i], rgb(frame))
+            got += 1
+            if got == len(want):
+                return
+    raise _missing(info, indices[got] if got < len(indices) else indices[-1])
+
+
+# --- decord
+
+def _decord(info: VideoIndex, indices: List[int], scale: Tuple[int, int], on_frame: OnFrame) -> None:
+    decord = _decord_module()
+    if decord is None:
+        raise VideoError("decoder 'decord' is not installed here; use --decoder pyav")
+    try:
+        decord.logging.set_level(decord.logging.QUIET)
+    except Exception:  # pragma: no cover - older decord without the logging module
+        pass
+    if info.rotation:
+        # decord applies (part of) the display matrix itself, and its frames then differ
+        # from ffmpeg's; PyAV's match.
+        raise VideoError(f"{info.path}: decord does not decode rotated videos correctly; use "
+                         f"--decoder pyav (or auto)")
+    w, h = scale
+    kw = {} if (w, h) == (info.width, info.height) else {"width": w, "height": h}
+    with _quiet_stderr():
+        vr = decord.VideoReader(info.path, ctx=decord.cpu(0), **kw)
+    if len(vr) != info.num_frames:
+        # decord's frame list disagrees with the demuxer's (dropped or merged packets): its
+        # frame i would not be ours.
+        raise VideoError(f"{info.path}: decord sees {len(vr)} frames, the demuxer "
+                         f"{info.num_frames}")
+    chunk = 4  # a few frames per call: decord's batches are full arrays
+    for s in range(0, len(indices), chunk):
+        part = indices[s:s + chunk]
+        with _quiet_stderr():
+            frames = vr.get_batch(part).asnumpy()
+        for j, f in enumerate(frames):
+            on_frame(s + j, _orient(f, info.rotation))
+
+
+_BACKENDS = {"pyav": _pyav, "decord": _decord}
