@@ -41,7 +41,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -334,7 +334,8 @@ def _quantile(xs, q):
 def run_benchmark(workdir: pathlib.Path, requests: int = 200, concurrency: int = 16,
                   frames=(8, 6), time_limit: float = 600.0, rss_slack_mb: float = 64.0,
                   seed: int = 0, ask=ask_json, questions=QUESTIONS,
-                  server: Optional[Server] = None, media: Optional[pathlib.Path] = None) -> dict:
+                  server: Optional[Server] = None, media: Optional[pathlib.Path] = None,
+                  server_args=()) -> dict:
     """Everything above; returns the results dict (``passed`` says whether every check held).
     ``server``/``media``: a server already started by :func:`serve` on ``media`` (made by
     :func:`make_media_dir`) instead of a new one."""
@@ -347,7 +348,7 @@ def run_benchmark(workdir: pathlib.Path, requests: int = 200, concurrency: int =
     with contextlib.ExitStack() as stack:
         if server is None:
             server = stack.enter_context(serve(media, "--max-queue",
-                                               str(max(64, concurrency * 2))))
+                                               str(max(64, concurrency * 2)), *server_args))
         with RSSSampler(server) as rss:
             t_warm = time.monotonic()
             warm = asyncio.run(_load(server.url, cases, concurrency, time_limit, expected))
@@ -407,7 +408,10 @@ def _markdown(res: dict, env: dict) -> str:
              f"Good-request latency p50 {res['latency_good_s']['p50']} s, p99 "
              f"{res['latency_good_s']['p99']} s. Frames per request: {res['frames']}. "
              f"Every 200 answer was compared byte for byte with `videorouter ask --json` on the "
-             f"same input and settings.", ""]
+             f"same input and settings. Server `--visual-cache {res.get('visual_cache')}` "
+             f"(0: no reuse of decoded frames / Z / router state across requests; every request "
+             f"here is on the same clip, so with reuse most are cache hits). Latency is "
+             f"client-side, queueing included (one model, requests in turn).", ""]
     if res["failures"]:
         lines += ["Failures:", ""] + [f"- {f}" for f in res["failures"]]
     return "\n".join(lines)
@@ -420,13 +424,22 @@ def main(argv=None) -> int:
     p.add_argument("--frames", type=int, nargs="+", default=[8, 6])
     p.add_argument("--time-limit", type=float, default=600.0)
     p.add_argument("--rss-slack-mb", type=float, default=64.0)
-    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve_cpu_tiny.json"))
+    p.add_argument("--visual-cache", type=int, default=4,
+                   help="the server's --visual-cache (0: no reuse across requests)")
+    p.add_argument("--out", default=None,
+                   help="default: bench/results/serve_cpu_tiny.json (serve_cpu_tiny_nocache.json "
+                        "with --visual-cache 0)")
     args = p.parse_args(argv)
+    if args.out is None:
+        stem = "serve_cpu_tiny" + ("_nocache" if args.visual_cache == 0 else "")
+        args.out = str(ROOT / "bench" / "results" / f"{stem}.json")
     sys.path.insert(0, str(ROOT / "bench"))
     from common import environment, write_results
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         res = run_benchmark(pathlib.Path(tmp), args.requests, args.concurrency,
-                            tuple(args.frames), args.time_limit, args.rss_slack_mb)
+                            tuple(args.frames), args.time_limit, args.rss_slack_mb,
+                            server_args=("--visual-cache", str(args.visual_cache)))
+    res["visual_cache"] = args.visual_cache
     env = environment()
     for mod in ("fastapi", "uvicorn", "httpx"):
         with contextlib.suppress(Exception):

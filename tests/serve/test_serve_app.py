@@ -342,3 +342,14 @@ def test_deadline_is_504_and_the_slot_comes_back(vr, media):
     assert_error(late, 504, "timeout")
     assert stats["waiting"] == 0 and stats["running"] == 0
     assert engine.media.stored_count() == 0
+
+
+def test_ray_builder_arguments_go_through_the_serve_parser(media):
+    """`serve run ...ray_app:app_builder key=value` reads the same options as the command."""
+    from vr_runtime.serve.command import configs
+    from vr_runtime.serve.ray_app import serve_args
+    args = serve_args({"media_dir": str(media), "max_queue": "8", "frames": 16,
+                       "allow_remote_media": True, "api_key": None})
+    engine, media_cfg, limits, app_kw = configs(args)
+    assert (engine.max_queue, limits.num_frames, media_cfg.allow_remote) == (8, 16, True)
+    assert args.host == "127.0.0.1" and app_kw["api_key"] is None

@@ -25,6 +25,7 @@ from typing import Callable, Optional, Union
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .engine import Engine, worker_id
@@ -114,7 +115,7 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], limits: Limits = Lim
                served_model_name: Optional[str] = None):
     """The app around ``engine`` (an Engine, or a function that returns the process's engine,
     called on first use: how a Ray Serve replica shares the one it loaded)."""
-    get_engine = engine if callable(engine) and not isinstance(engine, Engine) else (lambda: engine)
+    get_engine = (lambda: engine) if isinstance(engine, Engine) else engine
     app = FastAPI(title="VideoRouter", docs_url=None, redoc_url=None, openapi_url=None)
 
     def model_name() -> str:
@@ -186,7 +187,8 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], limits: Limits = Lim
         check_key(request)
         raw = await request.body()
         try:
-            data = json.loads(raw)
+            # A large body (a data: video) is parsed off the event loop, which keeps serving.
+            data = json.loads(raw) if len(raw) < 2**20 else await run_in_threadpool(json.loads, raw)
         except (ValueError, UnicodeDecodeError) as e:
             raise APIError(400, f"the request body is not valid JSON ({e})") from None
         req = parse_request(data)

@@ -142,12 +142,11 @@ def check_args(args) -> None:
     # ask's own checks of --policy, --model and --routers (same messages).
     _check_inputs(argparse.Namespace(question="serve", plot=None, policy=args.policy,
                                      model=args.model, routers=args.routers))
-    try:
-        import fastapi  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError as e:
-        raise UsageError(f"videorouter serve needs FastAPI and uvicorn ({e.name} is missing): "
-                         f"pip install 'videorouter[serve]'") from None
+    import importlib.util
+    missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UsageError(f"videorouter serve needs FastAPI and uvicorn ({', '.join(missing)} "
+                         f"missing): pip install 'videorouter[serve]'")
 
 
 def bind(host: str, port: int) -> socket.socket:
