@@ -199,7 +199,7 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], limits: Limits = Lim
         cid, name = new_id(), model_name()
         if not settings.stream:
             return json_response(completion(cid, name, ans.text, report, settings.max_new_tokens))
-        pieces = token_pieces(eng.vr.lm.tokenizer, ans.text)
+        pieces = await run_in_threadpool(token_pieces, eng.vr.lm.tokenizer, ans.text)
         return StreamingResponse(
             _events(cid, name, pieces, report, settings), media_type="text/event-stream",
             headers={WORKER_HEADER: worker_id(), "cache-control": "no-cache"})
@@ -230,18 +230,26 @@ def _events(cid, name, pieces, report, settings):
 def token_pieces(tokenizer, text: str) -> list:
     """``text`` cut where its tokens' text begins, so the pieces concatenate to exactly ``text``.
 
-    Each prefix of the token ids is decoded; a piece is sent once the decoded prefix grows
-    without an unfinished multi-byte character (U+FFFD) at its end."""
+    Incremental detokenisation as streaming servers do it: each new token's text is the decode of
+    a short window of ids (from the previous piece's start) minus the decode of that window
+    without it, held back while it ends in an unfinished character (U+FFFD). A piece that would
+    not continue ``text`` exactly (a tokenizer that merges spaces differently in context) is held
+    back too; whatever is left is sent last. Linear in the number of tokens."""
     if not text:
         return []
     ids = tokenizer.encode(text, add_special_tokens=False)
-    pieces, sent = [], ""
+    pieces, sent = [], 0
+    prefix = read = 0
     for i in range(1, len(ids) + 1):
-        cur = tokenizer.decode(ids[:i], skip_special_tokens=True)
-        if cur.endswith("\ufffd") or not text.startswith(cur) or len(cur) <= len(sent):
+        before = tokenizer.decode(ids[prefix:read], skip_special_tokens=True)
+        now = tokenizer.decode(ids[prefix:i], skip_special_tokens=True)
+        if len(now) <= len(before) or now.endswith("\ufffd") or not now.startswith(before):
             continue
-        pieces.append(cur[len(sent):])
-        sent = cur
-    if sent != text:
-        pieces.append(text[len(sent):])
+        piece = now[len(before):]
+        if text.startswith(piece, sent):
+            pieces.append(piece)
+            sent += len(piece)
+            prefix, read = read, i
+    if sent < len(text):
+        pieces.append(text[sent:])
     return pieces
