@@ -50,7 +50,6 @@ What is measured, and how:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
 import json
 import pathlib

@@ -180,8 +180,10 @@ def run_ask(args) -> dict:
     device, dtype = _device_dtype(args)
     from .video import prefetch_video
     # Opens and validates the video now; decoding runs while the model loads below.
-    future = prefetch_video(args.video, num_frames=args.frames,
-                            progress=_stderr_is_tty() and not args.json)
+    from .backbones import frame_spec_for
+    spec = frame_spec_for(args.model)   # from config.json: decoding overlaps the model load
+    future = prefetch_video(args.video, num_frames=args.frames, size=spec.size[0], mean=spec.mean,
+                            std=spec.std, progress=_stderr_is_tty() and not args.json)
     try:
         from .runtime import VideoRouter
         vr = VideoRouter.from_pretrained(args.model, routers=args.routers, device=device,

@@ -27,7 +27,7 @@ import collections
 import concurrent.futures as cf
 import pathlib
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence
 
 import torch
 
@@ -267,7 +267,7 @@ class VideoRouter:
         if isinstance(video, (str, pathlib.Path)):
             from .video import load_video
             clip = load_video(str(video), num_frames=num_frames, time_window=time_window,
-                              size=spec.size[0])
+                              size=spec.size[0], mean=spec.mean, std=spec.std)
         elif isinstance(video, cf.Future):  # from vr_runtime.video.prefetch_video
             clip = video.result()
         elif hasattr(video, "pixel_values") and hasattr(video, "frame_indices"):
@@ -483,7 +483,7 @@ class VideoRouter:
             if isinstance(v, (str, pathlib.Path)):
                 from .video import prefetch_video
                 return prefetch_video(str(v), num_frames=num_frames, time_window=time_window,
-                                      size=spec.size[0])
+                                      size=spec.size[0], mean=spec.mean, std=spec.std)
             return v
 
         out: List[Answer] = []

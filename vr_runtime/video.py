@@ -122,8 +122,10 @@ def _check_count(n, name: str) -> None:
 
 # ----------------------------------------------------------------------------- preprocessing
 
-def preprocess_frames(frames: np.ndarray, size: int = 448) -> torch.Tensor:
-    """uint8 RGB ``[T, H, W, 3]`` -> float32 ``[T, 3, size, size]``, ImageNet-normalised.
+def preprocess_frames(frames: np.ndarray, size: int = 448, mean=IMAGENET_MEAN,
+                      std=IMAGENET_STD) -> torch.Tensor:
+    """uint8 RGB ``[T, H, W, 3]`` -> float32 ``[T, 3, size, size]``, normalised with ``mean`` /
+    ``std`` (ImageNet's for InternVL; the backbone's ``FrameSpec`` says which).
 
     This is InternVL's transform (PIL bicubic resize to size x size, ToTensor, Normalize) with
     PIL itself doing the resize: torch's bicubic ``F.interpolate`` (even with ``antialias``)
@@ -139,9 +141,9 @@ def preprocess_frames(frames: np.ndarray, size: int = 448) -> torch.Tensor:
         frames = np.stack([np.asarray(Image.fromarray(f).resize((size, size), bicubic))
                            for f in frames])
     x = torch.from_numpy(frames).permute(0, 3, 1, 2).float()
-    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * 255.0
-    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255.0
-    return ((x - mean) / std).contiguous()
+    m = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) * 255.0
+    sd = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255.0
+    return ((x - m) / sd).contiguous()
 
 
 # ----------------------------------------------------------------------------- opening
@@ -285,7 +287,8 @@ def _plan(vr, path: str, num_frames: int, time_window,
     return indices, fps, total, note
 
 
-def _decode(vr, path: str, indices: Sequence[int], size: int, progress: bool) -> torch.Tensor:
+def _decode(vr, path: str, indices: Sequence[int], size: int, progress: bool,
+            norm=(IMAGENET_MEAN, IMAGENET_STD)) -> torch.Tensor:
     out = torch.empty(len(indices), 3, size, size, dtype=torch.float32)
     chunks = [indices[i:i + CHUNK] for i in range(0, len(indices), CHUNK)]
     bar = None
@@ -302,7 +305,7 @@ def _decode(vr, path: str, indices: Sequence[int], size: int, progress: bool) ->
             except Exception as e:
                 raise VideoError(f"{path}: decoding frames {chunk[0]}..{chunk[-1]} failed; the "
                                  f"file is corrupt or truncated ({_decord_reason(e)})") from None
-            out[done:done + len(chunk)] = preprocess_frames(frames, size)
+            out[done:done + len(chunk)] = preprocess_frames(frames, size, *norm)
             done += len(chunk)
             if bar is not None:
                 bar.update(len(chunk))
@@ -313,12 +316,14 @@ def _decode(vr, path: str, indices: Sequence[int], size: int, progress: bool) ->
 
 
 def load_video(path, num_frames: int = 64, time_window: Optional[Tuple[float, float]] = None,
-               size: int = 448, progress: bool = False) -> VideoClip:
+               size: int = 448, progress: bool = False, mean=IMAGENET_MEAN,
+               std=IMAGENET_STD) -> VideoClip:
     """Decode ``num_frames`` frames of ``path`` with InternVL's sampling (optionally within
     ``time_window`` = (start_s, end_s)) and preprocess them to ``[T, 3, size, size]``."""
     t0 = time.perf_counter()
     vr, path, indices, fps, total, note = _prepare(path, num_frames, time_window, size)
-    return _finish(vr, path, indices, fps, total, num_frames, note, size, progress, t0)
+    return _finish(vr, path, indices, fps, total, num_frames, note, size, progress, t0,
+                   (mean, std))
 
 
 def _prepare(path, num_frames, time_window, size):
@@ -331,8 +336,9 @@ def _prepare(path, num_frames, time_window, size):
     return vr, path, indices, fps, total, note
 
 
-def _finish(vr, path, indices, fps, total, num_frames, note, size, progress, t0) -> VideoClip:
-    pixels = _decode(vr, path, indices, size, progress)
+def _finish(vr, path, indices, fps, total, num_frames, note, size, progress, t0,
+            norm=(IMAGENET_MEAN, IMAGENET_STD)) -> VideoClip:
+    pixels = _decode(vr, path, indices, size, progress, norm)
     return VideoClip(pixel_values=pixels, frame_indices=list(indices),
                      timestamps_s=[i / fps if fps > 0 else float("nan") for i in indices],
                      fps=fps, total_frames=total, requested=num_frames, note=note, path=path,
@@ -352,7 +358,8 @@ def _executor() -> cf.ThreadPoolExecutor:
 
 
 def prefetch_video(path, num_frames: int = 64, time_window: Optional[Tuple[float, float]] = None,
-                   size: int = 448, progress: bool = False) -> "cf.Future[VideoClip]":
+                   size: int = 448, progress: bool = False, mean=IMAGENET_MEAN,
+                   std=IMAGENET_STD) -> "cf.Future[VideoClip]":
     """Start :func:`load_video` on a background thread and return its Future.
 
     The cheap checks run here, synchronously, so a missing, empty or non-video file, a bad
@@ -368,4 +375,4 @@ def prefetch_video(path, num_frames: int = 64, time_window: Optional[Tuple[float
         raise VideoError(f"{path}: cannot decode frame {indices[-1]}; the file is corrupt or "
                          f"truncated ({_decord_reason(e)})") from None
     return _executor().submit(_finish, vr, path, indices, fps, total, num_frames, note, size,
-                              progress, t0)
+                              progress, t0, (mean, std))

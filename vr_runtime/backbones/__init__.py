@@ -44,7 +44,7 @@ def load_backbone(path_or_name: Union[str, pathlib.Path] = "tiny", device="cpu",
         return backbone_class(PRESETS[name]).tiny(device=device, dtype=dtype,
                                                   attn_implementation=attn_implementation)
     path = pathlib.Path(path_or_name).expanduser()
-    from .internvl3 import read_model_type
+    from .files import read_model_type
     if not path.is_dir():
         raise ModelFilesError(f"model {name!r}: not a directory; pass a local InternVL3-*-hf or "
                               f"Qwen2.5-VL-*-Instruct directory (or a preset: "
@@ -53,6 +53,22 @@ def load_backbone(path_or_name: Union[str, pathlib.Path] = "tiny", device="cpu",
     # A directory without config.json goes to InternVL3's loader, which names what is missing.
     cls = backbone_class(mtype) if mtype in MODEL_TYPES else backbone_class("internvl")
     return cls.load(path, device=device, dtype=dtype, attn_implementation=attn_implementation)
+
+
+def frame_spec_for(path_or_name: Union[str, pathlib.Path]) -> FrameSpec:
+    """The frame spec of a preset or checkpoint directory from its config.json alone (no
+    weights): decoding can start while the model loads."""
+    name = str(path_or_name)
+    if name in PRESETS:
+        cls = backbone_class(PRESETS[name])
+        return cls.spec_from_config(cls.preset_config(name))
+    path = pathlib.Path(path_or_name).expanduser()
+    from .files import read_model_type
+    if not (path / "config.json").is_file():
+        raise ModelFilesError(f"model {name!r}: no config.json; pass a local InternVL3-*-hf or "
+                              f"Qwen2.5-VL-*-Instruct directory (or a preset: {', '.join(PRESETS)})")
+    cfg = json.loads((path / "config.json").read_text())
+    return backbone_class(read_model_type(path)).spec_from_config(cfg)
 
 
 def backbone_from_config(config, device="cpu", dtype=None, seed: int = 0,
@@ -74,4 +90,5 @@ def backbone_from_config(config, device="cpu", dtype=None, seed: int = 0,
 
 
 __all__ = ["Backbone", "FrameSpec", "VisionTokens", "load_backbone", "backbone_from_config",
+           "frame_spec_for",
            "backbone_class", "MODEL_TYPES", "PRESETS"]

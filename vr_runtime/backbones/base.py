@@ -76,9 +76,14 @@ class Backbone(abc.ABC):
         """Per-frame token grid (rows, cols) of Z_t: (16, 16) at 448x448 for both families."""
 
     @property
-    @abc.abstractmethod
     def frame_spec(self) -> FrameSpec:
-        ...
+        return type(self).spec_from_config(self.model.config.to_dict())
+
+    @classmethod
+    @abc.abstractmethod
+    def spec_from_config(cls, config: dict) -> FrameSpec:
+        """The frame spec from a config.json dict: known before the weights load, so decoding
+        can start while the model loads (the CLI's prefetch)."""
 
     @property
     def text_config(self):
@@ -216,6 +221,27 @@ class Backbone(abc.ABC):
         return {int(i) for i in ids}
 
 
+def build_model(model_cls, config, dtype: torch.dtype, attn: str, attn_explicit: bool,
+                where: torch.device, seed: Optional[int] = None):
+    """``model_cls._from_config(config)`` constructed on ``where`` directly in ``dtype`` (like
+    from_pretrained, this keeps rotary inv_freq buffers in fp32) with transformers' init
+    skipped; sdpa when an automatically chosen flash-attention is refused; then filled by
+    ``tiny.init_weights_(seed)`` unless ``seed`` is None (weights come from a file)."""
+    def build(impl):
+        with no_init_weights(), torch.device(where):
+            return model_cls._from_config(config, dtype=dtype, attn_implementation=impl)
+    try:
+        model = build(attn)
+    except (ImportError, ValueError):
+        if attn == "sdpa" or attn_explicit:
+            raise
+        model = build("sdpa")
+    if seed is not None:
+        from ..tiny import init_weights_
+        init_weights_(model, seed)
+    return model
+
+
 def check_pixels(pixel_values: torch.Tensor, chunk_size: int) -> None:
     if pixel_values.ndim != 4 or pixel_values.shape[1] != 3:
         raise ValueError(f"pixel_values: expected [T, 3, H, W], got {tuple(pixel_values.shape)}")
@@ -223,5 +249,5 @@ def check_pixels(pixel_values: torch.Tensor, chunk_size: int) -> None:
         raise ValueError(f"chunk_size: expected an int >= 1, got {chunk_size!r}")
 
 
-__all__ = ["Backbone", "FrameSpec", "VisionTokens", "no_init_weights",
+__all__ = ["Backbone", "FrameSpec", "VisionTokens", "no_init_weights", "build_model",
            "check_pixels"]

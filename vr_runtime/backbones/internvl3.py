@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import json
 import pathlib
-from typing import Iterator, Optional, Tuple
+from typing import Dict, Iterator, Optional, Tuple
 
 import torch
 
 from ..devices import pick_attn_implementation, resolve_device, resolve_dtype
 from ..errors import ModelFilesError
 from ..prompt import INTERNVL_TOKENS
-from .base import Backbone, FrameSpec, check_pixels, no_init_weights
+from .base import Backbone, FrameSpec, build_model, check_pixels
+from .files import check_weights_dir, load_dir_tokenizer
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -60,10 +61,10 @@ class InternVL3Backbone(Backbone):
         r = self.model.config.downsample_ratio
         return int(img[0] // patch[0] * r), int(img[1] // patch[1] * r)
 
-    @property
-    def frame_spec(self) -> FrameSpec:
-        return FrameSpec(size=_pair(self.model.config.vision_config.image_size),
-                         mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    @classmethod
+    def spec_from_config(cls, config: dict) -> FrameSpec:
+        size = (config.get("vision_config") or {}).get("image_size", 448)
+        return FrameSpec(size=_pair(size), mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
     def decoder(self):
         return self._inner.language_model
@@ -133,6 +134,14 @@ class InternVL3Backbone(Backbone):
         return cls(model.eval(), tok, dev, dt, path.name)
 
     @classmethod
+    def preset_config(cls, name: str = "tiny") -> dict:
+        from ..tiny import ASSETS
+        path = ASSETS / "config.json"
+        if not path.is_file():
+            raise ModelFilesError(f"tiny preset: {path} is missing; run scripts/make_tiny_assets.py")
+        return json.loads(path.read_text())
+
+    @classmethod
     def tiny(cls, device="cpu", dtype=None, attn_implementation: Optional[str] = None,
              weights: Optional[str] = None) -> "InternVL3Backbone":
         """The ``tiny`` preset with its shipped (trained) weights, or a deterministic fill."""
@@ -141,16 +150,11 @@ class InternVL3Backbone(Backbone):
         dev = resolve_device(device)
         dt = resolve_dtype(dtype, dev)
         attn = pick_attn_implementation(attn_implementation, dev, dt)
-        path = ASSETS / "config.json"
-        if not path.is_file():
-            raise ModelFilesError(f"tiny preset: {path} is missing; run scripts/make_tiny_assets.py")
-        cfg = InternVLConfig.from_dict(json.loads(path.read_text()))
+        cfg = InternVLConfig.from_dict(cls.preset_config())
         # Built and filled on the CPU, then moved: the same weights on every device (a CUDA
-        # generator would draw different numbers from the same seed). Built directly in `dtype`
-        # (not cast afterwards): like from_pretrained, this keeps rotary inv_freq in fp32.
-        with no_init_weights(), torch.device("cpu"):
-            model = InternVLForConditionalGeneration._from_config(cfg, dtype=dt,
-                                                                  attn_implementation=attn)
+        # generator would draw different numbers from the same seed).
+        model = build_model(InternVLForConditionalGeneration, cfg, dt, attn,
+                            bool(attn_implementation), torch.device("cpu"))
         wpath = pathlib.Path(weights) if weights else ASSETS / "model.safetensors"
         if wpath.is_file():
             load_safetensors_into(model, wpath)
@@ -171,7 +175,7 @@ class InternVL3Backbone(Backbone):
         tokenizer: ``image_token_id`` and the eos/pad/bos ids are rewritten to its ids (timings
         depend on shapes and lengths, not on token identities)."""
         from transformers import InternVLConfig, InternVLForConditionalGeneration
-        from ..tiny import init_weights_, load_tiny_tokenizer, special_ids
+        from ..tiny import load_tiny_tokenizer, special_ids
         dev = resolve_device(device)
         dt = resolve_dtype(dtype, dev)
         attn = pick_attn_implementation(attn_implementation, dev, dt)
@@ -187,17 +191,8 @@ class InternVL3Backbone(Backbone):
                     bos_token_id=ids["<|im_start|>"])
         cfg["text_config"] = text
 
-        def build(impl):
-            with no_init_weights(), torch.device(dev):
-                return InternVLForConditionalGeneration._from_config(
-                    InternVLConfig.from_dict(cfg), dtype=dt, attn_implementation=impl)
-        try:
-            model = build(attn)
-        except (ImportError, ValueError):
-            if attn == "sdpa" or attn_implementation:
-                raise
-            model = build("sdpa")  # flash-attention chosen automatically but refused
-        init_weights_(model, seed)
+        model = build_model(InternVLForConditionalGeneration, InternVLConfig.from_dict(cfg), dt,
+                            attn, bool(attn_implementation), dev, seed)
         return cls(model.eval(), tok, dev, dt, name)
 
 
@@ -233,62 +228,4 @@ def tiny_config_dict(vocab_size: int, special_ids: Dict[str, int]) -> dict:
     }
 
 
-# ----------------------------------------------------------------------------- shared loaders
-def check_weights_dir(path: pathlib.Path, model_type: str, layout: str, hint: str = "") -> None:
-    """A local checkpoint directory with config.json, safetensors and a tokenizer of
-    ``model_type``; ``ModelFilesError`` naming what is missing otherwise."""
-    if not path.is_dir():
-        raise ModelFilesError(f"model {str(path)!r}: not a directory; pass a local {layout} "
-                              f"directory (or a preset name); nothing is downloaded")
-    missing = []
-    if not (path / "config.json").is_file():
-        missing.append("config.json")
-    if not (list(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file()):
-        missing.append("*.safetensors")
-    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
-        missing.append("tokenizer.json / tokenizer_config.json")
-    if missing:
-        raise ModelFilesError(f"model {str(path)!r}: missing {', '.join(missing)}; expected a "
-                              f"{layout} checkpoint directory")
-    mtype = read_model_type(path)
-    if mtype != model_type:
-        raise ModelFilesError(f"model {str(path)!r}: config.json has model_type {mtype!r}, expected "
-                              f"{model_type!r}" + (f" ({hint})" if hint else ""))
-
-
-def read_model_type(path: pathlib.Path) -> Optional[str]:
-    try:
-        return json.loads((path / "config.json").read_text()).get("model_type")
-    except (OSError, json.JSONDecodeError, AttributeError) as e:
-        raise ModelFilesError(f"model {str(path)!r}: unreadable config.json ({e})") from None
-
-
-def load_dir_tokenizer(path: pathlib.Path, auto_tokenizer):
-    """The directory's tokenizer, with the chat template from the processor files when the
-    tokenizer itself has none (``chat_template.jinja`` / ``chat_template.json``)."""
-    try:
-        tok = auto_tokenizer.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise ModelFilesError(f"model {str(path)!r}: tokenizer could not be loaded ({e})") from e
-    if not getattr(tok, "chat_template", None):
-        tok.chat_template = _dir_chat_template(path)
-    return tok
-
-
-def _dir_chat_template(path: pathlib.Path) -> Optional[str]:
-    if (path / "chat_template.jinja").is_file():
-        return (path / "chat_template.jinja").read_text()
-    for name in ("chat_template.json", "processor_config.json"):
-        f = path / name
-        if f.is_file():
-            try:
-                tpl = json.loads(f.read_text()).get("chat_template")
-            except (OSError, json.JSONDecodeError, AttributeError):
-                continue
-            if isinstance(tpl, str):
-                return tpl
-    return None
-
-
-__all__ = ["InternVL3Backbone", "tiny_config_dict", "pixel_shuffle", "check_weights_dir", "read_model_type",
-           "load_dir_tokenizer", "IMAGENET_MEAN", "IMAGENET_STD"]
+__all__ = ["InternVL3Backbone", "tiny_config_dict", "pixel_shuffle", "IMAGENET_MEAN", "IMAGENET_STD"]

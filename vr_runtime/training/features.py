@@ -62,7 +62,9 @@ class FeatureCache:
             v = load_file(f)["v"]
         else:
             from vr_runtime.video import load_video
-            clip = load_video(video, num_frames=self.num_frames, size=self.bb.frame_spec.size[0])
+            spec = self.bb.frame_spec
+            clip = load_video(video, num_frames=self.num_frames, size=spec.size[0], mean=spec.mean,
+                              std=spec.std)
             v = vision_features(self.bb, clip.pixel_values).half().cpu()
             if f:
                 save_file({"v": v.contiguous()}, f + ".tmp")

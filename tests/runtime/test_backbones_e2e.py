@@ -1,0 +1,58 @@
+"""Everything above the backbone works unchanged on both families (SPEC section 7): the
+planner, pool_pack, the routers, the runtime, the visual cache and the command line."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from vr_runtime.backbones import frame_spec_for, load_backbone
+from vr_runtime.tiny import ASSETS
+
+SAMPLE = ASSETS.parent / "sample.mp4"
+Q = "What shape is the red object?"
+
+
+@pytest.fixture(scope="module")
+def qwen_vr():
+    from vr_runtime.runtime import VideoRouter
+    return VideoRouter(load_backbone("tiny-qwen2.5-vl"))
+
+
+@pytest.mark.parametrize("policy", ["auto", "global", "fragment", "dense", "budget", "uniform"])
+def test_qwen_every_policy(qwen_vr, policy):
+    g = torch.Generator().manual_seed(1)
+    pv = torch.randn(4, 3, 448, 448, generator=g)
+    r = qwen_vr.answer(pv, Q, num_frames=4, max_length=900, max_new_tokens=2, policy=policy).report
+    assert r["backbone"] == "qwen2_5_vl" and r["dense_visual_tokens"] == 4 * 256
+    assert r["prompt_tokens"] == r["text_tokens"] + r["visual_tokens"]
+    if policy != "dense":
+        assert r["visual_tokens"] <= r["budget"]
+        assert r["prompt_tokens"] + 2 + 100 <= 900
+
+
+def test_qwen_decodes_with_its_own_normalisation(qwen_vr):
+    from vr_runtime.video import load_video
+    spec = frame_spec_for("tiny-qwen2.5-vl")
+    assert spec == qwen_vr.lm.frame_spec and spec.mean != frame_spec_for("tiny").mean
+    frames = qwen_vr._decode(str(SAMPLE), 4, None)
+    ref = load_video(str(SAMPLE), num_frames=4, mean=spec.mean, std=spec.std).pixel_values
+    inet = load_video(str(SAMPLE), num_frames=4).pixel_values
+    assert torch.equal(frames.pixel_values, ref) and not torch.allclose(ref, inet)
+    a = qwen_vr.answer(str(SAMPLE), Q, num_frames=4, max_new_tokens=2, policy="fragment",
+                       cache_visual=True).report
+    b = qwen_vr.answer(str(SAMPLE), "Is it blue?", num_frames=4, max_new_tokens=2,
+                       policy="fragment", cache_visual=True).report
+    assert (a["visual_cache"], b["visual_cache"]) == ("miss", "hit")
+
+
+def test_cli_ask_on_qwen_preset():
+    out = subprocess.run([sys.executable, "-m", "vr_runtime.cli", "ask", str(SAMPLE), Q,
+                          "--model", "tiny-qwen2.5-vl", "--frames", "4", "--max-length", "1200",
+                          "--max-new-tokens", "2", "--policy", "global", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)["report"]
+    assert r["backbone"] == "qwen2_5_vl" and r["model"] == "tiny-qwen2.5-vl"
+    assert r["scales"] == [2, 2, 2, 2]

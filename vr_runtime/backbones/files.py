@@ -1,0 +1,68 @@
+"""Local checkpoint directories, shared by every backbone: what a directory must hold, its
+model_type, and its tokenizer with the chat template kept beside the processor."""
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Optional
+
+from ..errors import ModelFilesError
+
+
+def check_weights_dir(path: pathlib.Path, model_type: str, layout: str, hint: str = "") -> None:
+    """A local checkpoint directory with config.json, safetensors and a tokenizer of
+    ``model_type``; ``ModelFilesError`` naming what is missing otherwise."""
+    if not path.is_dir():
+        raise ModelFilesError(f"model {str(path)!r}: not a directory; pass a local {layout} "
+                              f"directory (or a preset name); nothing is downloaded")
+    missing = []
+    if not (path / "config.json").is_file():
+        missing.append("config.json")
+    if not (list(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file()):
+        missing.append("*.safetensors")
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+        missing.append("tokenizer.json / tokenizer_config.json")
+    if missing:
+        raise ModelFilesError(f"model {str(path)!r}: missing {', '.join(missing)}; expected a "
+                              f"{layout} checkpoint directory")
+    mtype = read_model_type(path)
+    if mtype != model_type:
+        raise ModelFilesError(f"model {str(path)!r}: config.json has model_type {mtype!r}, expected "
+                              f"{model_type!r}" + (f" ({hint})" if hint else ""))
+
+
+def read_model_type(path: pathlib.Path) -> Optional[str]:
+    try:
+        return json.loads((path / "config.json").read_text()).get("model_type")
+    except (OSError, json.JSONDecodeError, AttributeError) as e:
+        raise ModelFilesError(f"model {str(path)!r}: unreadable config.json ({e})") from None
+
+
+def load_dir_tokenizer(path: pathlib.Path, auto_tokenizer):
+    """The directory's tokenizer, with the chat template from the processor files when the
+    tokenizer itself has none (``chat_template.jinja`` / ``chat_template.json``)."""
+    try:
+        tok = auto_tokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ModelFilesError(f"model {str(path)!r}: tokenizer could not be loaded ({e})") from e
+    if not getattr(tok, "chat_template", None):
+        tok.chat_template = _dir_chat_template(path)
+    return tok
+
+
+def _dir_chat_template(path: pathlib.Path) -> Optional[str]:
+    if (path / "chat_template.jinja").is_file():
+        return (path / "chat_template.jinja").read_text()
+    for name in ("chat_template.json", "processor_config.json"):
+        f = path / name
+        if f.is_file():
+            try:
+                tpl = json.loads(f.read_text()).get("chat_template")
+            except (OSError, json.JSONDecodeError, AttributeError):
+                continue
+            if isinstance(tpl, str):
+                return tpl
+    return None
+
+
+__all__ = ["check_weights_dir", "read_model_type", "load_dir_tokenizer"]
