@@ -17,20 +17,21 @@ sys.path.insert(0, str(ROOT / "bench"))
 VOLATILE = ("timings_s", "visual_cache", "peak_memory_bytes", "peak_memory_nvml_bytes")
 
 
-def ask(video, question, frames, max_length, max_new_tokens, policy) -> dict:
+def ask(video, question, frames, max_length, max_new_tokens, policy, model="tiny") -> dict:
     """``videorouter ask VIDEO QUESTION ... --json`` through ``vr_runtime.cli.main`` (the command's
     own code, without a new interpreter): {"answer", "report"}, or {"error": line}. Memoised per
     argument set (the command is deterministic; each call loads the model)."""
-    return copy.deepcopy(_ask(str(video), question, frames, max_length, max_new_tokens, policy))
+    return copy.deepcopy(_ask(str(video), question, frames, max_length, max_new_tokens, policy,
+                              model))
 
 
 @functools.lru_cache(maxsize=None)
-def _ask(video, question, frames, max_length, max_new_tokens, policy) -> dict:
+def _ask(video, question, frames, max_length, max_new_tokens, policy, model) -> dict:
     from vr_runtime import cli
     out, err = io.StringIO(), io.StringIO()
     argv = ["ask", str(video), question, "--frames", str(frames), "--max-length",
             str(max_length), "--max-new-tokens", str(max_new_tokens), "--policy", policy,
-            "--device", "cpu", "--json"]
+            "--model", model, "--device", "cpu", "--json"]
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             rc = cli.main(argv)

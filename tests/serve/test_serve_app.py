@@ -97,6 +97,22 @@ def test_answer_equals_videorouter_ask(client, media, policy, how):
                           "total_tokens": rep["prompt_tokens"] + rep["generated_tokens"]}
 
 
+def test_other_backbone_answer_equals_videorouter_ask(media):
+    """The server is backbone-agnostic: tiny-qwen2.5-vl through the same app equals ask."""
+    from fastapi.testclient import TestClient
+
+    from vr_runtime.runtime import VideoRouter
+    qwen = VideoRouter.from_pretrained("tiny-qwen2.5-vl", device="cpu", visual_cache_size=2)
+    app, _ = make_app(qwen, media, engine_kw={"model": "tiny-qwen2.5-vl"})
+    want = ask(media / "sample.mp4", Q, 6, 1400, 8, "fragment", model="tiny-qwen2.5-vl")
+    with TestClient(app) as c:
+        r = post(c, video_body((media / "sample.mp4").as_uri(), Q, model="tiny-qwen2.5-vl",
+                               num_frames=6, max_length=1400, max_tokens=8, policy="fragment"))
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == want["answer"]
+    assert stable(r.json()["videorouter"]) == stable(want["report"])
+
+
 def test_visual_cache_does_not_change_answers(vr):
     """cache_visual=True (miss, then hit) gives what a fresh uncached answer gives."""
     vr.clear_visual_cache()
