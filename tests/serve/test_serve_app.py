@@ -369,3 +369,27 @@ def test_ray_builder_arguments_go_through_the_serve_parser(media):
     engine, media_cfg, limits, app_kw = configs(args)
     assert (engine.max_queue, limits.num_frames, media_cfg.allow_remote) == (8, 16, True)
     assert args.host == "127.0.0.1" and app_kw["api_key"] is None
+
+
+def test_a_failing_request_does_not_take_the_server_down(vr, media):
+    """A bug (500, the CLI's one-line 'internal error'), out of memory (503): one line each, no
+    traceback, and the next request is answered."""
+    import torch
+    from fastapi.testclient import TestClient
+
+    class Flaky:
+        lm = vr.lm
+        errors = [RuntimeError("boom\nsecond line"), torch.OutOfMemoryError("CUDA out of memory")]
+
+        def answer(self, *a, **k):
+            if self.errors:
+                raise self.errors.pop(0)
+            return vr.answer(*a, **k)
+
+    app, _ = make_app(Flaky(), media)
+    body = video_body((media / "sample.mp4").as_uri(), Q, **SET)
+    with TestClient(app, raise_server_exceptions=False) as c:
+        err = assert_error(post(c, body), 500)
+        assert err["message"] == "internal error: RuntimeError: boom second line"
+        assert_error(post(c, body), 503, "out of memory")
+        assert post(c, body).status_code == 200
