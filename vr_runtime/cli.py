@@ -173,7 +173,7 @@ def _positive_int(name):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Query-adaptive budgeted visual-token compression "
                      "for long-video question answering on InternVL3 and Qwen2.5-VL.")
-    sub = parser.add_subparsers(dest="command", metavar="{ask,demo}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{ask,demo,serve}", parser_class=_Parser)
     sub.required = True
 
     ask = sub.add_parser("ask", help="answer a question about a video",
@@ -207,6 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="as for ask; 'fragment' shows the Image Router's frame scores even "
                            "when the routers are untrained (default: auto)")
     _add_common(demo, device=False)
+
+    from .serve.command import add_serve_parser  # standard library only until it runs
+    add_serve_parser(sub, _positive_int, POLICY_HELP, DTYPES)
     return parser
 
 
@@ -463,6 +466,9 @@ def main(argv: Optional[list] = None) -> int:
     if not debug:
         _quiet_libraries()
     args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        from .serve.command import run_serve
+        return run_serve(args)
     if args.command == "demo":
         args = _demo_args(args)
     try:

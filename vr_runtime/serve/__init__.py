@@ -1,0 +1,8 @@
+"""``videorouter serve``: an OpenAI-compatible video QA server (SPEC section 6).
+
+Modules: ``command`` (arguments, start-up), ``app`` (the FastAPI app), ``schema`` (requests,
+responses), ``media`` (video URLs, the media directory, uploads), ``engine`` (one model per
+process, the bounded queue, deadlines), ``errors`` (OpenAI-style error objects), ``ray_app``
+(the same app as a Ray Serve deployment). FastAPI and uvicorn come with the ``serve`` extra,
+Ray with the ``ray`` extra; nothing here is imported by ``import vr_runtime``.
+"""
