@@ -18,9 +18,7 @@ per-frame Python loop (~0.7 us a frame) would cost more than the kernel. So:
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, count
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
@@ -48,19 +46,22 @@ class Schedule:
     ``key`` identifies it in the tile cache (``tiles.py``); the numpy arrays are what the
     table builders vectorise over; ``starts`` are the packed (no ``out``) first rows."""
 
-    __slots__ = ("key", "grid", "windows", "counts", "sh", "sw", "cnt", "total", "starts", "_tensors")
+    __slots__ = ("key", "uid", "grid", "windows", "counts", "sh", "sw", "cnt", "total", "starts", "_tensors")
+    _uids = count()
 
-    def __init__(self, key, grid, windows, counts):
-        H, W = grid
+    def __init__(self, key, grid, windows, counts, sh=None, sw=None, cnt=None):
         self.key = key
+        self.uid = next(Schedule._uids)  # a cheap identity for keys that involve the schedule
         self.grid = grid
         self.windows = windows
         self.counts = counts
         T = len(windows)
-        self.sh = np.fromiter((0 if w is None else w[0] for w in windows), np.int64, T)
-        self.sw = np.fromiter((0 if w is None else w[1] for w in windows), np.int64, T)
-        self.cnt = np.fromiter(counts, np.int64, T)
-        self.total = int(self.cnt.sum())
+        if sh is None:
+            sh = np.fromiter((0 if w is None else w[0] for w in windows), np.int64, T)
+            sw = np.fromiter((0 if w is None else w[1] for w in windows), np.int64, T)
+            cnt = np.fromiter(counts, np.int64, T)
+        self.sh, self.sw, self.cnt = sh, sw, cnt
+        self.total = int(cnt.sum())
         ex = np.zeros(T, np.int64)
         if T:
             np.cumsum(self.cnt[:-1], out=ex[1:])
@@ -75,19 +76,38 @@ class Schedule:
         return v
 
 
-@dataclass(frozen=True)
+class DestEntry:
+    """A validated ``dest`` for one schedule and ``out`` size: the per-frame first rows (0 for
+    dropped frames) and the tensors derived from them (cached with it)."""
+
+    __slots__ = ("dest", "_tensors")
+
+    def __init__(self, dest: tuple):
+        self.dest = dest
+        self._tensors = {}
+
+    derived = Schedule.derived
+
+
 class Plan:
-    """Normalised arguments: one entry per frame (``None`` window = dropped)."""
-    T: int
-    N: int
-    D: int
-    grid: Tuple[int, int]
-    windows: Tuple[Optional[Tuple[int, int]], ...]
-    counts: Tuple[int, ...]      # output rows per frame (0 when dropped)
-    dest: Tuple[int, ...]        # first output row per frame (dropped frames: 0, unused)
-    rows: int                    # rows of the result (sum(counts), or out.shape[0])
-    schedule: Optional[Schedule] = field(default=None, compare=False, repr=False)
-    dest_key: Optional[tuple] = field(default=None, compare=False, repr=False)  # None: packed
+    """Normalised arguments: one entry per frame (``None`` window = dropped).
+
+    A plain slotted class, not a dataclass: it is built on every call, and a frozen
+    dataclass's ``__init__`` costs microseconds the host path does not have."""
+
+    __slots__ = ("T", "N", "D", "grid", "windows", "counts", "dest", "rows", "schedule", "dest_entry")
+
+    def __init__(self, T: int, N: int, D: int, grid: Tuple[int, int],
+                 windows: Tuple[Optional[Tuple[int, int]], ...], counts: Tuple[int, ...],
+                 dest: Tuple[int, ...], rows: int, schedule: Optional[Schedule] = None,
+                 dest_entry: Optional[DestEntry] = None):
+        self.T, self.N, self.D, self.grid = T, N, D, grid
+        self.windows = windows      # one per frame, None = dropped
+        self.counts = counts        # output rows per frame (0 when dropped)
+        self.dest = dest            # first output row per frame (dropped frames: 0, unused)
+        self.rows = rows            # rows of the result (sum(counts), or out.shape[0])
+        self.schedule = schedule    # the validated schedule (None for a Plan made by hand)
+        self.dest_entry = dest_entry  # the validated dest (None: packed output)
 
     @property
     def total(self) -> int:
@@ -95,9 +115,9 @@ class Plan:
 
     def sched(self) -> Schedule:
         """The plan's schedule (built here for a Plan made by hand, as tests do)."""
-        if self.schedule is not None:
-            return self.schedule
-        return Schedule(("plan", self.windows, self.grid), self.grid, self.windows, self.counts)
+        if self.schedule is None:
+            self.schedule = Schedule(("plan", self.windows, self.grid), self.grid, self.windows, self.counts)
+        return self.schedule
 
 
 def _as_list(x, name: str) -> list:
@@ -118,14 +138,16 @@ def _as_int(v, name: str) -> int:
     return v
 
 
-_SCHEDULES: "OrderedDict[tuple, Schedule]" = OrderedDict()
-_DESTS: "OrderedDict[tuple, tuple]" = OrderedDict()
+# Plain dicts, oldest entry evicted first. No LRU bookkeeping on a hit: move_to_end would hash
+# a T-long key once more (~10 us at T=1024), for little gain with room for 256 schedules.
+_SCHEDULES: "dict[tuple, Schedule]" = {}
+_DESTS: "dict[tuple, DestEntry]" = {}
 
 
-def _remember(cache: OrderedDict, key, value):
+def _remember(cache: dict, key, value):
+    if len(cache) >= _CACHE_SIZE:
+        del cache[next(iter(cache))]
     cache[key] = value
-    if len(cache) > _CACHE_SIZE:
-        cache.popitem(last=False)
     return value
 
 
@@ -146,16 +168,15 @@ def _fast_windows(seq: tuple, H: int, W: int):
         sw = sh
     if T and int(sh.min()) < 0:
         return None
-    kept = sh > 0
     shc, swc = np.maximum(sh, 1), np.maximum(sw, 1)
-    cnt = np.where(kept, -(-H // shc) * -(-W // swc), 0)
+    cnt = (-(-H // shc) * -(-W // swc)) * (sh > 0)
     # One normalised tuple per distinct window, shared by every frame using it.
     norm = {0: None}
     for s in set(seq):
         if s != 0:
             norm[s] = (s, s) if type(s) is int else s
     windows = tuple(map(norm.__getitem__, seq))
-    return windows, tuple(cnt.tolist())
+    return windows, tuple(cnt.tolist()), sh * (sh > 0), sw * (sh > 0), cnt
 
 
 def _slow_windows(scales: list, H: int, W: int):
@@ -187,7 +208,6 @@ def check_schedule(scales, T: int, grid: Tuple[int, int]) -> Schedule:
             key = (seq, H, W)
             hit = _SCHEDULES.get(key)
             if hit is not None:
-                _SCHEDULES.move_to_end(key)
                 return hit
             fast = _fast_windows(seq, H, W)
             if fast is not None:
@@ -223,20 +243,19 @@ def _dest_error(sched: Schedule, d: np.ndarray, L: int):
                                f"[{int(d[tb])}, {int(end[tb])}) overlap")
 
 
-def check_dest(dest, sched: Schedule, L: int) -> Tuple[tuple, tuple]:
-    """Validate ``dest`` for ``sched`` and an ``out`` of ``L`` rows: ``(dest, key)`` where dest
-    has 0 for dropped frames (their entry is ignored, whatever it is)."""
+def check_dest(dest, sched: Schedule, L: int) -> DestEntry:
+    """Validate ``dest`` for ``sched`` and an ``out`` of ``L`` rows; the entry's dest has 0 for
+    dropped frames (their value is ignored, whatever it is). Cached by exact content."""
     T = len(sched.windows)
     if type(dest) is list or type(dest) is tuple:
         seq = tuple(dest)
         if len(seq) != T:
             raise PoolPackArgError(f"dest: expected {T} row offsets (one per frame), got {len(seq)}")
         if set(map(type, seq)) <= _INT:
-            key = (seq, sched.key, L)
+            key = (seq, sched.uid, L)
             hit = _DESTS.get(key)
             if hit is not None:
-                _DESTS.move_to_end(key)
-                return hit, key
+                return hit
             d = np.fromiter(seq, np.int64, T)
             kept = sched.cnt > 0
             d = np.where(kept, d, 0)
@@ -251,7 +270,7 @@ def check_dest(dest, sched: Schedule, L: int) -> Tuple[tuple, tuple]:
                     ok = bool((dk[o][1:] >= ek[o][:-1]).all())
             if not ok:
                 _dest_error(sched, d, L)
-            return _remember(_DESTS, key, tuple(d.tolist())), key
+            return _remember(_DESTS, key, DestEntry(tuple(d.tolist())))
     lst = _as_list(dest, "dest")
     if len(lst) != T:
         raise PoolPackArgError(f"dest: expected {T} row offsets (one per frame), got {len(lst)}")
@@ -260,8 +279,7 @@ def check_dest(dest, sched: Schedule, L: int) -> Tuple[tuple, tuple]:
         if c:  # a dropped frame writes nothing; its dest is ignored
             d[t] = _as_int(lst[t], f"dest[{t}]")
     _dest_error(sched, d, L)
-    out = tuple(d.tolist())
-    return out, (out, sched.key, L)
+    return DestEntry(tuple(d.tolist()))
 
 
 def check_args(frames, scales, grid=(16, 16), out=None, dest=None,
@@ -309,5 +327,5 @@ def check_args(frames, scales, grid=(16, 16), out=None, dest=None,
     if dest is None:
         raise PoolPackArgError("dest: required with out (dest[t] = first row of frame t's block)")
     L = out.shape[0]
-    d, key = check_dest(dest, sched, L)
-    return Plan(T, N, D, (H, W), sched.windows, sched.counts, d, L, sched, key)
+    entry = check_dest(dest, sched, L)
+    return Plan(T, N, D, (H, W), sched.windows, sched.counts, entry.dest, L, sched, entry)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from typing import Optional, Sequence, Tuple
 
 import torch
@@ -510,3 +511,55 @@ def pool_pack(frames: torch.Tensor, scales: Sequence, grid: Tuple[int, int] = (1
         return pool_pack_torch(frames, plan, out)
     tiles, n_fwd = build_tiles(plan, TOKENS_PER_TILE, frames.device)
     return PoolPackFunction.apply(out, frames, plan, tiles, n_fwd, build_dest(plan, frames.device))
+
+
+def warmup(hidden_size: int, dtype: torch.dtype = torch.bfloat16, device="cuda", grid: Tuple[int, int] = (16, 16),
+           max_frames: int = 256, backward: bool = False) -> dict:
+    """Compile and autotune, at model load, every kernel variant a request can launch, so that no
+    request pays for compilation or benchmarking.
+
+    The autotuning key is (D, grid, size class of the launch, dtype[, WRITE_DX, ZERO_DY]); this
+    launches the forward (and with ``backward=True`` the training backward, frames' gradient with
+    and without ``out``'s) once per size class up to ``max_frames`` frames, on synthetic frames of
+    the paper's window mix. Temporary memory: ``max_frames`` frames of ``grid`` x ``hidden_size``.
+
+    Returns ``{"seconds": ..., "launches": [...], "best": {...}}``; ``{"skipped": reason}`` where
+    nothing is compiled (CPU tensors: the runtime takes the PyTorch path there)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return {"skipped": f"{device.type}: no kernels to compile (the PyTorch path serves this device)"}
+    if not HAS_TRITON:
+        return {"skipped": "triton is not installed"}
+    t_start = time.perf_counter()
+    H, W = grid
+    mix = [1, 2, 4, 8, 0]
+    launches = []
+    for cls, n_tiles in enumerate(SIZE_CLASS_TILES):
+        T = n_tiles
+        if cls > 0 and SIZE_CLASS_TILES[cls - 1] >= max_frames:
+            break
+        scales = [mix[i % len(mix)] for i in range(T)]
+        frames = torch.randn(T, H * W, hidden_size, device=device, dtype=dtype, requires_grad=backward)
+        t0 = time.perf_counter()
+        y = pool_pack(frames, scales, grid, backend="triton")
+        torch.cuda.synchronize(device)
+        launches.append(dict(kernel="fwd", frames=T, seconds=time.perf_counter() - t0))
+        if backward:
+            t0 = time.perf_counter()
+            y.backward(torch.ones_like(y))
+            out = torch.zeros(y.shape[0] + 8, hidden_size, device=device, dtype=dtype, requires_grad=True)
+            o = out * 1.0
+            from .windows import pooled_counts
+            dest, acc = [], 4
+            for c in pooled_counts(scales, grid):
+                dest.append(acc)
+                acc += c
+            pool_pack(frames, scales, grid, out=o, dest=dest, backend="triton").sum().backward()
+            torch.cuda.synchronize(device)
+            launches.append(dict(kernel="bwd", frames=T, seconds=time.perf_counter() - t0))
+        del frames, y
+    best = {}
+    for name, k in (("fwd", _pool_pack_fwd_kernel), ("bwd", _pool_pack_bwd_kernel)):
+        for key, cfg in getattr(k, "cache", {}).items():
+            best[f"{name} {key}"] = str(cfg)
+    return {"seconds": time.perf_counter() - t_start, "launches": launches, "best": best}

@@ -48,7 +48,6 @@ only for the frame's and the block's base address, which is where 2**31 can be c
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Tuple
 
 import numpy as np
@@ -64,10 +63,22 @@ def tile_table(sched: Schedule, N: int, tokens_per_tile: int) -> Tuple[np.ndarra
     """The tile table as an int32 numpy array ``[n_tiles, 8]`` plus the number of forward tiles."""
     H, W = sched.grid
     sh, sw, cnt = sched.sh, sched.sw, sched.cnt
-    kept = np.flatnonzero(cnt > 0)
+    kept_mask = cnt > 0
+    kept = np.flatnonzero(kept_mask)
     ksh, ksw, kcnt = sh[kept], sw[kept], cnt[kept]
     area = np.minimum(ksh, H) * np.minimum(ksw, W)  # a window larger than the grid reads it all
     per = np.maximum(1, tokens_per_tile // area)
+    dropped = np.flatnonzero(~kept_mask)
+    nz = -(-N // tokens_per_tile) if N else 0
+    if (kcnt <= per).all() and nz <= 1:
+        # Every frame is one tile (a 16x16 grid with the default 256 tokens a tile): no split.
+        table = np.zeros((kept.size + dropped.size * nz, TILE_COLS), np.int32)
+        f = table[:kept.size]
+        f[:, 0], f[:, 2], f[:, 3], f[:, 4], f[:, 5] = kept, kcnt, ksh, ksw, -(-W // ksw)
+        if nz:
+            z = table[kept.size:]
+            z[:, 0], z[:, 2] = dropped, N
+        return table, kept.size
     n = -(-kcnt // per)                              # tiles per kept frame
     base, extra = np.divmod(kcnt, n)                 # n tiles of base or base + 1 rows
     n_fwd = int(n.sum())
@@ -82,11 +93,9 @@ def tile_table(sched: Schedule, N: int, tokens_per_tile: int) -> Tuple[np.ndarra
     fwd[:, 4] = np.repeat(ksw, n)
     fwd[:, 5] = np.repeat(-(-W // ksw), n)
 
-    dropped = np.flatnonzero(cnt == 0)
-    nz = -(-N // tokens_per_tile) if N else 0
     zero = np.zeros((dropped.size * nz, TILE_COLS), np.int64)
     if zero.size:
-        j = np.tile(np.arange(nz), dropped.size) * tokens_per_tile
+        j = (np.arange(dropped.size * nz) % nz) * tokens_per_tile
         zero[:, 0] = np.repeat(dropped, nz)
         zero[:, 1] = j
         zero[:, 2] = np.minimum(tokens_per_tile, N - j)
@@ -104,10 +113,12 @@ def _to_device(a: np.ndarray, device) -> torch.Tensor:
     # Cached tables must not be inference tensors: one built under torch.inference_mode (the
     # runtime's answer()) and reused by a call with autograd on (training) would fail in
     # save_for_backward.
-    with torch.inference_mode(False):
-        t = torch.from_numpy(a)
-        if torch.device(device).type != "cpu":
-            t = t.pin_memory().to(device, non_blocking=True)
+    if torch.is_inference_mode_enabled():
+        with torch.inference_mode(False):
+            return _to_device(a, device)
+    t = torch.from_numpy(a)
+    if torch.device(device).type != "cpu":
+        t = t.pin_memory().to(device, non_blocking=True)
     return t
 
 
@@ -126,22 +137,8 @@ def build_tiles(plan: Plan, tokens_per_tile: int, device) -> Tuple[torch.Tensor,
     return sched.derived(("tiles", plan.N, tokens_per_tile, str(device)), build)
 
 
-_DEST: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
-_DEST_CACHE_SIZE = 256
-
-
 def build_dest(plan: Plan, device) -> torch.Tensor:
-    """int32 ``[max(T, 1)]`` on ``device``: the first output row of each frame (0 if dropped)."""
-    if plan.dest_key is None:  # packed output: the schedule's own prefix sums
-        sched = plan.sched()
-        return sched.derived(("dest", str(device)), lambda: _to_device(
-            np.asarray(plan.dest or (0,), np.int32), device))
-    key = (plan.dest_key, str(device))
-    hit = _DEST.get(key)
-    if hit is not None:
-        _DEST.move_to_end(key)
-        return hit
-    t = _DEST[key] = _to_device(np.asarray(plan.dest or (0,), np.int32), device)
-    if len(_DEST) > _DEST_CACHE_SIZE:
-        _DEST.popitem(last=False)
-    return t
+    """int32 ``[max(T, 1)]`` on ``device``: the first output row of each frame (0 if dropped),
+    cached with the validated dest (or, packed, with the schedule)."""
+    owner = plan.dest_entry if plan.dest_entry is not None else plan.sched()
+    return owner.derived(("dest", str(device)), lambda: _to_device(np.asarray(plan.dest or (0,), np.int32), device))
