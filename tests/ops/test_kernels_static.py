@@ -10,28 +10,31 @@ of ``bench/kernels_static.py`` (``BOUNDS``): no spill, >= 50% theoretical occupa
 of instructions per loaded (fwd) / stored (bwd) element there. ``bench/kernels_static.py``
 records the same figures in ``bench/results/kernels_sm90_static.json``.
 """
-import importlib.util
+import importlib
 import os
+import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _static():
-    path = os.path.join(ROOT, "bench", "kernels_static.py")
-    spec = importlib.util.spec_from_file_location("kernels_static", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    # Imported by name (bench/ on the path): the compile workers are spawned processes that
+    # find their function by module name.
+    bench = os.path.join(ROOT, "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    return importlib.import_module("kernels_static")
 
 
 @pytest.fixture(scope="module")
 def compiled():
     pytest.importorskip("triton.backends.nvidia")
     ks = _static()
-    # The backward variant that writes nothing but dy_kept's zeros has no window path; the two
-    # that write dx are checked (with and without the dy_kept zeros).
-    jobs = ks.shipped_jobs(bwd_variants=[(True, False), (True, True)])
+    # Every configuration of both element sizes (bf16 stands for the 2-byte types; fp16 differs in
+    # its conversions only and is in bench/results/kernels_sm90_static.json), forward and the
+    # backward variant with the most work (dx and dy_kept's zeros): 16 compiles, ~40 s on 2 cores.
+    jobs = ks.shipped_jobs(dtypes=("bf16", "fp32"), bwd_variants=[(True, True)])
     return ks, ks.run_jobs(jobs, workers=2)
 
 
@@ -39,7 +42,7 @@ def test_every_shipped_config_compiles_within_bounds(compiled):
     ks, results = compiled
     from vr_kernels.pool_pack import CONFIGS
     assert all(len(c) <= 4 for c in CONFIGS.values())
-    assert len(results) == sum(len(CONFIGS[es]) for es in ks.DTYPES.values()) * 3
+    assert len(results) == sum(len(c) for c in CONFIGS.values()) * 2
     bad = [v for r in results for v in ks.violations(r)]
     assert not bad, "\n".join(bad)
 
