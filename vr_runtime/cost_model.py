@@ -50,22 +50,33 @@ class DeviceSpec:
     # Optional ((width, FLOP/s), ...): the matmul rate when the smallest of its three dims is
     # ``width`` (narrow matmuls run far below peak on a CPU); interpolated in log(width).
     matmul_rates: Optional[tuple] = None
+    # Optional ((head_dim, FLOP/s), ...): the fused attention kernel's rate by head dim (on a CPU
+    # it is far below the matmul rate); None: attention runs at ``flops``.
+    attention_rates: Optional[tuple] = None
+
+    def attention_rate(self, head_dim: float) -> float:
+        if not self.attention_rates:
+            return self.flops
+        return _interp(self.attention_rates, head_dim)
 
     def matmul_rate(self, m: float, k: float, n: float) -> float:
         if not self.matmul_rates:
             return self.flops
-        w = max(1.0, min(m, k, n))
-        pts = self.matmul_rates
-        if w <= pts[0][0]:
-            return pts[0][1] * w / pts[0][0] if w < pts[0][0] else pts[0][1]
-        for (w0, r0), (w1, r1) in zip(pts, pts[1:]):
-            if w <= w1:
-                a = (math.log(w) - math.log(w0)) / (math.log(w1) - math.log(w0))
-                return r0 + a * (r1 - r0)
-        return pts[-1][1]
+        return _interp(self.matmul_rates, max(1.0, min(m, k, n)))
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _interp(pts: tuple, w: float) -> float:
+    """Piecewise linear in log(w) through ``pts`` ((w, rate), ...); proportional below the first."""
+    if w <= pts[0][0]:
+        return pts[0][1] * w / pts[0][0]
+    for (w0, r0), (w1, r1) in zip(pts, pts[1:]):
+        if w <= w1:
+            a = (math.log(w) - math.log(w0)) / (math.log(w1) - math.log(w0))
+            return r0 + a * (r1 - r0)
+    return pts[-1][1]
 
 
 DEVICES: Dict[str, DeviceSpec] = {
@@ -95,12 +106,17 @@ def cpu_device(threads: int = 1, dtype_bytes: int = 4, reps: int = 7) -> DeviceS
         y = torch.empty_like(x)
         best = _median(lambda: torch.add(x, 1.0, out=y), reps)
         bw = 2 * x.numel() * 4 / best
+        att = []
+        for hd in (16, 32, 64, 128):
+            qkv = torch.randn(3, 1, 4, 1024, hd)
+            best = _median(lambda: torch.nn.functional.scaled_dot_product_attention(*qkv), reps)
+            att.append((hd, 4 * 4 * 1024 * 1024 * hd / best))
         s = torch.randn(8, 8)
         best = _median(lambda: [s.add(1.0) for _ in range(100)], reps) / 100
     finally:
         torch.set_num_threads(prev)
     return DeviceSpec(f"CPU ({threads} thread{'s' if threads > 1 else ''}, calibrated)", flops, bw, best,
-                      dtype_bytes, "CPU calibrated", tuple(rates))
+                      dtype_bytes, "CPU calibrated", tuple(rates), tuple(att))
 
 
 def _median(fn, reps: int) -> float:
@@ -121,6 +137,7 @@ def _timed(fn) -> float:
 class Shape:
     """The dimensions the model needs, read from an InternVL (HF) config."""
     d_vis: int
+    vis_heads: int
     vis_layers: int
     vis_ff: int
     vis_tokens: int         # patches + CLS per frame
@@ -146,7 +163,7 @@ def load_shape(config: Union[str, dict]) -> Shape:
     patch = patch[0] if isinstance(patch, (list, tuple)) else patch
     side = img // patch
     ratio = config.get("downsample_ratio", 0.5)
-    return Shape(d_vis=v["hidden_size"], vis_layers=v["num_hidden_layers"], vis_ff=v["intermediate_size"],
+    return Shape(d_vis=v["hidden_size"], vis_heads=v.get("num_attention_heads", 16), vis_layers=v["num_hidden_layers"], vis_ff=v["intermediate_size"],
                  vis_tokens=side * side + 1, tokens_per_frame=int(side * ratio) ** 2,
                  d=t["hidden_size"], layers=t["num_hidden_layers"], heads=t["num_attention_heads"],
                  kv_heads=t.get("num_key_value_heads", t["num_attention_heads"]), ff=t["intermediate_size"],
@@ -175,6 +192,15 @@ class _Stage:
         """An elementwise / normalisation op over ``elements`` (read + write = 2 passes)."""
         self._add(0.0, elements * passes * self.dev.dtype_bytes, compute=False)
 
+    def attention(self, q_len: float, k_len: float, head_dim: float, heads_x_seqs: float, causal: bool):
+        """Fused attention (scores and values, never materialised); half the work when causal."""
+        f = 4.0 * q_len * k_len * head_dim * heads_x_seqs * (0.5 if causal else 1.0)
+        b = 4 * q_len * head_dim * heads_x_seqs * self.dev.dtype_bytes
+        self.flops += f
+        self.bytes += b
+        self.seconds += max(f / self.dev.attention_rate(head_dim), b / self.dev.bandwidth) + self.dev.op_overhead_s
+        self.ops += 1
+
     def _add(self, f: float, b: float, compute: bool):
         self.flops += f
         self.bytes += b
@@ -194,9 +220,7 @@ def _decoder_layers(st: _Stage, s: Shape, tokens: float, seqs: float, layers: in
         st.memory(L * s.d)                        # input RMSNorm
         st.matmul(L, s.d, s.d + 2 * kv)           # q, k, v
         st.memory(L * (s.d + kv))                 # rotary on q, k
-        # causal attention: half of the score and value products
-        st.matmul(tokens, hd, tokens, batch=seqs * s.heads * 0.5)
-        st.matmul(tokens, tokens, hd, batch=seqs * s.heads * 0.5)
+        st.attention(tokens, tokens, hd, seqs * s.heads, causal=True)
         st.matmul(L, s.d, s.d)                    # o
         st.memory(L * s.d, passes=3.0)            # residual add
         st.memory(L * s.d)                        # post-attention RMSNorm
@@ -218,13 +242,12 @@ def stage_costs(shape: Shape, visual_tokens: int, text_tokens: int, num_frames: 
     vis = _Stage(device)
     n, T = s.vis_tokens, num_frames
     vis.matmul(n * T, 3 * 14 * 14, s.d_vis)             # patch embedding
-    hd = 64 if s.d_vis % 64 == 0 else s.d_vis // max(1, s.d_vis // 64)
-    heads = max(1, s.d_vis // hd)
+    heads = s.vis_heads
+    hd = s.d_vis // heads
     for _ in range(s.vis_layers):
         vis.memory(n * T * s.d_vis)                     # LayerNorm
         vis.matmul(n * T, s.d_vis, 3 * s.d_vis)         # qkv
-        vis.matmul(n, hd, n, batch=T * heads)           # scores (full attention)
-        vis.matmul(n, n, hd, batch=T * heads)           # values
+        vis.attention(n, n, hd, T * heads, causal=False)
         vis.matmul(n * T, s.d_vis, s.d_vis)             # proj
         vis.memory(n * T * s.d_vis, passes=3.0)         # layer scale + residual
         vis.memory(n * T * s.d_vis)                     # LayerNorm
