@@ -7,7 +7,12 @@ place (``out[dest[t] + r]``), so no intermediate per-frame tensors and no ``mask
 The backward writes every input-token gradient exactly once (``grad_out[row] / area``), zeros
 for dropped frames, so it needs no atomics either.
 
-Work is spread by input tokens, not output rows: see ``tiles.py``.
+Work is spread by input tokens, not output rows: see ``tiles.py``. Each window is summed inside
+one thread (lanes = output rows x hidden columns), with constexpr specialisations of the common
+windows; the kernel comments below say how, and ``bench/kernels_static.py`` shows the SASS.
+
+Compilation and autotuning happen at the first launch of each (D, grid, dtype, size class)
+key; :func:`warmup` does them at model load so that no request pays for them.
 """
 from __future__ import annotations
 
@@ -58,8 +63,10 @@ BACKENDS = ("auto", "triton", "torch", "reference")
 # At most four configurations per element size, each kept on static evidence (sm_90 SASS, see
 # bench/kernels_static.py and tests/ops/test_kernels_static.py): no spill, >= 50% occupancy,
 # 128-bit loads and stores. (BLOCK_R, BLOCK_D, num_warps): BLOCK_R output rows x BLOCK_D
-# columns per step; every thread holds whole 16-byte vectors. BLOCK_R <= 16 (the 4x4
-# specialisation uses BLOCK_R lanes of a frame's 16 output rows).
+# columns per step; every thread holds whole 16-byte vectors, also in the 8x8 specialisation's
+# 4-row steps (4 * BLOCK_D / threads >= one vector). BLOCK_R <= 16 (the 4x4 specialisation uses
+# BLOCK_R lanes of a frame's 16 output rows). MAX_REGISTERS caps ptxas at 64 registers, which is
+# 50% occupancy for any warp count; the static test checks nothing spills under the cap.
 CONFIGS = {
     2: [(8, 256, 4), (8, 128, 2), (8, 512, 8), (4, 512, 4)],     # bf16 / fp16: 16 elements a thread
     4: [(4, 256, 4), (4, 128, 2), (4, 512, 8), (4, 128, 4)],     # fp32: 8 (4) elements a thread
