@@ -9,7 +9,8 @@ Methods, all producing the same rows of the LLM's ``inputs_embeds``:
 * ``llava``      (a) per-frame eager loop (``avg_pool2d`` per frame, ``torch.cat``) then
                  ``inputs_embeds.masked_scatter(placeholder_mask, packed)``, as HF LLaVA-style
                  models do.
-* ``grouped``    (b) eager PyTorch grouped by window (the vectorised torch path of vr_kernels).
+* ``grouped``    (b) the PyTorch path of vr_kernels (``backend="torch"``: one weighted ``embedding_bag``;
+                 the name is kept from when it grouped frames by window).
 * ``compiled``   (c) ``torch.compile`` of the reference with a fixed schedule (steady state;
                  compile time reported apart) and ``compiled_changing`` with a schedule that
                  changes every call (each call's wall time, recompiles counted).
