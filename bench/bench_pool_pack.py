@@ -285,6 +285,7 @@ def _slug(name: str) -> str:
 
 
 CPU_COMPARE = dict(T=64, D=896, mix="paper")
+BLOCK = 5
 
 
 def cpu_vs_compile(rep: int, out: Optional[str] = None, dtypes=("float32", "bfloat16")) -> Dict:
@@ -292,8 +293,10 @@ def cpu_vs_compile(rep: int, out: Optional[str] = None, dtypes=("float32", "bflo
     D=896 (the paper's mix), forward (into ``out`` at ``dest``, as the runtime calls it) and
     forward+backward (packed output, gradient w.r.t. the frames), on ONE thread.
 
-    The two methods are timed in alternation (A, B, A, B, ...) so that load from other jobs on
-    the machine hits both alike; medians are reported, with the compile time apart."""
+    The two methods are timed in alternating blocks of ``BLOCK`` calls (A x5, B x5, A x5, ...) so
+    that load from other jobs hits both alike; single-call alternation is avoided because each
+    method then pays the page faults of re-mapping the output the other just freed. Medians are
+    reported, with the compile time apart."""
     torch.set_num_threads(1)
     device = torch.device("cpu")
     env = environment(device)
@@ -333,13 +336,12 @@ def cpu_vs_compile(rep: int, out: Optional[str] = None, dtypes=("float32", "bflo
             for _ in range(3):  # warm both
                 ours(), theirs()
             t_ours, t_theirs = [], []
-            for _ in range(rep):
-                t0 = time.perf_counter()
-                ours()
-                t_ours.append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                theirs()
-                t_theirs.append(time.perf_counter() - t0)
+            for _ in range(max(1, rep // BLOCK)):
+                for fn, ts in ((ours, t_ours), (theirs, t_theirs)):
+                    for _ in range(BLOCK):
+                        t0 = time.perf_counter()
+                        fn()
+                        ts.append(time.perf_counter() - t0)
             mo, mt = statistics.median(t_ours), statistics.median(t_theirs)
             rows.append(dict(dtype=dt_name, dir=direction, torch_path_ms=mo * 1e3, compiled_ms=mt * 1e3,
                              speedup=mt / mo, torch_path_q20_q80_ms=[_quantile(t_ours, .2) * 1e3, _quantile(t_ours, .8) * 1e3],
@@ -348,7 +350,7 @@ def cpu_vs_compile(rep: int, out: Optional[str] = None, dtypes=("float32", "bflo
                              target_met=mo <= mt))
             print(rows[-1], flush=True)
     notes = ["CPU figures, 1 torch thread, T=64 frames of 16x16 tokens, D=896, windows 1/2/4/8 and "
-             "dropped frames (the paper's mix); the two methods alternate call by call; the machine is "
+             "dropped frames (the paper's mix); the two methods alternate in blocks of 5 calls; the machine is "
              "shared with other jobs, so absolute times are noisy (ratios less so).",
              "fwd: into out at dest (the runtime's call); fwd packed: the packed [rows, D] output; "
              "fwd+bwd: packed output, gradient w.r.t. frames.",
