@@ -53,6 +53,15 @@ class DeviceSpec:
     # Optional ((head_dim, FLOP/s), ...): the fused attention kernel's rate by head dim (on a CPU
     # it is far below the matmul rate); None: attention runs at ``flops``.
     attention_rates: Optional[tuple] = None
+    # Optional: bandwidth of data that fits in the last-level cache (an op touching at most
+    # ``cache_bytes``); None: every op streams from memory at ``bandwidth``.
+    cache_bandwidth: Optional[float] = None
+    cache_bytes: float = 0.0
+
+    def memory_bandwidth(self, nbytes: float) -> float:
+        if self.cache_bandwidth and nbytes <= self.cache_bytes:
+            return self.cache_bandwidth
+        return self.bandwidth
 
     def attention_rate(self, head_dim: float) -> float:
         if not self.attention_rates:
@@ -106,6 +115,9 @@ def cpu_device(threads: int = 1, dtype_bytes: int = 4, reps: int = 7) -> DeviceS
         y = torch.empty_like(x)
         best = _median(lambda: torch.add(x, 1.0, out=y), reps)
         bw = 2 * x.numel() * 4 / best
+        xs = torch.randn(256 * 1024)       # 1 MB: stays in cache
+        ys = torch.empty_like(xs)
+        cbw = 2 * xs.numel() * 4 / _median(lambda: torch.add(xs, 1.0, out=ys), reps * 3)
         att = []
         for hd in (16, 32, 64, 128):
             qkv = torch.randn(3, 1, 4, 1024, hd)
@@ -116,7 +128,7 @@ def cpu_device(threads: int = 1, dtype_bytes: int = 4, reps: int = 7) -> DeviceS
     finally:
         torch.set_num_threads(prev)
     return DeviceSpec(f"CPU ({threads} thread{'s' if threads > 1 else ''}, calibrated)", flops, bw, best,
-                      dtype_bytes, "CPU calibrated", tuple(rates), tuple(att))
+                      dtype_bytes, "CPU calibrated", tuple(rates), tuple(att), cbw, 4 * 2**20)
 
 
 def _median(fn, reps: int) -> float:
@@ -204,7 +216,8 @@ class _Stage:
     def _add(self, f: float, b: float, compute: bool):
         self.flops += f
         self.bytes += b
-        t = (max(f / self._rate, b / self.dev.bandwidth) if compute else b / self.dev.bandwidth)
+        bw = self.dev.memory_bandwidth(b)
+        t = max(f / self._rate, b / bw) if compute else b / bw
         self.seconds += t + self.dev.op_overhead_s
         self.ops += 1
 
