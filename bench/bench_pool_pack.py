@@ -1,6 +1,7 @@
 """Benchmark of the fused pool-and-pack kernels (vr_kernels) against the ways it is done today.
 
     python bench/bench_pool_pack.py [--quick] [--out FILE] [--no-compile] [--no-sweep]
+    python bench/bench_pool_pack.py --cpu-vs-compile [--rep N]   # issue 12: CPU path vs torch.compile
 
 Methods, all producing the same rows of the LLM's ``inputs_embeds``:
 
@@ -8,7 +9,8 @@ Methods, all producing the same rows of the LLM's ``inputs_embeds``:
 * ``llava``      (a) per-frame eager loop (``avg_pool2d`` per frame, ``torch.cat``) then
                  ``inputs_embeds.masked_scatter(placeholder_mask, packed)``, as HF LLaVA-style
                  models do.
-* ``grouped``    (b) eager PyTorch grouped by window (the vectorised torch path of vr_kernels).
+* ``grouped``    (b) the PyTorch path of vr_kernels (``backend="torch"``: one weighted ``embedding_bag``;
+                 the name is kept from when it grouped frames by window).
 * ``compiled``   (c) ``torch.compile`` of the reference with a fixed schedule (steady state;
                  compile time reported apart) and ``compiled_changing`` with a schedule that
                  changes every call (each call's wall time, recompiles counted).
@@ -282,6 +284,92 @@ def _slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
+CPU_COMPARE = dict(T=64, D=896, mix="paper")
+BLOCK = 5
+
+
+def cpu_vs_compile(rep: int, out: Optional[str] = None, dtypes=("float32", "bfloat16")) -> Dict:
+    """The CPU path (``backend="torch"``) against ``torch.compile`` of the reference at T=64,
+    D=896 (the paper's mix), forward (into ``out`` at ``dest``, as the runtime calls it) and
+    forward+backward (packed output, gradient w.r.t. the frames), on ONE thread.
+
+    The two methods are timed in alternating blocks of ``BLOCK`` calls (A x5, B x5, A x5, ...) so
+    that load from other jobs hits both alike; single-call alternation is avoided because each
+    method then pays the page faults of re-mapping the output the other just freed. Medians are
+    reported, with the compile time apart."""
+    torch.set_num_threads(1)
+    device = torch.device("cpu")
+    env = environment(device)
+    rows = []
+    for dt_name in dtypes:
+        dtype = getattr(torch, dt_name)
+        case = Case(CPU_COMPARE["T"], CPU_COMPARE["D"], CPU_COMPARE["mix"], dtype, device)
+        f, sc, dest = case.frames, case.scales, case.dest
+        emb2d = case.embeds.view(-1, case.D).clone()
+        fr = f.detach().clone().requires_grad_(True)
+        g = torch.randn(case.total, case.D, dtype=dtype)
+
+        torch._dynamo.reset()
+        comp_fwd = torch.compile(_reference_into, dynamic=False)
+        comp_packed = torch.compile(_reference_packed, dynamic=False)
+        t0 = time.perf_counter()
+        comp_fwd(f, sc, emb2d, dest)
+        compile_fwd = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        comp_packed(fr, sc).backward(g)
+        compile_bwd = time.perf_counter() - t0
+
+        def fb(fn):
+            fr.grad = None
+            fn(fr, sc).backward(g)
+
+        comp_packed_fwd = comp_packed  # same compiled function; a no-grad input gets its own graph
+        comp_packed_fwd(f, sc)
+        pairs = {
+            "fwd": (lambda: pool_pack(f, sc, GRID, out=emb2d, dest=dest, backend="torch"),
+                    lambda: comp_fwd(f, sc, emb2d, dest)),
+            "fwd packed": (lambda: pool_pack(f, sc, GRID, backend="torch"), lambda: comp_packed_fwd(f, sc)),
+            "fwd+bwd": (lambda: fb(lambda a, s: pool_pack(a, s, GRID, backend="torch")),
+                        lambda: fb(comp_packed)),
+        }
+        for direction, (ours, theirs) in pairs.items():
+            for _ in range(3):  # warm both
+                ours(), theirs()
+            t_ours, t_theirs = [], []
+            for _ in range(max(1, rep // BLOCK)):
+                for fn, ts in ((ours, t_ours), (theirs, t_theirs)):
+                    for _ in range(BLOCK):
+                        t0 = time.perf_counter()
+                        fn()
+                        ts.append(time.perf_counter() - t0)
+            mo, mt = statistics.median(t_ours), statistics.median(t_theirs)
+            rows.append(dict(dtype=dt_name, dir=direction, torch_path_ms=mo * 1e3, compiled_ms=mt * 1e3,
+                             speedup=mt / mo, torch_path_q20_q80_ms=[_quantile(t_ours, .2) * 1e3, _quantile(t_ours, .8) * 1e3],
+                             compiled_q20_q80_ms=[_quantile(t_theirs, .2) * 1e3, _quantile(t_theirs, .8) * 1e3],
+                             compile_s=compile_bwd if direction == "fwd+bwd" else compile_fwd,
+                             target_met=mo <= mt))
+            print(rows[-1], flush=True)
+    notes = ["CPU figures, 1 torch thread, T=64 frames of 16x16 tokens, D=896, windows 1/2/4/8 and "
+             "dropped frames (the paper's mix); the two methods alternate in blocks of 5 calls; the machine is "
+             "shared with other jobs, so absolute times are noisy (ratios less so).",
+             "fwd: into out at dest (the runtime's call); fwd packed: the packed [rows, D] output; "
+             "fwd+bwd: packed output, gradient w.r.t. frames.",
+             "compiled = torch.compile(pool_pack_reference, dynamic=False) with a fixed schedule, steady "
+             "state; compile_s is its first call."]
+    cols = ["dtype", "dir", "torch_path_ms", "compiled_ms", "speedup", "compile_s", "target_met"]
+    md = ["# CPU path vs torch.compile of the reference (issue 12, item 8)", "",
+          f"{env['device']}; torch {env['torch']}; {env['date_utc']}; command: `{env['command']}`; "
+          f"1-min load average {env.get('load_avg_1m')}", ""] + [f"> {n}" for n in notes] + [
+          "", markdown_table(rows, cols, ["dtype", "direction", "torch path ms", "torch.compile ms",
+                                          "compiled / ours", "compile s", "ours <= compiled"])]
+    payload = dict(environment=env, label="CPU", notes=notes, case=CPU_COMPARE, rep=rep, results=rows)
+    out = out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "pool_pack_cpu_vs_compile.json")
+    write_results(out, payload, "\n".join(md))
+    print("\n".join(md))
+    print(f"wrote {out}")
+    return payload
+
+
 def main(argv: Optional[List[str]] = None) -> Dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="paper shape only (GPU) / tiny sizes (CPU)")
@@ -289,7 +377,11 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines")
     p.add_argument("--no-sweep", action="store_true", help="paper shape only")
     p.add_argument("--rep", type=int, default=None)
+    p.add_argument("--cpu-vs-compile", action="store_true",
+                   help="only the CPU path against torch.compile of the reference (T=64, D=896, 1 thread)")
     args = p.parse_args(argv)
+    if args.cpu_vs_compile:
+        return cpu_vs_compile(args.rep or 30, args.out)
 
     gpu = has_cuda()
     device = torch.device("cuda" if gpu else "cpu")

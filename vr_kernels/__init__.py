@@ -5,9 +5,9 @@ or to a vectorised PyTorch path on CPU; ``reference`` is the plain per-frame imp
 """
 from . import reference
 from .checks import PoolPackArgError
-from .pool_pack import pool_pack
+from .pool_pack import pool_pack, warmup
 from .reference import pool_pack_reference
 from .windows import normalize_window, pooled_counts, window_tokens
 
-__all__ = ["pool_pack", "pool_pack_reference", "pooled_counts", "normalize_window", "window_tokens",
+__all__ = ["pool_pack", "warmup", "pool_pack_reference", "pooled_counts", "normalize_window", "window_tokens",
            "reference", "PoolPackArgError"]

@@ -7,18 +7,24 @@ place (``out[dest[t] + r]``), so no intermediate per-frame tensors and no ``mask
 The backward writes every input-token gradient exactly once (``grad_out[row] / area``), zeros
 for dropped frames, so it needs no atomics either.
 
-Work is spread by input tokens, not output rows: see ``tiles.py``.
+Work is spread by input tokens, not output rows: see ``tiles.py``. Each window is summed inside
+one thread (lanes = output rows x hidden columns), with constexpr specialisations of the common
+windows; the kernel comments below say how, and ``bench/kernels_static.py`` shows the SASS.
+
+Compilation and autotuning happen at the first launch of each (D, grid, dtype, size class)
+key; :func:`warmup` does them at model load so that no request pays for them.
 """
 from __future__ import annotations
 
 import os
 import re
+import time
 from typing import Optional, Sequence, Tuple
 
 import torch
 
 from .checks import KERNEL_DTYPES, TORCH_DTYPES, Plan, PoolPackArgError, check_args
-from .tiles import build_tiles
+from .tiles import INT32_MAX, build_dest, build_tiles
 
 try:
     import triton
@@ -45,20 +51,63 @@ def _interpreter_runs_kernels() -> bool:
 # Triton on CPU tensors: the interpreter is on and can run these kernels.
 CPU_TRITON = _interpreter_runs_kernels()
 
-# Tokens per tile (see tiles.py). Compiled: 64 balances a 1/2/4/8 mix exactly on 16x16 grids.
-# Interpreted: every program instance costs milliseconds of Python, so take whole frames.
-TOKENS_PER_TILE = 1024 if INTERPRET else 64
+# Tokens per tile (see tiles.py). Compiled: 256 makes every tile of a 1/2/4/8 mix on a 16x16 grid
+# one whole frame (equal work, and enough output rows for the large windows' lanes).
+# Interpreted: every program instance costs milliseconds of Python, so take whole frames too.
+TOKENS_PER_TILE = 1024 if INTERPRET else 256
 
 BACKENDS = ("auto", "triton", "torch", "reference")
+
+# Autotuning
+# ----------
+# At most four configurations per element size, each kept on static evidence (sm_90 SASS, see
+# bench/kernels_static.py and tests/ops/test_kernels_static.py): no spill, >= 50% occupancy,
+# 128-bit loads and stores. (BLOCK_R, BLOCK_D, num_warps): BLOCK_R output rows x BLOCK_D
+# columns per step; every thread holds whole 16-byte vectors, also in the 8x8 specialisation's
+# 4-row steps (4 * BLOCK_D / threads >= one vector). BLOCK_R <= 16 (the 4x4 specialisation uses
+# BLOCK_R lanes of a frame's 16 output rows). MAX_REGISTERS caps ptxas at 64 registers, which is
+# 50% occupancy for any warp count; the static test checks nothing spills under the cap.
+CONFIGS = {
+    2: [(8, 256, 4), (8, 128, 2), (8, 512, 8), (4, 512, 4)],     # bf16 / fp16: 16 elements a thread
+    4: [(4, 256, 4), (4, 128, 2), (4, 512, 8), (4, 128, 4)],     # fp32: 8 (4) elements a thread
+}
+MAX_REGISTERS = 64
+_ELEM_OF_CONFIG = {}
 
 
 def _configs():
     if INTERPRET:  # several configs would make the interpreter benchmark them (and it is slow)
-        return [triton.Config({"BLOCK_T": 16, "BLOCK_D": 256}, num_warps=4)]
-    # 8..64 fp32 accumulator elements per thread; BLOCK_T x BLOCK_D elements in flight per load.
-    return [triton.Config({"BLOCK_T": bt, "BLOCK_D": bd}, num_warps=nw)
-            for bt in (8, 16) for bd in (128, 256, 512) for nw in (2, 4, 8)
-            if 8 <= bt * bd // (32 * nw) <= 64]
+        return [triton.Config({"BLOCK_R": 16, "BLOCK_D": 256}, num_warps=4)]
+    out = []
+    for es, cfgs in CONFIGS.items():
+        for br, bd, nw in cfgs:
+            # maxnreg: ptxas keeps the unrolled window loops within 64 registers (>= 50% occupancy).
+            c = triton.Config({"BLOCK_R": br, "BLOCK_D": bd}, num_warps=nw, maxnreg=MAX_REGISTERS)
+            _ELEM_OF_CONFIG[id(c)] = es
+            out.append(c)
+    return out
+
+
+def _prune_by_dtype(configs, named_args, **kwargs):
+    # The configurations of the launch's element size (the first tensor argument's).
+    es = next(v.element_size() for v in named_args.values() if isinstance(v, torch.Tensor))
+    return [c for c in configs if _ELEM_OF_CONFIG.get(id(c), es) == es] or configs[:1]
+
+
+def size_class(n_tiles: int) -> int:
+    """Autotuning key part: the launch's parallelism, in four classes (tiles <= 64, <= 256,
+    <= 1024, more). A 16x16 frame is one tile, so these are roughly frames per call. Few classes
+    so that :func:`warmup` can tune every one a request can hit."""
+    return 0 if n_tiles <= 64 else 1 if n_tiles <= 256 else 2 if n_tiles <= 1024 else 3
+
+
+SIZE_CLASS_TILES = (64, 256, 1024, 1025)  # a tile count in each class (what warmup launches)
+
+
+def _bench(fn, quantiles):
+    import triton.testing
+    # Short benchmarks: the kernels run in microseconds, and warmup() tunes at model load.
+    return triton.testing.do_bench(fn, warmup=5, rep=20, quantiles=quantiles)
 
 
 if HAS_TRITON:
@@ -80,92 +129,189 @@ if HAS_TRITON:
         else:
             return v.to(dtype)
 
-    # Both kernels pick one of two vectorisations per tile (a uniform branch per program), so
-    # every load/store moves a [BLOCK_T, BLOCK_D] block whatever the window:
-    # * ROWS path (the tile has >= BLOCK_T output rows, i.e. small windows such as 1x1, 2x2):
-    #   lanes = BLOCK_T output rows; loop over the sh x sw window offsets (masked at the edges).
-    # * WINDOW path (fewer rows, i.e. large windows such as 4x4, 8x8): one output row at a time;
-    #   lanes = BLOCK_T tokens of its (edge-clipped) window, looping over chunks of the window,
-    #   then a sum over the lanes.
+    # Layout of the work: lanes = [R output rows, BLOCK_D columns]; every lane sums its own
+    # window serially, so the reduction never leaves the thread (no cross-warp sum, no barrier).
+    # The common windows (1x1, 2x2, 4x4, 8x8) are constexpr specialisations on a constexpr grid:
+    # the row -> window arithmetic divides by constants, the window loop is unrolled with
+    # constant token offsets, edge masks exist only where the window does not divide the grid,
+    # and the mean is a multiply by a constant 1/area. Any other window takes the generic body
+    # (runtime loops, one integer division and one reciprocal per output row, never per element).
+    # Offsets inside a frame (or a block of output rows) are int32; the frame's and the block's
+    # base addresses are int64 (T*N*D and L*D may pass 2**31). The launcher guarantees the
+    # in-frame span fits int32.
 
-    @triton.autotune(configs=_configs(), key=["D"])
     @triton.jit
+    def _fwd_window(x_frame, y_tile, r0, nr, xd, yd, m_d, stride_yr,
+                    H: tl.constexpr, W: tl.constexpr, D: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+                    R: tl.constexpr, BLOCK_D: tl.constexpr):
+        o_r = tl.arange(0, R)
+        for rb in range(0, nr, R):
+            k = rb + o_r
+            rr = r0 + k
+            oh = rr // ((W + SW - 1) // SW)        # constant divisor
+            h0 = oh * SH
+            w0 = (rr - oh * ((W + SW - 1) // SW)) * SW
+            xo = ((h0 * W + w0) * D)[:, None] + xd[None, :]
+            m = (k < nr)[:, None] & m_d[None, :]
+            if SH * SW == 1:
+                res = tl.load(x_frame + xo, mask=m).to(y_tile.dtype.element_ty)
+            else:
+                acc = tl.zeros([R, BLOCK_D], dtype=tl.float32)
+                for i in tl.static_range(SH):
+                    for j in tl.static_range(SW):
+                        if (H % SH != 0) or (W % SW != 0):
+                            mm = m & ((h0 + i < H) & (w0 + j < W))[:, None]
+                        else:
+                            mm = m
+                        v = tl.load(x_frame + xo + (i * W + j) * D, mask=mm, other=0.0)
+                        acc += v.to(tl.float32)
+                if (H % SH != 0) or (W % SW != 0):
+                    area = (tl.minimum(h0 + SH, H) - h0) * (tl.minimum(w0 + SW, W) - w0)
+                    res = _round(acc * (1.0 / tl.maximum(area, 1).to(tl.float32))[:, None],
+                                 y_tile.dtype.element_ty)
+                else:
+                    res = _round(acc * (1.0 / (SH * SW)), y_tile.dtype.element_ty)
+            tl.store(y_tile + (k * stride_yr)[:, None] + yd[None, :], res, mask=m)
+
+    @triton.jit
+    def _fwd_generic(x_frame, y_tile, r0, nr, sh, sw, ow_n, xd, yd, m_d, stride_yr,
+                     H: tl.constexpr, W: tl.constexpr, D: tl.constexpr, R: tl.constexpr, BLOCK_D: tl.constexpr):
+        o_r = tl.arange(0, R)
+        for rb in range(0, nr, R):
+            k = rb + o_r
+            m_r = k < nr
+            rr = r0 + k
+            oh = rr // ow_n                        # one division per output row
+            h0 = oh * sh
+            w0 = (rr - oh * ow_n) * sw
+            hh = tl.minimum(h0 + sh, H) - h0       # edge windows average only the tokens inside
+            ww = tl.minimum(w0 + sw, W) - w0
+            xo = ((h0 * W + w0) * D)[:, None] + xd[None, :]
+            acc = tl.zeros([R, BLOCK_D], dtype=tl.float32)
+            for i in range(tl.minimum(sh, H)):
+                for j in range(tl.minimum(sw, W)):
+                    mm = (m_r & (hh > i) & (ww > j))[:, None] & m_d[None, :]
+                    v = tl.load(x_frame + xo + (i * W + j) * D, mask=mm, other=0.0)
+                    acc += v.to(tl.float32)
+            inv = 1.0 / tl.maximum(hh * ww, 1).to(tl.float32)   # masked lanes: no 0/0
+            tl.store(y_tile + (k * stride_yr)[:, None] + yd[None, :],
+                     _round(acc * inv[:, None], y_tile.dtype.element_ty),
+                     mask=m_r[:, None] & m_d[None, :])
+
+    @triton.autotune(configs=_configs(), key=["D", "SIZE_CLASS", "H", "W"],
+                     prune_configs_by={"early_config_prune": _prune_by_dtype}, do_bench=_bench)
+    @triton.jit(do_not_specialize=["SIZE_CLASS"])
     def _pool_pack_fwd_kernel(
-        x, y, tiles,
-        H, W, D,
-        stride_xt, stride_xn, stride_xd,
-        stride_yr, stride_yd,
-        BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+        x, y, tiles, dest,
+        SIZE_CLASS, stride_xt, stride_yr, stride_yd,
+        H: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
+        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
     ):
         pid = tl.program_id(0)
         n_d_blocks = tl.cdiv(D, BLOCK_D)
         i_d = pid % n_d_blocks
-        i_tile = pid // n_d_blocks
-        row = tiles + i_tile.to(tl.int64) * 8
+        row = tiles + (pid // n_d_blocks) * 8
         t = tl.load(row + 0)
         r0 = tl.load(row + 1)
         nr = tl.load(row + 2)
         sh = tl.load(row + 3)
         sw = tl.load(row + 4)
-        ow_n = tl.load(row + 5)
-        y0 = tl.load(row + 6)
-
-        o_t = tl.arange(0, BLOCK_T)
         o_d = i_d * BLOCK_D + tl.arange(0, BLOCK_D)
-        m_d = o_d < D
-        # int64 before any stride product: T*N*D and L*D may pass 2**31.
-        x_frame = x + t.to(tl.int64) * stride_xt
-        x_cols = o_d.to(tl.int64) * stride_xd
-        y_cols = o_d.to(tl.int64) * stride_yd
-        if nr >= BLOCK_T:
-            for rb in range(0, nr, BLOCK_T):
-                m_r = rb + o_t < nr
-                rr = r0 + rb + o_t
-                h0 = (rr // ow_n) * sh
-                w0 = (rr % ow_n) * sw
-                hh = tl.minimum(h0 + sh, H) - h0  # edge windows average only the tokens inside
-                ww = tl.minimum(w0 + sw, W) - w0
-                acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-                for i in range(tl.minimum(sh, H)):
-                    for j in range(tl.minimum(sw, W)):
-                        m = m_r & (hh > i) & (ww > j)
-                        n = (h0 + i) * W + (w0 + j)
-                        v = tl.load(x_frame + n.to(tl.int64)[:, None] * stride_xn + x_cols[None, :],
-                                    mask=m[:, None] & m_d[None, :], other=0.0)
-                        acc += v.to(tl.float32)
-                area = tl.maximum(hh * ww, 1).to(tl.float32)  # masked lanes: no 0/0
-                tl.store(y + (y0 + rb + o_t).to(tl.int64)[:, None] * stride_yr + y_cols[None, :],
-                         _round(acc / area[:, None], y.dtype.element_ty), mask=m_r[:, None] & m_d[None, :])
+        if D % BLOCK_D == 0:  # no column mask: every block is full
+            m_d = tl.full([BLOCK_D], 1, tl.int1)
         else:
-            for r in range(nr):
-                rr = r0 + r
-                h0 = (rr // ow_n) * sh
-                w0 = (rr % ow_n) * sw
+            m_d = o_d < D
+        # int64 at the bases only: T*N*D and L*D may pass 2**31.
+        x_frame = x + t.to(tl.int64) * stride_xt
+        y_tile = y + (tl.load(dest + t) + r0).to(tl.int64) * stride_yr
+        xd = o_d  # frames' rows are contiguous (the launcher sees to it): stride D, 1
+        yd = o_d * stride_yd
+        if (sh == 1) & (sw == 1):
+            _fwd_window(x_frame, y_tile, r0, nr, xd, yd, m_d, stride_yr, H, W, D, 1, 1, BLOCK_R, BLOCK_D)
+        elif (sh == 2) & (sw == 2):
+            _fwd_window(x_frame, y_tile, r0, nr, xd, yd, m_d, stride_yr, H, W, D, 2, 2, BLOCK_R, BLOCK_D)
+        elif (sh == 4) & (sw == 4):
+            _fwd_window(x_frame, y_tile, r0, nr, xd, yd, m_d, stride_yr, H, W, D, 4, 4, BLOCK_R, BLOCK_D)
+        elif (sh == 8) & (sw == 8):
+            # A 16x16 frame has 4 rows of 8x8 windows: 4 lanes of rows.
+            _fwd_window(x_frame, y_tile, r0, nr, xd, yd, m_d, stride_yr, H, W, D, 8, 8, 4, BLOCK_D)
+        else:
+            _fwd_generic(x_frame, y_tile, r0, nr, sh, sw, tl.load(row + 5), xd, yd, m_d, stride_yr,
+                         H, W, D, BLOCK_R, BLOCK_D)
+
+    @triton.jit
+    def _bwd_window(dy_tile, dx_frame, dk_tile, r0, nr, xd, yd, kd, m_d, stride_dyr, stride_kr,
+                    H: tl.constexpr, W: tl.constexpr, D: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
+                    WRITE_DX: tl.constexpr, ZERO_DY: tl.constexpr, R: tl.constexpr, BLOCK_D: tl.constexpr):
+        o_r = tl.arange(0, R)
+        for rb in range(0, nr, R):
+            k = rb + o_r
+            m = (k < nr)[:, None] & m_d[None, :]
+            if ZERO_DY:
+                tl.store(dk_tile + (k * stride_kr)[:, None] + kd[None, :],
+                         tl.zeros([R, BLOCK_D], dtype=dk_tile.dtype.element_ty), mask=m)
+            if WRITE_DX:
+                rr = r0 + k
+                oh = rr // ((W + SW - 1) // SW)
+                h0 = oh * SH
+                w0 = (rr - oh * ((W + SW - 1) // SW)) * SW
+                xo = ((h0 * W + w0) * D)[:, None] + xd[None, :]
+                g = tl.load(dy_tile + (k * stride_dyr)[:, None] + yd[None, :], mask=m, other=0.0)
+                if SH * SW == 1:
+                    g = g.to(dx_frame.dtype.element_ty)
+                elif (H % SH != 0) or (W % SW != 0):
+                    area = (tl.minimum(h0 + SH, H) - h0) * (tl.minimum(w0 + SW, W) - w0)
+                    g = _round(g.to(tl.float32) * (1.0 / tl.maximum(area, 1).to(tl.float32))[:, None],
+                               dx_frame.dtype.element_ty)
+                else:
+                    g = _round(g.to(tl.float32) * (1.0 / (SH * SW)), dx_frame.dtype.element_ty)
+                for i in tl.static_range(SH):
+                    for j in tl.static_range(SW):
+                        if (H % SH != 0) or (W % SW != 0):
+                            mm = m & ((h0 + i < H) & (w0 + j < W))[:, None]
+                        else:
+                            mm = m
+                        tl.store(dx_frame + xo + (i * W + j) * D, g, mask=mm)
+
+    @triton.jit
+    def _bwd_generic(dy_tile, dx_frame, dk_tile, r0, nr, sh, sw, ow_n, xd, yd, kd, m_d,
+                     stride_dyr, stride_kr,
+                     H: tl.constexpr, W: tl.constexpr, D: tl.constexpr, WRITE_DX: tl.constexpr,
+                     ZERO_DY: tl.constexpr,
+                     R: tl.constexpr, BLOCK_D: tl.constexpr):
+        o_r = tl.arange(0, R)
+        for rb in range(0, nr, R):
+            k = rb + o_r
+            m_r = k < nr
+            m = m_r[:, None] & m_d[None, :]
+            if ZERO_DY:
+                tl.store(dk_tile + (k * stride_kr)[:, None] + kd[None, :],
+                         tl.zeros([R, BLOCK_D], dtype=dk_tile.dtype.element_ty), mask=m)
+            if WRITE_DX:
+                rr = r0 + k
+                oh = rr // ow_n
+                h0 = oh * sh
+                w0 = (rr - oh * ow_n) * sw
                 hh = tl.minimum(h0 + sh, H) - h0
                 ww = tl.minimum(w0 + sw, W) - w0
-                area = hh * ww
-                acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-                for k0 in range(0, area, BLOCK_T):
-                    k = k0 + o_t
-                    i = k // ww
-                    n = (h0 + i) * W + (w0 + k - i * ww)
-                    v = tl.load(x_frame + n.to(tl.int64)[:, None] * stride_xn + x_cols[None, :],
-                                mask=(k < area)[:, None] & m_d[None, :], other=0.0)
-                    acc += v.to(tl.float32)
-                mean = tl.sum(acc, axis=0) / area.to(tl.float32)
-                tl.store(y + (y0 + r).to(tl.int64) * stride_yr + y_cols, _round(mean, y.dtype.element_ty),
-                         mask=m_d)
+                xo = ((h0 * W + w0) * D)[:, None] + xd[None, :]
+                g = tl.load(dy_tile + (k * stride_dyr)[:, None] + yd[None, :], mask=m, other=0.0)
+                g = _round(g.to(tl.float32) * (1.0 / tl.maximum(hh * ww, 1).to(tl.float32))[:, None],
+                           dx_frame.dtype.element_ty)
+                for i in range(tl.minimum(sh, H)):
+                    for j in range(tl.minimum(sw, W)):
+                        mm = (m_r & (hh > i) & (ww > j))[:, None] & m_d[None, :]
+                        tl.store(dx_frame + xo + (i * W + j) * D, g, mask=mm)
 
-    @triton.autotune(configs=_configs(), key=["D"])
-    @triton.jit
+    @triton.autotune(configs=_configs(), key=["D", "SIZE_CLASS", "H", "W", "WRITE_DX", "ZERO_DY"],
+                     prune_configs_by={"early_config_prune": _prune_by_dtype}, do_bench=_bench)
+    @triton.jit(do_not_specialize=["SIZE_CLASS"])
     def _pool_pack_bwd_kernel(
-        dy, dx, dy_kept, tiles,
-        H, W, D,
-        stride_dyr, stride_dyd,
-        stride_xt, stride_xn, stride_xd,
-        stride_kr, stride_kd,
+        dy, dx, dy_kept, tiles, dest,
+        SIZE_CLASS, stride_dyr, stride_dyd, stride_xt, stride_kr, stride_kd,
+        H: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
         WRITE_DX: tl.constexpr, ZERO_DY: tl.constexpr,
-        BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
     ):
         # dx[t, token] = dy[row(token)] / area(window): the exact adjoint of the forward; every
         # token written once, no atomics. ZERO_DY: dy_kept (a copy of dy, the gradient w.r.t.
@@ -174,74 +320,49 @@ if HAS_TRITON:
         pid = tl.program_id(0)
         n_d_blocks = tl.cdiv(D, BLOCK_D)
         i_d = pid % n_d_blocks
-        i_tile = pid // n_d_blocks
-        row = tiles + i_tile.to(tl.int64) * 8
+        row = tiles + (pid // n_d_blocks) * 8
         t = tl.load(row + 0)
         r0 = tl.load(row + 1)
         nr = tl.load(row + 2)
         sh = tl.load(row + 3)
         sw = tl.load(row + 4)
-        ow_n = tl.load(row + 5)
-        y0 = tl.load(row + 6)
-
-        o_t = tl.arange(0, BLOCK_T)
         o_d = i_d * BLOCK_D + tl.arange(0, BLOCK_D)
-        m_d = o_d < D
+        if D % BLOCK_D == 0:  # no column mask: every block is full
+            m_d = tl.full([BLOCK_D], 1, tl.int1)
+        else:
+            m_d = o_d < D
         dx_frame = dx + t.to(tl.int64) * stride_xt
-        x_cols = o_d.to(tl.int64) * stride_xd
-        dy_cols = o_d.to(tl.int64) * stride_dyd
-        k_cols = o_d.to(tl.int64) * stride_kd
+        xd = o_d  # frames' rows are contiguous (the launcher sees to it): stride D, 1
+        yd = o_d * stride_dyd
+        kd = o_d * stride_kd
         if sh == 0:
             # Zero tile: tokens [r0, r0 + nr) of a dropped frame.
             if WRITE_DX:
-                zero = tl.zeros([BLOCK_T, BLOCK_D], dtype=dx.dtype.element_ty)
-                for k0 in range(0, nr, BLOCK_T):
-                    k = k0 + o_t
-                    tl.store(dx_frame + (r0 + k).to(tl.int64)[:, None] * stride_xn + x_cols[None, :], zero,
+                o_r = tl.arange(0, BLOCK_R)
+                zero = tl.zeros([BLOCK_R, BLOCK_D], dtype=dx.dtype.element_ty)
+                for k0 in range(0, nr, BLOCK_R):
+                    k = k0 + o_r
+                    tl.store(dx_frame + ((r0 + k) * D)[:, None] + xd[None, :], zero,
                              mask=(k < nr)[:, None] & m_d[None, :])
-        elif nr >= BLOCK_T:
-            for rb in range(0, nr, BLOCK_T):
-                m_r = rb + o_t < nr
-                m_rd = m_r[:, None] & m_d[None, :]
-                yr = (y0 + rb + o_t).to(tl.int64)[:, None]
-                if ZERO_DY:
-                    tl.store(dy_kept + yr * stride_kr + k_cols[None, :],
-                             tl.zeros([BLOCK_T, BLOCK_D], dtype=dy_kept.dtype.element_ty), mask=m_rd)
-                if WRITE_DX:
-                    rr = r0 + rb + o_t
-                    h0 = (rr // ow_n) * sh
-                    w0 = (rr % ow_n) * sw
-                    hh = tl.minimum(h0 + sh, H) - h0
-                    ww = tl.minimum(w0 + sw, W) - w0
-                    g = tl.load(dy + yr * stride_dyr + dy_cols[None, :], mask=m_rd, other=0.0).to(tl.float32)
-                    g = _round(g / tl.maximum(hh * ww, 1).to(tl.float32)[:, None], dx.dtype.element_ty)
-                    for i in range(tl.minimum(sh, H)):
-                        for j in range(tl.minimum(sw, W)):
-                            m = m_r & (hh > i) & (ww > j)
-                            n = (h0 + i) * W + (w0 + j)
-                            tl.store(dx_frame + n.to(tl.int64)[:, None] * stride_xn + x_cols[None, :], g,
-                                     mask=m[:, None] & m_d[None, :])
         else:
-            for r in range(nr):
-                if ZERO_DY:
-                    tl.store(dy_kept + (y0 + r).to(tl.int64) * stride_kr + k_cols,
-                             tl.zeros([BLOCK_D], dtype=dy_kept.dtype.element_ty), mask=m_d)
-                if WRITE_DX:
-                    rr = r0 + r
-                    h0 = (rr // ow_n) * sh
-                    w0 = (rr % ow_n) * sw
-                    hh = tl.minimum(h0 + sh, H) - h0
-                    ww = tl.minimum(w0 + sw, W) - w0
-                    area = hh * ww
-                    g = tl.load(dy + (y0 + r).to(tl.int64) * stride_dyr + dy_cols, mask=m_d, other=0.0)
-                    g = _round(g.to(tl.float32) / area.to(tl.float32), dx.dtype.element_ty)
-                    g2 = tl.broadcast_to(g[None, :], (BLOCK_T, BLOCK_D))
-                    for k0 in range(0, area, BLOCK_T):
-                        k = k0 + o_t
-                        i = k // ww
-                        n = (h0 + i) * W + (w0 + k - i * ww)
-                        tl.store(dx_frame + n.to(tl.int64)[:, None] * stride_xn + x_cols[None, :], g2,
-                                 mask=(k < area)[:, None] & m_d[None, :])
+            y0 = (tl.load(dest + t) + r0).to(tl.int64)
+            dy_tile = dy + y0 * stride_dyr
+            dk_tile = dy_kept + y0 * stride_kr
+            if (sh == 1) & (sw == 1):
+                _bwd_window(dy_tile, dx_frame, dk_tile, r0, nr, xd, yd, kd, m_d, stride_dyr,
+                            stride_kr, H, W, D, 1, 1, WRITE_DX, ZERO_DY, BLOCK_R, BLOCK_D)
+            elif (sh == 2) & (sw == 2):
+                _bwd_window(dy_tile, dx_frame, dk_tile, r0, nr, xd, yd, kd, m_d, stride_dyr,
+                            stride_kr, H, W, D, 2, 2, WRITE_DX, ZERO_DY, BLOCK_R, BLOCK_D)
+            elif (sh == 4) & (sw == 4):
+                _bwd_window(dy_tile, dx_frame, dk_tile, r0, nr, xd, yd, kd, m_d, stride_dyr,
+                            stride_kr, H, W, D, 4, 4, WRITE_DX, ZERO_DY, BLOCK_R, BLOCK_D)
+            elif (sh == 8) & (sw == 8):
+                _bwd_window(dy_tile, dx_frame, dk_tile, r0, nr, xd, yd, kd, m_d, stride_dyr,
+                            stride_kr, H, W, D, 8, 8, WRITE_DX, ZERO_DY, 4, BLOCK_D)
+            else:
+                _bwd_generic(dy_tile, dx_frame, dk_tile, r0, nr, sh, sw, tl.load(row + 5), xd, yd, kd, m_d,
+                             stride_dyr, stride_kr, H, W, D, WRITE_DX, ZERO_DY, BLOCK_R, BLOCK_D)
 
 
 def _grid(n_tiles: int, D: int):
@@ -249,39 +370,61 @@ def _grid(n_tiles: int, D: int):
     return lambda meta: (n_tiles * triton.cdiv(D, meta["BLOCK_D"]),)
 
 
+def _frame_rows(frames: torch.Tensor) -> torch.Tensor:
+    """``frames`` with contiguous frames (strides (any, D, 1)): the kernels address a frame's
+    tokens as ``token * D + column`` with D a constexpr, so the window offsets are immediates.
+    The runtime's frames already are; an exotic strided view is copied once."""
+    T, N, D = frames.shape
+    if (N > 1 and frames.stride(1) != D) or (D > 1 and frames.stride(2) != 1):
+        frames = frames.contiguous()
+    if N * D > INT32_MAX:  # offsets inside one frame are int32
+        raise PoolPackArgError(f"frames: one frame has {N * D} elements, more than 2**31-1; split the hidden size")
+    return frames
+
+
+def _rows_fit(t: torch.Tensor, name: str, tokens_per_tile: int):
+    # A tile spans at most tokens_per_tile output rows; their offsets from the tile's base are int32.
+    if (tokens_per_tile - 1) * abs(t.stride(0)) + (t.shape[1] - 1) * abs(t.stride(1)) > INT32_MAX:
+        raise PoolPackArgError(f"{name}: row stride {t.stride(0)} is too large for 32-bit offsets "
+                               f"within a tile; pass a contiguous [L, D] buffer")
+
+
 def pool_pack_fwd(frames: torch.Tensor, plan: Plan, tiles: torch.Tensor, n_fwd: int,
-                  y: torch.Tensor) -> torch.Tensor:
-    """Launch the forward kernel: pool ``frames`` per ``plan`` into the rows of ``y``."""
+                  y: torch.Tensor, dest: torch.Tensor) -> torch.Tensor:
+    """Launch the forward kernel: pool ``frames`` per ``plan`` into the rows of ``y``;
+    ``dest`` (int32, per frame, on the device) is the first row of each frame's block."""
     if n_fwd > 0:
         H, W = plan.grid
+        frames = _frame_rows(frames)
+        _rows_fit(y, "out", TOKENS_PER_TILE)
         _pool_pack_fwd_kernel[_grid(n_fwd, plan.D)](
-            frames, y, tiles, H, W, plan.D,
-            frames.stride(0), frames.stride(1), frames.stride(2),
-            y.stride(0), y.stride(1),
+            frames, y, tiles, dest, size_class(n_fwd), frames.stride(0), y.stride(0), y.stride(1),
+            H=H, W=W, D=plan.D,
         )
     return y
 
 
-def pool_pack_bwd(dy: torch.Tensor, plan: Plan, tiles: torch.Tensor, n_fwd: int,
+def pool_pack_bwd(dy: torch.Tensor, plan: Plan, tiles: torch.Tensor, n_fwd: int, dest: torch.Tensor,
                   dx: Optional[torch.Tensor] = None, dout: Optional[torch.Tensor] = None) -> None:
     """Launch the backward kernel; it fills the buffers it is given.
 
-    ``dx`` ([T, N, D], any content): every token gets its window's gradient, dropped frames zeros.
-    ``dout`` (a copy of ``dy``): the rows the forward overwrote are zeroed, which makes it the
-    gradient w.r.t. ``out`` as it was before the forward."""
+    ``dx`` ([T, N, D] contiguous, any content): every token gets its window's gradient, dropped
+    frames zeros. ``dout`` (a copy of ``dy``): the rows the forward overwrote are zeroed, which
+    makes it the gradient w.r.t. ``out`` as it was before the forward."""
     H, W = plan.grid
     need_dx, need_dout = dx is not None, dout is not None
     n = tiles.shape[0] if need_dx else n_fwd  # zero tiles (dropped frames) only matter for dx
     if plan.T * plan.N == 0 or n == 0 or not (need_dx or need_dout):
         return
+    if need_dx and not dx.is_contiguous():
+        raise PoolPackArgError("dx: the backward writes a contiguous [T, N, D] gradient buffer")
+    _rows_fit(dy, "out", TOKENS_PER_TILE)
     xs = dx if need_dx else dy  # placeholders when a side is not written
     ks = dout if need_dout else dy
     _pool_pack_bwd_kernel[_grid(n, plan.D)](
-        dy, xs, ks, tiles, H, W, plan.D,
-        dy.stride(0), dy.stride(1),
-        *(dx.stride() if need_dx else (0, 0, 0)),
-        ks.stride(0), ks.stride(1),
-        WRITE_DX=need_dx, ZERO_DY=need_dout,
+        dy, xs, ks, tiles, dest, size_class(n), dy.stride(0), dy.stride(1),
+        dx.stride(0) if need_dx else 0, ks.stride(0), ks.stride(1),
+        H=H, W=W, D=plan.D, WRITE_DX=need_dx, ZERO_DY=need_dout,
     )
 
 
@@ -295,29 +438,29 @@ class PoolPackFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, out, frames, plan, tiles, n_fwd):
+    def forward(ctx, out, frames, plan, tiles, n_fwd, dest):
         if out is None:
             y = frames.new_empty(plan.rows, plan.D)
         else:
             y = out
             ctx.mark_dirty(out)
-        pool_pack_fwd(frames, plan, tiles, n_fwd, y)
+        pool_pack_fwd(frames, plan, tiles, n_fwd, y, dest)
         ctx.plan, ctx.n_fwd = plan, n_fwd
         ctx.frames_meta = (frames.shape, frames.dtype)
         ctx.has_out = out is not None
-        ctx.save_for_backward(tiles)
+        ctx.save_for_backward(tiles, dest)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        (tiles,) = ctx.saved_tensors
+        tiles, dest = ctx.saved_tensors
         need_dout = ctx.has_out and ctx.needs_input_grad[0]
         need_dx = ctx.needs_input_grad[1]
         shape, dtype = ctx.frames_meta
         dx = torch.empty(shape, dtype=dtype, device=dy.device) if need_dx else None
         dout = dy.clone() if need_dout else None
-        pool_pack_bwd(dy, ctx.plan, tiles, ctx.n_fwd, dx, dout)
-        return dout, dx, None, None, None
+        pool_pack_bwd(dy, ctx.plan, tiles, ctx.n_fwd, dest, dx, dout)
+        return dout, dx, None, None, None, None
 
 
 def _pick_backend(backend: str, device: torch.device) -> str:
@@ -374,4 +517,56 @@ def pool_pack(frames: torch.Tensor, scales: Sequence, grid: Tuple[int, int] = (1
         from .torch_pool import pool_pack_torch
         return pool_pack_torch(frames, plan, out)
     tiles, n_fwd = build_tiles(plan, TOKENS_PER_TILE, frames.device)
-    return PoolPackFunction.apply(out, frames, plan, tiles, n_fwd)
+    return PoolPackFunction.apply(out, frames, plan, tiles, n_fwd, build_dest(plan, frames.device))
+
+
+def warmup(hidden_size: int, dtype: torch.dtype = torch.bfloat16, device="cuda", grid: Tuple[int, int] = (16, 16),
+           max_frames: int = 256, backward: bool = False) -> dict:
+    """Compile and autotune, at model load, every kernel variant a request can launch, so that no
+    request pays for compilation or benchmarking.
+
+    The autotuning key is (D, grid, size class of the launch, dtype[, WRITE_DX, ZERO_DY]); this
+    launches the forward (and with ``backward=True`` the training backward, frames' gradient with
+    and without ``out``'s) once per size class up to ``max_frames`` frames, on synthetic frames of
+    the paper's window mix. Temporary memory: ``max_frames`` frames of ``grid`` x ``hidden_size``.
+
+    Returns ``{"seconds": ..., "launches": [...], "best": {...}}``; ``{"skipped": reason}`` where
+    nothing is compiled (CPU tensors: the runtime takes the PyTorch path there)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return {"skipped": f"{device.type}: no kernels to compile (the PyTorch path serves this device)"}
+    if not HAS_TRITON:
+        return {"skipped": "triton is not installed"}
+    t_start = time.perf_counter()
+    H, W = grid
+    mix = [1, 2, 4, 8, 0]
+    launches = []
+    for cls, n_tiles in enumerate(SIZE_CLASS_TILES):
+        T = n_tiles
+        if cls > 0 and SIZE_CLASS_TILES[cls - 1] >= max_frames:
+            break
+        scales = [mix[i % len(mix)] for i in range(T)]
+        frames = torch.randn(T, H * W, hidden_size, device=device, dtype=dtype, requires_grad=backward)
+        t0 = time.perf_counter()
+        y = pool_pack(frames, scales, grid, backend="triton")
+        torch.cuda.synchronize(device)
+        launches.append(dict(kernel="fwd", frames=T, seconds=time.perf_counter() - t0))
+        if backward:
+            t0 = time.perf_counter()
+            y.backward(torch.ones_like(y))
+            out = torch.zeros(y.shape[0] + 8, hidden_size, device=device, dtype=dtype, requires_grad=True)
+            o = out * 1.0
+            from .windows import pooled_counts
+            dest, acc = [], 4
+            for c in pooled_counts(scales, grid):
+                dest.append(acc)
+                acc += c
+            pool_pack(frames, scales, grid, out=o, dest=dest, backend="triton").sum().backward()
+            torch.cuda.synchronize(device)
+            launches.append(dict(kernel="bwd", frames=T, seconds=time.perf_counter() - t0))
+        del frames, y
+    best = {}
+    for name, k in (("fwd", _pool_pack_fwd_kernel), ("bwd", _pool_pack_bwd_kernel)):
+        for key, cfg in getattr(k, "cache", {}).items():
+            best[f"{name} {key}"] = str(cfg)
+    return {"seconds": time.perf_counter() - t_start, "launches": launches, "best": best}

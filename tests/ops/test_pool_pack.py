@@ -318,14 +318,14 @@ def test_triton_backward_writes_every_token(dtype):
     so autograd's uninitialised torch.empty never leaks. Covers both kernel paths and zero tiles."""
     from vr_kernels.checks import check_args
     from vr_kernels.pool_pack import TOKENS_PER_TILE, pool_pack_bwd
-    from vr_kernels.tiles import build_tiles
+    from vr_kernels.tiles import build_dest, build_tiles
     x, scales, grid = _make(((16, 28), 20, [0, (3, 5), (8, 8), 1, 0]), dtype, seed=11)
     plan = check_args(x, scales, grid)
     tiles, n_fwd = build_tiles(plan, TOKENS_PER_TILE, x.device)
     dy = torch.randn(plan.rows, 20).to(dtype)
     dx = torch.full_like(x, float("nan"))
     dout = torch.full_like(dy, 7.0)
-    pool_pack_bwd(dy, plan, tiles, n_fwd, dx, dout)
+    pool_pack_bwd(dy, plan, tiles, n_fwd, build_dest(plan, x.device), dx, dout)
     xr = x.clone().requires_grad_(True)
     (gr,) = torch.autograd.grad(pool_pack_reference(xr, scales, grid), xr, dy)
     assert not torch.isnan(dx).any()

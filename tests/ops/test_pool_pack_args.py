@@ -6,7 +6,7 @@ import torch
 from vr_kernels import PoolPackArgError, pool_pack, pool_pack_reference
 from vr_kernels.checks import Plan, check_args
 from vr_kernels.pool_pack import CPU_TRITON
-from vr_kernels.tiles import build_tiles, tile_rows
+from vr_kernels.tiles import build_dest, build_tiles, tile_table
 
 X = torch.randn(3, 16, 8)
 OUT = torch.zeros(40, 8)
@@ -84,10 +84,15 @@ def _plan(windows, grid=(16, 16), T=None, D=3584):
     return Plan(len(nw), H * W, D, grid, tuple(nw), tuple(counts), tuple(dest), acc)
 
 
+def tile_rows(plan, tokens_per_tile):
+    table, n_fwd = tile_table(plan.sched(), plan.N, tokens_per_tile)
+    return table.tolist(), n_fwd
+
+
 def _tile_tokens(row, grid):
     """Input tokens a tile reads (fwd) or writes (zero tile), counting edge windows exactly."""
     H, W = grid
-    t, r0, nr, sh, sw, ow, y0, _ = row
+    t, r0, nr, sh, sw, ow, _, _ = row
     if sh == 0:
         return nr
     tot = 0
@@ -98,10 +103,11 @@ def _tile_tokens(row, grid):
 
 
 @pytest.mark.parametrize("mix", [[1, 2, 4, 8, 0], [1] * 7, [0] * 9 + [2], [8] * 5, [8, 1, 0, 0, 1, 8, 4, 2, 2]])
-def test_tiles_balance_input_tokens(mix):
+@pytest.mark.parametrize("tpt", [64, 256])
+def test_tiles_balance_input_tokens(mix, tpt):
     grid = (16, 16)
     plan = _plan(mix * 3, grid)
-    rows, n_fwd = tile_rows(plan, 64)
+    rows, n_fwd = tile_rows(plan, tpt)
     toks = [_tile_tokens(r, grid) for r in rows]
     assert min(toks) > 0 and max(toks) / min(toks) <= 2, toks
     # Forward tiles first, zero tiles (sh == 0) after.
@@ -116,12 +122,12 @@ def test_tiles_cover_each_row_and_token_once(grid, windows):
     rows, n_fwd = tile_rows(plan, 64)
     seen_rows = []
     zero_tokens = {}
-    for t, r0, nr, sh, sw, ow, y0, _ in rows:
+    for t, r0, nr, sh, sw, ow, _, _ in rows:
         if sh == 0:
             zero_tokens.setdefault(t, []).extend(range(r0, r0 + nr))
         else:
-            assert (sh, sw) == plan.windows[t]
-            assert y0 == plan.dest[t] + r0
+            assert (sh, sw) == plan.windows[t] and ow == -(-grid[1] // sw)
+            y0 = plan.dest[t] + r0
             seen_rows.extend(range(y0, y0 + nr))
     assert sorted(seen_rows) == list(range(plan.total))
     for t, w in enumerate(plan.windows):
@@ -138,7 +144,9 @@ def test_tiles_int32_past_2_31_elements():
     table, n_fwd = build_tiles(plan, 64, "cpu")
     assert table.dtype == torch.int32 and table.shape[1] == 8
     last = table[n_fwd - 1].tolist()
-    assert last[6] + last[2] == plan.total              # exact, no wrap-around
+    dest = build_dest(plan, "cpu")
+    assert dest.dtype == torch.int32
+    assert int(dest[last[0]]) + last[1] + last[2] == plan.total   # exact, no wrap-around
     assert int(table[:, 0].max()) == plan.T - 1
     assert (last[0] * plan.N * plan.D) > 2**31          # the frame offset needs int64
     big = Plan(1, 256, 8, (16, 16), ((1, 1),), (256,), (2**31,), 2**31 + 256)
@@ -151,6 +159,10 @@ def test_kernels_cast_to_int64_before_strides():
     import importlib
     import inspect
     src = inspect.getsource(importlib.import_module("vr_kernels.pool_pack"))
-    for expr in ["t.to(tl.int64) * stride_xt", "n.to(tl.int64)[:, None] * stride_xn",
-                 "(y0 + rb + o_t).to(tl.int64)[:, None] * stride_yr", "(y0 + r).to(tl.int64) * stride_yr"]:
+    # int64 at the bases (frame, block of output rows); int32 offsets inside them, which the
+    # launchers bound (_frame_offsets_fit, _rows_fit).
+    for expr in ["x + t.to(tl.int64) * stride_xt", "dx + t.to(tl.int64) * stride_xt",
+                 "y + (tl.load(dest + t) + r0).to(tl.int64) * stride_yr",
+                 "y0 = (tl.load(dest + t) + r0).to(tl.int64)", "frames = _frame_rows(frames)",
+                 '_rows_fit(y, "out", TOKENS_PER_TILE)']:
         assert expr in src
