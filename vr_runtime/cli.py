@@ -157,6 +157,19 @@ def _one_line(message: str) -> str:
     return " ".join(str(message).split()) or "unknown error"
 
 
+def _positive_seconds(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
+    return value
+
+
+_positive_seconds.__name__ = "--ttft-budget"
+
+
 def _positive_int(name):
     def parse(text):
         try:
@@ -191,6 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="context length L_max in tokens (default: 12288)")
     ask.add_argument("--max-new-tokens", type=_positive_int("--max-new-tokens"), default=64,
                      help="tokens to generate at most (default: 64)")
+    ask.add_argument("--ttft-budget", type=_positive_seconds, default=None, metavar="SECONDS",
+                     help="beyond the paper: the largest visual budget whose predicted time to "
+                          "first token on this device fits SECONDS (cost model corrected by "
+                          "measured stage times; the report gives the prediction)")
     ask.add_argument("--policy", default="auto", metavar=POLICY_HELP,
                      help="auto lets the Semantic Router choose global or fragment; dense, "
                           "budget and uniform are the baselines (default: auto)")
@@ -291,7 +308,8 @@ def run_ask(args) -> dict:
             future.result()
         raise
     clip = future.result()  # raises VideoError if the file breaks part-way through
-    res = vr.answer(clip, args.question, num_frames=args.frames, max_length=args.max_length,
+    ttft = {"ttft_budget_s": args.ttft_budget} if getattr(args, "ttft_budget", None) else {}
+    res = vr.answer(clip, args.question, num_frames=args.frames, max_length=args.max_length, **ttft,
                     max_new_tokens=args.max_new_tokens, policy=args.policy)
     # answer() records clip.decode_s (which overlapped the model load) as the decode time.
     report = dict(res.report)

@@ -131,6 +131,7 @@ class FittedPlan:
     plan: list                # one window per frame
     budget: Optional[int]     # visual budget B_img the plan was made under (None: dense)
     text_tokens: int          # non-visual prompt tokens with the kept frames' lines
+    notes: tuple = ()         # what the report should say about how the plan was chosen
 
 
 def fit_plan(plan_for: Callable[[int], list], text_for: Callable[[Sequence[int]], int],

@@ -72,6 +72,7 @@ class Request:
     cache_visual: bool
     route_to: Mapping[str, str]    # Semantic Router class -> planner
     decoder: str                   # video decoding library (vr_runtime.decoders)
+    ttft_budget_s: Optional[float]  # latency-budgeted routing (vr_runtime.latency), or None
 
 
 @dataclass
@@ -157,7 +158,7 @@ class VideoRouter:
                 policy="auto", time_window=None, relevant=None, scorer=None, high=1, low=4,
                 global_scale=2, margin=100, budget=None, chunk_size=16, frame_batch=None,
                 system=None, router_pool=None, cache_visual=False, route_to=None,
-                decoder="auto") -> Request:
+                decoder="auto", ttft_budget_s=None) -> Request:
         """Check the arguments of :meth:`answer` (before any decoding) -> :class:`Request`."""
         if policy not in policy_names():
             raise ValueError(f"policy {policy!r}: expected one of {', '.join(policy_names())}")
@@ -190,9 +191,17 @@ class VideoRouter:
             get_planner(target)
         if time_window is not None:
             time_window = tuple(time_window)
+        if ttft_budget_s is not None:
+            if isinstance(ttft_budget_s, bool) or not isinstance(ttft_budget_s, (int, float)) \
+                    or not ttft_budget_s > 0:
+                raise ValueError(f"ttft_budget_s: expected seconds > 0, got {ttft_budget_s!r}")
+            if policy == "dense" or budget is not None:
+                raise ValueError("ttft_budget_s: chooses the visual budget, so it does not go "
+                                 "with policy 'dense' (no budget) or a fixed budget=")
         return Request(video, question, num_frames, max_length, max_new_tokens, policy,
                        time_window, scorer, Windows(high, low, global_scale), margin, budget,
-                       chunk_size, system, bool(cache_visual), routes, decoder)
+                       chunk_size, system, bool(cache_visual), routes, decoder,
+                       None if ttft_budget_s is None else float(ttft_budget_s))
 
     def check_budget(self, req: Request, num_frames: int) -> None:
         """The budget depends only on the question and the frame count: refuse a hopeless one
@@ -346,10 +355,79 @@ class VideoRouter:
             fitted = fit_plan(lambda b: planner.plan(T, b, grid, relevant, w), text_for, T,
                               req.max_length, req.max_new_tokens, req.margin, grid,
                               coarsest=w.low)
+        if req.ttft_budget_s is not None and planner.budgeted:
+            fitted = self._fit_latency(req, planner, T, relevant, fitted, text_for)
         if sum(pooled_counts(fitted.plan, grid)) == 0:
             raise B.BudgetError(f"visual budget {fitted.budget} holds no frame under policy "
                                 f"{policy!r}; raise max_length or lower max_new_tokens")
         return fitted
+
+    # ------------------------------------------------------------------ latency budget
+    def latency_model(self):
+        """The cost model of this backbone on this device, corrected by this process's
+        measurements (``vr_runtime.latency``); built (CPU: calibrated) on first use."""
+        if getattr(self, "_latency", None) is None:
+            from .latency import LatencyModel
+            model = LatencyModel.for_backbone(self.lm)
+            model.probe(self)
+            self._latency = model
+        return self._latency
+
+    def _latency_inputs(self, req: Request, planner, T: int, plan: Sequence) -> dict:
+        grid = self.lm.grid
+        kept = sum(1 for c in pooled_counts(plan, grid) if c)
+        routed = planner.needs_relevance and req.scorer.uses_routers
+        return dict(visual_tokens=sum(pooled_counts(plan, grid)),
+                    text_tokens=self.lm.text_tokens(req.question, T, req.system),
+                    # plan-first policies encode only the frames they keep
+                    num_frames=T if planner.needs_relevance else kept, kept_frames=kept,
+                    routers=routed, router_layers=self.routers.config.num_layers,
+                    router_pool=self.routers.config.router_pool,
+                    question_tokens=int(self.question_embeddings(req.question).shape[0]))
+
+    def _fit_latency(self, req: Request, planner, T: int, relevant, fitted: FittedPlan,
+                     text_for) -> FittedPlan:
+        """The largest visual budget (at most the context's) whose predicted TTFT fits."""
+        from .latency import largest_fitting_budget
+        model = self.latency_model()
+        grid, w = self.lm.grid, req.windows
+
+        def plan_for(budget: int):
+            try:
+                plan = planner.plan(T, budget, grid, relevant, w)
+            except B.BudgetError:
+                return None
+            return plan if sum(pooled_counts(plan, grid)) else None
+
+        def predicted(budget: int) -> float:
+            plan = plan_for(budget)
+            if plan is None:
+                return float("inf")
+            return sum(model.predict(**self._latency_inputs(req, planner, T, plan)).values())
+
+        # The smallest budget that holds a frame at one of the policy's windows.
+        sizes = sorted(B.window_tokens(x, grid) for x in (w.low, w.global_scale, w.high, 1))
+        lo = next((b for b in sizes if plan_for(b) is not None), fitted.budget)
+        best = largest_fitting_budget(predicted, lo, max(fitted.budget, lo), req.ttft_budget_s)
+        chosen = lo if best is None else best
+        notes = () if best is not None else (
+            f"ttft_budget_s {req.ttft_budget_s:g}: even the smallest plan is predicted at "
+            f"{predicted(lo):.3f} s (the vision tower and routers see every frame); it was used",)
+        plan = planner.plan(T, chosen, grid, relevant, w)
+        return FittedPlan(plan, chosen, text_for(
+            [t for t, c in enumerate(pooled_counts(plan, grid)) if c]), notes)
+
+    def _latency_report(self, req: Request, planner, T: int, fitted: FittedPlan,
+                        timer: StageTimer) -> dict:
+        model = self.latency_model()
+        inputs = self._latency_inputs(req, planner, T, fitted.plan)
+        raw = model.raw(**inputs)
+        pred = model.predict(**inputs)
+        model.observe(raw, timer.times)   # corrects the next prediction
+        return {"ttft_budget_s": req.ttft_budget_s,
+                "ttft_predicted_s": round(sum(pred.values()), 6),
+                "ttft_predicted_stages_s": {k: round(v, 6) for k, v in pred.items()},
+                "ttft_model_device": model.device.name}
 
     def _scoring_budget(self, req: Request, T: int) -> int:
         """The budget a rank-based scorer plans for: the fixed one, or the one with every
@@ -421,7 +499,9 @@ class VideoRouter:
         Z and the Image Router's question-independent state for the next question on the same
         video: the report says "hit"/"miss"); ``route_to`` (Semantic Router class -> policy,
         e.g. ``{"fragment": "uniform"}`` for the no-Image-Router ablation); ``decoder``
-        ("auto", "pyav", "decord": the video library, see vr_runtime.decoders)."""
+        ("auto", "pyav", "decord": the video library, see vr_runtime.decoders);
+        ``ttft_budget_s`` (beyond the paper: the largest visual budget whose predicted TTFT on
+        this device fits, vr_runtime.latency; the report gives the prediction)."""
         req = self.request(video, question, num_frames, max_length, max_new_tokens, policy,
                            **options)
         T_req = int(video.shape[0]) if isinstance(video, torch.Tensor) else num_frames
@@ -456,6 +536,7 @@ class VideoRouter:
                 notes.append("no frame was relevant: the Global plan was used")
         else:
             fitted = self.plan(req, decision.policy, T)
+        notes += fitted.notes
         keep = [t for t, c in enumerate(pooled_counts(fitted.plan, self.lm.grid)) if c]
         if Z is None:
             Z = self.encode(frames, req, timer, state, keep)
@@ -469,8 +550,13 @@ class VideoRouter:
         gen = self.generate(embeds, req.max_new_tokens, timer, pos)
         del embeds
         text = self.lm.tokenizer.decode(gen, skip_special_tokens=True).strip()
+        extra = None
+        if req.ttft_budget_s is not None:
+            extra = self._latency_report(req, planner, T, fitted, timer)
         report = build_report(self, req, frames, decision, scores, fitted, ids.numel(), len(gen),
                               timer, notes, ("hit" if hit else "miss") if req.cache_visual else None)
+        if extra:
+            report.update(extra)
         return Answer(text=text, report=report)
 
     def answer_batch(self, videos: Sequence, questions, num_frames: int = 64, time_window=None,
