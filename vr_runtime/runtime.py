@@ -99,8 +99,14 @@ class PolicyDecision:
 
 class VideoRouter:
     def __init__(self, lm: Backbone, routers: Optional[Routers] = None,
-                 visual_cache_size: int = 1):
+                 visual_cache_size: int = 1, warmup_frames: int = 256):
         self.lm = lm
+        # Compile and autotune the pool_pack kernels now (CUDA; a no-op on CPU), for up to
+        # ``warmup_frames`` frames, so that no request pays for compilation (0: skip).
+        import vr_kernels
+        self.kernel_warmup = vr_kernels.warmup(lm.hidden_size, lm.dtype, lm.device, lm.grid,
+                                               max_frames=warmup_frames) if warmup_frames else \
+            {"skipped": "warmup_frames=0"}
         self.routers = routers if routers is not None else Routers.from_backbone(lm)
         self.routers.eval()
         self._stop_ids = lm.stop_token_ids()

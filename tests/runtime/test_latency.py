@@ -65,3 +65,10 @@ def test_no_cost_model_for_qwen_yet():
     from vr_runtime.backbones import load_backbone
     with pytest.raises(ValueError, match="cost model covers InternVL3"):
         LatencyModel.for_backbone(load_backbone("tiny-qwen2.5-vl"))
+
+
+def test_kernel_warmup_runs_at_load_and_is_a_no_op_on_cpu(tiny_lm):
+    from vr_runtime.runtime import VideoRouter
+    vr = VideoRouter(tiny_lm)
+    assert "cpu" in vr.kernel_warmup["skipped"]
+    assert VideoRouter(tiny_lm, warmup_frames=0).kernel_warmup == {"skipped": "warmup_frames=0"}
