@@ -71,6 +71,11 @@ class Request:
     system: Optional[str]
     cache_visual: bool
     route_to: Mapping[str, str]    # Semantic Router class -> planner
+    router_question: str = ""      # what the routers and scorers read ("" -> ``question``)
+
+    @property
+    def routed_question(self) -> str:
+        return self.router_question or self.question
 
 
 @dataclass
@@ -153,7 +158,8 @@ class VideoRouter:
     def request(self, video, question, num_frames=64, max_length=12288, max_new_tokens=64,
                 policy="auto", time_window=None, relevant=None, scorer=None, high=1, low=4,
                 global_scale=2, margin=100, budget=None, chunk_size=16, frame_batch=None,
-                system=None, router_pool=None, cache_visual=False, route_to=None) -> Request:
+                system=None, router_pool=None, cache_visual=False, route_to=None,
+                router_question=None) -> Request:
         """Check the arguments of :meth:`answer` (before any decoding) -> :class:`Request`."""
         if policy not in policy_names():
             raise ValueError(f"policy {policy!r}: expected one of {', '.join(policy_names())}")
@@ -184,11 +190,15 @@ class VideoRouter:
                 raise ValueError(f"route_to: keys are Semantic Router classes {SEMANTIC_CLASSES}, "
                                  f"got {cls_name!r}")
             get_planner(target)
+        if router_question is not None and (not isinstance(router_question, str)
+                                            or not router_question.strip()):
+            raise ValueError("router_question: expected a non-empty string or None (None: the "
+                             "routers read the question itself)")
         if time_window is not None:
             time_window = tuple(time_window)
         return Request(video, question, num_frames, max_length, max_new_tokens, policy,
                        time_window, scorer, Windows(high, low, global_scale), margin, budget,
-                       chunk_size, system, bool(cache_visual), routes)
+                       chunk_size, system, bool(cache_visual), routes, router_question or "")
 
     def check_budget(self, req: Request, num_frames: int) -> None:
         """The budget depends only on the question and the frame count: refuse a hopeless one
@@ -289,7 +299,7 @@ class VideoRouter:
                 f"routers are untrained: policy 'auto' fell back to '{UNTRAINED_AUTO_POLICY}' "
                 f"(pass trained router weights or an explicit --policy)",))
         with timer.stage("router"):
-            q = self.question_embeddings(req.question)
+            q = self.question_embeddings(req.routed_question)
             cls, prob = policy_from_logits(self.routers.policy_logits(q[None])[0])
         return PolicyDecision(req.route_to[cls], prob)
 
@@ -313,7 +323,7 @@ class VideoRouter:
     # ------------------------------------------------------------------ stage: score
     def score_frames(self, req: Request, frames: Frames, Z, timer: StageTimer,
                      state: Optional[dict], budget: int) -> FrameScores:
-        inp = ScoringInput(req.question, frames.pixel_values, Z, budget, req.windows, state)
+        inp = ScoringInput(req.routed_question, frames.pixel_values, Z, budget, req.windows, state)
         with timer.stage("router"):
             return req.scorer.score(self, inp)
 
@@ -414,7 +424,10 @@ class VideoRouter:
         None = the routers' configured one); ``system``; ``cache_visual`` (keep decoded frames,
         Z and the Image Router's question-independent state for the next question on the same
         video: the report says "hit"/"miss"); ``route_to`` (Semantic Router class -> policy,
-        e.g. ``{"fragment": "uniform"}`` for the no-Image-Router ablation)."""
+        e.g. ``{"fragment": "uniform"}`` for the no-Image-Router ablation); ``router_question``
+        (what the routers and frame scorers read when ``question`` is a full LLM prompt, e.g. a
+        multiple-choice prompt with options and an instruction: the routers are trained on the
+        bare question)."""
         req = self.request(video, question, num_frames, max_length, max_new_tokens, policy,
                            **options)
         T_req = int(video.shape[0]) if isinstance(video, torch.Tensor) else num_frames
