@@ -235,6 +235,7 @@ def _answer_all(ev: Evaluator, todo, part: pathlib.Path, progress: bool, world: 
 
     new: List[dict] = []
     bar = tqdm(total=len(todo), disable=not progress, unit="answer", dynamic_ncols=True,
+               mininterval=0.5 if sys.stderr.isatty() else 10.0,
                desc=f"eval ({world} proc)" if world > 1 else "eval", file=sys.stderr)
     cur, clip, idx = None, None, -1
     with open(part, "a") as fh:
