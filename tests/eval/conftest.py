@@ -19,14 +19,3 @@ def synth_bench(tmp_path_factory):
 def clip_dir(tmp_path_factory):
     from vr_runtime.eval.synthetic import make_random_clip
     return make_random_clip(tmp_path_factory.mktemp("clip"))
-
-
-def run_cli(argv, capsys):
-    """``videorouter eval ARGV`` in-process -> (status, stdout, stderr)."""
-    from vr_runtime.cli import main
-    try:
-        status = main(["eval"] + [str(a) for a in argv])
-    except SystemExit as e:
-        status = e.code
-    out, err = capsys.readouterr()
-    return status, out, err

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import run_cli
+from eval_helpers import run_cli
 from vr_runtime.eval.benchmarks import BenchmarkError, load_benchmark
 from vr_runtime.eval.prompting import (PromptConfig, extract_answer, extract_letter,
                                        match_option_text, mc_prompt)

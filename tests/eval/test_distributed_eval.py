@@ -21,7 +21,7 @@ def _preds(out):
 
 
 def test_two_gloo_processes_match_one(synth_bench, tmp_path, capsys):
-    from conftest import run_cli
+    from eval_helpers import run_cli
     accelerate = shutil.which("accelerate")
     if accelerate is None:
         pytest.fail("the accelerate launcher is part of the default install")

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import run_cli
+from eval_helpers import run_cli
 
 METHODS = ("dense,budget,uniform,global,fragment,auto,clip,no-image-router,no-semantic-router,"
            "data-ft")
