@@ -20,9 +20,15 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 [ -f "$W/clip_random/config.json" ] || \
     python -c "from vr_runtime.eval.synthetic import make_random_clip as m; m('$W/clip_random')"
 python -m vr_runtime.eval --make-synthetic "$W/videomme_syn" --videos-per-split 12
-python -m vr_runtime.eval --benchmark videomme --data "$W/videomme_syn/videomme" \
-    --videos "$W/videomme_syn/data" \
-    --methods dense,budget,uniform,global,fragment,auto,clip,no-image-router,no-semantic-router,data-ft \
-    --budgets 1024,2048 --frames 16 --clip "$W/clip_random" --data-ft-model "$W/data_ft/hf" \
-    --answer-mode option-text --max-new-tokens 8 --out bench/results/eval_synthetic_tiny \
-    --title "Synthetic Video-MME layout, tiny model, CPU: accuracy vs visual tokens"
+# Two prompt styles, the same methods, budgets and scoring (option-text: the tiny model answers
+# words, not letters). bare: the LLM reads the question alone, as in its training (the headline
+# table); mc: lmms-eval's multiple-choice prompt, which the tiny models never saw in training.
+for style in bare mc; do
+    out=bench/results/eval_synthetic_tiny; [ "$style" = mc ] && out=bench/results/eval_synthetic_tiny_mc
+    python -m vr_runtime.eval --benchmark videomme --data "$W/videomme_syn/videomme" \
+        --videos "$W/videomme_syn/data" \
+        --methods dense,budget,uniform,global,fragment,auto,clip,no-image-router,no-semantic-router,data-ft \
+        --budgets 1024,2048 --frames 16 --clip "$W/clip_random" --data-ft-model "$W/data_ft/hf" \
+        --prompt-style "$style" --answer-mode option-text --max-new-tokens 8 --out "$out" \
+        --title "Synthetic Video-MME layout, tiny model, CPU, prompt $style: accuracy vs visual tokens"
+done

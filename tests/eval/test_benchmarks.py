@@ -128,5 +128,8 @@ def test_mc_prompt_and_extraction():
     assert extract_answer("circle", opts, "option-text") == "A"
     assert extract_answer("circle", opts, "letter") is None        # no letter: wrong, not guessed
     assert extract_answer("B", opts, "option-text") == "B"         # falls back to the letter
+    assert mc_prompt(" What shape? ", ["x", "y"], PromptConfig(style="bare")) == "What shape?"
     with pytest.raises(ValueError, match="answer-mode"):
         PromptConfig(answer_mode="loglik")
+    with pytest.raises(ValueError, match="prompt-style"):
+        PromptConfig(style="chat")

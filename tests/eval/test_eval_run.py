@@ -106,6 +106,9 @@ def test_rerun_resumes(run, monkeypatch, capsys):
     again = (out / "predictions.jsonl").read_text().splitlines()
     assert sorted(again) != [] and len(again) == len(lines)
     assert not list(out.glob("predictions.part*.jsonl"))
+    # Other settings in the same OUT are refused, not silently mixed with the old predictions.
+    status, _, err = run_cli(argv + ["--prompt-style", "bare"], capsys)
+    assert status == 2 and "prompt_style" in err and len(err.strip().splitlines()) == 1
 
 
 def test_skip_missing_counts(synth_bench, tmp_path, capsys):

@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--answer-mode", default="letter", choices=("letter", "option-text"),
                    help="letter: lmms-eval's letter extraction (default); option-text: the "
                         "option whose text the answer names, then the letter")
+    p.add_argument("--prompt-style", default="mc", choices=("mc", "bare"),
+                   help="mc: question + lettered options + instruction (lmms-eval, default); "
+                        "bare: the question alone, for models trained on open-ended answers "
+                        "(use with --answer-mode option-text)")
     p.add_argument("--pre-prompt", default="", help="text before the question in the LLM prompt")
     p.add_argument("--post-prompt", default=None,
                    help="the instruction after the options (default: lmms-eval's \"Answer with "
@@ -107,7 +111,7 @@ def _config(a, argv: List[str]):
     import torch
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     prompt = PromptConfig(a.pre_prompt, DEFAULT_POST_PROMPT if a.post_prompt is None
-                          else a.post_prompt, a.answer_mode)
+                          else a.post_prompt, a.answer_mode, a.prompt_style)
     return EvalConfig(benchmark=a.benchmark, data=a.data, videos=a.videos, out=a.out,
                       methods=a.methods, budgets=a.budgets, frames=a.frames, model=a.model,
                       routers=a.routers, clip=a.clip, data_ft_model=a.data_ft_model,

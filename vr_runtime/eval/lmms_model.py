@@ -5,7 +5,6 @@ Imports lmms-eval at module level: only lmms-eval imports this module (``pip ins
 from __future__ import annotations
 
 import json
-import os
 from typing import List, Optional, Tuple
 
 from lmms_eval.api.instance import GenerationResult, Instance, TokenCounts

@@ -9,6 +9,9 @@ The LLM prompt (lmms-eval's ``longvideobench`` / ``mlvu`` / generic MC layout)::
     Answer with the option's letter from the given choices directly.
 
 The routers get the bare question (``router_question``): that is what they are trained on.
+``--prompt-style bare`` gives the LLM the bare question too (no options, no instruction): for
+models fine-tuned on open-ended answers that never saw a multiple-choice prompt -- the tiny
+synthetic model -- scored with ``option-text``.
 
 Scoring modes (``--answer-mode``):
 
@@ -33,6 +36,7 @@ from .benchmarks import LETTERS
 
 DEFAULT_POST_PROMPT = "Answer with the option's letter from the given choices directly."
 ANSWER_MODES = ("letter", "option-text")
+PROMPT_STYLES = ("mc", "bare")
 ANSWER_PREFIXES = ("The best answer is", "The correct answer is", "The answer is", "The answer",
                    "The best option is", "The correct option is", "Best answer:", "Best option:",
                    "Answer:", "Option")
@@ -43,15 +47,21 @@ class PromptConfig:
     pre_prompt: str = ""
     post_prompt: str = DEFAULT_POST_PROMPT
     answer_mode: str = "letter"
+    style: str = "mc"
 
     def __post_init__(self):
         if self.answer_mode not in ANSWER_MODES:
             raise ValueError(f"--answer-mode {self.answer_mode!r}: expected one of "
                              f"{', '.join(ANSWER_MODES)}")
+        if self.style not in PROMPT_STYLES:
+            raise ValueError(f"--prompt-style {self.style!r}: expected one of "
+                             f"{', '.join(PROMPT_STYLES)}")
 
 
 def mc_prompt(question: str, options: Sequence[str], cfg: PromptConfig = PromptConfig()) -> str:
-    """The LLM prompt: question, lettered options, instruction."""
+    """The LLM prompt: question, lettered options, instruction (style ``bare``: the question)."""
+    if cfg.style == "bare":
+        return question.strip()
     lines = [cfg.pre_prompt + question.strip() if cfg.pre_prompt else question.strip()]
     lines += [f"{LETTERS[i]}. {o}" for i, o in enumerate(options)]
     if cfg.post_prompt:
@@ -108,5 +118,5 @@ def extract_answer(response: str, options: Sequence[str], mode: str = "letter") 
     return extract_letter(response, len(options))
 
 
-__all__ = ["PromptConfig", "mc_prompt", "extract_letter", "match_option_text", "extract_answer",
+__all__ = ["PROMPT_STYLES", "PromptConfig", "mc_prompt", "extract_letter", "match_option_text", "extract_answer",
            "ANSWER_MODES", "DEFAULT_POST_PROMPT"]

@@ -180,6 +180,7 @@ def run_eval(cfg: EvalConfig) -> Optional[dict]:
     out = pathlib.Path(cfg.out)
     rank, world, state = _dist(cfg.device)
     out.mkdir(parents=True, exist_ok=True)
+    check_settings(out, cfg, write=rank == 0)
     done = read_predictions(out)
     mine = shard_videos([q.video for q in bench.questions], rank, world)
     todo = [j for j in jobs_for(bench, methods, cfg.budgets, cfg.frames)
@@ -210,6 +211,38 @@ def run_eval(cfg: EvalConfig) -> Optional[dict]:
     if state is not None:
         state.wait_for_everyone()
     return results
+
+
+def settings_of(cfg: EvalConfig) -> dict:
+    """What a prediction depends on besides its key (id, method, budget, frames)."""
+    return {"benchmark": cfg.benchmark, "model": str(cfg.model), "routers": cfg.routers,
+            "clip": cfg.clip, "data_ft_model": cfg.data_ft_model,
+            "prompt_style": cfg.prompt.style, "pre_prompt": cfg.prompt.pre_prompt,
+            "post_prompt": cfg.prompt.post_prompt, "answer_mode": cfg.prompt.answer_mode,
+            "max_new_tokens": cfg.max_new_tokens}
+
+
+def check_settings(out: pathlib.Path, cfg: EvalConfig, write: bool) -> None:
+    """A rerun resumes only with the settings the predictions in OUT were made with."""
+    from .benchmarks import BenchmarkError
+    f = out / "settings.json"
+    now = settings_of(cfg)
+    if f.is_file():
+        try:
+            before = json.loads(f.read_text())
+        except json.JSONDecodeError:
+            before = None
+        if isinstance(before, dict):
+            diff = sorted(k for k in now if before.get(k) != now[k])
+            if diff:
+                raise BenchmarkError(f"--out {str(out)!r} holds predictions made with other "
+                                     f"settings ({', '.join(diff)}: {before.get(diff[0])!r} "
+                                     f"there, {now[diff[0]]!r} now); use another --out")
+            return
+    if write:
+        tmp = f.with_name("settings.json.tmp")
+        tmp.write_text(json.dumps(now, indent=1) + "\n")
+        tmp.replace(f)
 
 
 def _sort_key(k: Key):

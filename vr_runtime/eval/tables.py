@@ -90,7 +90,8 @@ def markdown(rows, meta: dict) -> str:
     title = meta.get("title") or f"{meta['benchmark']} accuracy (%)"
     out.write(f"# {title}\n\n")
     out.write(f"Model: `{meta['model']}`; benchmark `{meta['benchmark']}` ({meta['questions']} "
-              f"questions, {meta['skipped']} skipped); answer mode `{meta['answer_mode']}`. "
+              f"questions, {meta['skipped']} skipped); prompt `{meta['prompt_style']}`, answer mode "
+              f"`{meta['answer_mode']}`. "
               f"Accuracy in %; *Visual tokens* is the actual mean over the questions. "
               f"B_img is the fixed visual budget (the paper's controlled protocol); "
               f"`-` = no budget (dense).")
@@ -160,6 +161,7 @@ def write_outputs(out: pathlib.Path, preds: List[dict], bench, methods, cfg, wor
             "skipped_questions": [{"where": w, "reason": r} for w, r in bench.skipped],
             "methods": [m.name for m in methods], "budgets": list(cfg.budgets),
             "frames": list(cfg.frames), "answer_mode": cfg.prompt.answer_mode,
+            "prompt_style": cfg.prompt.style,
             "pre_prompt": cfg.prompt.pre_prompt, "post_prompt": cfg.prompt.post_prompt,
             "max_new_tokens": cfg.max_new_tokens, "processes": world, "command": cfg.command,
             "title": cfg.title, **env}
