@@ -126,13 +126,16 @@ def plot(rows, path: pathlib.Path, title: str) -> None:
     for r in rows:
         lines[(r["method"], r["frames"])].append(r)
     multi_f = len({r["frames"] for r in rows}) > 1
-    for (method, frames), rs in lines.items():
+    markers = "osD^vPX*h<>p"
+    for i, ((method, frames), rs) in enumerate(lines.items()):
         rs = sorted(rs, key=lambda r: r["visual_tokens_mean"])
         label = f"{method} ({frames} fr)" if multi_f else method
         x = [r["visual_tokens_mean"] for r in rs]
         y = [r["accuracy"] for r in rs]
-        ax.plot(x, y, marker="o" if len(rs) > 1 else "s", label=label,
-                linestyle="-" if len(rs) > 1 else "none")
+        # Distinct markers and dashes: methods with identical plans draw on top of each other.
+        ax.plot(x, y, marker=markers[i % len(markers)], label=label, alpha=0.85,
+                markersize=7 - 0.3 * (i % 5), linestyle=("-", "--", ":", "-.")[i % 4]
+                if len(rs) > 1 else "none")
     ax.set_xlabel("mean visual tokens (actual)")
     ax.set_ylabel("accuracy (%)")
     ax.set_title(title, fontsize=10)
