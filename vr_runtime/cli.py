@@ -186,7 +186,8 @@ def _positive_int(name):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Query-adaptive budgeted visual-token compression "
                      "for long-video question answering on InternVL3 and Qwen2.5-VL.")
-    sub = parser.add_subparsers(dest="command", metavar="{ask,demo,serve}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{ask,demo,serve,eval}",
+                                parser_class=_Parser)
     sub.required = True
 
     ask = sub.add_parser("ask", help="answer a question about a video",
@@ -227,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .serve.command import add_serve_parser  # standard library only until it runs
     add_serve_parser(sub, _positive_int, POLICY_HELP, DTYPES)
+    # `eval` has its own parser (vr_runtime.eval.cli); main() hands it the arguments.
+    sub.add_parser("eval", help="accuracy of every method on a benchmark (see 'eval --help')",
+                   add_help=False)
     return parser
 
 
@@ -480,6 +484,10 @@ def _quiet_libraries() -> None:
 def main(argv: Optional[list] = None) -> int:
     if argv is None:  # the real command (not a test calling main() in its own process)
         install_interrupt_handler()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["eval"]:
+        from .eval.cli import main as eval_main
+        return eval_main(argv[1:])
     debug = os.environ.get("VIDEOROUTER_DEBUG", "") not in ("", "0")
     if not debug:
         _quiet_libraries()

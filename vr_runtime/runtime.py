@@ -73,6 +73,11 @@ class Request:
     route_to: Mapping[str, str]    # Semantic Router class -> planner
     decoder: str                   # video decoding library (vr_runtime.decoders)
     ttft_budget_s: Optional[float]  # latency-budgeted routing (vr_runtime.latency), or None
+    router_question: str = ""      # what the routers and scorers read ("" -> ``question``)
+
+    @property
+    def routed_question(self) -> str:
+        return self.router_question or self.question
 
 
 @dataclass
@@ -164,7 +169,7 @@ class VideoRouter:
                 policy="auto", time_window=None, relevant=None, scorer=None, high=1, low=4,
                 global_scale=2, margin=100, budget=None, chunk_size=16, frame_batch=None,
                 system=None, router_pool=None, cache_visual=False, route_to=None,
-                decoder="auto", ttft_budget_s=None) -> Request:
+                decoder="auto", ttft_budget_s=None, router_question=None) -> Request:
         """Check the arguments of :meth:`answer` (before any decoding) -> :class:`Request`."""
         if policy not in policy_names():
             raise ValueError(f"policy {policy!r}: expected one of {', '.join(policy_names())}")
@@ -195,6 +200,10 @@ class VideoRouter:
                 raise ValueError(f"route_to: keys are Semantic Router classes {SEMANTIC_CLASSES}, "
                                  f"got {cls_name!r}")
             get_planner(target)
+        if router_question is not None and (not isinstance(router_question, str)
+                                            or not router_question.strip()):
+            raise ValueError("router_question: expected a non-empty string or None (None: the "
+                             "routers read the question itself)")
         if time_window is not None:
             time_window = tuple(time_window)
         if ttft_budget_s is not None:
@@ -207,7 +216,8 @@ class VideoRouter:
         return Request(video, question, num_frames, max_length, max_new_tokens, policy,
                        time_window, scorer, Windows(high, low, global_scale), margin, budget,
                        chunk_size, system, bool(cache_visual), routes, decoder,
-                       None if ttft_budget_s is None else float(ttft_budget_s))
+                       None if ttft_budget_s is None else float(ttft_budget_s),
+                       router_question or "")
 
     def check_budget(self, req: Request, num_frames: int) -> None:
         """The budget depends only on the question and the frame count: refuse a hopeless one
@@ -310,7 +320,7 @@ class VideoRouter:
                 f"routers are untrained: policy 'auto' fell back to '{UNTRAINED_AUTO_POLICY}' "
                 f"(pass trained router weights or an explicit --policy)",))
         with timer.stage("router"):
-            q = self.question_embeddings(req.question)
+            q = self.question_embeddings(req.routed_question)
             cls, prob = policy_from_logits(self.routers.policy_logits(q[None])[0])
         return PolicyDecision(req.route_to[cls], prob)
 
@@ -334,7 +344,7 @@ class VideoRouter:
     # ------------------------------------------------------------------ stage: score
     def score_frames(self, req: Request, frames: Frames, Z, timer: StageTimer,
                      state: Optional[dict], budget: int) -> FrameScores:
-        inp = ScoringInput(req.question, frames.pixel_values, Z, budget, req.windows, state)
+        inp = ScoringInput(req.routed_question, frames.pixel_values, Z, budget, req.windows, state)
         with timer.stage("router"):
             return req.scorer.score(self, inp)
 
@@ -389,7 +399,7 @@ class VideoRouter:
                     num_frames=T if planner.needs_relevance else kept, kept_frames=kept,
                     routers=routed, router_layers=self.routers.config.num_layers,
                     router_pool=self.routers.config.router_pool,
-                    question_tokens=int(self.question_embeddings(req.question).shape[0]))
+                    question_tokens=int(self.question_embeddings(req.routed_question).shape[0]))
 
     def _fit_latency(self, req: Request, planner, T: int, relevant, fitted: FittedPlan,
                      text_for) -> FittedPlan:
@@ -507,7 +517,10 @@ class VideoRouter:
         e.g. ``{"fragment": "uniform"}`` for the no-Image-Router ablation); ``decoder``
         ("auto", "pyav", "decord": the video library, see vr_runtime.decoders);
         ``ttft_budget_s`` (beyond the paper: the largest visual budget whose predicted TTFT on
-        this device fits, vr_runtime.latency; the report gives the prediction)."""
+        this device fits, vr_runtime.latency; the report gives the prediction);
+        ``router_question`` (what the routers and frame scorers read when ``question`` is a full
+        LLM prompt, e.g. a multiple-choice prompt with options and an instruction: the routers
+        are trained on the bare question)."""
         req = self.request(video, question, num_frames, max_length, max_new_tokens, policy,
                            **options)
         T_req = int(video.shape[0]) if isinstance(video, torch.Tensor) else num_frames

@@ -65,3 +65,25 @@ def test_global_plans_get_no_false_positive(tiny_lm):
     ex = {"policy": 0, "labels": None, "question": Q}
     plan, fragment = tr.training_plan(torch.tensor([1.0, 0.0]), torch.zeros(T), ex)
     assert not fragment and plan == [2] * T
+
+
+def test_plan_policy_uniform_is_the_data_ft_control(tiny_lm):
+    """plan_policy="uniform" (Data FT + Uniform Pooling): every plan is the uniform planner's,
+    fitted like the runtime's, whatever the routers or the labels say."""
+    from vr_runtime.training.config import ConfigError
+    L = 1400
+    tr = _trainee(tiny_lm, plan_policy="uniform", train_max_length=[L, L])
+    vr = VideoRouter(tiny_lm, tr.routers)
+    req = vr.request(torch.zeros(T, 3, 448, 448), Q, num_frames=T, max_length=L, policy="uniform")
+    want = vr.plan(req, "uniform", T).plan
+    for pol, rel in (([0.0, 1.0], [3, 4]), ([1.0, 0.0], [])):
+        plan, fragment = tr.training_plan(torch.tensor(pol), torch.randn(T), _ex(rel))
+        assert plan == want and not fragment
+    assert len(set(want)) == 1 and want[0] not in (0, 1)       # one pooled window, all frames
+    try:
+        load_config("tiny_data_ft", plan_policy="fragment")
+    except ConfigError as e:
+        assert "plan_policy" in str(e)
+    else:
+        raise AssertionError("plan_policy='fragment' (needs frame scores) must be refused")
+    assert load_config("tiny_data_ft").plan_policy == "uniform"

@@ -54,6 +54,10 @@ class TrainConfig:
     lambda_img: float = 0.01
     pool_pack_backend: str = "auto"     # vr_kernels backend: auto / triton / torch / reference
     plan_from: str = "routers"          # Stage 3 plans: the routers' decisions, or "labels"
+    plan_policy: str = "routers"        # Stage 3 plans: "routers" (Global/Fragment as decided
+                                        # by plan_from) or any registered budgeted planner, e.g.
+                                        # "uniform": the paper's "Data FT + Uniform Pooling"
+                                        # control (routers unused; freeze them, lambdas 0)
     train_max_length: List[int] = field(default_factory=list)
                                         # [lo, hi]: Stage 3 training draws each example's
                                         # L_max uniformly from [lo, hi] (tight budgets drop
@@ -97,6 +101,14 @@ class TrainConfig:
                               f"got {self.lr_scheduler_type!r}")
         if self.plan_from not in ("routers", "labels"):
             raise ConfigError(f"plan_from: expected 'routers' or 'labels', got {self.plan_from!r}")
+        if self.plan_policy != "routers":
+            from vr_runtime.policies import PLANNERS
+            p = PLANNERS.get(self.plan_policy)
+            if p is None or p.needs_relevance or not p.budgeted:
+                ok = [n for n, q in PLANNERS.items() if q.budgeted and not q.needs_relevance]
+                raise ConfigError(f"plan_policy: expected 'routers' or a budgeted planner that "
+                                  f"needs no frame scores ({', '.join(ok)}), got "
+                                  f"{self.plan_policy!r}")
         if self.train_max_length and (len(self.train_max_length) != 2 or
                                       not 1 <= self.train_max_length[0] <= self.train_max_length[1]):
             raise ConfigError(f"train_max_length: expected [] or [lo, hi] with 1 <= lo <= hi, "

@@ -159,17 +159,21 @@ class Trainee(nn.Module):
         Router's class, the Image Router's threshold, the policy's planner fitted exactly into
         the context budget (``max_length``, default ``model_max_length``) with its own text."""
         c = self.cfg
-        if c.plan_from == "labels" and ex.get("policy") is not None:
+        if c.plan_policy != "routers":  # a fixed planner, no routing (Data FT + Uniform Pooling)
+            fragment, relevant, name = False, None, c.plan_policy
+        elif c.plan_from == "labels" and ex.get("policy") is not None:
             fragment = bool(ex["policy"])
             relevant = (ex["labels"] > 0.5).tolist() if ex.get("labels") is not None \
                 else [False] * frame_logits.shape[0]
         else:
             fragment = bool(policy_logits.argmax(-1).item() == 1)
             relevant = relevant_from_logits(frame_logits, self.routers.config.threshold).tolist()
+        if c.plan_policy == "routers":
+            name = "fragment" if fragment else "global"
         T = frame_logits.shape[0]
         s1, s0 = c.fragment_scales
         w = Windows(high=s1, low=s0, global_scale=c.global_scale)
-        planner = get_planner("fragment" if fragment else "global")
+        planner = get_planner(name)
         fitted = fit_plan(lambda b: planner.plan(T, b, self.grid, relevant, w),
                           lambda kept: self.bb.text_tokens(ex["question"], T, kept=kept), T,
                           max_length or c.model_max_length, c.gen_tokens, c.margin, self.grid,

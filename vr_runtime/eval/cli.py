@@ -1,0 +1,162 @@
+"""``videorouter eval`` / ``python -m vr_runtime.eval`` (SPEC section 5).
+
+    videorouter eval --benchmark videomme|longvideobench|mlvu|jsonl --data FILE_OR_DIR --videos DIR
+                     [--methods dense,budget,uniform,global,fragment,auto,clip,no-image-router,
+                      no-semantic-router,data-ft] [--budgets 4096,8192,12288,16384,24576]
+                     [--frames 64[,128]] [--model PATH|tiny] [--routers PATH] [--clip PATH]
+                     [--data-ft-model PATH] [--limit N] [--out DIR] [--skip-missing]
+                     [--answer-mode letter|option-text] [--pre-prompt S] [--post-prompt S]
+    videorouter eval --make-synthetic DIR [--videos-per-split N]
+    accelerate launch --num_processes N -m vr_runtime.eval ...      # data-parallel
+
+Bad input (missing file or video, malformed row, unknown method) prints one line naming
+file:line and the field, and exits with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from typing import List, Optional
+
+from ..cli import EXIT_INTERNAL, EXIT_USAGE, _Parser, _fail, _message, _quiet_libraries
+from .methods import DEFAULT_METHODS, METHODS
+from .runner import PAPER_BUDGETS
+
+PROG = "videorouter eval"
+
+
+def _int_list(name):
+    def parse(text):
+        try:
+            vals = [int(x) for x in str(text).split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+        if not vals or any(v < 1 for v in vals) or len(set(vals)) != len(vals):
+            raise argparse.ArgumentTypeError(f"expected distinct integers >= 1, got {text!r}")
+        return tuple(vals)
+    parse.__name__ = name
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Accuracy of every method of the paper on a benchmark "
+                "read from local files (SPEC section 5).")
+    p.add_argument("--make-synthetic", metavar="DIR", default=None,
+                   help="write a small benchmark in Video-MME layout from the synthetic task "
+                        "and exit")
+    p.add_argument("--videos-per-split", type=int, default=4,
+                   help="--make-synthetic: videos per duration group (default: 4)")
+    p.add_argument("--benchmark", choices=("videomme", "longvideobench", "mlvu", "jsonl"))
+    p.add_argument("--data", metavar="FILE_OR_DIR", help="the benchmark's question file(s)")
+    p.add_argument("--videos", metavar="DIR", help="the benchmark's video folder")
+    p.add_argument("--methods", default=DEFAULT_METHODS,
+                   help=f"comma-separated, from {', '.join(METHODS)} (default: {DEFAULT_METHODS})")
+    p.add_argument("--budgets", type=_int_list("--budgets"), default=PAPER_BUDGETS,
+                   help="visual-token budgets B_img, fixed as in the paper's controlled protocol "
+                        "(default: 4096,8192,12288,16384,24576)")
+    p.add_argument("--frames", type=_int_list("--frames"), default=(64,),
+                   help="frame counts to sweep (default: 64; the paper also uses 128)")
+    p.add_argument("--model", default="tiny", metavar="PATH|tiny")
+    p.add_argument("--routers", default=None, metavar="PATH")
+    p.add_argument("--clip", default=None, metavar="PATH",
+                   help="local CLIPModel / SiglipModel directory (method clip)")
+    p.add_argument("--data-ft-model", default=None, metavar="PATH",
+                   help="the Data FT checkpoint directory (method data-ft)")
+    p.add_argument("--limit", type=int, default=None, help="first N questions only")
+    p.add_argument("--out", default="eval_out", metavar="DIR")
+    p.add_argument("--skip-missing", action="store_true",
+                   help="skip questions whose video is missing (counted in results.json)")
+    p.add_argument("--answer-mode", default="letter", choices=("letter", "option-text"),
+                   help="letter: lmms-eval's letter extraction (default); option-text: the "
+                        "option whose text the answer names, then the letter")
+    p.add_argument("--prompt-style", default="mc", choices=("mc", "bare"),
+                   help="mc: question + lettered options + instruction (lmms-eval, default); "
+                        "bare: the question alone, for models trained on open-ended answers "
+                        "(use with --answer-mode option-text)")
+    p.add_argument("--pre-prompt", default="", help="text before the question in the LLM prompt")
+    p.add_argument("--post-prompt", default=None,
+                   help="the instruction after the options (default: lmms-eval's \"Answer with "
+                        "the option's letter from the given choices directly.\")")
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None)
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=None)
+    p.add_argument("--title", default="", help="title of the markdown table and the plot")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def _config(a, argv: List[str]):
+    from .benchmarks import BenchmarkError
+    from .prompting import DEFAULT_POST_PROMPT, PromptConfig
+    from .runner import EvalConfig
+    for flag in ("benchmark", "data", "videos"):
+        if getattr(a, flag) is None:
+            raise BenchmarkError(f"--{flag}: required (or use --make-synthetic DIR)")
+    if a.limit is not None and a.limit < 1:
+        raise BenchmarkError(f"--limit: expected >= 1, got {a.limit}")
+    if a.max_new_tokens < 1:
+        raise BenchmarkError(f"--max-new-tokens: expected >= 1, got {a.max_new_tokens}")
+    if a.model != "tiny" and not a.model.startswith("tiny-") and not os.path.isdir(a.model):
+        raise BenchmarkError(f"--model {a.model!r}: no such directory")
+    for flag in ("routers",):
+        v = getattr(a, flag)
+        if v is not None and not os.path.isfile(v):
+            raise BenchmarkError(f"--{flag} {v!r}: no such file")
+    for flag in ("clip", "data_ft_model"):
+        v = getattr(a, flag)
+        if v is not None and not os.path.isdir(v):
+            raise BenchmarkError(f"--{flag.replace('_', '-')} {v!r}: no such directory")
+    import torch
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    prompt = PromptConfig(a.pre_prompt, DEFAULT_POST_PROMPT if a.post_prompt is None
+                          else a.post_prompt, a.answer_mode, a.prompt_style)
+    return EvalConfig(benchmark=a.benchmark, data=a.data, videos=a.videos, out=a.out,
+                      methods=a.methods, budgets=a.budgets, frames=a.frames, model=a.model,
+                      routers=a.routers, clip=a.clip, data_ft_model=a.data_ft_model,
+                      limit=a.limit, skip_missing=a.skip_missing, prompt=prompt,
+                      max_new_tokens=a.max_new_tokens, device=device, dtype=a.dtype,
+                      progress=not a.no_progress, title=a.title,
+                      command=" ".join(["videorouter eval"] + [shlex.quote(x) for x in argv]))
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = os.environ.get("VIDEOROUTER_DEBUG", "") not in ("", "0")
+    if not debug:
+        _quiet_libraries()
+    a = build_parser().parse_args(argv)
+    try:
+        if a.make_synthetic:
+            from .synthetic import make_synthetic
+            info = make_synthetic(a.make_synthetic, a.videos_per_split)
+            print(f"wrote {info['questions']} questions: --benchmark videomme --data "
+                  f"{info['data']} --videos {info['videos']}")
+            return 0
+        from .runner import run_eval
+        results = run_eval(_config(a, argv))
+        if results is not None:
+            from .tables import markdown
+            sys.stdout.write(markdown(results["rows"], results["meta"]))
+            sk = results["meta"]["skipped"]
+            if sk:
+                sys.stdout.write(f"\nskipped {sk} question(s) with missing videos "
+                                 f"(see results.json: meta.skipped_questions)\n")
+            sys.stdout.write(f"\nwrote {a.out}/predictions.jsonl, results.json, results.md, "
+                             f"results.csv, accuracy_vs_tokens.png\n")
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{PROG}: interrupted (rerun the same command to resume)\n")
+        return 130
+    except Exception as e:  # noqa: BLE001 - the one place that turns errors into exit codes
+        if debug:
+            raise
+        from ..cli import _user_errors
+        if isinstance(e, _user_errors()):
+            _fail(_message(e), EXIT_USAGE)
+        _fail(f"internal error: {type(e).__name__}: {_message(e)} (rerun with "
+              f"VIDEOROUTER_DEBUG=1 for the traceback)", EXIT_INTERNAL)
+    return 0
+
+
+__all__ = ["main", "build_parser"]

@@ -1,0 +1,155 @@
+"""The lmms-eval chat model behind the ``videorouter`` plugin (see ``lmms_plugin``).
+
+Imports lmms-eval at module level: only lmms-eval imports this module (``pip install
+'videorouter[lmms]'``)."""
+from __future__ import annotations
+
+import json
+from typing import List, Optional, Tuple
+
+from lmms_eval.api.instance import GenerationResult, Instance, TokenCounts
+from lmms_eval.api.model import lmms
+from lmms_eval.protocol import ChatMessages
+from loguru import logger as eval_logger
+from tqdm import tqdm
+
+_TRUE = ("1", "true", "yes")
+
+
+def _opt_int(v) -> Optional[int]:
+    return None if v in (None, "", "None", "none") else int(v)
+
+
+class VideoRouterLMM(lmms):
+    is_simple = False
+
+    def __init__(self, pretrained: str = "tiny", routers: Optional[str] = None,
+                 policy: str = "auto", max_length=12288, num_frames=64, budget=None,
+                 clip: Optional[str] = None, device: Optional[str] = None,
+                 dtype: Optional[str] = None, max_new_tokens=None, batch_size=1,
+                 visual_tokens_log: Optional[str] = None, **kwargs) -> None:
+        super().__init__()
+        import torch
+
+        from ..devices import resolve_device, resolve_dtype
+        from ..policies import policy_names
+        from ..runtime import VideoRouter
+        if kwargs:
+            eval_logger.warning(f"videorouter: ignoring unknown model_args {sorted(kwargs)}")
+        if int(batch_size) != 1:
+            raise ValueError(f"videorouter: batch_size must be 1 (one video per prefill), got "
+                             f"{batch_size}")
+        if policy not in policy_names():
+            raise ValueError(f"videorouter: policy {policy!r}: expected one of "
+                             f"{', '.join(policy_names())}")
+        from accelerate import PartialState
+        dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        state = PartialState(cpu=dev == "cpu")
+        self._rank, self._world_size = state.process_index, state.num_processes
+        if dev == "cuda" and state.num_processes > 1:
+            dev = f"cuda:{state.local_process_index}"
+        dev = resolve_device(dev)
+        self.vr = VideoRouter.from_pretrained(pretrained, routers=routers, device=dev,
+                                              dtype=resolve_dtype(dtype, dev),
+                                              visual_cache_size=1)
+        self.policy = policy
+        self.max_length = int(max_length)
+        self.num_frames = int(num_frames)
+        self.budget = _opt_int(budget)
+        self.max_new_tokens = _opt_int(max_new_tokens)
+        self.scorer = None
+        if clip:
+            from ..scorers import CLIPScorer
+            self.scorer = CLIPScorer.from_pretrained(clip, device=dev)
+        self.visual_tokens_log = visual_tokens_log
+        self.batch_size_per_gpu = 1
+        self._device = dev
+
+    # -- lmms properties
+    @property
+    def batch_size(self):
+        return self.batch_size_per_gpu
+
+    @property
+    def device(self):
+        return self._device
+
+    @property
+    def rank(self):
+        return self._rank
+
+    @property
+    def world_size(self):
+        return self._world_size
+
+    # -- requests
+    @staticmethod
+    def _text_and_video(messages: ChatMessages) -> Tuple[str, Optional[str]]:
+        images, videos, _ = messages.extract_media()
+        if images:
+            raise ValueError("videorouter: image inputs are not supported (video QA only)")
+        if len(videos) != 1:
+            raise ValueError(f"videorouter: expected exactly one video per sample, got "
+                             f"{len(videos)}")
+        parts = [c.text for m in messages.messages if m.role == "user" for c in m.content
+                 if c.type == "text"]
+        return "\n".join(p for p in parts if p), str(videos[0])
+
+    def _answer(self, doc: dict, messages: ChatMessages, gen_kwargs: dict):
+        text, video = self._text_and_video(messages)
+        bare = doc.get("question") if isinstance(doc, dict) else None
+        max_new = self.max_new_tokens or int(gen_kwargs.get("max_new_tokens", 16) or 16)
+        kw = {}
+        if self.scorer is not None:
+            kw["scorer"] = self.scorer
+        res = self.vr.answer(video, text, num_frames=self.num_frames,
+                             max_length=self.max_length, max_new_tokens=max_new,
+                             policy=self.policy, budget=self.budget, cache_visual=True,
+                             router_question=bare if isinstance(bare, str) and bare.strip()
+                             else None, **kw)
+        return res
+
+    def generate_until(self, requests: List[Instance]) -> List[GenerationResult]:
+        out: List[GenerationResult] = []
+        log = open(self.visual_tokens_log, "a") if self.visual_tokens_log else None
+        try:
+            for req in tqdm(requests, disable=self.rank != 0, desc="VideoRouter"):
+                ctx, doc_to_messages, gen_kwargs, doc_id, task, split = req.args
+                doc = self.task_dict[task][split][doc_id]
+                messages = ChatMessages(messages=doc_to_messages(doc))
+                res = self._answer(doc, messages, dict(gen_kwargs or {}))
+                r = res.report
+                until = (gen_kwargs or {}).get("until") or []
+                text = res.text
+                for stop in ([until] if isinstance(until, str) else until):
+                    if stop:
+                        text = text.split(stop)[0]
+                rec = {"task": task, "doc_id": doc_id, "policy": r["policy"],
+                       "visual_tokens": r["visual_tokens"],
+                       "dense_visual_tokens": r["dense_visual_tokens"], "budget": r["budget"],
+                       "frames": len(r["frame_indices"]),
+                       "scales": [s if isinstance(s, int) else list(s) for s in r["scales"]],
+                       "ttft_s": r["timings_s"].get("ttft")}
+                eval_logger.info(f"videorouter sample {task}/{doc_id}: visual_tokens="
+                                 f"{r['visual_tokens']} policy={r['policy']} "
+                                 f"budget={r['budget']}")
+                if log is not None:
+                    log.write(json.dumps(rec) + "\n")
+                    log.flush()
+                out.append(GenerationResult(text=text, token_counts=TokenCounts(
+                    input_tokens=int(r["prompt_tokens"]),
+                    output_tokens=int(r["generated_tokens"]))))
+        finally:
+            if log is not None:
+                log.close()
+        return out
+
+    def loglikelihood(self, requests) -> List[Tuple[float, bool]]:
+        raise NotImplementedError("videorouter: loglikelihood is not supported; use "
+                                  "generate_until tasks (multiple-choice video QA)")
+
+    def generate_until_multi_round(self, requests) -> List[str]:
+        raise NotImplementedError("videorouter: multi-round generation is not supported")
+
+
+__all__ = ["VideoRouterLMM"]

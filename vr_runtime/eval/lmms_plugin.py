@@ -1,0 +1,31 @@
+"""lmms-eval plugin: the ``videorouter`` model (lmms-eval 0.7.x).
+
+Registered through lmms-eval's entry point group ``lmms_eval.models`` (pyproject.toml)::
+
+    [project.entry-points."lmms_eval.models"]
+    videorouter = "vr_runtime.eval.lmms_plugin:manifest"
+
+so, with ``pip install 'videorouter[lmms]'`` (see README for the torch-preserving install)::
+
+    python -m lmms_eval --model videorouter \\
+        --model_args pretrained=PATH,routers=PATH,policy=auto,max_length=12288 --tasks videomme
+
+Model arguments: ``pretrained`` (a local InternVL3-*-hf / Qwen2.5-VL directory or ``tiny``),
+``routers``, ``policy`` (any ``VideoRouter.answer`` policy), ``max_length``, ``num_frames``
+(64), ``budget`` (a fixed B_img instead of one derived from ``max_length``), ``clip`` (a local
+CLIP dir: CLIP relevance pooling), ``device``, ``dtype``, ``max_new_tokens`` (default: the
+task's), ``visual_tokens_log`` (a JSONL file: one line per sample with the visual tokens, the
+policy and the frame scales). Every sample's visual tokens are also logged (INFO) and its prompt
+and generated token counts are returned to lmms-eval as ``TokenCounts``.
+
+The routers read the bare question (the task document's ``question`` field when it has one),
+the LLM the task's full prompt -- the same split as ``videorouter eval``.
+"""
+from __future__ import annotations
+
+
+def manifest():
+    """The entry point's payload (imported by lmms-eval's registry; keep it light)."""
+    from lmms_eval.models.registry_v2 import ModelManifest
+    return ModelManifest(model_id="videorouter",
+                         chat_class_path="vr_runtime.eval.lmms_model.VideoRouterLMM")

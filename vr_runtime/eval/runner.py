@@ -1,0 +1,309 @@
+"""The evaluation loop: questions x methods x budgets x frame counts -> predictions -> tables.
+
+Work that does not depend on the question or the method is done once per video and frame
+count: the video is decoded once (one ``VideoClip``, prefetched on a background thread while
+the previous video is answered) and handed to every ``answer(..., cache_visual=True)`` call, so
+each model encodes Z (and the Image Router's question-independent state) once per video.
+Questions are therefore processed grouped by video.
+
+Data-parallel: under ``accelerate launch --num_processes N`` videos are sharded round-robin
+over ranks (sorted by path, so the split does not depend on the order in the file); each rank
+appends its predictions to ``OUT/predictions.part<rank>.jsonl`` as it goes (a killed run loses
+at most the question in flight); at the end every rank's new predictions are gathered on rank 0,
+which writes ``predictions.jsonl`` (sorted) and the tables. A rerun with the same OUT skips the
+(question, method, budget, frames) combinations already in ``predictions.jsonl`` or a part file.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import pathlib
+import platform
+import sys
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from .benchmarks import Benchmark, Question, load_benchmark
+from .methods import Method, parse_methods
+from .prompting import PromptConfig, extract_answer, mc_prompt
+
+# Budgets of the paper's sweep (B_img, visual tokens) and its frame counts.
+PAPER_BUDGETS = (4096, 8192, 12288, 16384, 24576)
+PAPER_FRAMES = (64, 128)
+TEXT_ALLOWANCE = 8192   # max_length = B_img + this (the fixed budget bounds the visual tokens)
+
+
+@dataclass
+class EvalConfig:
+    benchmark: str
+    data: str
+    videos: str
+    out: str
+    methods: str
+    budgets: Tuple[int, ...] = PAPER_BUDGETS
+    frames: Tuple[int, ...] = (64,)
+    model: str = "tiny"
+    routers: Optional[str] = None
+    clip: Optional[str] = None
+    data_ft_model: Optional[str] = None
+    limit: Optional[int] = None
+    skip_missing: bool = False
+    prompt: PromptConfig = field(default_factory=PromptConfig)
+    max_new_tokens: int = 16
+    device: str = "cpu"
+    dtype: Optional[str] = None
+    progress: bool = True
+    command: str = ""
+    title: str = ""
+
+
+Key = Tuple[str, str, Optional[int], int]   # (id, method, budget, frames)
+
+
+def prediction_key(p: dict) -> Key:
+    return (str(p["id"]), p["method"], p["budget"], int(p["frames"]))
+
+
+def read_predictions(out: pathlib.Path) -> Dict[Key, dict]:
+    """Predictions already made in ``out`` (the merged file and any part files)."""
+    done: Dict[Key, dict] = {}
+    files = [out / "predictions.jsonl"] + sorted(out.glob("predictions.part*.jsonl"))
+    for f in files:
+        if not f.is_file():
+            continue
+        for i, line in enumerate(f.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                p = json.loads(line)
+                done[prediction_key(p)] = p
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                # A line cut short by a kill: the combination is simply redone.
+                continue
+    return done
+
+
+def jobs_for(bench: Benchmark, methods: Sequence[Method], budgets: Sequence[int],
+             frames: Sequence[int]) -> List[Tuple[Question, Method, Optional[int], int]]:
+    """Every combination, grouped by video then frame count (the visual cache's order)."""
+    by_video: Dict[str, List[Question]] = {}
+    for q in bench.questions:
+        by_video.setdefault(q.video, []).append(q)
+    jobs = []
+    for video in sorted(by_video):
+        for F in frames:
+            for m in methods:
+                for b in (budgets if m.budgeted else (None,)):
+                    for q in by_video[video]:
+                        jobs.append((q, m, b, F))
+    return jobs
+
+
+def shard_videos(videos: Iterable[str], rank: int, world: int) -> set:
+    return {v for i, v in enumerate(sorted(set(videos))) if i % world == rank}
+
+
+class Evaluator:
+    """Loads the models a run needs (lazily) and answers one job at a time."""
+
+    def __init__(self, cfg: EvalConfig):
+        self.cfg = cfg
+        self._models: Dict[str, object] = {}
+        self._clip = None
+
+    def resources(self) -> dict:
+        return {"clip": self.cfg.clip, "data_ft_model": self.cfg.data_ft_model,
+                "clip_scorer": self._clip}
+
+    def load(self, methods: Sequence[Method]) -> None:
+        import torch
+        from ..devices import resolve_device, resolve_dtype
+        from ..runtime import VideoRouter
+        dev = resolve_device(self.cfg.device)
+        dtype = resolve_dtype(self.cfg.dtype, dev)
+        for m in methods:
+            if m.model in self._models:
+                continue
+            path = self.cfg.model if m.model == "main" else getattr(self.cfg, m.model)
+            routers = self.cfg.routers if m.model == "main" else None
+            self._models[m.model] = VideoRouter.from_pretrained(
+                path, routers=routers, device=dev, dtype=dtype, visual_cache_size=1)
+        if any("clip" in m.needs for m in methods) and self._clip is None:
+            from ..scorers import CLIPScorer
+            self._clip = CLIPScorer.from_pretrained(self.cfg.clip, device=dev,
+                                                    dtype=torch.float32)
+
+    @property
+    def main(self):
+        return next(iter(self._models.values()))
+
+    def answer(self, clip, q: Question, m: Method, budget: Optional[int], frames: int) -> dict:
+        vr = self._models[m.model]
+        cfg = self.cfg
+        prompt = mc_prompt(q.question, q.options, cfg.prompt)
+        if budget is None:   # no budget (dense): max_length only bounds the note in the report
+            max_length = frames * vr.lm.grid[0] * vr.lm.grid[1] + TEXT_ALLOWANCE
+        else:
+            max_length = budget + TEXT_ALLOWANCE
+        res = vr.answer(clip, prompt, num_frames=frames, max_length=max_length,
+                        max_new_tokens=cfg.max_new_tokens, budget=budget, cache_visual=True,
+                        router_question=q.question, **m.answer_kwargs(self.resources()))
+        r = res.report
+        pred = extract_answer(res.text, q.options, cfg.prompt.answer_mode)
+        return {"id": q.id, "method": m.name, "budget": budget, "frames": frames,
+                "prediction": pred, "response": res.text, "answer": q.answer,
+                "correct": pred == q.answer, "visual_tokens": int(r["visual_tokens"]),
+                "ttft_s": r["timings_s"].get("ttft"), "policy": r["policy"],
+                "category": q.category, "duration": q.duration,
+                "video": pathlib.Path(q.video).name, "frames_used": len(r["frame_indices"]),
+                "visual_cache": r.get("visual_cache")}
+
+
+def _dist(device: str):
+    """(rank, world, state) under accelerate launch; (0, 1, None) otherwise. On CPU the
+    processes talk over gloo (``cpu=True``: accelerate otherwise leaves a CPU-only launch
+    undistributed)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0, 1, None
+    from accelerate import PartialState
+    st = PartialState(cpu=str(device).startswith("cpu"))
+    return st.process_index, st.num_processes, st
+
+
+def run_eval(cfg: EvalConfig) -> Optional[dict]:
+    """The whole run. Returns the results dict on rank 0 (None on other ranks)."""
+    from .tables import write_outputs
+    resources = {"clip": cfg.clip, "data_ft_model": cfg.data_ft_model}
+    methods = parse_methods(cfg.methods, resources)
+    bench = load_benchmark(cfg.benchmark, cfg.data, cfg.videos, cfg.skip_missing, cfg.limit)
+    out = pathlib.Path(cfg.out)
+    rank, world, state = _dist(cfg.device)
+    out.mkdir(parents=True, exist_ok=True)
+    check_settings(out, cfg, write=rank == 0)
+    done = read_predictions(out)
+    mine = shard_videos([q.video for q in bench.questions], rank, world)
+    todo = [j for j in jobs_for(bench, methods, cfg.budgets, cfg.frames)
+            if j[0].video in mine and (j[0].id, j[1].name, j[2], j[3]) not in done]
+    new: List[dict] = []
+    if todo:
+        ev = Evaluator(cfg)
+        ev.load(methods)
+        new = _answer_all(ev, todo, out / f"predictions.part{rank}.jsonl",
+                          progress=cfg.progress and rank == 0, world=world)
+    if state is not None:
+        from accelerate.utils import gather_object
+        state.wait_for_everyone()
+        gathered = gather_object([new])
+        new = [p for part in gathered for p in part]
+    if rank != 0:
+        if state is not None:
+            state.wait_for_everyone()
+        return None
+    for p in new:
+        done[prediction_key(p)] = p
+    wanted = {(j[0].id, j[1].name, j[2], j[3])
+              for j in jobs_for(bench, methods, cfg.budgets, cfg.frames)}
+    preds = [done[k] for k in sorted(wanted, key=_sort_key) if k in done]
+    results = write_outputs(out, preds, bench, methods, cfg, world)
+    for f in out.glob("predictions.part*.jsonl"):
+        f.unlink()
+    if state is not None:
+        state.wait_for_everyone()
+    return results
+
+
+def settings_of(cfg: EvalConfig) -> dict:
+    """What a prediction depends on besides its key (id, method, budget, frames)."""
+    return {"benchmark": cfg.benchmark, "model": str(cfg.model), "routers": cfg.routers,
+            "clip": cfg.clip, "data_ft_model": cfg.data_ft_model,
+            "prompt_style": cfg.prompt.style, "pre_prompt": cfg.prompt.pre_prompt,
+            "post_prompt": cfg.prompt.post_prompt, "answer_mode": cfg.prompt.answer_mode,
+            "max_new_tokens": cfg.max_new_tokens}
+
+
+def check_settings(out: pathlib.Path, cfg: EvalConfig, write: bool) -> None:
+    """A rerun resumes only with the settings the predictions in OUT were made with."""
+    from .benchmarks import BenchmarkError
+    f = out / "settings.json"
+    now = settings_of(cfg)
+    if f.is_file():
+        try:
+            before = json.loads(f.read_text())
+        except json.JSONDecodeError:
+            before = None
+        if isinstance(before, dict):
+            diff = sorted(k for k in now if before.get(k) != now[k])
+            if diff:
+                raise BenchmarkError(f"--out {str(out)!r} holds predictions made with other "
+                                     f"settings ({', '.join(diff)}: {before.get(diff[0])!r} "
+                                     f"there, {now[diff[0]]!r} now); use another --out")
+            return
+    if write:
+        tmp = f.with_name("settings.json.tmp")
+        tmp.write_text(json.dumps(now, indent=1) + "\n")
+        tmp.replace(f)
+
+
+def _sort_key(k: Key):
+    qid, method, budget, frames = k
+    return (method, -1 if budget is None else budget, frames, qid)
+
+
+def _answer_all(ev: Evaluator, todo, part: pathlib.Path, progress: bool, world: int) -> List[dict]:
+    from tqdm.auto import tqdm
+
+    from ..video import prefetch_video
+    size = ev.main.lm.frame_spec.size[0]
+    order: List[Tuple[str, int]] = []
+    for q, _, _, F in todo:
+        if not order or order[-1] != (q.video, F):
+            order.append((q.video, F))
+    futures = {}
+
+    def start(i):
+        if i < len(order) and order[i] not in futures:
+            v, F = order[i]
+            futures[order[i]] = prefetch_video(v, num_frames=F, size=size)
+
+    new: List[dict] = []
+    bar = tqdm(total=len(todo), disable=not progress, unit="answer", dynamic_ncols=True,
+               mininterval=0.5 if sys.stderr.isatty() else 10.0,
+               desc=f"eval ({world} proc)" if world > 1 else "eval", file=sys.stderr)
+    cur, clip, idx = None, None, -1
+    with open(part, "a") as fh:
+        for q, m, b, F in todo:
+            if (q.video, F) != cur:
+                if cur is not None:
+                    futures.pop(cur, None)
+                    for vr in ev._models.values():   # the last video's state is not needed
+                        vr.clear_visual_cache()
+                idx += 1
+                cur = (q.video, F)
+                start(idx)
+                clip = futures[cur].result()
+                start(idx + 1)                        # decode the next video meanwhile
+            p = ev.answer(clip, q, m, b, F)
+            fh.write(json.dumps(p) + "\n")
+            fh.flush()
+            new.append(p)
+            bar.update(1)
+            bar.set_postfix_str(f"{m.name} B={b} T={F}", refresh=False)
+    bar.close()
+    return new
+
+
+def environment() -> dict:
+    import torch
+    import transformers
+    dev = "cpu"
+    if torch.cuda.is_available():
+        dev = torch.cuda.get_device_name(0)
+    return {"device": dev, "cpu": platform.processor() or platform.machine(),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__}
+
+
+__all__ = ["EvalConfig", "run_eval", "read_predictions", "jobs_for", "shard_videos",
+           "PAPER_BUDGETS", "PAPER_FRAMES", "environment"]

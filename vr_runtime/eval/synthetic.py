@@ -1,0 +1,97 @@
+"""``videorouter eval --make-synthetic DIR``: a small benchmark in Video-MME layout built from the
+tiny model's synthetic evidence task (``vr_runtime.training.synthetic``).
+
+Everything that touches the generator is in :func:`make_synthetic` (re-point it when the
+generator grows). Video-MME's three duration groups become three video lengths at 2 fps:
+``short`` 16 frames (8 s, the length the tiny model was trained on), ``medium`` 32 and ``long``
+64 frames. The target appears in more frames in longer videos (2-3 per 16 frames) -- several
+target frames per video, so uniform sampling of 16 frames still meets it at any length. Each
+video has two questions: the Fragment one ("What shape is the red object?", options the three
+shapes; task type ``object_shape``) and the Global one ("What is the background color?",
+options the three backgrounds; ``background``). Option order is shuffled per question.
+
+Writes ``DIR/videomme/test-00000-of-00001.parquet`` (with pyarrow; otherwise
+``DIR/videomme/test.json``, the same rows) and ``DIR/data/<videoID>.mp4``. Deterministic in
+``seed``; existing videos are kept.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import random
+from typing import Dict
+
+DURATIONS = {"short": 16, "medium": 32, "long": 64}
+TASK_TYPES = {"object_shape": "Object Recognition", "background": "Attribute Perception"}
+
+
+def make_synthetic(out_dir, videos_per_split: int = 4, seed: int = 0) -> Dict[str, object]:
+    """Write the benchmark; returns {"data": file, "videos": dir, "questions": n}."""
+    from ..training import synthetic as S
+    from .benchmarks import LETTERS
+    if videos_per_split < 1:
+        raise ValueError(f"--videos-per-split: expected >= 1, got {videos_per_split}")
+    out = pathlib.Path(out_dir)
+    vdir = out / "data"
+    vdir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for split, T in DURATIONS.items():
+        rng = random.Random(f"videomme-synthetic-{seed}-{split}")
+        k = T // 16
+        for i in range(videos_per_split):
+            spec = S.sample_spec(rng, num_frames=T, n_target=(2 * k, 3 * k),
+                                 n_distractor=(4 * k, 8 * k))
+            vid = f"syn_{split}_{i:03d}"
+            path = vdir / f"{vid}.mp4"
+            if not path.is_file():
+                S.make_video(str(path), spec)
+            for j, q in enumerate(S.questions(spec, rng)):
+                choices = list(S.SHAPES) if q["category"] == "object_shape" \
+                    else sorted(S.BACKGROUNDS)
+                rng.shuffle(choices)
+                rows.append({
+                    "video_id": f"{len(rows) // 2 + 1:03d}", "duration": split,
+                    "domain": "Synthetic", "sub_category": q["category"],
+                    "url": "", "videoID": vid, "question_id": f"{vid}-{j + 1}",
+                    "task_type": TASK_TYPES[q["category"]], "question": q["question"],
+                    "options": [f"{LETTERS[n]}. {c}" for n, c in enumerate(choices)],
+                    "answer": LETTERS[choices.index(q["answer"])],
+                })
+    bdir = out / "videomme"
+    bdir.mkdir(parents=True, exist_ok=True)
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        data = bdir / "test-00000-of-00001.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), str(data))
+    except ImportError:
+        data = bdir / "test.json"
+        data.write_text(json.dumps(rows, indent=1) + "\n")
+    return {"data": str(data), "videos": str(vdir), "questions": len(rows)}
+
+
+def make_random_clip(out_dir, seed: int = 0) -> str:
+    """A tiny *random-weight* CLIPModel (config only, nothing downloaded) with the tiny
+    tokenizer, saved like a real checkpoint: the stand-in for ``--clip`` in tests and in the
+    synthetic table (no pretrained CLIP can be fetched here; its scores carry no meaning, so
+    the ``clip`` row of a table made with it measures the plumbing, not CLIP)."""
+    import torch
+    from transformers import CLIPConfig, CLIPModel
+
+    from ..tiny import load_tiny_tokenizer
+    tok = load_tiny_tokenizer()
+    cfg = CLIPConfig(
+        text_config=dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=64,
+                         eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+                         pad_token_id=tok.pad_token_id),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=2, image_size=64, patch_size=16),
+        projection_dim=16)
+    torch.manual_seed(seed)
+    CLIPModel(cfg).eval().save_pretrained(str(out_dir), safe_serialization=True)
+    tok.save_pretrained(str(out_dir))
+    return str(out_dir)
+
+
+__all__ = ["make_synthetic", "make_random_clip", "DURATIONS"]

@@ -1,0 +1,185 @@
+"""Results files of an evaluation run (SPEC section 5), laid out like the paper's tables.
+
+``OUT/predictions.jsonl``  one line per question x method x budget x frames
+``OUT/results.json``       {"rows": [{method, budget, frames, n, accuracy, visual_tokens_mean,
+                            ttft_s_mean, by_duration, by_category, policies}], "meta": {...}}
+``OUT/results.md``         Method | Frames | B_img | Visual tokens | Overall | per duration | per category
+``OUT/results.csv``        the same columns
+``OUT/accuracy_vs_tokens.png``  accuracy against *actual* mean visual tokens, one line per
+                            method (and frame count) across budgets
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import pathlib
+from collections import Counter, defaultdict
+from typing import Dict, List, Optional, Sequence
+
+DURATION_ORDER = ("short", "medium", "long")
+
+
+def _acc(ps: Sequence[dict]) -> float:
+    return 100.0 * sum(bool(p["correct"]) for p in ps) / len(ps) if ps else float("nan")
+
+
+def _ordered(keys) -> List[str]:
+    keys = [k for k in keys if k]
+    known = [k for k in DURATION_ORDER if k in keys]
+    rest = sorted((k for k in keys if k not in DURATION_ORDER),
+                  key=lambda k: (not str(k).isdigit(), int(k) if str(k).isdigit() else 0, k))
+    return known + rest
+
+
+def aggregate(preds: Sequence[dict], methods: Sequence) -> List[dict]:
+    groups: Dict[tuple, List[dict]] = defaultdict(list)
+    for p in preds:
+        groups[(p["method"], p["budget"], p["frames"])].append(p)
+    order = {m.name: i for i, m in enumerate(methods)}
+    rows = []
+    for (method, budget, frames), ps in sorted(
+            groups.items(), key=lambda kv: (kv[0][2], order.get(kv[0][0], 99),
+                                            -1 if kv[0][1] is None else kv[0][1])):
+        by_d: Dict[str, List[dict]] = defaultdict(list)
+        by_c: Dict[str, List[dict]] = defaultdict(list)
+        for p in ps:
+            by_d[str(p.get("duration") or "")].append(p)
+            by_c[str(p.get("category") or "")].append(p)
+        ttft = [p["ttft_s"] for p in ps if p.get("ttft_s") is not None]
+        rows.append({
+            "method": method, "budget": budget, "frames": frames, "n": len(ps),
+            "accuracy": round(_acc(ps), 2),
+            "visual_tokens_mean": round(sum(p["visual_tokens"] for p in ps) / len(ps), 1),
+            "ttft_s_mean": round(sum(ttft) / len(ttft), 4) if ttft else None,
+            "unanswered": sum(p["prediction"] is None for p in ps),
+            "by_duration": {k: round(_acc(by_d[k]), 2) for k in _ordered(by_d)},
+            "by_category": {k: round(_acc(by_c[k]), 2) for k in sorted(k for k in by_c if k)},
+            "policies": dict(Counter(p["policy"] for p in ps)),
+        })
+    return rows
+
+
+def _columns(rows):
+    durs = _ordered({k for r in rows for k in r["by_duration"]})
+    cats = sorted({k for r in rows for k in r["by_category"]})
+    return durs, cats
+
+
+def table_rows(rows) -> (List[str], List[list]):
+    durs, cats = _columns(rows)
+    head = ["Method", "Frames", "B_img", "Visual tokens", "n", "Overall"] + \
+        [f"{d}" for d in durs] + [f"{c}" for c in cats]
+    body = []
+    for r in rows:
+        body.append([r["method"], r["frames"], "-" if r["budget"] is None else r["budget"],
+                     f"{r['visual_tokens_mean']:.0f}", r["n"], f"{r['accuracy']:.1f}"] +
+                    [_fmt(r["by_duration"].get(d)) for d in durs] +
+                    [_fmt(r["by_category"].get(c)) for c in cats])
+    return head, body
+
+
+def _fmt(v: Optional[float]) -> str:
+    return "-" if v is None or v != v else f"{v:.1f}"
+
+
+def markdown(rows, meta: dict) -> str:
+    head, body = table_rows(rows)
+    durs, cats = _columns(rows)
+    out = io.StringIO()
+    title = meta.get("title") or f"{meta['benchmark']} accuracy (%)"
+    out.write(f"# {title}\n\n")
+    out.write(f"Model: `{meta['model']}`; benchmark `{meta['benchmark']}` ({meta['questions']} "
+              f"questions, {meta['skipped']} skipped); prompt `{meta['prompt_style']}`, answer mode "
+              f"`{meta['answer_mode']}`. "
+              f"Accuracy in %; *Visual tokens* is the actual mean over the questions. "
+              f"B_img is the fixed visual budget (the paper's controlled protocol); "
+              f"`-` = no budget (dense).")
+    if durs:
+        out.write(f" Duration columns: {', '.join(durs)}.")
+    if cats:
+        out.write(f" Category columns: {', '.join(cats)}.")
+    out.write("\n\n")
+    out.write("| " + " | ".join(map(str, head)) + " |\n")
+    out.write("|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|\n")
+    for b in body:
+        out.write("| " + " | ".join(map(str, b)) + " |\n")
+    out.write(f"\n{meta['device_line']}\n\nCommand: `{meta['command']}`\n")
+    return out.getvalue()
+
+
+def csv_text(rows) -> str:
+    head, body = table_rows(rows)
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(head)
+    w.writerows(body)
+    return out.getvalue()
+
+
+def plot(rows, path: pathlib.Path, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    lines: Dict[tuple, list] = defaultdict(list)
+    for r in rows:
+        lines[(r["method"], r["frames"])].append(r)
+    multi_f = len({r["frames"] for r in rows}) > 1
+    markers = "osD^vPX*h<>p"
+    for i, ((method, frames), rs) in enumerate(lines.items()):
+        rs = sorted(rs, key=lambda r: r["visual_tokens_mean"])
+        label = f"{method} ({frames} fr)" if multi_f else method
+        x = [r["visual_tokens_mean"] for r in rs]
+        y = [r["accuracy"] for r in rs]
+        # Distinct markers and dashes: methods with identical plans draw on top of each other.
+        ax.plot(x, y, marker=markers[i % len(markers)], label=label, alpha=0.85,
+                markersize=7 - 0.3 * (i % 5), linestyle=("-", "--", ":", "-.")[i % 4]
+                if len(rs) > 1 else "none")
+    ax.set_xlabel("mean visual tokens (actual)")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def _write(path: pathlib.Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)      # nothing half-written
+
+
+def write_outputs(out: pathlib.Path, preds: List[dict], bench, methods, cfg, world: int) -> dict:
+    from .runner import environment
+    env = environment()
+    rows = aggregate(preds, methods)
+    meta = {"benchmark": bench.name, "data": str(cfg.data), "model": cfg.model,
+            "routers": cfg.routers, "clip": cfg.clip, "data_ft_model": cfg.data_ft_model,
+            "questions": len(bench.questions), "skipped": len(bench.skipped),
+            "skipped_questions": [{"where": w, "reason": r} for w, r in bench.skipped],
+            "methods": [m.name for m in methods], "budgets": list(cfg.budgets),
+            "frames": list(cfg.frames), "answer_mode": cfg.prompt.answer_mode,
+            "prompt_style": cfg.prompt.style,
+            "pre_prompt": cfg.prompt.pre_prompt, "post_prompt": cfg.prompt.post_prompt,
+            "max_new_tokens": cfg.max_new_tokens, "processes": world, "command": cfg.command,
+            "title": cfg.title, **env}
+    meta["device_line"] = (f"Device: {env['device']} ({env['cpu']}); {env['date']}; torch "
+                           f"{env['torch']}, transformers {env['transformers']}, Python "
+                           f"{env['python']}; {world} process(es).")
+    results = {"rows": rows, "meta": meta}
+    _write(out / "predictions.jsonl", "".join(json.dumps(p) + "\n" for p in preds))
+    _write(out / "results.json", json.dumps(results, indent=1) + "\n")
+    _write(out / "results.md", markdown(rows, meta))
+    _write(out / "results.csv", csv_text(rows))
+    if rows:
+        plot(rows, out / "accuracy_vs_tokens.png",
+             cfg.title or f"{bench.name}: accuracy vs visual tokens ({cfg.model})")
+    return results
+
+
+__all__ = ["aggregate", "markdown", "csv_text", "plot", "write_outputs"]
