@@ -157,30 +157,28 @@ def _one_line(message: str) -> str:
     return " ".join(str(message).split()) or "unknown error"
 
 
-def _positive_seconds(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
-    return value
+def arg_type(convert, ok, what: str, name: str = ""):
+    """An argparse ``type=``: ``convert(text)`` that passes ``ok``, else one line saying what
+    was expected (``name`` is how argparse's messages refer to it)."""
+    def parse(text):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {value}")
+        return value
+    if name:
+        parse.__name__ = name
+    return parse
 
 
-_positive_seconds.__name__ = "--ttft-budget"
+_positive_seconds = arg_type(float, lambda v: 0 < v < float("inf"), "a number of seconds > 0",
+                             "--ttft-budget")
 
 
 def _positive_int(name):
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
-        return value
-    parse.__name__ = name  # argparse names the type in its messages
-    return parse
+    return arg_type(int, lambda v: v >= 1, "an integer >= 1", name)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -521,12 +519,7 @@ def main(argv: Optional[list] = None) -> int:
     except SystemExit:
         raise
     except Exception as e:  # noqa: BLE001 - the one place that turns errors into exit codes
-        if debug:
-            raise
-        if isinstance(e, _user_errors()):
-            _fail(_message(e), EXIT_USAGE)
-        _fail(f"internal error: {type(e).__name__}: {_message(e)} (rerun with "
-              f"VIDEOROUTER_DEBUG=1 for the traceback)", EXIT_INTERNAL)
+        fail_with(e, debug)
     if args.json:
         _write_stdout(json.dumps(out, default=_jsonable) + "\n")
     else:
@@ -538,6 +531,18 @@ def main(argv: Optional[list] = None) -> int:
             _broken_pipe()
         _write_stdout("")
     return 0
+
+
+def fail_with(e: Exception, debug: bool):
+    """Exit on an exception as every subcommand does: the user's mistakes (``_user_errors``)
+    one line and status 2, anything else one line with a hint and status 1; with
+    VIDEOROUTER_DEBUG set, the traceback instead."""
+    if debug:
+        raise e
+    if isinstance(e, _user_errors()):
+        _fail(_message(e), EXIT_USAGE)
+    _fail(f"internal error: {type(e).__name__}: {_message(e)} (rerun with "
+          f"VIDEOROUTER_DEBUG=1 for the traceback)", EXIT_INTERNAL)
 
 
 def _message(e: BaseException) -> str:

@@ -20,7 +20,7 @@ import shlex
 import sys
 from typing import List, Optional
 
-from ..cli import EXIT_INTERNAL, EXIT_USAGE, _Parser, _fail, _message, _quiet_libraries
+from ..cli import _Parser, _quiet_libraries
 from .methods import DEFAULT_METHODS, METHODS
 from .runner import PAPER_BUDGETS
 
@@ -149,13 +149,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.stderr.write(f"{PROG}: interrupted (rerun the same command to resume)\n")
         return 130
     except Exception as e:  # noqa: BLE001 - the one place that turns errors into exit codes
-        if debug:
-            raise
-        from ..cli import _user_errors
-        if isinstance(e, _user_errors()):
-            _fail(_message(e), EXIT_USAGE)
-        _fail(f"internal error: {type(e).__name__}: {_message(e)} (rerun with "
-              f"VIDEOROUTER_DEBUG=1 for the traceback)", EXIT_INTERNAL)
+        from ..cli import fail_with
+        fail_with(e, debug)
     return 0
 
 

@@ -76,34 +76,15 @@ def add_serve_parser(sub, positive_int, policy_help: str, dtypes) -> argparse.Ar
     return p
 
 
-def _port(text):
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a port number 0-65535, got {text!r}")
-    if not 0 <= v <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number 0-65535, got {v}")
-    return v
+def _arg_types():
+    from ..cli import arg_type  # standard library only
+    inf = float("inf")
+    return (arg_type(int, lambda v: 0 <= v <= 65535, "a port number 0-65535"),
+            arg_type(int, lambda v: v >= 0, "an integer >= 0"),
+            arg_type(float, lambda v: 0 < v < inf, "a number > 0"))
 
 
-def _non_negative_int(text):
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {v}")
-    return v
-
-
-def _positive_float(text):
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
-    if not v > 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
-    return v
+_port, _non_negative_int, _positive_float = _arg_types()
 
 
 def configs(args):
@@ -168,7 +149,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def run_serve(args) -> int:
-    from ..cli import EXIT_INTERNAL, EXIT_USAGE, _fail, _message, _user_errors
+    from ..cli import fail_with
     debug = os.environ.get("VIDEOROUTER_DEBUG", "") not in ("", "0")
     try:
         check_args(args)
@@ -183,12 +164,7 @@ def run_serve(args) -> int:
     except SystemExit:
         raise
     except Exception as e:  # noqa: BLE001 - start-up errors become one line, as in ask
-        if debug:
-            raise
-        if isinstance(e, _user_errors()):
-            _fail(_message(e), EXIT_USAGE)
-        _fail(f"internal error: {type(e).__name__}: {_message(e)} (rerun with "
-              f"VIDEOROUTER_DEBUG=1 for the traceback)", EXIT_INTERNAL)
+        fail_with(e, debug)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     note = "" if app_kw["api_key"] else " (no API key)"
