@@ -100,10 +100,9 @@ def _measure(cfg: dict, frames: int, visual_tokens: int, text_tokens: int, route
 
 
 def validate(dev, rep: int) -> List[Dict]:
-    from vr_runtime.tiny import tiny_config
+    from vr_runtime.backbones.internvl3 import InternVL3Backbone
     rows = []
-    tiny = tiny_config()
-    tiny = tiny.to_dict() if hasattr(tiny, "to_dict") else dict(tiny)
+    tiny = InternVL3Backbone.preset_config("tiny")
     with open(os.path.join(ROOT, "vr_runtime", "configs", "internvl3_1b.json")) as f:
         one_b = json.load(f)
     one_b["vision_config"]["num_hidden_layers"] = 2

@@ -74,7 +74,7 @@ def test_compressed_path_window1_equals_hf_forward(tiny_lm, frames):
     assert (other - ref).abs().max() > 1e-4
 
 
-def test_load_model_errors(tmp_path):
+def test_load_backbone_errors(tmp_path):
     with pytest.raises(ModelFilesError, match="not a directory"):
         load_backbone(tmp_path / "nope")
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "internvl"}))
@@ -128,7 +128,7 @@ def test_flash_attention_only_when_transformers_accepts_it(monkeypatch, small_co
     assert DV.pick_attn_implementation(None, cuda, torch.bfloat16) == "flash_attention_2"
     assert DV.pick_attn_implementation(None, cuda, torch.float32) == "sdpa"
     assert DV.pick_attn_implementation("eager", cuda, torch.bfloat16) == "eager"
-    # Chosen automatically but refused when the model is built: model_from_config uses sdpa.
+    # Chosen automatically but refused when the model is built: backbone_from_config uses sdpa.
     monkeypatch.delitem(sys.modules, "flash_attn")
     monkeypatch.setattr(M, "pick_attn_implementation", lambda *a: "flash_attention_2")
     lm = backbone_from_config(small_config(hidden=96), device="cpu", dtype="fp32")

@@ -51,7 +51,7 @@ class InternVL3Backbone(Backbone):
 
     # ------------------------------------------------------------------ identity and parts
     @property
-    def _inner(self):
+    def _hf(self):
         return self.model.model  # InternVLModel: vision_tower, multi_modal_projector, language_model
 
     @property
@@ -67,16 +67,16 @@ class InternVL3Backbone(Backbone):
         return FrameSpec(size=_pair(size), mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
     def decoder(self):
-        return self._inner.language_model
+        return self._hf.language_model
 
     def lm_head(self):
         return self.model.lm_head
 
     def vision_tower(self):
-        return self._inner.vision_tower
+        return self._hf.vision_tower
 
     def projector(self):
-        return self._inner.multi_modal_projector
+        return self._hf.multi_modal_projector
 
     # ------------------------------------------------------------------ vision
     def vision_features(self, pixel_values: torch.Tensor,
