@@ -153,3 +153,19 @@ def test_routers_read_the_bare_question():
             (a["policy_probability"], a["frame_scores"])
     with pytest.raises(ValueError, match="router_question"):
         vr.answer(frames, prompt, router_question="  ", **kw)
+
+
+def test_eval_runs_unchanged_on_qwen(synth_bench, tmp_path, capsys):
+    """SPEC section 7: evaluation works on the second backbone (tiny-qwen2.5-vl, random weights:
+    only the plumbing and the budgets are checked, not accuracy)."""
+    out = tmp_path / "qwen"
+    argv = ["--benchmark", "videomme", "--data", synth_bench["data"], "--videos",
+            synth_bench["videos"], "--model", "tiny-qwen2.5-vl", "--methods",
+            "uniform,fragment,no-image-router", "--budgets", "512", "--frames", FRAMES,
+            "--limit", 2, "--answer-mode", "option-text", "--out", out, "--no-progress",
+            "--max-new-tokens", 2]
+    status, _, err = run_cli(argv, capsys)
+    assert status == 0, err
+    preds = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert len(preds) == 2 * 3
+    assert all(0 < p["visual_tokens"] <= 512 for p in preds)
