@@ -12,24 +12,10 @@ Q = "Which color is the square in the video?"
 
 @pytest.fixture(scope="module")
 def tiny_clip_dir(tmp_path_factory):
-    """A tiny random CLIPModel (config only, nothing downloaded) + the tiny tokenizer, saved as
-    a local directory the way a real checkpoint is laid out."""
-    from transformers import CLIPConfig, CLIPModel
-    from vr_runtime.tiny import load_tiny_tokenizer
-    tok = load_tiny_tokenizer()
-    cfg = CLIPConfig(
-        text_config=dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=64,
-                         eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
-                         pad_token_id=tok.pad_token_id),
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                           num_attention_heads=2, image_size=64, patch_size=16),
-        projection_dim=16)
-    torch.manual_seed(0)
-    d = tmp_path_factory.mktemp("clip")
-    CLIPModel(cfg).eval().save_pretrained(d, safe_serialization=True)
-    tok.save_pretrained(d)
-    return d
+    """A tiny random CLIPModel + the tiny tokenizer saved as a local checkpoint directory
+    (nothing downloaded): the same stand-in `videorouter eval --clip` tests use."""
+    from vr_runtime.eval.synthetic import make_random_clip
+    return make_random_clip(tmp_path_factory.mktemp("clip"))
 
 
 def test_clip_scorer_similarities_and_topk(tiny_vr, tiny_clip_dir):
