@@ -27,7 +27,8 @@ not on a GPU). FLOPs count a multiply-add as 2.
 
 Device specs: H100 / H200 are nominal (dense bf16 tensor-core rate at an assumed 70% efficiency,
 HBM bandwidth at 90%): predictions there are a MODEL, not a measurement. ``cpu_device()``
-calibrates this machine: a measured matmul rate, copy bandwidth and per-operator overhead.
+calibrates this machine: a measured matmul rate, copy bandwidth, per-operator overhead and the
+fixed host cost of one ``pool_pack`` call.
 """
 from __future__ import annotations
 
@@ -57,6 +58,9 @@ class DeviceSpec:
     # ``cache_bytes``); None: every op streams from memory at ``bandwidth``.
     cache_bandwidth: Optional[float] = None
     cache_bytes: float = 0.0
+    # Fixed host cost of one pool_pack call (argument checks, the tile-table cache, dispatch):
+    # measured on a CPU by cpu_device(); 0 in the nominal GPU specs (not measured here).
+    pack_call_s: float = 0.0
 
     def memory_bandwidth(self, nbytes: float) -> float:
         if self.cache_bandwidth and nbytes <= self.cache_bytes:
@@ -125,10 +129,13 @@ def cpu_device(threads: int = 1, dtype_bytes: int = 4, reps: int = 7) -> DeviceS
             att.append((hd, 4 * 4 * 1024 * 1024 * hd / best))
         s = torch.randn(8, 8)
         best = _median(lambda: [s.add(1.0) for _ in range(100)], reps) / 100
+        from vr_kernels import pool_pack
+        z = torch.randn(4, 256, 8)      # a call with next to no data: its fixed cost
+        pack = _median(lambda: pool_pack(z, [1, 2, 4, 0], (16, 16), backend="torch"), reps * 3)
     finally:
         torch.set_num_threads(prev)
     return DeviceSpec(f"CPU ({threads} thread{'s' if threads > 1 else ''}, calibrated)", flops, bw, best,
-                      dtype_bytes, "CPU calibrated", tuple(rates), tuple(att), cbw, 4 * 2**20)
+                      dtype_bytes, "CPU calibrated", tuple(rates), tuple(att), cbw, 4 * 2**20, pack)
 
 
 def _median(fn, reps: int) -> float:
@@ -289,6 +296,7 @@ def stage_costs(shape: Shape, visual_tokens: int, text_tokens: int, num_frames: 
 
     cp = _Stage(device)
     cp.memory(kept * s.tokens_per_frame * s.d + visual_tokens * s.d, passes=1.0)
+    cp.seconds += device.pack_call_s
     out["compress"] = cp
 
     pf = _Stage(device)
