@@ -62,14 +62,19 @@ class LatencyModel:
         r = self.ratios[stage]
         return max(r) if r else 1.0
 
-    def predict(self, visual_tokens: int, text_tokens: int, num_frames: int, kept_frames: int,
-                routers: bool, router_layers: int, router_pool: int,
-                question_tokens: int) -> Dict[str, float]:
-        raw = stage_costs(self.shape, visual_tokens, text_tokens, num_frames, self.device,
-                          kept_frames=kept_frames, router_layers=router_layers,
-                          router_pool=router_pool, question_tokens=question_tokens,
-                          routers=routers)
-        return {s: raw[s]["seconds"] * self.scale(s) for s in STAGES}
+    def raw(self, visual_tokens: int, text_tokens: int, num_frames: int, kept_frames: int,
+            routers: bool, router_layers: int, router_pool: int,
+            question_tokens: int) -> Dict[str, float]:
+        """The cost model's stage seconds, uncorrected."""
+        st = stage_costs(self.shape, visual_tokens, text_tokens, num_frames, self.device,
+                         kept_frames=kept_frames, router_layers=router_layers,
+                         router_pool=router_pool, question_tokens=question_tokens,
+                         routers=routers)
+        return {s: st[s]["seconds"] for s in STAGES}
+
+    def predict(self, **kw) -> Dict[str, float]:
+        """:meth:`raw` scaled per stage by the measured ratios."""
+        return {s: v * self.scale(s) for s, v in self.raw(**kw).items()}
 
     @torch.inference_mode()
     def probe(self, vr, frames: int = 2, tokens: int = 512, question_tokens: int = 16) -> None:
@@ -100,16 +105,9 @@ class LatencyModel:
         raw_r = self.raw(visual_tokens=0, routers=True, **common)
         raw_p = self.raw(visual_tokens=tokens, routers=False, **dict(common, num_frames=0,
                                                                      kept_frames=0))
-        self.observe({"vision": raw_v["vision"], "router": raw_r["router"] - raw_v["router"],
+        self.observe({"vision": raw_v["vision"], "router": raw_r["router"],
                       "prefill": raw_p["prefill"]},
                      {"vision": t_vis, "router": t_rt, "prefill": t_pre})
-
-    def raw(self, **kw) -> Dict[str, float]:
-        saved, self.ratios = self.ratios, {s: collections.deque() for s in STAGES}
-        try:
-            return self.predict(**kw)
-        finally:
-            self.ratios = saved
 
     def observe(self, raw_predicted: Dict[str, float], measured: Dict[str, float]) -> None:
         """Record measured / raw-predicted per stage (stages that ran and took time)."""

@@ -125,6 +125,11 @@ def topk_relevant(scores: Sequence[float], budget: int, grid: Grid, w: Windows) 
     return [t in keep for t in range(T)]
 
 
+def kept_frames(plan: Sequence, grid: Grid) -> List[int]:
+    """Indices of the frames a plan keeps (a window with at least one token)."""
+    return [t for t, w in enumerate(plan) if B.window_tokens(w, grid) > 0]
+
+
 # ----------------------------------------------------------------------------- exact budget
 @dataclass(frozen=True)
 class FittedPlan:
@@ -169,7 +174,7 @@ def fit_plan(plan_for: Callable[[int], list], text_for: Callable[[Sequence[int]]
             plan = plan_for(budget)
         except BudgetError:
             return None
-        kept = [t for t, w in enumerate(plan) if B.window_tokens(w, grid) > 0]
+        kept = kept_frames(plan, grid)
         used = B.plan_tokens(plan, grid)
         t = text(kept)
         return FittedPlan(plan, budget, t) if used + t <= avail else None
@@ -193,4 +198,4 @@ def fit_plan(plan_for: Callable[[int], list], text_for: Callable[[Sequence[int]]
 __all__ = ["AUTO", "SEMANTIC_CLASSES", "UNTRAINED_AUTO_POLICY", "DEFAULT_THRESHOLD", "Windows",
            "Planner", "PLANNERS", "register_planner", "policy_names", "get_planner",
            "policy_from_logits", "relevant_from_probs", "relevant_from_logits", "topk_relevant",
-           "FittedPlan", "fit_plan"]
+           "FittedPlan", "fit_plan", "kept_frames"]

@@ -36,7 +36,7 @@ from vr_kernels import pooled_counts
 from . import budget as B
 from .backbones import Backbone, backbone_from_config, load_backbone
 from .policies import (AUTO, SEMANTIC_CLASSES, UNTRAINED_AUTO_POLICY, FittedPlan, Windows,
-                       fit_plan, get_planner, policy_from_logits, policy_names)
+                       fit_plan, get_planner, kept_frames, policy_from_logits, policy_names)
 from .reconstruct import reconstruct_embeds
 from .report import build_report
 from .routers import RouterConfig, Routers, embed_question
@@ -362,11 +362,10 @@ class VideoRouter:
 
         if not planner.budgeted:
             plan = planner.plan(T, None, grid, relevant, w)
-            fitted = FittedPlan(plan, None, text_for([t for t, x in enumerate(plan) if x]))
+            fitted = FittedPlan(plan, None, text_for(kept_frames(plan, grid)))
         elif req.budget is not None:
             plan = planner.plan(T, req.budget, grid, relevant, w)
-            fitted = FittedPlan(plan, req.budget, text_for(
-                [t for t, c in enumerate(pooled_counts(plan, grid)) if c]))
+            fitted = FittedPlan(plan, req.budget, text_for(kept_frames(plan, grid)))
         else:
             fitted = fit_plan(lambda b: planner.plan(T, b, grid, relevant, w), text_for, T,
                               req.max_length, req.max_new_tokens, req.margin, grid,
@@ -389,17 +388,22 @@ class VideoRouter:
             self._latency = model
         return self._latency
 
-    def _latency_inputs(self, req: Request, planner, T: int, plan: Sequence) -> dict:
+    def _latency_request(self, req: Request, planner, T: int):
+        """-> ``inputs(plan)``: the cost model's inputs for one plan of this request. What does
+        not depend on the plan (the prompt's text, the question's length) is counted once."""
+        fixed = dict(text_tokens=self.lm.text_tokens(req.question, T, req.system),
+                     routers=planner.needs_relevance and req.scorer.uses_routers,
+                     router_layers=self.routers.config.num_layers,
+                     router_pool=self.routers.config.router_pool,
+                     question_tokens=int(self.question_embeddings(req.routed_question).shape[0]))
         grid = self.lm.grid
-        kept = sum(1 for c in pooled_counts(plan, grid) if c)
-        routed = planner.needs_relevance and req.scorer.uses_routers
-        return dict(visual_tokens=sum(pooled_counts(plan, grid)),
-                    text_tokens=self.lm.text_tokens(req.question, T, req.system),
-                    # plan-first policies encode only the frames they keep
-                    num_frames=T if planner.needs_relevance else kept, kept_frames=kept,
-                    routers=routed, router_layers=self.routers.config.num_layers,
-                    router_pool=self.routers.config.router_pool,
-                    question_tokens=int(self.question_embeddings(req.routed_question).shape[0]))
+
+        def inputs(plan: Sequence) -> dict:
+            kept = len(kept_frames(plan, grid))
+            # plan-first policies encode only the frames they keep
+            return dict(fixed, visual_tokens=sum(pooled_counts(plan, grid)), kept_frames=kept,
+                        num_frames=T if planner.needs_relevance else kept)
+        return inputs
 
     def _fit_latency(self, req: Request, planner, T: int, relevant, fitted: FittedPlan,
                      text_for) -> FittedPlan:
@@ -407,6 +411,7 @@ class VideoRouter:
         from .latency import largest_fitting_budget
         model = self.latency_model()
         grid, w = self.lm.grid, req.windows
+        inputs = self._latency_request(req, planner, T)
 
         def plan_for(budget: int):
             try:
@@ -419,7 +424,7 @@ class VideoRouter:
             plan = plan_for(budget)
             if plan is None:
                 return float("inf")
-            return sum(model.predict(**self._latency_inputs(req, planner, T, plan)).values())
+            return sum(model.predict(**inputs(plan)).values())
 
         # The smallest budget that holds a frame at one of the policy's windows.
         sizes = sorted(B.window_tokens(x, grid) for x in (w.low, w.global_scale, w.high, 1))
@@ -430,13 +435,12 @@ class VideoRouter:
             f"ttft_budget_s {req.ttft_budget_s:g}: even the smallest plan is predicted at "
             f"{predicted(lo):.3f} s (the vision tower and routers see every frame); it was used",)
         plan = planner.plan(T, chosen, grid, relevant, w)
-        return FittedPlan(plan, chosen, text_for(
-            [t for t, c in enumerate(pooled_counts(plan, grid)) if c]), notes)
+        return FittedPlan(plan, chosen, text_for(kept_frames(plan, grid)), notes)
 
     def _latency_report(self, req: Request, planner, T: int, fitted: FittedPlan,
                         timer: StageTimer) -> dict:
         model = self.latency_model()
-        inputs = self._latency_inputs(req, planner, T, fitted.plan)
+        inputs = self._latency_request(req, planner, T)(fitted.plan)
         raw = model.raw(**inputs)
         pred = model.predict(**inputs)
         model.observe(raw, timer.times)   # corrects the next prediction
@@ -556,7 +560,7 @@ class VideoRouter:
         else:
             fitted = self.plan(req, decision.policy, T)
         notes += fitted.notes
-        keep = [t for t, c in enumerate(pooled_counts(fitted.plan, self.lm.grid)) if c]
+        keep = kept_frames(fitted.plan, self.lm.grid)
         if Z is None:
             Z = self.encode(frames, req, timer, state, keep)
         elif len(keep) < T:
