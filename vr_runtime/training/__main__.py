@@ -7,6 +7,12 @@
         -m vr_runtime.training stage --config stage1 --set model=path/to/InternVL3-8B-hf
     python -m vr_runtime.training policy-labels --accuracies ab.jsonl --tau 0.02 \\
         [--questions questions.jsonl --out policy.jsonl]
+    python -m vr_runtime.training frame-labels --data mc.jsonl --videos DIR --out flr.jsonl \
+        [--model tiny] [--mode drop|pool8] [--margin 1.0] [--diagnostics diag.jsonl]
+    python -m vr_runtime.training ab-probe --data mc.jsonl --videos DIR --out ab.jsonl \
+        [--routers r.safetensors | --relevance flr.jsonl] [--budget 1024]
+    python -m vr_runtime.training label-study --work runs/label_study \
+        --results bench/results/label_study.json
     python -m vr_runtime.training tiny [--work runs/tiny] [--ship]   # the whole tiny demo
     python -m vr_runtime.training curves --runs runs/tiny --out bench/results/training_curves.png
 """
@@ -54,6 +60,48 @@ def main(argv=None) -> int:
     s.add_argument("--tau", type=float, required=True)
     s.add_argument("--questions", default=None)
     s.add_argument("--out", default=None)
+    for name, hlp in (("frame-labels", "counterfactual frame-relevance labels (Appendix A)"),
+                      ("ab-probe", "forced Global vs Fragment accuracy per category"),
+                      ("label-study", "frame-labels on the synthetic task vs its true labels")):
+        s = sub.add_parser(name, help=hlp)
+        if name == "label-study":
+            s.add_argument("--work", default="runs/label_study")
+            s.add_argument("--results", default="bench/results/label_study.json")
+            s.add_argument("--videos-count", type=int, default=8, dest="num_videos")
+            s.add_argument("--seed", type=int, default=0)
+        else:
+            s.add_argument("--data", required=True, help="questions (a file or a folder)")
+            s.add_argument("--videos", required=True, help="folder the video paths resolve in")
+            s.add_argument("--benchmark", default="jsonl",
+                           help="reader: jsonl (default), videomme, longvideobench, mlvu")
+            s.add_argument("--out", required=True)
+            s.add_argument("--limit", type=int, default=None)
+        s.add_argument("--model", default="tiny")
+        s.add_argument("--routers", default=None)
+        s.add_argument("--frames", type=int, default=16)
+        s.add_argument("--answer-mode", default="option-text" if name == "label-study"
+                       else "letter", choices=("letter", "option-text"))
+        s.add_argument("--prompt-style", default="bare" if name == "label-study" else "mc",
+                       choices=("mc", "bare"))
+        s.add_argument("--device", default="cpu")
+        s.add_argument("--dtype", default=None)
+        if name == "ab-probe":
+            s.add_argument("--relevance", default=None,
+                           help="JSONL of id + frame_labels for Fragment (default: the routers)")
+            s.add_argument("--scoring", default="loglik", choices=("loglik", "generate"))
+            s.add_argument("--max-length", type=int, default=12288)
+            s.add_argument("--budget", type=int, default=None)
+            s.add_argument("--max-new-tokens", type=int, default=16)
+            s.add_argument("--predictions", default=None)
+        else:
+            s.add_argument("--mode", default="drop", choices=("drop", "pool8"))
+            s.add_argument("--margin", type=float, default=1.0)
+            s.add_argument("--rule", default="union",
+                           choices=("union", "necessary", "minimal-set"))
+            s.add_argument("--max-set", type=int, default=None)
+            s.add_argument("--batch", type=int, default=8)
+        if name == "frame-labels":
+            s.add_argument("--diagnostics", default=None)
     s = sub.add_parser("tiny", help="synthetic data + the three tiny stages + curves")
     s.add_argument("--work", default="runs/tiny")
     s.add_argument("--ship", action="store_true", help="copy the weights to vr_runtime/assets/tiny")
@@ -65,7 +113,9 @@ def main(argv=None) -> int:
     s.add_argument("--out", default="bench/results/training_curves.png")
     a = ap.parse_args(argv)
 
-    from vr_runtime.errors import ModelFilesError, RouterWeightsError
+    from vr_runtime.errors import DeviceError, ModelFilesError, RouterWeightsError, VideoError
+    from vr_runtime.eval.benchmarks import BenchmarkError
+    from .labels import LabelError
     from .config import ConfigError
     from .data import DataFormatError
     try:
@@ -90,6 +140,8 @@ def main(argv=None) -> int:
                     raise ConfigError("--out: needed with --questions")
                 n = label_questions(a.questions, labels, a.out)
                 print(f"wrote {n} labelled questions to {a.out}", file=sys.stderr)
+        elif a.cmd in ("frame-labels", "ab-probe", "label-study"):
+            _labels_command(a, argv)
         elif a.cmd == "tiny":
             from .tiny_demo import run_tiny
             run_tiny(a.work, ship=a.ship, n_train=a.train, n_heldout=a.heldout,
@@ -97,10 +149,57 @@ def main(argv=None) -> int:
         elif a.cmd == "curves":
             from .curves import plot_curves
             plot_curves(a.runs, a.out)
-    except (ConfigError, DataFormatError, ModelFilesError, RouterWeightsError) as e:
+    except (ConfigError, DataFormatError, ModelFilesError, RouterWeightsError, LabelError,
+            BenchmarkError, VideoError, DeviceError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _labels_command(a, argv) -> None:
+    """frame-labels / ab-probe / label-study: every argument and the question file are checked
+    before the model loads."""
+    import shlex
+    from . import labels as L
+    cfg = L.LabelConfig(model=a.model, routers=a.routers, frames=a.frames,
+                        answer_mode=a.answer_mode, prompt_style=a.prompt_style, device=a.device,
+                        dtype=a.dtype)
+    for k in ("benchmark", "data", "videos", "limit", "mode", "margin", "rule", "max_set",
+              "batch"):
+        if hasattr(a, k):
+            setattr(cfg, k, getattr(a, k))
+    if a.cmd == "label-study":
+        if a.num_videos < 1:
+            raise L.LabelError(f"--videos-count: expected >= 1, got {a.num_videos}")
+        cmd = "python -m vr_runtime.training " + " ".join(
+            shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv))
+        study = L.label_study(cfg, a.work, a.results, a.num_videos, a.seed, command=cmd)
+        print(json.dumps({k: study[k] for k in ("questions", "labelled", "unanswerable",
+                                                "labels", "wall_s")}, indent=2))
+        print(f"wrote {a.results} and {study['relevance_jsonl']}", file=sys.stderr)
+        return
+    L.check_config(cfg)
+    if a.cmd == "ab-probe":
+        if a.max_length < 1 or (a.budget is not None and a.budget < 1) or a.max_new_tokens < 1:
+            raise L.LabelError("--max-length, --budget and --max-new-tokens: expected ints >= 1")
+    relevance = L.read_relevance(a.relevance) if getattr(a, "relevance", None) else None
+    questions = L.load_questions(cfg)
+    if relevance is not None:
+        L.check_relevance(questions, relevance, cfg.frames)
+    vr = L.load_router(cfg)
+    if a.cmd == "frame-labels":
+        res = L.label_frames(vr, questions, cfg, a.out, a.diagnostics)
+        res.pop("diagnostics")
+        print(json.dumps(res, indent=2))
+    else:
+        if relevance is None and not vr.routers_trained:
+            print("note: the routers are untrained; Fragment's frame scores come from untrained "
+                  "weights (pass --routers or --relevance)", file=sys.stderr)
+        acc = L.ab_probe(vr, questions, cfg, a.out, relevance, a.scoring, a.max_length,
+                         a.budget, a.max_new_tokens, a.predictions)
+        print(json.dumps({c: {"acc_global": g, "acc_fragment": f} for c, (g, f) in acc.items()},
+                         indent=2))
+    print(f"wrote {a.out}", file=sys.stderr)
 
 
 if __name__ == "__main__":

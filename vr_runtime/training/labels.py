@@ -1,0 +1,446 @@
+"""The paper's label construction (Appendix A) as tools for any backbone and any
+multiple-choice QA file that ``videorouter eval`` reads (``vr_runtime.eval.benchmarks``).
+
+(a) Frame relevance by counterfactual necessity (Video-FLR style), :func:`counterfactual_labels`.
+    For one question with options and correct option c, every option is scored by its
+    log-likelihood (:meth:`VideoRouter.option_logprobs`: the option's letter, or its text + the
+    end-of-turn token, after the runtime's own prompt). The reference plan keeps every sampled
+    frame at full resolution (window 1). ``off`` is the ablated window: 0 (``mode="drop"``, the
+    frame leaves the prompt) or 8 (``mode="pool8"``, 8x8 pooling).
+
+    1. consistency: the reference must pick c (highest log-likelihood), else the question is
+       ``unanswerable`` and gets no labels (the paper's first validation filter);
+    2. necessity: frame t is *necessary* if the reference with frame t at ``off`` no longer
+       picks c, or lowers log p(c) by more than ``margin`` nats;
+    3. greedy minimal sufficient set S: start from every frame at ``off`` (nothing / most
+       pooled); while the plan "S at full resolution, the rest at ``off``" does not both pick c
+       and reach log p(c) >= reference log p(c) - ``margin``, add the frame t not in S whose
+       addition gives the largest log p(c) (ties: the earlier frame). It ends at the latest when
+       S holds every frame (that plan is the reference). ``max_set`` caps |S| (then
+       ``sufficient`` is false).
+    4. ``frame_labels`` (``rule``): ``union`` (default) = necessary or in S; ``necessary``; or
+       ``minimal-set``. Necessity alone labels nothing when the evidence is repeated in several
+       frames (no single one is needed); S finds one copy of it, so the union is the default.
+
+    Each video is decoded and encoded (Z) once; every counterfactual plan of every question on
+    it reuses Z, and plans of equal prompt length share a decoder pass (``batch``).
+
+(b) The A/B probe (Video-QTR style), :func:`ab_probe`: each question answered with forced
+    ``global`` and forced ``fragment`` (frame scores from the routers' Image Router, or fixed
+    labels through :class:`~vr_runtime.scorers.FixedRelevance`), accuracy per question
+    category (the reader's ``category``: the generic JSONL's ``category`` field, Video-MME's
+    ``task_type``, LongVideoBench's ``question_category``, MLVU's ``question_type``) ->
+    ``{"category", "acc_global", "acc_fragment", "n"}`` lines for ``policy-labels --tau``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+MODES = {"drop": 0, "pool8": 8}
+LABEL_RULES = ("union", "necessary", "minimal-set")
+SCORINGS = ("loglik", "generate")
+FULL = 1          # the reference window: full resolution
+
+
+class LabelError(ValueError):
+    """A label-construction argument or input that cannot be used."""
+
+
+# ----------------------------------------------------------------------------- option scoring
+def option_continuations(tokenizer, options: Sequence[str], answer_mode: str) -> List[List[int]]:
+    """Token ids each option is scored by: its letter (``letter``) or its text followed by the
+    end-of-turn token (``option-text``; the end token makes "red" and "red circle" differ)."""
+    from ..eval.benchmarks import LETTERS
+    if answer_mode == "letter":
+        return [tokenizer.encode(LETTERS[i], add_special_tokens=False)
+                for i in range(len(options))]
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if not isinstance(end, int) or end == tokenizer.unk_token_id:
+        end = tokenizer.eos_token_id
+    return [tokenizer.encode(str(o), add_special_tokens=False) + [int(end)] for o in options]
+
+
+def _picks(lp: torch.Tensor, correct: int) -> bool:
+    return int(torch.argmax(lp)) == correct
+
+
+# ----------------------------------------------------------------------------- (a) the rule
+def counterfactual_labels(score: Callable[[List[list]], torch.Tensor], num_frames: int,
+                          correct: int, mode: str = "drop", margin: float = 1.0,
+                          rule: str = "union", max_set: Optional[int] = None) -> dict:
+    """Frame labels of one question (see the module doc). ``score(plans)`` -> [P, options]
+    log-likelihoods for a list of plans (one window per frame). Pure logic over ``score``."""
+    if mode not in MODES:
+        raise LabelError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
+    if rule not in LABEL_RULES:
+        raise LabelError(f"rule {rule!r}: expected one of {', '.join(LABEL_RULES)}")
+    if not margin >= 0:
+        raise LabelError(f"margin: expected >= 0 nats, got {margin!r}")
+    off, T = MODES[mode], int(num_frames)
+    calls = [0]
+
+    def s(plans):
+        calls[0] += len(plans)
+        return score([list(p) for p in plans]).float()
+
+    ref = s([[FULL] * T])[0]
+    out = {"reference_logprobs": [round(float(x), 5) for x in ref]}
+    if not _picks(ref, correct):
+        return {"status": "unanswerable", "frame_labels": None, **out, "forwards": calls[0]}
+    loo = s([[off if u == t else FULL for u in range(T)] for t in range(T)])
+    drop = (ref[correct] - loo[:, correct]).tolist()
+    flips = [not _picks(loo[t], correct) for t in range(T)]
+    necessary = [int(flips[t] or drop[t] > margin) for t in range(T)]
+
+    def only(S):
+        return [FULL if u in S else off for u in range(T)]
+
+    def enough(lp):
+        return _picks(lp, correct) and float(lp[correct]) >= float(ref[correct]) - margin
+
+    S: List[int] = []
+    cur = s([only(S)])[0]
+    trace = [round(float(cur[correct]), 5)]
+    cap = T if max_set is None else min(int(max_set), T)
+    while not enough(cur) and len(S) < cap:
+        cands = [t for t in range(T) if t not in S]
+        lps = s([only(set(S) | {t}) for t in cands])
+        best = max(range(len(cands)), key=lambda i: (float(lps[i, correct]), -i))
+        S.append(cands[best])
+        cur = lps[best]
+        trace.append(round(float(cur[correct]), 5))
+    in_set = [int(t in S) for t in range(T)]
+    if rule == "necessary":
+        labels = necessary
+    elif rule == "minimal-set":
+        labels = in_set
+    else:
+        labels = [int(a or b) for a, b in zip(necessary, in_set)]
+    return {"status": "ok", "frame_labels": labels, **out, "necessary": necessary,
+            "logprob_drop": [round(float(x), 5) for x in drop],
+            "answer_flips": [int(x) for x in flips], "minimal_set": S,
+            "minimal_set_order_logprob": trace, "sufficient": bool(enough(cur)),
+            "forwards": calls[0]}
+
+
+# ----------------------------------------------------------------------------- shared plumbing
+@dataclass
+class LabelConfig:
+    benchmark: str = "jsonl"
+    data: str = ""
+    videos: str = ""
+    model: str = "tiny"
+    routers: Optional[str] = None
+    frames: int = 16
+    mode: str = "drop"
+    margin: float = 1.0
+    rule: str = "union"
+    max_set: Optional[int] = None
+    answer_mode: str = "letter"
+    prompt_style: str = "mc"
+    batch: int = 8
+    limit: Optional[int] = None
+    device: str = "cpu"
+    dtype: Optional[str] = None
+
+
+def check_config(cfg: LabelConfig) -> None:
+    """Every argument, before any model loads or video decodes."""
+    from ..eval.prompting import PromptConfig
+    if cfg.mode not in MODES:
+        raise LabelError(f"--mode {cfg.mode!r}: expected one of {', '.join(MODES)}")
+    if cfg.rule not in LABEL_RULES:
+        raise LabelError(f"--rule {cfg.rule!r}: expected one of {', '.join(LABEL_RULES)}")
+    if not cfg.margin >= 0:
+        raise LabelError(f"--margin: expected >= 0 (nats of log-likelihood), got {cfg.margin}")
+    for name, v in (("--frames", cfg.frames), ("--batch", cfg.batch)):
+        if not isinstance(v, int) or v < 1:
+            raise LabelError(f"{name}: expected an int >= 1, got {v!r}")
+    if cfg.max_set is not None and cfg.max_set < 1:
+        raise LabelError(f"--max-set: expected an int >= 1, got {cfg.max_set}")
+    if cfg.limit is not None and cfg.limit < 1:
+        raise LabelError(f"--limit: expected an int >= 1, got {cfg.limit}")
+    PromptConfig(answer_mode=cfg.answer_mode, style=cfg.prompt_style)
+    from ..backbones import PRESETS
+    if str(cfg.model) not in PRESETS and not pathlib.Path(cfg.model).expanduser().is_dir():
+        raise LabelError(f"--model {cfg.model!r}: not a preset ({', '.join(PRESETS)}) nor a "
+                         f"local checkpoint directory")
+    if cfg.routers is not None and not pathlib.Path(cfg.routers).is_file():
+        raise LabelError(f"--routers {cfg.routers!r}: no such file")
+
+
+def load_questions(cfg: LabelConfig):
+    from ..eval.benchmarks import load_benchmark
+    return load_benchmark(cfg.benchmark, cfg.data, cfg.videos, limit=cfg.limit).questions
+
+
+def load_router(cfg: LabelConfig):
+    from ..devices import resolve_device, resolve_dtype
+    from ..runtime import VideoRouter
+    dev = resolve_device(cfg.device)
+    return VideoRouter.from_pretrained(cfg.model, routers=cfg.routers, device=dev,
+                                       dtype=resolve_dtype(cfg.dtype, dev), warmup_frames=0)
+
+
+def by_video(questions) -> Dict[str, list]:
+    out: Dict[str, list] = defaultdict(list)
+    for q in questions:
+        out[q.video].append(q)
+    return dict(sorted(out.items()))
+
+
+def load_clip(vr, path: str, frames: int):
+    from ..video import load_video
+    spec = vr.lm.frame_spec
+    return load_video(path, num_frames=frames, size=spec.size[0], mean=spec.mean, std=spec.std)
+
+
+def _write_jsonl(path, lines: Sequence[dict]) -> None:
+    """All at once through a temporary file: nothing half-written."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------- (a) driver
+def label_frames(vr, questions, cfg: LabelConfig, out: str, diagnostics: Optional[str] = None,
+                 progress: bool = False) -> dict:
+    """(a) over ``questions`` -> a Stage 1 relevance JSONL at ``out`` (answerable questions
+    only; video paths relative to its folder) and, optionally, one diagnostics line per
+    question. Returns counts and timings."""
+    from ..eval.benchmarks import LETTERS
+    from ..eval.prompting import PromptConfig, mc_prompt
+    pcfg = PromptConfig(answer_mode=cfg.answer_mode, style=cfg.prompt_style)
+    root = pathlib.Path(out).resolve().parent
+    lines, diag = [], []
+    t0 = time.perf_counter()
+    enc_s = 0.0
+    for video, qs in by_video(questions).items():
+        clip = load_clip(vr, video, cfg.frames)
+        t1 = time.perf_counter()
+        Z = vr.lm.encode_frames(clip.pixel_values)           # once per video
+        enc_s += time.perf_counter() - t1
+        T = int(Z.shape[0])
+        for q in qs:
+            prompt = mc_prompt(q.question, q.options, pcfg)
+            conts = option_continuations(vr.lm.tokenizer, q.options, cfg.answer_mode)
+            correct = LETTERS.index(q.answer)
+            t1 = time.perf_counter()
+            res = counterfactual_labels(
+                lambda plans: vr.option_logprobs(Z, prompt, plans, conts, batch_size=cfg.batch),
+                T, correct, cfg.mode, cfg.margin, cfg.rule, cfg.max_set)
+            diag.append({"id": q.id, "video": video, "category": q.category, **res,
+                         "seconds": round(time.perf_counter() - t1, 4)})
+            if progress:
+                print(f"{q.id}: {res['status']} {res['frame_labels']}", flush=True)
+            if res["status"] != "ok":
+                continue
+            lines.append({"id": q.id, "video": os.path.relpath(video, root),
+                          "question": q.question, "answer": q.options[correct],
+                          "frame_labels": res["frame_labels"], "category": q.category,
+                          "label_source": f"counterfactual-{cfg.mode}-{cfg.rule}"})
+    _write_jsonl(out, lines)
+    if diagnostics:
+        _write_jsonl(diagnostics, diag)
+    return {"questions": len(diag), "labelled": len(lines),
+            "unanswerable": sum(d["status"] != "ok" for d in diag),
+            "forwards": sum(d["forwards"] for d in diag), "encode_s": round(enc_s, 3),
+            "wall_s": round(time.perf_counter() - t0, 3), "diagnostics": diag}
+
+
+# ----------------------------------------------------------------------------- (b) A/B probe
+def read_relevance(path: str) -> Dict[str, List[int]]:
+    """``id`` -> ``frame_labels`` of a JSONL (the output of (a), or data lines that carry
+    labels)."""
+    from .data import DataFormatError, _labels, iter_jsonl
+    out = {}
+    for where, rec in iter_jsonl(path, "relevance"):
+        if not isinstance(rec, dict) or not isinstance(rec.get("id"), (str, int)):
+            raise DataFormatError(f"{where}: expected an object with an 'id' and 'frame_labels'")
+        out[str(rec["id"])] = _labels(rec.get("frame_labels"), where)
+    return out
+
+
+def check_relevance(questions, relevance: Dict[str, List[int]], frames: int) -> None:
+    for q in questions:
+        if q.id not in relevance:
+            raise LabelError(f"--relevance: no frame_labels for question {q.id!r}")
+        if len(relevance[q.id]) != frames:
+            raise LabelError(f"--relevance: question {q.id!r} has {len(relevance[q.id])} frame "
+                             f"labels, --frames is {frames} (one label per sampled frame)")
+
+
+def ab_probe(vr, questions, cfg: LabelConfig, out: str, relevance: Optional[dict] = None,
+             scoring: str = "loglik", max_length: int = 12288, budget: Optional[int] = None,
+             max_new_tokens: int = 16, predictions: Optional[str] = None) -> Dict[str, tuple]:
+    """(b): forced Global vs forced Fragment per question -> per-category accuracies written to
+    ``out`` (the ``policy-labels --accuracies`` format); returns {category: (g, f)}.
+
+    ``relevance`` (id -> labels): Fragment's frame scores through ``FixedRelevance``; None: the
+    routers' Image Router. ``scoring``: ``loglik`` -- the option with the highest
+    log-likelihood under the plan ``answer`` made (as (a) scores); ``generate`` -- the generated
+    answer, extracted as ``videorouter eval`` does (``--answer-mode``)."""
+    from ..eval.benchmarks import LETTERS
+    from ..eval.prompting import PromptConfig, extract_answer, mc_prompt
+    from ..report import json_window
+    from ..scorers import FixedRelevance
+    if scoring not in SCORINGS:
+        raise LabelError(f"--scoring {scoring!r}: expected one of {', '.join(SCORINGS)}")
+    pcfg = PromptConfig(answer_mode=cfg.answer_mode, style=cfg.prompt_style)
+    if relevance is not None:
+        check_relevance(questions, relevance, cfg.frames)
+    right: Dict[str, List[int]] = defaultdict(lambda: [0, 0, 0])
+    preds = []
+    for video, qs in by_video(questions).items():
+        clip = load_clip(vr, video, cfg.frames)
+        Z = vr.lm.encode_frames(clip.pixel_values) if scoring == "loglik" else None
+        for q in qs:
+            prompt = mc_prompt(q.question, q.options, pcfg)
+            cat = q.category or "uncategorized"
+            row = {"id": q.id, "category": cat, "answer": q.answer}
+            for j, policy in enumerate(("global", "fragment")):
+                kw = {}
+                if policy == "fragment" and relevance is not None:
+                    kw["scorer"] = FixedRelevance(relevance[q.id])
+                res = vr.answer(clip, prompt, num_frames=cfg.frames, max_length=max_length,
+                                max_new_tokens=max_new_tokens if scoring == "generate" else 0,
+                                policy=policy, budget=budget, cache_visual=True,
+                                router_question=q.question, **kw)
+                if scoring == "generate":
+                    pred = extract_answer(res.text, q.options, cfg.answer_mode)
+                else:
+                    plan = [tuple(w) if isinstance(w, list) else w for w in res.report["scales"]]
+                    lp = vr.option_logprobs(Z, prompt, [plan], option_continuations(
+                        vr.lm.tokenizer, q.options, cfg.answer_mode))[0]
+                    pred = LETTERS[int(torch.argmax(lp))]
+                right[cat][j] += int(pred == q.answer)
+                row[policy] = {"prediction": pred, "visual_tokens": res.report["visual_tokens"],
+                               "scales": [json_window(w) for w in res.report["scales"]]}
+            right[cat][2] += 1
+            preds.append(row)
+    acc = {c: (g / n, f / n) for c, (g, f, n) in sorted(right.items())}
+    _write_jsonl(out, [{"category": c, "acc_global": g, "acc_fragment": f, "n": right[c][2]}
+                       for c, (g, f) in acc.items()])
+    if predictions:
+        _write_jsonl(predictions, preds)
+    return acc
+
+
+# ----------------------------------------------------------------------------- the study
+def agreement(pairs: Sequence[tuple]) -> dict:
+    """(generated labels, ground truth) pairs -> per-frame agreement, precision, recall, F1."""
+    tp = fp = fn = tn = 0
+    for got, want in pairs:
+        for a, b in zip(got, want):
+            tp += a and b
+            fp += a and not b
+            fn += b and not a
+            tn += not a and not b
+    n = tp + fp + fn + tn
+    p = tp / (tp + fp) if tp + fp else None
+    r = tp / (tp + fn) if tp + fn else None
+    f1 = 2 * p * r / (p + r) if p and r else (0.0 if p is not None and r is not None else None)
+    return {"frames": n, "agreement": (tp + tn) / n if n else None, "precision": p,
+            "recall": r, "f1": f1, "positives": tp + fp, "true_positives_gt": tp + fn}
+
+
+def auc(pos: Sequence[float], neg: Sequence[float]) -> Optional[float]:
+    """P(a positive scores above a negative), ties counting half; None without both."""
+    if not pos or not neg:
+        return None
+    return sum(1.0 if p > n else 0.5 if p == n else 0.0 for p in pos for n in neg) / (
+        len(pos) * len(neg))
+
+
+def drop_auc(diagnostics: Sequence[dict], truth: Dict[str, List[int]]) -> Optional[float]:
+    """Threshold-free: the mean over questions of the AUC with which the per-frame
+    log-likelihood drop ranks the true evidence frames above the others."""
+    vals = [auc([x for x, y in zip(d["logprob_drop"], truth[d["id"]]) if y],
+                [x for x, y in zip(d["logprob_drop"], truth[d["id"]]) if not y])
+            for d in diagnostics]
+    vals = [v for v in vals if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def synthetic_mc(out_dir: str, videos: int, seed: int = 0, frames: int = 16) -> str:
+    """The synthetic evidence task's Fragment questions (``training.synthetic.generate``) as a
+    generic multiple-choice JSONL (options: the shapes, shuffled), keeping the generator's
+    ``frame_labels`` (the reader ignores them; the study compares against them)."""
+    import random
+    from . import synthetic as S
+    paths = S.generate(out_dir, videos, seed=seed, num_frames=frames, split="study")
+    rng = random.Random(f"label-study-{seed}")
+    lines = []
+    with open(paths["relevance"], encoding="utf-8") as f:
+        for line in f:
+            r = json.loads(line)
+            opts = list(S.SHAPES)
+            rng.shuffle(opts)
+            lines.append({"id": r["id"], "video": r["video"], "question": r["question"],
+                          "options": opts, "answer": r["answer"], "category": r["category"],
+                          "frame_labels": r["frame_labels"]})
+    mc = os.path.join(out_dir, "study_mc.jsonl")
+    _write_jsonl(mc, lines)
+    return mc
+
+
+def label_study(cfg: LabelConfig, work: str, results: str, videos: int = 8, seed: int = 0,
+                command: str = "") -> dict:
+    """(a) on the synthetic task with ``cfg.model``: agreement of the counterfactual labels (and
+    of necessity and the minimal set alone) with the generator's, into ``results`` (JSON with
+    device, date, versions, command); the labels also go to ``work/study_relevance.jsonl``
+    (Stage 1's format)."""
+    from ..eval.runner import environment
+    check_config(cfg)
+    os.makedirs(work, exist_ok=True)
+    mc = synthetic_mc(work, videos, seed, cfg.frames)
+    cfg.data, cfg.videos, cfg.benchmark = mc, work, "jsonl"
+    truth = {}
+    with open(mc, encoding="utf-8") as f:
+        for line in f:
+            r = json.loads(line)
+            truth[r["id"]] = r["frame_labels"]
+    questions = load_questions(cfg)
+    vr = load_router(cfg)
+    rel = os.path.join(work, "study_relevance.jsonl")
+    res = label_frames(vr, questions, cfg, rel, os.path.join(work, "study_diagnostics.jsonl"))
+    ok = [d for d in res.pop("diagnostics") if d["status"] == "ok"]
+    study = {
+        "what": "counterfactual frame labels (vr_runtime.training.labels, rule (a)) vs the "
+                "synthetic generator's ground-truth frame labels, on the Fragment questions",
+        "command": command, **environment(), "torch_threads": torch.get_num_threads(),
+        "model": cfg.model, "settings": {k: getattr(cfg, k) for k in (
+            "frames", "mode", "margin", "rule", "max_set", "answer_mode", "prompt_style",
+            "batch")},
+        "videos": videos, "seed": seed, **res,
+        "labels": agreement([(d["frame_labels"], truth[d["id"]]) for d in ok]),
+        "necessary_only": agreement([(d["necessary"], truth[d["id"]]) for d in ok]),
+        "minimal_set_only": agreement([([int(t in d["minimal_set"]) for t in
+                                         range(len(d["necessary"]))], truth[d["id"]])
+                                       for d in ok]),
+        "logprob_drop_auc": drop_auc(ok, truth),
+        "mean_minimal_set_size": (sum(len(d["minimal_set"]) for d in ok) / len(ok)) if ok
+        else None,
+        "relevance_jsonl": rel,
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(results)) or ".", exist_ok=True)
+    tmp = results + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(study, f, indent=2)
+    os.replace(tmp, results)
+    return study
+
+
+__all__ = ["MODES", "LABEL_RULES", "SCORINGS", "LabelError", "LabelConfig",
+           "counterfactual_labels", "option_continuations", "label_frames", "ab_probe",
+           "read_relevance", "check_relevance", "agreement", "auc", "drop_auc", "synthetic_mc", "label_study", "check_config"]
