@@ -74,6 +74,10 @@ class DeviceSpec:
     # Fixed host cost of one pool_pack call (argument checks, the tile-table cache, dispatch):
     # measured on a CPU by cpu_device(); 0 in the nominal GPU specs (not measured here).
     pack_call_s: float = 0.0
+    # CPU ``index_copy_`` (pool_pack's write into ``out``) runs far below the copy bandwidth, at
+    # a cost per row plus a cost per element: measured by cpu_device(); 0: bandwidth-bound.
+    index_copy_row_s: float = 0.0
+    index_copy_element_s: float = 0.0
 
     def memory_bandwidth(self, nbytes: float) -> float:
         if self.cache_bandwidth and nbytes <= self.cache_bytes:
@@ -152,6 +156,7 @@ def cpu_device(threads: int = 1, dtype_bytes: int = 4, reps: int = 7) -> DeviceS
     * bandwidth from memory (an add over 32 MB) and within the last-level cache (an add over 1 MB);
     * non-causal ``scaled_dot_product_attention`` rates by head dim (16 .. 128) and length
       (128, 512, 1,024 keys): short sequences run well below the long-sequence rate;
+    * ``index_copy_``'s cost per row and per element (two shapes: 2,048 x 16, 256 x 1,024);
     * the fixed cost of a small operator (host dispatch);
     * the fixed host cost of one ``pool_pack`` call on the PyTorch path (argument checks, the
       cached index tables, one ``embedding_bag`` over next to no data).
@@ -180,6 +185,15 @@ def cpu_device(threads: int = 1, dtype_bytes: int = 4, reps: int = 7) -> DeviceS
                 qkv = torch.randn(3, 1, seqs, n, hd)
                 t = _median(lambda: torch.nn.functional.scaled_dot_product_attention(*qkv), reps)
                 att.append((hd, n, 4 * seqs * n * n * hd / t))
+        # index_copy_ (sorted rows, as pool_pack's out path): many narrow rows, then few wide
+        # ones; solve t = rows * per_row + elements * per_element.
+        ic = []
+        for n, w in ((2048, 16), (256, 1024)):
+            src, dst, idx = torch.randn(n, w), torch.zeros(n + 64, w), torch.arange(n) + 32
+            ic.append((n, w, _median(lambda: dst.index_copy_(0, idx, src), reps)))
+        (n1, w1, t1), (n2, w2, t2) = ic
+        ic_el = max(0.0, (t2 / n2 - t1 / n1) / (w2 - w1))
+        ic_row = max(0.0, t1 / n1 - w1 * ic_el)
         s = torch.randn(8, 8)
         op = _median(lambda: [s.add(1.0) for _ in range(100)], reps) / 100
         from vr_kernels import pool_pack
@@ -190,7 +204,8 @@ def cpu_device(threads: int = 1, dtype_bytes: int = 4, reps: int = 7) -> DeviceS
     return DeviceSpec(f"CPU ({threads} thread{'s' if threads > 1 else ''}, calibrated)", max(r for _, r in mm),
                       bw, op_overhead_s=op, dtype_bytes=dtype_bytes, label="CPU calibrated",
                       matmul_rates=tuple(mm), attention_rates=tuple(att), flash_kv_block=CPU_FLASH_KV_BLOCK,
-                      cache_bandwidth=cbw, cache_bytes=4 * 2**20, pack_call_s=pack)
+                      cache_bandwidth=cbw, cache_bytes=4 * 2**20, pack_call_s=pack,
+                      index_copy_row_s=ic_row, index_copy_element_s=ic_el)
 
 
 def _median(fn, reps: int) -> float:
@@ -421,12 +436,19 @@ def stage_costs(shape: Shape, visual_tokens: int, text_tokens: int, num_frames: 
     out["router"] = rt
 
     cp = _Stage(device)
-    # Its input was written by the vision stage and the router's working set (layers, activations)
-    # has evicted it since: it streams from memory. pack_call_s (measured) holds the host cost of
-    # the call, including the embedding_bag's dispatch; index_copy_ adds one operator.
-    cp.stream(pool_pack_bytes(kept * s.tokens_per_frame, visual_tokens, s.d, device.dtype_bytes, pack_into_out),
-              ops=len(POOL_PACK_TORCH_OPS[pack_into_out]))
-    cp.seconds += max(0.0, device.pack_call_s - device.op_overhead_s)   # embedding_bag's dispatch counted once
+    # The embedding_bag: its input was written by the vision stage and the router's working set
+    # (layers, activations) has evicted it since, so it streams from memory. pack_call_s
+    # (measured) holds the call's host cost, including the embedding_bag's dispatch.
+    kept_tokens = kept * s.tokens_per_frame
+    bag = pool_pack_bytes(kept_tokens, visual_tokens, s.d, device.dtype_bytes, into_out=False)
+    cp.stream(bag, ops=1)
+    cp.seconds += max(0.0, device.pack_call_s - device.op_overhead_s)   # its dispatch counted once
+    if pack_into_out:                   # index_copy_ into the prompt's embeddings
+        nb = pool_pack_bytes(kept_tokens, visual_tokens, s.d, device.dtype_bytes, into_out=True) - bag
+        cp.bytes += nb
+        cp.seconds += max(nb / device.bandwidth, visual_tokens * device.index_copy_row_s
+                          + visual_tokens * s.d * device.index_copy_element_s) + device.op_overhead_s
+        cp.ops += 1
     out["compress"] = cp
 
     pf = _Stage(device)
