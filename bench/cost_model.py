@@ -214,7 +214,8 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         md += ["", "## CPU validation: predicted vs measured stage times", "",
                markdown_table(val, ["case", "stage", "measured_ms", "predicted_ms", "error", "within_25pct",
                                     "probe_calibrated_ms", "error_probe", "within_25pct_probe"]),
-               "", f"Calibrated by the microbenchmarks alone (matmul rates, bandwidth, operator cost): "
+               "", f"Calibrated by the microbenchmarks alone (cpu_device: matmul rates, attention rates, bandwidth, "
+                   f"operator, pool_pack call and index_copy_ costs): "
                    f"{len(ok)} of {len(val)} within 25%. With the probe calibration (each stage's "
                    f"measured / predicted ratio on the same model at a smaller shape, the `probe` "
                    f"column, applied at the validated shape; what `vr_runtime.latency` does at run "
