@@ -9,7 +9,8 @@
    * InternVL3-1B's widths at reduced depth (2 vision + 2 text layers, 2 frames, 512 visual
      tokens; the router stage is the same 2 decoder layers over every frame's [Z_t; q]).
    Stages: vision (tower + projector), router (shadow-stack layers over the frames and the
-   question), compress (``pool_pack``, PyTorch path), prefill (LLM + LM head at the last
+   question), compress (``pool_pack``, PyTorch path, into the prompt's embeddings as the runtime
+   packs), prefill (LLM + LM head at the last
    position). Target: every stage within 25%.
 3. The paper's latency table (InternVL3-8B, 64 frames, budget 12,288) as predicted for H100 and
    H200 by the model, labelled "model, not measured", beside the paper's own figures.
@@ -85,17 +86,29 @@ def _measure(cfg: dict, frames: int, visual_tokens: int, text_tokens: int, route
         lm = inner.language_model
         q = torch.randn(1, question_tokens, d)
         zq = torch.cat([Z, q.expand(frames, -1, -1)], 1)
-        # The shadow stack: the first k decoder layers (here the model's own, k = its depth).
-        out["router"] = _median_time(lambda: (lm(inputs_embeds=zq), lm(inputs_embeds=q)), rep)
+        # The shadow stack: the first k decoder layers (here the model's own, k = its depth), run
+        # as vr_runtime.routers runs it: no KV cache, no final norm.
+        norm, lm.norm = lm.norm, torch.nn.Identity()
+        out["router"] = _median_time(lambda: (lm(inputs_embeds=zq, use_cache=False),
+                                              lm(inputs_embeds=q, use_cache=False)), rep)
+        lm.norm = norm
         per = Z.shape[1]
         scales, left = [], visual_tokens
         for _ in range(frames):   # windows giving about the visual budget: 1x1, then 2x2 ...
             s = 1 if left >= per else 2 if left >= per // 4 else 4
             scales.append(s)
             left -= per // (s * s)
-        out["compress"] = _median_time(lambda: pool_pack(Z, scales, backend="torch"), rep)
+        # As the runtime packs: into the prompt's embeddings, the visual rows after a text prefix.
+        embeds = torch.zeros(visual_tokens + text_tokens, d)
+        dest, row = [], text_tokens // 2
+        for s in scales:
+            dest.append(row)
+            row += per // (s * s)
+        out["compress"] = _median_time(lambda: pool_pack(Z, scales, out=embeds, dest=dest, backend="torch"), rep)
         emb = torch.randn(1, visual_tokens + text_tokens, d)
-        out["prefill"] = _median_time(lambda: model.lm_head(lm(inputs_embeds=emb).last_hidden_state[:, -1:]), rep)
+        # The prefill fills the KV cache for decoding (use_cache=True, as the runtime).
+        out["prefill"] = _median_time(lambda: model.lm_head(lm(inputs_embeds=emb, use_cache=True)
+                                                            .last_hidden_state[:, -1:]), rep)
     return out
 
 
@@ -137,6 +150,20 @@ def validate(dev, rep: int) -> List[Dict]:
     return rows
 
 
+def causal_check(dev, rep: int) -> List[Dict]:
+    """The CPU flash kernel's causal work: causal / non-causal time of ``scaled_dot_product_attention``
+    (1 thread, head dim 32) against :func:`causal_key_fraction` (whole 512-key blocks)."""
+    from vr_runtime.cost_model import causal_key_fraction
+    rows = []
+    for n in (272, 512, 1024, 1624, 2048):
+        qkv = torch.randn(3, 1, max(1, 2**22 // (n * n)), n, 32)
+        full = _median_time(lambda: torch.nn.functional.scaled_dot_product_attention(*qkv), rep)
+        causal = _median_time(lambda: torch.nn.functional.scaled_dot_product_attention(*qkv, is_causal=True), rep)
+        rows.append(dict(keys=n, measured_causal_over_full=causal / full,
+                         modelled=causal_key_fraction(n, n, dev.flash_kv_block), ideal=0.5))
+    return rows
+
+
 def paper_table() -> List[Dict]:
     cfg = os.path.join(ROOT, "vr_runtime", "configs", "internvl3_8b.json")
     rows = []
@@ -168,6 +195,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     dev = cpu_device(threads=1, dtype_bytes=4)
     print("calibrated:", dev)
     val = [] if args.no_validate else validate(dev, args.rep)
+    causal = causal_check(dev, max(args.rep, 5))
     table = paper_table()
     ok = [r for r in val if r["within_25pct"]]
     notes = [
@@ -180,16 +208,20 @@ def main(argv: Optional[List[str]] = None) -> Dict:
           f"{env['device']}; torch {env['torch']}; {env['date_utc']}; command: `{env['command']}`; "
           f"1-min load average {env.get('load_avg_1m')}", "",
           f"CPU calibration: {dev.flops / 1e9:.1f} GFLOP/s fp32 matmul, {dev.bandwidth / 1e9:.1f} GB/s copy, "
-          f"{dev.op_overhead_s * 1e6:.1f} us per operator", ""] + [f"> {n}" for n in notes]
+          f"{dev.op_overhead_s * 1e6:.1f} us per operator, {dev.pack_call_s * 1e6:.1f} us per pool_pack call "
+          f"(host), {dev.cache_bandwidth / 1e9:.1f} GB/s in cache", ""] + [f"> {n}" for n in notes]
     if val:
         md += ["", "## CPU validation: predicted vs measured stage times", "",
                markdown_table(val, ["case", "stage", "measured_ms", "predicted_ms", "error", "within_25pct",
                                     "probe_calibrated_ms", "error_probe", "within_25pct_probe"]),
-               "", f"Calibrated by the microbenchmarks alone (matmul rates, bandwidth, operator cost): "
+               "", f"Calibrated by the microbenchmarks alone (cpu_device: matmul rates, attention rates, bandwidth, "
+                   f"operator, pool_pack call and index_copy_ costs): "
                    f"{len(ok)} of {len(val)} within 25%. With the probe calibration (each stage's "
                    f"measured / predicted ratio on the same model at a smaller shape, the `probe` "
                    f"column, applied at the validated shape; what `vr_runtime.latency` does at run "
                    f"time): {sum(r['within_25pct_probe'] for r in val)} of {len(val)} within 25%."]
+    md += ["", "## CPU flash attention: causal / non-causal time (head dim 32) vs the model's block count", "",
+           markdown_table(causal, ["keys", "measured_causal_over_full", "modelled", "ideal"])]
     md += ["", "## Paper latency table: model for H100 / H200 (not measured) beside the paper", "",
            markdown_table(table, ["method", "visual_tokens", "frames_encoded", "h100_router_s",
                                   "h100_vision_compress_s", "h100_prefill_s", "h100_ttft_s", "h100_ttft_x_dense",
@@ -201,7 +233,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
                            "paper vision+compress s", "paper prefill s", "paper TTFT s", "paper TTFT x Dense"])]
     payload = dict(environment=env, label="model (H100/H200), CPU calibrated (validation)", notes=notes,
                    cpu_device=dev.to_dict(), devices={k: v.to_dict() for k, v in DEVICES.items()},
-                   validation=val, paper_table=table)
+                   validation=val, causal_attention=causal, paper_table=table)
     write_results(args.out, payload, "\n".join(md))
     print("\n".join(md))
     print(f"wrote {args.out}")

@@ -13,12 +13,19 @@ Stages, as the runtime times them (SPEC 3: TTFT = vision + router + compress + p
 * ``router``   the Shadow Stack (the first ``k`` decoder layers of the LLM) over each frame's
                ``[Z_t; question]`` (frames pooled by ``router_pool`` first) and over the question,
                plus the two small router heads; 0 for the baselines that route nothing;
-* ``compress`` ``pool_pack``: reads the kept frames' tokens, writes the visual tokens;
+* ``compress`` ``pool_pack``: reads the kept frames' tokens, writes the visual tokens into the
+               prompt's embeddings; on a CPU its PyTorch path (one ``embedding_bag``, one
+               ``index_copy_``: :data:`POOL_PACK_TORCH_OPS`) whose input streams from memory,
+               plus the call's measured host cost;
 * ``prefill``  the LLM over ``text + visual`` tokens (causal attention) and the LM head for the
                last position.
 
 Attention is counted as its two matmuls (scores, values; half of each when causal); the score
-matrix is assumed never materialised (fused attention: flash / SDPA kernels on GPU and CPU).
+matrix is assumed never materialised (fused attention: flash / SDPA kernels on GPU and CPU). Its
+time counts the work the kernel really does: PyTorch's CPU flash kernel computes whole 512-key
+blocks, so short causal sequences cost as much as non-causal ones (:func:`causal_key_fraction`).
+The decoder layers issue the operators of the eager (HF) Qwen2 layer: RMSNorm as six operators,
+rotary as five per tensor, separate q / k / v / gate / up projections.
 
 Each stage's time is a floor: ``max(FLOPs / device.flops, bytes / device.bandwidth)`` summed
 over its operations (matmuls are compute-bound, the rest memory-bound), plus, where a device
@@ -51,9 +58,15 @@ class DeviceSpec:
     # Optional ((width, FLOP/s), ...): the matmul rate when the smallest of its three dims is
     # ``width`` (narrow matmuls run far below peak on a CPU); interpolated in log(width).
     matmul_rates: Optional[tuple] = None
-    # Optional ((head_dim, FLOP/s), ...): the fused attention kernel's rate by head dim (on a CPU
-    # it is far below the matmul rate); None: attention runs at ``flops``.
+    # Optional ((head_dim, key_len, FLOP/s), ...): the fused attention kernel's rate (non-causal
+    # FLOPs over time) by head dim and key length (on a CPU it is below the matmul rate, and lower
+    # still for short sequences); interpolated in log(key_len) then log(head_dim), clamped at the
+    # grid's edges. None: attention runs at ``flops``.
     attention_rates: Optional[tuple] = None
+    # Causal attention's work: 0 counts the ideal half (a GPU flash kernel skips the masked tiles
+    # at a fine grain); > 0 is the key-block size of PyTorch's CPU flash kernel, which computes
+    # every key block that reaches the diagonal in full (see :func:`causal_key_fraction`).
+    flash_kv_block: int = 0
     # Optional: bandwidth of data that fits in the last-level cache (an op touching at most
     # ``cache_bytes``); None: every op streams from memory at ``bandwidth``.
     cache_bandwidth: Optional[float] = None
@@ -61,16 +74,24 @@ class DeviceSpec:
     # Fixed host cost of one pool_pack call (argument checks, the tile-table cache, dispatch):
     # measured on a CPU by cpu_device(); 0 in the nominal GPU specs (not measured here).
     pack_call_s: float = 0.0
+    # CPU ``index_copy_`` (pool_pack's write into ``out``) runs far below the copy bandwidth, at
+    # a cost per row plus a cost per element: measured by cpu_device(); 0: bandwidth-bound.
+    index_copy_row_s: float = 0.0
+    index_copy_element_s: float = 0.0
 
     def memory_bandwidth(self, nbytes: float) -> float:
         if self.cache_bandwidth and nbytes <= self.cache_bytes:
             return self.cache_bandwidth
         return self.bandwidth
 
-    def attention_rate(self, head_dim: float) -> float:
+    def attention_rate(self, head_dim: float, key_len: float) -> float:
         if not self.attention_rates:
             return self.flops
-        return _interp(self.attention_rates, head_dim)
+        by_hd: Dict[float, list] = {}
+        for hd, n, r in self.attention_rates:
+            by_hd.setdefault(hd, []).append((n, r))
+        rows = tuple((hd, _interp(tuple(sorted(pts)), key_len, clamp=True)) for hd, pts in sorted(by_hd.items()))
+        return _interp(rows, head_dim, clamp=True)
 
     def matmul_rate(self, m: float, k: float, n: float) -> float:
         if not self.matmul_rates:
@@ -81,10 +102,11 @@ class DeviceSpec:
         return asdict(self)
 
 
-def _interp(pts: tuple, w: float) -> float:
-    """Piecewise linear in log(w) through ``pts`` ((w, rate), ...); proportional below the first."""
+def _interp(pts: tuple, w: float, clamp: bool = False) -> float:
+    """Piecewise linear in log(w) through ``pts`` ((w, rate), ...); below the first point
+    proportional to ``w`` (or, with ``clamp``, the first rate); above the last, the last rate."""
     if w <= pts[0][0]:
-        return pts[0][1] * w / pts[0][0]
+        return pts[0][1] if clamp else pts[0][1] * w / pts[0][0]
     for (w0, r0), (w1, r1) in zip(pts, pts[1:]):
         if w <= w1:
             a = (math.log(w) - math.log(w0)) / (math.log(w1) - math.log(w0))
@@ -100,42 +122,90 @@ DEVICES: Dict[str, DeviceSpec] = {
 }
 
 
+def causal_key_fraction(q_len: int, k_len: int, kv_block: int) -> float:
+    """Fraction of the full ``q_len x k_len`` score work a causal flash kernel does.
+
+    ``kv_block`` 0: the ideal half. Otherwise PyTorch's CPU flash attention (aten
+    ``FlashAttentionKernel.cpp``): queries in blocks of 32 / 64 / 256 rows (query length below
+    192 / below 768 / from 768), and for each query block every ``kv_block``-key block up to the
+    block's last row in full, masked or not. So up to ``kv_block`` keys causal attention costs as
+    much as non-causal, and the saving tends to one half only for long sequences (0.75 at 1,024
+    keys, 0.63 at 2,048; ``bench/cost_model.py`` times causal against non-causal to check it)."""
+    if kv_block <= 0:
+        return 0.5
+    q_block = 256 if q_len >= 768 else 64 if q_len >= 192 else 32
+    off = k_len - q_len                     # queries see keys up to their own position + off
+    work = 0
+    for m in range(0, q_len, q_block):
+        rows = min(q_block, q_len - m)
+        keys = min(k_len, -(-(m + rows + off) // kv_block) * kv_block)
+        work += rows * keys
+    return work / float(q_len * k_len)
+
+
+# The key-block size of PyTorch's CPU flash attention (aten FlashAttentionKernel.cpp).
+CPU_FLASH_KV_BLOCK = 512
+
+
 def cpu_device(threads: int = 1, dtype_bytes: int = 4, reps: int = 7) -> DeviceSpec:
-    """This CPU, calibrated: fp32 matmul rates by width ([1024, w] @ [w, w] for w = 16 .. 1024),
-    elementwise bandwidth (an add over 64 MB) and the fixed cost of a small operator, each the
-    median of ``reps`` (medians, as the stage times it is compared with: on a shared machine the
-    best of a few runs is a quiet moment the stages never see)."""
+    """This CPU, calibrated by microbenchmarks, each the median of ``reps`` (medians, as the stage
+    times it is compared with: on a shared machine the best of a few runs is a quiet moment the
+    stages never see).
+
+    * fp32 matmul rates by width ([1024, w] @ [w, w] for w = 16 .. 1024);
+    * bandwidth from memory (an add over 32 MB) and within the last-level cache (an add over 1 MB);
+    * non-causal ``scaled_dot_product_attention`` rates by head dim (16 .. 128) and length
+      (128, 512, 1,024 keys): short sequences run well below the long-sequence rate;
+    * ``index_copy_``'s cost per row and per element (two shapes: 2,048 x 16, 256 x 1,024);
+    * the fixed cost of a small operator (host dispatch);
+    * the fixed host cost of one ``pool_pack`` call on the PyTorch path (argument checks, the
+      cached index tables, one ``embedding_bag`` over next to no data).
+    """
     import torch
     prev = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        rates = []
+        # Each benchmark's tensors are made right before it runs: a small one run after others
+        # have swept the cache takes several calls to run at its warm speed again.
+        mm = []
         for w in (16, 32, 64, 128, 256, 512, 1024):
             a, b = torch.randn(1024, w), torch.randn(w, w)
-            best = _median(lambda: a @ b, reps)
-            rates.append((w, 2 * 1024 * w * w / best))
-        flops = max(r for _, r in rates)
+            # (the narrow ones take microseconds: more runs for a steady median)
+            mm.append((w, 2 * 1024 * w * w / _median(lambda: a @ b, reps * 3 if w <= 64 else reps)))
         x = torch.randn(8 * 2**20)
         y = torch.empty_like(x)
-        best = _median(lambda: torch.add(x, 1.0, out=y), reps)
-        bw = 2 * x.numel() * 4 / best
+        bw = 2 * x.numel() * 4 / _median(lambda: torch.add(x, 1.0, out=y), reps)
         xs = torch.randn(256 * 1024)       # 1 MB: stays in cache
         ys = torch.empty_like(xs)
         cbw = 2 * xs.numel() * 4 / _median(lambda: torch.add(xs, 1.0, out=ys), reps * 3)
         att = []
         for hd in (16, 32, 64, 128):
-            qkv = torch.randn(3, 1, 4, 1024, hd)
-            best = _median(lambda: torch.nn.functional.scaled_dot_product_attention(*qkv), reps)
-            att.append((hd, 4 * 4 * 1024 * 1024 * hd / best))
+            for n in (128, 512, 1024):                 # the rate is flat from about 1,024 keys
+                seqs = 2**20 // (n * n)                # the same work at every length
+                qkv = torch.randn(3, 1, seqs, n, hd)
+                t = _median(lambda: torch.nn.functional.scaled_dot_product_attention(*qkv), reps)
+                att.append((hd, n, 4 * seqs * n * n * hd / t))
+        # index_copy_ (sorted rows, as pool_pack's out path): many narrow rows, then few wide
+        # ones; solve t = rows * per_row + elements * per_element.
+        ic = []
+        for n, w in ((2048, 16), (256, 1024)):
+            src, dst, idx = torch.randn(n, w), torch.zeros(n + 64, w), torch.arange(n) + 32
+            ic.append((n, w, _median(lambda: dst.index_copy_(0, idx, src), reps)))
+        (n1, w1, t1), (n2, w2, t2) = ic
+        ic_el = max(0.0, (t2 / n2 - t1 / n1) / (w2 - w1))
+        ic_row = max(0.0, t1 / n1 - w1 * ic_el)
         s = torch.randn(8, 8)
-        best = _median(lambda: [s.add(1.0) for _ in range(100)], reps) / 100
+        op = _median(lambda: [s.add(1.0) for _ in range(100)], reps) / 100
         from vr_kernels import pool_pack
         z = torch.randn(4, 256, 8)      # a call with next to no data: its fixed cost
         pack = _median(lambda: pool_pack(z, [1, 2, 4, 0], (16, 16), backend="torch"), reps * 3)
     finally:
         torch.set_num_threads(prev)
-    return DeviceSpec(f"CPU ({threads} thread{'s' if threads > 1 else ''}, calibrated)", flops, bw, best,
-                      dtype_bytes, "CPU calibrated", tuple(rates), tuple(att), cbw, 4 * 2**20, pack)
+    return DeviceSpec(f"CPU ({threads} thread{'s' if threads > 1 else ''}, calibrated)", max(r for _, r in mm),
+                      bw, op_overhead_s=op, dtype_bytes=dtype_bytes, label="CPU calibrated",
+                      matmul_rates=tuple(mm), attention_rates=tuple(att), flash_kv_block=CPU_FLASH_KV_BLOCK,
+                      cache_bandwidth=cbw, cache_bytes=4 * 2**20, pack_call_s=pack,
+                      index_copy_row_s=ic_row, index_copy_element_s=ic_el)
 
 
 def _median(fn, reps: int) -> float:
@@ -212,13 +282,25 @@ class _Stage:
         self._add(0.0, elements * passes * self.dev.dtype_bytes, compute=False)
 
     def attention(self, q_len: float, k_len: float, head_dim: float, heads_x_seqs: float, causal: bool):
-        """Fused attention (scores and values, never materialised); half the work when causal."""
-        f = 4.0 * q_len * k_len * head_dim * heads_x_seqs * (0.5 if causal else 1.0)
+        """Fused attention (scores and values, never materialised). FLOPs count the useful work
+        (half the score matrix when causal); the time counts the work the kernel does (the
+        device's causal block structure, :func:`causal_key_fraction`) at its rate for this head
+        dim and key length."""
+        full = 4.0 * q_len * k_len * head_dim * heads_x_seqs
+        f = full * (0.5 if causal else 1.0)
+        done = full * (causal_key_fraction(int(q_len), int(k_len), self.dev.flash_kv_block) if causal else 1.0)
         b = 4 * q_len * head_dim * heads_x_seqs * self.dev.dtype_bytes
         self.flops += f
         self.bytes += b
-        self.seconds += max(f / self.dev.attention_rate(head_dim), b / self.dev.bandwidth) + self.dev.op_overhead_s
+        self.seconds += max(done / self.dev.attention_rate(head_dim, k_len), b / self.dev.bandwidth) + self.dev.op_overhead_s
         self.ops += 1
+
+    def stream(self, nbytes: float, ops: int = 1):
+        """``ops`` memory-bound operators moving ``nbytes`` in all from memory, not the cache:
+        for data the stages before evicted (their working sets exceed the last-level cache)."""
+        self.bytes += nbytes
+        self.seconds += nbytes / self.dev.bandwidth + ops * self.dev.op_overhead_s
+        self.ops += ops
 
     def _add(self, f: float, b: float, compute: bool):
         self.flops += f
@@ -229,31 +311,90 @@ class _Stage:
         self.ops += 1
 
 
-def _decoder_layers(st: _Stage, s: Shape, tokens: float, seqs: float, layers: int):
-    """``layers`` Qwen2 decoder layers over ``seqs`` causal sequences of ``tokens`` each."""
+def _rms_norm(st: _Stage, rows: float, width: float):
+    """Qwen2 RMSNorm as eager PyTorch runs it: pow, mean, (+eps, rsqrt on one value a row),
+    x * rsqrt, weight * x -- six operators, seven passes over ``rows x width``."""
+    n = rows * width
+    st.memory(n)                    # x.pow(2)
+    st.memory(n, passes=1.0)        # .mean(-1)
+    st.memory(rows)                 # + eps
+    st.memory(rows)                 # rsqrt
+    st.memory(n)                    # x * rsqrt(...)
+    st.memory(n)                    # weight * x
+
+
+def _rotary(st: _Stage, elements: float):
+    """``x * cos + rotate_half(x) * sin`` on one of q / k: mul, neg (half), cat, mul, add."""
+    st.memory(elements)             # x * cos
+    st.memory(elements / 2)         # -x2
+    st.memory(elements)             # cat(-x2, x1)
+    st.memory(elements)             # * sin
+    st.memory(elements, passes=3.0)  # +
+
+
+def _linear(st: _Stage, rows: float, k: float, n: float, bias: bool = False):
+    """``nn.Linear``; with a bias, CPU ``addmm`` first copies the broadcast bias into the output."""
+    if bias:
+        st.memory(rows * n, passes=1.0)
+    st.matmul(rows, k, n)
+
+
+def _decoder_layers(st: _Stage, s: Shape, tokens: float, seqs: float, layers: int, kv_cache: bool = False):
+    """``layers`` Qwen2 decoder layers over ``seqs`` causal sequences of ``tokens`` each, with
+    the operators the eager (HF) implementation issues: small layers are dominated by them.
+    ``kv_cache``: the layers also write their keys and values into a KV cache (the prefill does,
+    for decoding; the shadow stack does not)."""
     if layers <= 0 or tokens <= 0 or seqs <= 0:
         return
     L = tokens * seqs
     hd = s.d // s.heads
     kv = s.kv_heads * hd
     for _ in range(layers):
-        st.memory(L * s.d)                        # input RMSNorm
-        st.matmul(L, s.d, s.d + 2 * kv)           # q, k, v
-        st.memory(L * (s.d + kv))                 # rotary on q, k
+        _rms_norm(st, L, s.d)                     # input RMSNorm
+        _linear(st, L, s.d, s.d, bias=True)       # q
+        _linear(st, L, s.d, kv, bias=True)        # k
+        _linear(st, L, s.d, kv, bias=True)        # v
+        _rotary(st, L * s.d)                      # rotary on q
+        _rotary(st, L * kv)                       # rotary on k
+        if kv_cache:
+            st.memory(L * kv)                     # keys into the cache (cat)
+            st.memory(L * kv)                     # values into the cache (cat)
         st.attention(tokens, tokens, hd, seqs * s.heads, causal=True)
-        st.matmul(L, s.d, s.d)                    # o
+        _linear(st, L, s.d, s.d)                  # o
         st.memory(L * s.d, passes=3.0)            # residual add
-        st.memory(L * s.d)                        # post-attention RMSNorm
-        st.matmul(L, s.d, 2 * s.ff)               # gate, up
-        st.memory(L * s.ff, passes=3.0)           # SiLU(gate) * up
-        st.matmul(L, s.ff, s.d)                   # down
+        _rms_norm(st, L, s.d)                     # post-attention RMSNorm
+        _linear(st, L, s.d, s.ff)                 # gate
+        _linear(st, L, s.d, s.ff)                 # up
+        st.memory(L * s.ff)                       # SiLU(gate)
+        st.memory(L * s.ff, passes=3.0)           # * up
+        _linear(st, L, s.ff, s.d)                 # down
         st.memory(L * s.d, passes=3.0)            # residual add
+
+
+def pool_pack_bytes(kept_tokens: float, rows: float, width: float, dtype_bytes: int, into_out: bool) -> float:
+    """Bytes ``pool_pack``'s PyTorch path moves: one ``embedding_bag`` reads every kept token's
+    row, an int64 index and a weight for each, an int64 offset for every output row, and writes
+    the rows; into ``out`` (the runtime's form) one ``index_copy_`` reads them again, an int64
+    row index each, and writes them in place. (The Triton kernels move the token and row bytes
+    and a small tile table: the index terms are < 1% at InternVL widths.)"""
+    b = kept_tokens * (width * dtype_bytes + 8 + dtype_bytes) + rows * (width * dtype_bytes + 8)
+    if into_out:
+        b += rows * (2 * width * dtype_bytes + 8)
+    return b
+
+
+# Operators pool_pack's PyTorch path issues, whatever the plan: one embedding_bag over every kept
+# token (the plan only changes its index tables, cached per plan), plus one index_copy_ into out.
+POOL_PACK_TORCH_OPS = {False: ("aten::embedding_bag",), True: ("aten::embedding_bag", "aten::index_copy_")}
 
 
 def stage_costs(shape: Shape, visual_tokens: int, text_tokens: int, num_frames: int, device: DeviceSpec,
                 kept_frames: Optional[int] = None, router_layers: int = 4, router_pool: int = 1,
-                question_tokens: Optional[int] = None, routers: bool = True) -> Dict[str, dict]:
-    """Per stage ``{"flops", "bytes", "seconds", "ops"}`` for one request."""
+                question_tokens: Optional[int] = None, routers: bool = True,
+                pack_into_out: bool = True) -> Dict[str, dict]:
+    """Per stage ``{"flops", "bytes", "seconds", "ops"}`` for one request. ``pack_into_out``:
+    compress writes into the prompt's embeddings (``pool_pack(..., out=, dest=)``, as the
+    runtime does) rather than returning a new tensor."""
     s = shape
     kept = num_frames if kept_frames is None else kept_frames
     q = question_tokens if question_tokens is not None else max(1, min(text_tokens, 64))
@@ -295,15 +436,26 @@ def stage_costs(shape: Shape, visual_tokens: int, text_tokens: int, num_frames: 
     out["router"] = rt
 
     cp = _Stage(device)
-    cp.memory(kept * s.tokens_per_frame * s.d + visual_tokens * s.d, passes=1.0)
-    cp.seconds += device.pack_call_s
+    # The embedding_bag: its input was written by the vision stage and the router's working set
+    # (layers, activations) has evicted it since, so it streams from memory. pack_call_s
+    # (measured) holds the call's host cost, including the embedding_bag's dispatch.
+    kept_tokens = kept * s.tokens_per_frame
+    bag = pool_pack_bytes(kept_tokens, visual_tokens, s.d, device.dtype_bytes, into_out=False)
+    cp.stream(bag, ops=1)
+    cp.seconds += max(0.0, device.pack_call_s - device.op_overhead_s)   # its dispatch counted once
+    if pack_into_out:                   # index_copy_ into the prompt's embeddings
+        nb = pool_pack_bytes(kept_tokens, visual_tokens, s.d, device.dtype_bytes, into_out=True) - bag
+        cp.bytes += nb
+        cp.seconds += max(nb / device.bandwidth, visual_tokens * device.index_copy_row_s
+                          + visual_tokens * s.d * device.index_copy_element_s) + device.op_overhead_s
+        cp.ops += 1
     out["compress"] = cp
 
     pf = _Stage(device)
     L = visual_tokens + text_tokens
     pf.memory(L * s.d)                                  # embedding gather
-    _decoder_layers(pf, s, L, 1, s.layers)
-    pf.memory(L * s.d)                                  # final norm
+    _decoder_layers(pf, s, L, 1, s.layers, kv_cache=True)
+    _rms_norm(pf, L, s.d)                               # final norm
     pf.matmul(1, s.d, s.vocab)                          # LM head, last position
     out["prefill"] = pf
     return {k: dict(flops=v.flops, bytes=v.bytes, seconds=v.seconds, ops=v.ops) for k, v in out.items()}
@@ -312,7 +464,8 @@ def stage_costs(shape: Shape, visual_tokens: int, text_tokens: int, num_frames: 
 def predict_ttft(config: Union[str, dict, Shape], visual_tokens: int, text_tokens: int, num_frames: int,
                  device: Union[str, DeviceSpec] = "h100", **kw) -> dict:
     """Predicted TTFT and its stages for one request (see :func:`stage_costs` for ``kw``:
-    ``kept_frames``, ``router_layers``, ``router_pool``, ``question_tokens``, ``routers``)."""
+    ``kept_frames``, ``router_layers``, ``router_pool``, ``question_tokens``, ``routers``,
+    ``pack_into_out``)."""
     shape = config if isinstance(config, Shape) else load_shape(config)
     dev = DEVICES[device] if isinstance(device, str) else device
     st = stage_costs(shape, visual_tokens, text_tokens, num_frames, dev, **kw)
@@ -321,4 +474,5 @@ def predict_ttft(config: Union[str, dict, Shape], visual_tokens: int, text_token
                 label=dev.label)
 
 
-__all__ = ["DeviceSpec", "DEVICES", "cpu_device", "Shape", "load_shape", "stage_costs", "predict_ttft"]
+__all__ = ["DeviceSpec", "DEVICES", "cpu_device", "Shape", "load_shape", "stage_costs", "predict_ttft",
+           "causal_key_fraction", "pool_pack_bytes", "POOL_PACK_TORCH_OPS", "CPU_FLASH_KV_BLOCK"]
