@@ -1,22 +1,23 @@
 """The synthetic evidence task: short videos whose answers need known frames.
 
 Each video (default 16 frames, 448x448, 2 fps) has a plain background. Frames either stay empty
-or show one big saturated shape. The *target* shape (one color, one shape kind) appears in 2-3
-known frames; distractor shapes of other colors appear in other frames.
+or show one saturated shape: two big *targets* of different colors, each in its own 2-3 frames,
+and small distractors of other colors in 3-6 other frames; at least one color is absent.
 
-- Fragment questions ("What shape is the red object?") need the frames where the queried color
-  appears: those frames are labelled 1, all others 0; policy label 1 (Fragment). The router has
-  to read the color named in the question, so relevance is query-dependent.
-- Global questions ("What is the background color?") are about the whole video: policy label 0
-  (Global) and no frame labels in the Stage 3 file (the Image Router is only used under the
-  Fragment policy); ``questions()`` reports all-zero labels for them.
+- Object questions ("What shape is the red object?") need the frames where the named color
+  appears: those frames are labelled 1, all others 0; policy 1 (Fragment). With two targets in
+  disjoint frames, the router has to read the color named in the question.
+- Absent-color questions: Fragment, no frame relevant (the runtime's Global fallback), "none".
+- Global questions ("What is the background color?") are about the whole video: policy 0 and no
+  frame labels in the Stage 3 file; ``questions()`` reports all-zero labels for them.
 
-The frozen vision tower of the tiny model has random weights, which act roughly as a random
-projection of each 28x28 patch: large flat saturated regions survive it, fine texture does not,
-so the shapes are big and the colors far apart. Everything is deterministic given the seed.
+Question wording comes from a template grammar with a held-out split (below). Everything is
+deterministic given the seed.
 """
 from __future__ import annotations
 
+import hashlib
+import math
 import os
 import random
 from dataclasses import asdict, dataclass, field
@@ -35,16 +36,79 @@ BACKGROUNDS: Dict[str, tuple] = {"black": (0, 0, 0), "white": (255, 255, 255),
                                  "gray": (128, 128, 128)}
 SHAPES = ("circle", "square", "triangle")
 
-FRAGMENT_TEMPLATES = (
-    "What shape is the {color} object?",
-    "Which shape has the color {color}?",
-    "The {color} thing appears briefly. What shape is it?",
+# --- question wording: a small template grammar ------------------------------------------------
+# Fragment (object) questions: every lead x attribute word x noun; Global (background) questions:
+# every lead x background word. A fixed quarter of each family (chosen by a hash of the template,
+# so it does not depend on the order below) is *held out*: never written to a training split,
+# used only in held-out questions, so the Semantic Router / Image Router / answers can be
+# reported on wordings they never saw. Every single word of a held-out template still occurs in
+# some training template (only the combination is new), and the original three wordings of each
+# family stay in training.
+_FRAG_LEADS = (
+    "What {attr} is the {color} {noun}?",
+    "What is the {attr} of the {color} {noun}?",
+    "Tell me the {attr} of the {color} {noun}.",
+    "Identify the {attr} of the {color} {noun}.",
+    "Name the {attr} of the {color} {noun}.",
+    "Which {attr} does the {color} {noun} have?",
+    "The {color} {noun} appears briefly. What {attr} is it?",
+    "Look for the {color} {noun}: what {attr} is it?",
+    "In the video, what {attr} is the {color} {noun}?",
+    "Describe the {attr} of the {color} {noun}.",
 )
-GLOBAL_TEMPLATES = (
-    "What is the background color?",
-    "What color is the background of the video?",
-    "Across the whole video, which color fills the background?",
+_FRAG_ATTRS = ("shape", "form", "outline", "geometry")
+_FRAG_NOUNS = ("object", "thing", "item", "figure")
+_GLOBAL_LEADS = (
+    "What is the {bg} color?",
+    "What color is the {bg} of the video?",
+    "Across the whole video, which color fills the {bg}?",
+    "Tell me the color of the {bg}.",
+    "Identify the color of the {bg}.",
+    "Name the {bg} color.",
+    "Which color is the {bg} throughout the video?",
+    "Describe the color of the {bg}.",
+    "What color fills the {bg} in every frame?",
+    "In the video, what is the color of the {bg}?",
 )
+_GLOBAL_BGS = ("background", "backdrop", "scene background", "canvas")
+# the wordings of the original task: always in the training split
+_ALWAYS_TRAIN = {"What shape is the {color} object?", "Which shape has the color {color}?",
+                 "The {color} thing appears briefly. What shape is it?",
+                 "What is the background color?", "What color is the background of the video?",
+                 "Across the whole video, which color fills the background?"}
+
+
+def _heldout(template: str) -> bool:
+    if template in _ALWAYS_TRAIN:
+        return False
+    return int(hashlib.sha1(template.encode()).hexdigest(), 16) % 4 == 0
+
+
+def _expand_fragment() -> List[str]:
+    out = ["Which shape has the color {color}?"]
+    for lead in _FRAG_LEADS:
+        for attr in _FRAG_ATTRS:
+            for noun in _FRAG_NOUNS:
+                out.append(lead.replace("{attr}", attr).replace("{noun}", noun))
+    return sorted(set(out))
+
+
+def _expand_global() -> List[str]:
+    return sorted({lead.replace("{bg}", bg) for lead in _GLOBAL_LEADS for bg in _GLOBAL_BGS})
+
+
+_ALL_FRAG, _ALL_GLOBAL = _expand_fragment(), _expand_global()
+# {"train"|"heldout": templates}; Fragment templates hold one {color} slot
+FRAGMENT_PHRASINGS = {"train": tuple(t for t in _ALL_FRAG if not _heldout(t)),
+                      "heldout": tuple(t for t in _ALL_FRAG if _heldout(t))}
+GLOBAL_PHRASINGS = {"train": tuple(t for t in _ALL_GLOBAL if not _heldout(t)),
+                    "heldout": tuple(t for t in _ALL_GLOBAL if _heldout(t))}
+# kept for callers of the first version of the task
+FRAGMENT_TEMPLATES = ("What shape is the {color} object?", "Which shape has the color {color}?",
+                      "The {color} thing appears briefly. What shape is it?")
+GLOBAL_TEMPLATES = ("What is the background color?", "What color is the background of the video?",
+                    "Across the whole video, which color fills the background?")
+ABSENT_ANSWER = "none"   # the answer to a question about a color that is not in the video
 
 
 @dataclass
@@ -64,8 +128,15 @@ class VideoSpec:
     fps: float = 2.0
     background: str = "black"
     shapes: List[Shape] = field(default_factory=list)
-    target_color: Optional[str] = None
+    target_color: Optional[str] = None    # the first target (kept for one-target callers)
     target_shape: Optional[str] = None
+    targets: List[List[str]] = field(default_factory=list)   # [[color, shape], ...], big shapes
+
+    def colors(self) -> List[str]:
+        return sorted({s.color for s in self.shapes})
+
+    def absent_colors(self) -> List[str]:
+        return [c for c in sorted(COLORS) if c not in self.colors()]
 
     def frames_with(self, color: str) -> List[int]:
         return sorted({s.frame for s in self.shapes if s.color == color})
@@ -125,92 +196,143 @@ def make_video(path: str, spec: VideoSpec) -> str:
 
 
 def sample_spec(rng: random.Random, num_frames: int = 16, size: int = 448, fps: float = 2.0,
-                n_target=(2, 3), n_distractor=(4, 8), target_r=(0.25, 0.29),
-                distractor_r=(0.08, 0.125)) -> VideoSpec:
-    """A random video: target in 2-3 frames, distractors (other colors) in 4-8 other frames.
+                n_targets: int = 2, n_target=(2, 3), n_distractor=(3, 6), target_r=(0.25, 0.29),
+                distractor_r=(0.08, 0.125), distractor_colors=(1, 3)) -> VideoSpec:
+    """A random video with the hard cases of the query-adaptive task.
 
-    Radii are fractions of the frame size. Distractors are smaller than the target by default:
-    with the tiny model's random, frozen vision tower and a CPU-sized training budget, the
-    router could not learn to match a color *word* against same-size shapes of other colors
-    (it stayed at the prior), while a salient target is learnable. Pass
-    ``distractor_r=target_r`` for the harder, purely query-conditioned variant."""
-    if num_frames < n_target[1] + n_distractor[1]:
-        raise ValueError(f"num_frames: need >= {n_target[1] + n_distractor[1]} frames, "
-                         f"got {num_frames}")
+    ``n_targets`` big targets (radius ``target_r`` of the side), each one color and one shape
+    kind, each on screen in its own 2-3 frames (targets never share a frame, so which frames
+    matter depends on the color the question names); small distractors (``distractor_r``) in
+    3-6 other frames, drawn from 1-3 colors that no target uses, so at least one of the six
+    colors is absent from the video (questions about it have no relevant frame)."""
+    need = n_targets * n_target[1] + n_distractor[1]
+    if num_frames < need:
+        raise ValueError(f"num_frames: need >= {need} frames, got {num_frames}")
+    if not 1 <= n_targets <= 2:
+        raise ValueError(f"n_targets: expected 1 or 2, got {n_targets}")
     spec = VideoSpec(num_frames=num_frames, size=size, fps=fps,
                      background=rng.choice(sorted(BACKGROUNDS)))
     colors = sorted(COLORS)
-    spec.target_color = rng.choice(colors)
-    spec.target_shape = rng.choice(SHAPES)
+    tcolors = rng.sample(colors, n_targets)
+    spec.targets = [[c, rng.choice(SHAPES)] for c in tcolors]
+    spec.target_color, spec.target_shape = spec.targets[0]
     order = list(range(num_frames))
     rng.shuffle(order)
-    k = rng.randint(*n_target)
-    m = rng.randint(*n_distractor)
-    others = [c for c in colors if c != spec.target_color]
+    others = [c for c in colors if c not in tcolors]
+    palette = rng.sample(others, min(rng.randint(*distractor_colors), len(others) - 1))
 
     def place(t, shape, color, rr):
-        r = rng.randint(int(rr[0] * size), int(rr[1] * size))
+        r = rng.randint(math.ceil(rr[0] * size), int(rr[1] * size))
         cx = rng.randint(r + 4, size - r - 5)
         cy = rng.randint(r + 4, size - r - 5)
         spec.shapes.append(Shape(t, shape, color, cx, cy, r))
 
-    for t in order[:k]:
-        place(t, spec.target_shape, spec.target_color, target_r)
-    for t in order[k:k + m]:
-        place(t, rng.choice(SHAPES), rng.choice(others), distractor_r)
+    pos = 0
+    for color, shape in spec.targets:
+        k = rng.randint(*n_target)
+        for t in order[pos:pos + k]:
+            place(t, shape, color, target_r)
+        pos += k
+    m = rng.randint(*n_distractor)
+    for t in order[pos:pos + m]:
+        place(t, rng.choice(SHAPES), rng.choice(palette), distractor_r)
     spec.shapes.sort(key=lambda s: s.frame)
     return spec
 
 
-def questions(spec: VideoSpec, rng: random.Random) -> List[dict]:
-    """One Fragment and one Global question for ``spec`` with answers and labels."""
+def phrasings(split: str):
+    """(Fragment templates, Global templates) of a phrasing split: 'train' or 'heldout'."""
+    if split not in FRAGMENT_PHRASINGS:
+        raise ValueError(f"phrasing split: expected 'train' or 'heldout', got {split!r}")
+    return FRAGMENT_PHRASINGS[split], GLOBAL_PHRASINGS[split]
+
+
+def questions(spec: VideoSpec, rng: random.Random, phrasing: str = "train") -> List[dict]:
+    """The questions of one video, with answers, frame labels, policy and category.
+
+    - one ``object_shape`` question per target ("What shape is the red object?"): Fragment,
+      frames showing that color labelled 1, answer the target's shape;
+    - one ``absent_color`` question about a color not in the video: Fragment (its category
+      needs local evidence), no frame labelled 1 (the runtime falls back to the Global plan),
+      answer ``"none"``;
+    - one ``background`` question: Global, all-zero labels, answer the background color.
+    ``phrasing``: 'train' draws wordings from the training templates, 'heldout' from the held-out
+    ones, 'mixed' picks one of the two per question (recorded in each question's ``phrasing``)."""
+    if phrasing not in ("train", "heldout", "mixed"):
+        raise ValueError(f"phrasing: expected 'train', 'heldout' or 'mixed', got {phrasing!r}")
     T = spec.num_frames
-    rel = set(spec.frames_with(spec.target_color))
-    frag = {"question": rng.choice(FRAGMENT_TEMPLATES).format(color=spec.target_color),
-            "answer": spec.target_shape, "frame_labels": [int(t in rel) for t in range(T)],
-            "policy": 1, "category": "object_shape"}
-    glob = {"question": rng.choice(GLOBAL_TEMPLATES), "answer": spec.background,
-            "frame_labels": [0] * T, "policy": 0, "category": "background"}
-    return [frag, glob]
+    out = []
+
+    def words():
+        split = phrasing if phrasing != "mixed" else rng.choice(("train", "heldout"))
+        return split, phrasings(split)
+
+    for color, shape in (spec.targets or [[spec.target_color, spec.target_shape]]):
+        rel = set(spec.frames_with(color))
+        split, (frag, _) = words()
+        out.append({"question": rng.choice(frag).format(color=color), "answer": shape,
+                    "frame_labels": [int(t in rel) for t in range(T)], "policy": 1,
+                    "category": "object_shape", "phrasing": split, "color": color})
+    absent = spec.absent_colors()
+    if absent:
+        color = rng.choice(absent)
+        split, (frag, _) = words()
+        out.append({"question": rng.choice(frag).format(color=color), "answer": ABSENT_ANSWER,
+                    "frame_labels": [0] * T, "policy": 1, "category": "absent_color",
+                    "phrasing": split, "color": color})
+    split, (_, glob) = words()
+    out.append({"question": rng.choice(glob), "answer": spec.background, "frame_labels": [0] * T,
+                "policy": 0, "category": "background", "phrasing": split, "color": None})
+    return out
 
 
 def demo_spec() -> VideoSpec:
-    """The bundled demo: a big red circle in frames 5-7 of 16 among smaller distractors of other
-    colors, black background.
+    """The bundled demo: two big targets in disjoint frames -- a red circle in frames 5-7 and a
+    blue square in frames 11-12 -- among small distractors (green, yellow), black background.
 
-    Ask it "What shape is the red object?" (Fragment: frames 5-7 kept at full resolution,
-    answer "circle") or "What is the background color?" (Global, answer "black")."""
+    Ask "What shape is the red object?" (frames 5-7 kept at full resolution, answer "circle"),
+    "What shape is the blue object?" (frames 11-12, answer "square") or "What is the background
+    color?" (Global, answer "black"). Magenta and cyan are absent."""
     rng = random.Random(1234)
     spec = VideoSpec(num_frames=16, background="black", target_color="red",
-                     target_shape="circle")
-    distractors = {0: ("square", "blue"), 2: ("triangle", "green"), 3: ("square", "yellow"),
-                   9: ("circle", "cyan"), 11: ("triangle", "magenta"), 13: ("square", "green")}
+                     target_shape="circle", targets=[["red", "circle"], ["blue", "square"]])
+    big = {5: ("circle", "red"), 6: ("circle", "red"), 7: ("circle", "red"),
+           11: ("square", "blue"), 12: ("square", "blue")}
+    small = {0: ("square", "green"), 2: ("triangle", "yellow"), 3: ("circle", "green"),
+             9: ("triangle", "green"), 14: ("square", "yellow")}
     for t in range(16):
-        if t in (5, 6, 7):
-            shape, color = "circle", "red"
-        elif t in distractors:
-            shape, color = distractors[t]
+        if t in big:
+            (shape, color), rr = big[t], (112, 128)   # 25-29% of 448
+        elif t in small:
+            (shape, color), rr = small[t], (36, 56)   # 8-12.5% of 448
         else:
             continue
-        r = rng.randint(112, 128) if color == "red" else rng.randint(36, 56)
+        r = rng.randint(*rr)
         spec.shapes.append(Shape(t, shape, color, rng.randint(r + 4, 443 - r),
                                  rng.randint(r + 4, 443 - r), r))
     return spec
 
 
 DEMO_QUESTIONS = {"fragment": "What shape is the red object?",
+                  "fragment_2": "What shape is the blue object?",
                   "global": "What is the background color?"}
+DEMO_ANSWERS = {"fragment": "circle", "fragment_2": "square", "global": "black"}
 
 
 def generate(out_dir: str, num_videos: int, seed: int = 0, num_frames: int = 16,
-             size: int = 448, fps: float = 2.0, split: str = "train") -> Dict[str, str]:
+             size: int = 448, fps: float = 2.0, split: str = "train",
+             phrasing: Optional[str] = None) -> Dict[str, str]:
     """Write ``num_videos`` videos and the three JSONL files; returns their paths.
 
-    Files: ``{split}_relevance.jsonl`` (Fragment questions; Stage 1),
-    ``{split}_policy.jsonl`` (both kinds; Stage 2) and ``{split}_conversations.jsonl``
-    (both kinds, InternVL conversation format with labels; Stage 3)."""
+    Files: ``{split}_relevance.jsonl`` (Fragment questions, absent colors included; Stage 1),
+    ``{split}_policy.jsonl`` (all questions; Stage 2) and ``{split}_conversations.jsonl``
+    (all questions, InternVL conversation format with labels; Stage 3). Every line carries its
+    ``category`` and ``phrasing`` ('train' or 'heldout' wording). ``phrasing`` defaults to
+    'train' for the train split and 'mixed' (half held-out wordings) for any other split."""
     if num_videos < 1:
         raise ValueError(f"num_videos: expected >= 1, got {num_videos}")
+    if phrasing is None:
+        phrasing = "train" if split == "train" else "mixed"
     rng = random.Random(f"{seed}-{split}")
     rel, pol, conv = [], [], []
     vdir = os.path.join(out_dir, split)
@@ -220,20 +342,22 @@ def generate(out_dir: str, num_videos: int, seed: int = 0, num_frames: int = 16,
         path = os.path.join(out_dir, name)
         if not os.path.isfile(path):  # same seed -> same spec: keep the file (and its mtime,
             make_video(path, spec)    # which keys the feature cache) when growing a split
-        for j, q in enumerate(questions(spec, rng)):
+        for j, q in enumerate(questions(spec, rng, phrasing)):
             ex_id = f"{split}_{i:05d}_{j}"
             base = {"id": ex_id, "video": name, "question": q["question"], "answer": q["answer"],
-                    "category": q["category"]}
+                    "category": q["category"], "phrasing": q["phrasing"]}
             if q["policy"] == 1:
                 rel.append({**base, "frame_labels": q["frame_labels"]})
             pol.append({**base, "policy": "fragment" if q["policy"] else "global"})
             line = {"id": ex_id, "video": name, "conversations": [
                 {"from": "human", "value": "<video>\n" + q["question"]},
-                {"from": "gpt", "value": q["answer"]}], "policy": q["policy"]}
+                {"from": "gpt", "value": q["answer"]}], "policy": q["policy"],
+                "category": q["category"], "phrasing": q["phrasing"]}
             if q["policy"] == 1:
                 # Only Fragment questions carry frame labels (L_img): the Image Router is only
                 # consulted under the Fragment policy, and an all-zero target for Global
-                # questions would fight the relevance learned in Stage 1.
+                # questions would fight the relevance learned in Stage 1. (Absent-color
+                # questions are Fragment with all-zero labels: nothing is relevant.)
                 line["frame_labels"] = q["frame_labels"]
             conv.append(line)
     os.makedirs(vdir, exist_ok=True)
