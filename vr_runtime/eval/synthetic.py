@@ -6,9 +6,11 @@ generator grows). Video-MME's three duration groups become three video lengths a
 ``short`` 16 frames (8 s, the length the tiny model was trained on), ``medium`` 32 and ``long``
 64 frames. The target appears in more frames in longer videos (2-3 per 16 frames) -- several
 target frames per video, so uniform sampling of 16 frames still meets it at any length. Each
-video has two questions: the Fragment one ("What shape is the red object?", options the three
-shapes; task type ``object_shape``) and the Global one ("What is the background color?",
-options the three backgrounds; ``background``). Option order is shuffled per question.
+video has two targets of different colors and the generator's questions: one per target ("What
+shape is the red object?", task type ``object_shape``), one about an absent color (answer
+``none``, ``absent_color``), both with the options circle / square / triangle / none, and the
+Global one ("What is the background color?", options the three backgrounds; ``background``).
+Option order is shuffled per question.
 
 Writes ``DIR/videomme/test-00000-of-00001.parquet`` (with pyarrow; otherwise
 ``DIR/videomme/test.json``, the same rows) and ``DIR/data/<videoID>.mp4``. Deterministic in
@@ -22,7 +24,8 @@ import random
 from typing import Dict
 
 DURATIONS = {"short": 16, "medium": 32, "long": 64}
-TASK_TYPES = {"object_shape": "Object Recognition", "background": "Attribute Perception"}
+TASK_TYPES = {"object_shape": "Object Recognition", "absent_color": "Object Reasoning",
+              "background": "Attribute Perception"}
 
 
 def make_synthetic(out_dir, videos_per_split: int = 4, seed: int = 0) -> Dict[str, object]:
@@ -40,17 +43,18 @@ def make_synthetic(out_dir, videos_per_split: int = 4, seed: int = 0) -> Dict[st
         k = T // 16
         for i in range(videos_per_split):
             spec = S.sample_spec(rng, num_frames=T, n_target=(2 * k, 3 * k),
-                                 n_distractor=(4 * k, 8 * k))
+                                 n_distractor=(3 * k, 6 * k))
             vid = f"syn_{split}_{i:03d}"
             path = vdir / f"{vid}.mp4"
             if not path.is_file():
                 S.make_video(str(path), spec)
             for j, q in enumerate(S.questions(spec, rng)):
-                choices = list(S.SHAPES) if q["category"] == "object_shape" \
-                    else sorted(S.BACKGROUNDS)
+                choices = sorted(S.BACKGROUNDS) if q["category"] == "background" \
+                    else list(S.SHAPES) + [S.ABSENT_ANSWER]
                 rng.shuffle(choices)
                 rows.append({
-                    "video_id": f"{len(rows) // 2 + 1:03d}", "duration": split,
+                    "video_id": f"{len({r['videoID'] for r in rows} | {vid}):03d}",
+                    "duration": split,
                     "domain": "Synthetic", "sub_category": q["category"],
                     "url": "", "videoID": vid, "question_id": f"{vid}-{j + 1}",
                     "task_type": TASK_TYPES[q["category"]], "question": q["question"],

@@ -1,6 +1,7 @@
 """Train the ``tiny`` preset on the synthetic evidence task, end to end, and ship it.
 
-synthetic data -> Stage 1 -> Stage 2 -> Stage 3 -> Stage 3b (Stage 3 continued with the plans
+synthetic data -> Stage 0 (tiny-only pretraining from the deterministic fill, ``pretrain.py``)
+-> Stage 1 -> Stage 2 -> Stage 3 -> Stage 3b (Stage 3 continued with the plans
 the runtime makes at inference; configs ``tiny_stage{1,2,3,3b}``, clearly *not* the paper's values) -> held-out metrics JSON + curves PNG -> optionally copy
 ``model.safetensors`` and ``routers.safetensors`` into ``vr_runtime/assets/tiny/``, where the
 runtime picks them up.
@@ -18,16 +19,40 @@ from .synthetic import generate
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "tiny")
 
 
+def _num_videos(path: str) -> int:
+    with open(path) as f:
+        return len({json.loads(line)["video"] for line in f if line.strip()})
+
+
+def _stage0(work: str, summary: dict) -> str:
+    """Stage 0 into ``work/stage0`` (reused when finished); returns the model directory."""
+    from .pretrain import PretrainConfig, pretrain
+    cfg = PretrainConfig.load("tiny_stage0", output_dir=os.path.join(work, "stage0"))
+    hf = os.path.join(cfg.output_dir, "hf")
+    done = os.path.join(cfg.output_dir, "metrics.json")
+    if os.path.isfile(done) and os.path.isdir(hf):
+        with open(done) as f:
+            res = dict(json.load(f), reused=True)
+    else:
+        t0 = time.time()
+        res = pretrain(cfg)
+        res["wall_s"] = round(time.time() - t0, 1)
+    summary["stages"]["stage0"] = dict(res, config="vr_runtime/training/configs/tiny_stage0.json")
+    print(json.dumps({"stage0": res["metrics"]}, indent=2))
+    return hf
+
+
 def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
              n_heldout: int = 40, results: str = "bench/results", seed: int = 0) -> dict:
     data = os.path.join(work, "data")
     for split, n in (("train", n_train), ("heldout", n_heldout)):
         # (re)write a split whose size differs; existing videos are kept (same seed, same specs)
         f = os.path.join(data, f"{split}_policy.jsonl")
-        if not os.path.isfile(f) or sum(1 for _ in open(f)) != 2 * n:
+        if not os.path.isfile(f) or _num_videos(f) != n:
             generate(data, n, seed=seed, split=split)
     from .loop import build, train
     summary = {"work": work, "train_videos": n_train, "heldout_videos": n_heldout, "stages": {}}
+    base = _stage0(work, summary)   # every stage starts from Stage 0's model, never the shipped one
     prev = None
     names = {1: "relevance", 2: "policy", 3: "conversations", "3b": "conversations"}
     for stage in (1, 2, 3, "3b"):
@@ -36,6 +61,7 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
         cfg.eval_data = os.path.join(data, f"heldout_{names[stage]}.jsonl")
         cfg.output_dir = os.path.join(work, f"stage{stage}")
         cfg.routers = prev
+        cfg.model = base
         if stage == "3b":  # Stage 3 continued from Stage 3's model, inference-matched plans
             cfg.model = os.path.join(work, "stage3", "hf")
         done = os.path.join(cfg.output_dir, "metrics.json")
