@@ -5,13 +5,14 @@ The video is the synthetic evidence task's demo clip (``vr_runtime.training.synt
 so the demo is in the distribution the tiny model's routers are trained on:
 
 - 16 frames, 448x448, 2 fps (8 s), H.264 (libx264, yuv420p, crf 12), black background;
-- ground truth: a **red circle** is shown in frames 5, 6 and 7 only, i.e. from 2.5 s to 4.0 s;
-- distractors elsewhere: blue square (frame 0), green triangle (2), yellow square (3),
-  cyan circle (9), magenta triangle (11), green square (13); the other frames are empty.
+- two targets in disjoint frames: a **red circle** in frames 5, 6 and 7 only (2.5-4.0 s) and a
+  **blue square** in frames 11 and 12 only (5.5-6.5 s);
+- small distractors elsewhere: green square (frame 0), yellow triangle (2), green circle (3),
+  green triangle (9), yellow square (14); magenta and cyan are absent; the other frames are empty.
 
-Questions: "What shape is the red object?" (Fragment: the evidence is frames 5-7; answer
-"circle") and "What is the background color?" (Global; answer "black"). ``videorouter demo``
-asks the first one.
+Questions: "What shape is the red object?" (Fragment: evidence frames 5-7; answer "circle"),
+"What shape is the blue object?" (frames 11-12; "square") and "What is the background color?"
+(Global; "black"). ``videorouter demo`` asks the first two: different frames must be kept.
 
 Frames are drawn with numpy from a fixed seed and x264 is deterministic, so rerunning the script
 with the same libx264 build gives the same bytes; the file is a few kB.
@@ -38,11 +39,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     spec = demo_spec()
     make_video(str(args.out), spec)
-    frames = spec.frames_with(spec.target_color)
     print(f"wrote {args.out} ({args.out.stat().st_size} bytes): {spec.num_frames} frames, "
           f"{spec.size}x{spec.size}, {spec.fps:g} fps")
-    print(f"evidence: {spec.target_color} {spec.target_shape} in frames {frames} "
-          f"({frames[0] / spec.fps:g}-{(frames[-1] + 1) / spec.fps:g} s)")
+    for color, shape in spec.targets:
+        frames = spec.frames_with(color)
+        print(f"evidence: {color} {shape} in frames {frames} "
+              f"({frames[0] / spec.fps:g}-{(frames[-1] + 1) / spec.fps:g} s)")
     for kind, q in DEMO_QUESTIONS.items():
         print(f"{kind} question: {q}")
     return 0

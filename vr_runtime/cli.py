@@ -39,9 +39,10 @@ PROG = "videorouter"
 POLICY_HELP = "auto|global|fragment|dense|budget|uniform"
 DTYPES = ("bf16", "fp16", "fp32")
 SAMPLE_VIDEO = pathlib.Path(__file__).resolve().parent / "assets" / "sample.mp4"
-# The bundled clip's Fragment question (vr_runtime.training.synthetic.DEMO_QUESTIONS): its
-# evidence, a red circle, is on screen in frames 5-7 (2.5-4.0 s) only.
-DEMO_QUESTION = "What shape is the red object?"
+# The bundled clip's two Fragment questions (vr_runtime.training.synthetic.DEMO_QUESTIONS): a
+# red circle is on screen in frames 5-7 (2.5-4.0 s) only, a blue square in frames 11-12
+# (5.5-6.5 s) only. The demo asks both: query-adaptive routing keeps different frames.
+DEMO_QUESTIONS = ("What shape is the red object?", "What shape is the blue object?")
 # Demo settings: all 16 frames of the clip (dense = 16 x 256 = 4096 visual tokens) under a
 # context that leaves the visual budget at roughly a quarter of that, so the routers' choice
 # between Global and Fragment decides what the model sees.
@@ -218,7 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="ask the bundled sample video with the tiny model",
                           description=f"Run 'ask' on the bundled {DEMO_FRAMES}-frame sample "
-                          f"video with the tiny model and the question {DEMO_QUESTION!r}.")
+                          f"video with the tiny model, once per question: "
+                          f"{' and '.join(repr(q) for q in DEMO_QUESTIONS)}. --json prints one "
+                          f"object: the first question's answer and report, and 'demo' with "
+                          f"both; --plot draws one panel per question.")
     demo.add_argument("--policy", default="auto", metavar=POLICY_HELP,
                       help="as for ask; 'fragment' shows the Image Router's frame scores even "
                            "when the routers are untrained (default: auto)")
@@ -318,6 +322,14 @@ def run_ask(args) -> dict:
     return {"answer": res.text, "report": report}
 
 
+def _demo_title(question: str, out: dict) -> str:
+    """One line per demo question: what the model kept at full resolution, and its answer."""
+    from .plot import frame_rows
+    full = [r["frame"] for r in frame_rows(out["report"]) if r["scale"] == "1x1"]
+    kept = ", ".join(map(str, full)) if full else "none"
+    return f"{question} -> {out['answer'].strip()!r}; frames at full resolution: {kept}"
+
+
 def _memory_for_video(args, device) -> Optional[int]:
     """Bytes the decoded frames may take: the machine's free memory less the model's weights
     when they will load into host memory (a CPU run)."""
@@ -340,9 +352,9 @@ def _stderr_is_tty() -> bool:
         return False
 
 
-def _demo_args(args) -> argparse.Namespace:
+def _demo_args(args, question: str) -> argparse.Namespace:
     return argparse.Namespace(
-        command="demo", video=str(SAMPLE_VIDEO), question=DEMO_QUESTION, model="tiny",
+        command="demo", video=str(SAMPLE_VIDEO), question=question, model="tiny",
         routers=None, frames=DEMO_FRAMES, max_length=DEMO_MAX_LENGTH,
         max_new_tokens=DEMO_MAX_NEW_TOKENS, policy=args.policy, device="cpu", dtype="fp32",
         json=args.json, plot=args.plot, decoder="auto")
@@ -493,22 +505,31 @@ def main(argv: Optional[list] = None) -> int:
     if args.command == "serve":
         from .serve.command import run_serve
         return run_serve(args)
+    questions = [args.question] if args.command == "ask" else list(DEMO_QUESTIONS)
     if args.command == "demo":
-        args = _demo_args(args)
+        args = _demo_args(args, questions[0])
     try:
         # With --json stdout carries the JSON object only: anything a library prints goes to
         # stderr instead.
         redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
         with redirect:
-            out = run_ask(args)
+            outs = []
+            for q in questions:
+                args.question = q
+                outs.append(run_ask(args))
+            out = outs[0]
+            if args.command == "demo":
+                out = dict(out, demo=[dict(o, question=q) for q, o in zip(questions, outs)])
             if args.plot:
-                from .plot import plot_report
+                from .plot import plot_reports
                 # Written under a temporary name and renamed: an interrupt never leaves a
                 # half-written PNG at the user's path.
                 plot = pathlib.Path(args.plot)
                 tmp = plot.with_name(f".{plot.stem}.{os.getpid()}.tmp.png")
+                titles = None if len(outs) == 1 else [_demo_title(q, o)
+                                                      for q, o in zip(questions, outs)]
                 try:
-                    plot_report(out["report"], str(tmp))
+                    plot_reports([o["report"] for o in outs], str(tmp), titles=titles)
                     os.replace(tmp, plot)
                 finally:
                     with contextlib.suppress(OSError):
@@ -524,7 +545,13 @@ def main(argv: Optional[list] = None) -> int:
         _write_stdout(json.dumps(out, default=_jsonable) + "\n")
     else:
         try:
-            print_result(out)
+            for i, (q, o) in enumerate(zip(questions, outs)):
+                if len(outs) > 1:
+                    sys.stdout.write(f"{'' if i == 0 else chr(10)}Question: {q}\n")
+                print_result(o)
+            if len(outs) > 1:
+                sys.stdout.write("\n" + "\n".join(_demo_title(q, o)
+                                                    for q, o in zip(questions, outs)) + "\n")
             if args.plot:
                 sys.stdout.write(f"plot: {args.plot}\n")
         except BrokenPipeError:

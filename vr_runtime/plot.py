@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 from vr_kernels.windows import normalize_window, pooled_counts
 
-__all__ = ["frame_rows", "plot_report"]
+__all__ = ["frame_rows", "plot_report", "plot_reports"]
 
 # One colour per pooling scale so the eye groups frames by resolution.
 _SCALE_COLORS = {1: "#d62728", 2: "#1f77b4", 3: "#9467bd", 4: "#7f7f7f"}
@@ -64,8 +64,30 @@ def frame_rows(report: dict, timestamps_s: Optional[Sequence[float]] = None) -> 
 def plot_report(report: dict, path, timestamps_s: Optional[Sequence[float]] = None,
                 title: Optional[str] = None) -> str:
     """Write the tokens-per-frame / relevance plot of ``report`` to ``path`` (PNG)."""
+    return plot_reports([report], path, timestamps_s, None if title is None else [title])
+
+
+def plot_reports(reports: Sequence[dict], path, timestamps_s: Optional[Sequence[float]] = None,
+                 titles: Optional[Sequence[str]] = None) -> str:
+    """One panel per report, stacked (e.g. the demo's two questions on one video), to ``path``."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    if not reports:
+        raise ValueError("plot_reports: no report to plot")
+    if titles is not None and len(titles) != len(reports):
+        raise ValueError(f"plot_reports: {len(titles)} titles for {len(reports)} reports")
+    fig = Figure(figsize=(10, 4 * len(reports)), dpi=100)
+    FigureCanvasAgg(fig)
+    for i, report in enumerate(reports):
+        _draw(fig.add_subplot(len(reports), 1, i + 1), report, timestamps_s,
+              None if titles is None else titles[i])
+    fig.tight_layout()
+    path = os.fspath(path)
+    fig.savefig(path, format="png")
+    return path
+
+
+def _draw(ax, report: dict, timestamps_s, title: Optional[str]) -> None:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -75,9 +97,6 @@ def plot_report(report: dict, path, timestamps_s: Optional[Sequence[float]] = No
     gaps = [b - a for a, b in zip(xs, xs[1:]) if b > a]
     width = 0.8 * min(gaps) if gaps else 0.8
 
-    fig = Figure(figsize=(10, 4), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
     # square windows get their scale's colour; rectangular or unusual ones share "other"
     colors = [_SCALE_COLORS.get(r["window"][0], _OTHER) if r["window"] and
               r["window"][0] == r["window"][1] else (_OTHER if r["window"] else "#dddddd")
@@ -115,7 +134,3 @@ def plot_report(report: dict, path, timestamps_s: Optional[Sequence[float]] = No
                  f" visual tokens, budget {report.get('budget', '?')}, "
                  f"dense {report.get('dense_visual_tokens', '?')}")
     ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    path = os.fspath(path)
-    fig.savefig(path, format="png")
-    return path

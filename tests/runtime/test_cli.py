@@ -65,7 +65,10 @@ def test_demo_json(tmp_path):
     lines = res.stdout.splitlines()
     assert len(lines) == 1, res.stdout  # exactly one JSON object and nothing else on stdout
     out = json.loads(lines[0])
-    assert set(out) == {"answer", "report"} and isinstance(out["answer"], str)
+    assert set(out) == {"answer", "report", "demo"} and isinstance(out["answer"], str)
+    # one entry per demo question; the top-level answer/report are the first question's
+    assert [d["question"] for d in out["demo"]] == list(cli.DEMO_QUESTIONS)
+    assert out["demo"][0]["answer"] == out["answer"] and out["demo"][0]["report"] == out["report"]
     r = out["report"]
     for key in ("policy", "policy_probability", "frame_indices", "frame_scores", "scales",
                 "visual_tokens", "dense_visual_tokens", "budget", "text_tokens", "timings_s",
@@ -111,7 +114,7 @@ def test_ask_table_and_plot(tmp_path):
 
 def test_demo_question_matches_synthetic_task():
     from vr_runtime.training.synthetic import DEMO_QUESTIONS, demo_spec
-    assert cli.DEMO_QUESTION == DEMO_QUESTIONS["fragment"]
+    assert cli.DEMO_QUESTIONS == (DEMO_QUESTIONS["fragment"], DEMO_QUESTIONS["fragment_2"])
     assert cli.DEMO_FRAMES == demo_spec().num_frames
 
 

@@ -108,6 +108,15 @@ def main(argv=None) -> int:
     s.add_argument("--train", type=int, default=160)
     s.add_argument("--heldout", type=int, default=40)
     s.add_argument("--results", default="bench/results")
+    s = sub.add_parser("routing-eval", help="issue 8's held-out routing metrics and targets")
+    s.add_argument("--data", required=True, help="a synthetic *_conversations.jsonl")
+    s.add_argument("--model", default="tiny")
+    s.add_argument("--routers", default=None)
+    s.add_argument("--max-length", type=int, default=1400)
+    s.add_argument("--frames", type=int, default=16)
+    s.add_argument("--limit-videos", type=int, default=0)
+    s.add_argument("--no-answers", action="store_true", help="router metrics only (fast)")
+    s.add_argument("--out", required=True)
     s = sub.add_parser("curves", help="plot the training curves of a tiny run")
     s.add_argument("--runs", default="runs/tiny")
     s.add_argument("--out", default="bench/results/training_curves.png")
@@ -146,6 +155,22 @@ def main(argv=None) -> int:
             from .tiny_demo import run_tiny
             run_tiny(a.work, ship=a.ship, n_train=a.train, n_heldout=a.heldout,
                      results=a.results)
+        elif a.cmd == "routing-eval":
+            import os
+            import shlex
+            if not os.path.isfile(a.data):
+                raise DataFormatError(f"--data {a.data!r}: no such file (write one with "
+                                      f"'python -m vr_runtime.training synth')")
+            for name in ("max_length", "frames"):
+                if getattr(a, name) < 1:
+                    raise ConfigError(f"--{name.replace('_', '-')}: expected >= 1, "
+                                      f"got {getattr(a, name)}")
+            from .routing_eval import run
+            cmd = "python -m vr_runtime.training " + " ".join(
+                shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
+            res = run(a.model, a.routers, a.data, a.out, a.max_length, a.frames, a.limit_videos,
+                      answers=not a.no_answers, command=cmd)
+            print(json.dumps(res["targets"], indent=2))
         elif a.cmd == "curves":
             from .curves import plot_curves
             plot_curves(a.runs, a.out)

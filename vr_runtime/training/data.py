@@ -128,7 +128,7 @@ def parse_record(rec, kind: str, where: str, root: str = ".", check_files: bool 
     video = _video(rec, where, root, check_files)
     labels = _labels(rec["frame_labels"], where) if rec.get("frame_labels") is not None else None
     policy = _policy(rec["policy"], where) if rec.get("policy") is not None else None
-    meta = {k: v for k, v in rec.items() if k in ("id", "category", "split", "kind")}
+    meta = {k: v for k, v in rec.items() if k in ("id", "category", "split", "kind", "phrasing")}
     if kind == "conversation" and "conversations" in rec:
         q, a = _conversation(rec, where)
     else:

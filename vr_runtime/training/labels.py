@@ -375,7 +375,8 @@ def drop_auc(diagnostics: Sequence[dict], truth: Dict[str, List[int]]) -> Option
 def synthetic_mc(out_dir: str, videos: int, seed: int = 0, frames: int = 16) -> str:
     """The synthetic evidence task's Fragment questions (``training.synthetic.generate``) as a
     generic multiple-choice JSONL (options: the shapes, shuffled), keeping the generator's
-    ``frame_labels`` (the reader ignores them; the study compares against them)."""
+    ``frame_labels`` (the reader ignores them; the study compares against them). Absent-color
+    questions (answer ``none``, no frame relevant) are kept: no frame should be labelled."""
     import random
     from . import synthetic as S
     paths = S.generate(out_dir, videos, seed=seed, num_frames=frames, split="study")
@@ -384,7 +385,7 @@ def synthetic_mc(out_dir: str, videos: int, seed: int = 0, frames: int = 16) -> 
     with open(paths["relevance"], encoding="utf-8") as f:
         for line in f:
             r = json.loads(line)
-            opts = list(S.SHAPES)
+            opts = list(S.SHAPES) + [S.ABSENT_ANSWER]
             rng.shuffle(opts)
             lines.append({"id": r["id"], "video": r["video"], "question": r["question"],
                           "options": opts, "answer": r["answer"], "category": r["category"],
