@@ -93,7 +93,7 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
     tr.eval()
     rel = read_jsonl(os.path.join(data, "heldout_relevance.jsonl"), "relevance")
     pol = read_jsonl(os.path.join(data, "heldout_policy.jsonl"), "policy")
-    cache = FeatureCache(tr.model, 16, os.path.join(data, ".vr_cache"))
+    cache = FeatureCache(tr.bb, 16, os.path.join(data, ".vr_cache"))
     summary["final_routers"] = {"relevance": eval_relevance(tr, rel, cache),
                                 "policy": eval_policy(tr, pol)}
     print(json.dumps(summary["final_routers"], indent=2))
