@@ -18,17 +18,47 @@ def test_generator_is_deterministic_and_labels_follow_the_frames(tmp_path):
     assert a == b
     for seed in range(20):
         spec = syn.sample_spec(random.Random(seed))
-        frag, glob = syn.questions(spec, random.Random(seed))
-        assert spec.target_color in frag["question"] and frag["policy"] == 1
+        qs = syn.questions(spec, random.Random(seed), "mixed")
+        cats = [q["category"] for q in qs]
+        assert cats == ["object_shape", "object_shape", "absent_color", "background"]
+        (c1, s1), (c2, s2) = spec.targets
+        assert c1 != c2
+        # the two targets never share a frame; distractors never use a target's color
+        assert not set(spec.frames_with(c1)) & set(spec.frames_with(c2))
+        big = {s.color for s in spec.shapes if s.r >= 0.25 * spec.size - 1}
+        assert big == {c1, c2}
+        for q, (color, shape) in zip(qs[:2], spec.targets):
+            assert color in q["question"] and q["policy"] == 1 and q["answer"] == shape
+            rgb = np.array(syn.COLORS[color])
+            for t, y in enumerate(q["frame_labels"]):
+                img = syn.render_frame(spec, t)
+                has = bool((np.abs(img.astype(int) - rgb).sum(-1) == 0).sum() > 2000)
+                assert has == bool(y), (seed, t)   # the queried color is on screen iff labelled 1
+        absent = qs[2]
+        assert absent["color"] in spec.absent_colors() and absent["color"] not in spec.colors()
+        assert absent["answer"] == syn.ABSENT_ANSWER and sum(absent["frame_labels"]) == 0
+        glob = qs[3]
         assert glob["policy"] == 0 and sum(glob["frame_labels"]) == 0
-        assert glob["answer"] == spec.background and frag["answer"] == spec.target_shape
-        rgb = np.array(syn.COLORS[spec.target_color])
-        for t, y in enumerate(frag["frame_labels"]):
-            img = syn.render_frame(spec, t)
-            has = bool((np.abs(img.astype(int) - rgb).sum(-1) == 0).sum() > 2000)
-            assert has == bool(y), (seed, t)   # the queried color is on screen iff labelled 1
-        # distractors never use the queried color
-        assert all(s.shape == spec.target_shape for s in spec.shapes if s.color == spec.target_color)
+        assert glob["answer"] == spec.background
+
+
+def test_heldout_phrasings_never_reach_a_training_split(tmp_path):
+    import re
+    train = set(syn.FRAGMENT_PHRASINGS["train"]) | set(syn.GLOBAL_PHRASINGS["train"])
+    held = set(syn.FRAGMENT_PHRASINGS["heldout"]) | set(syn.GLOBAL_PHRASINGS["heldout"])
+    assert held and not train & held
+    words = lambda t: set(re.findall(r"[a-z]+", t.replace("{color}", "").lower()))
+    train_words = set().union(*(words(t) for t in train))
+    for t in held:   # only the combination is new, never a word
+        assert words(t) <= train_words, t
+    paths = syn.generate(str(tmp_path), 6, seed=2, split="train")
+    lines = [json.loads(x) for x in open(paths["policy"])]
+    fills = {t.format(color=c) for t in syn.FRAGMENT_PHRASINGS["heldout"] for c in syn.COLORS}
+    fills |= set(syn.GLOBAL_PHRASINGS["heldout"])
+    assert all(x["phrasing"] == "train" and x["question"] not in fills for x in lines)
+    held_paths = syn.generate(str(tmp_path), 6, seed=2, split="heldout")
+    phr = {json.loads(x)["phrasing"] for x in open(held_paths["policy"])}
+    assert phr == {"train", "heldout"}
 
 
 def test_videos_decode_with_the_labelled_content(tmp_path):
@@ -36,7 +66,7 @@ def test_videos_decode_with_the_labelled_content(tmp_path):
     paths2 = syn.generate(str(tmp_path / "again"), 2, seed=1, num_frames=12, split="train")
     assert open(paths["relevance"]).read() == open(paths2["relevance"]).read()
     rel = read_jsonl(paths["relevance"], "relevance")
-    assert len(read_jsonl(paths["policy"], "policy")) == 4
+    assert len(read_jsonl(paths["policy"], "policy")) == 2 * 4   # 4 questions per video
     conv = read_jsonl(paths["conversations"], "conversation")
     assert {e.policy for e in conv} == {0, 1}
     # only Fragment questions carry frame labels into Stage 3 (L_img)
@@ -59,7 +89,9 @@ def test_videos_decode_with_the_labelled_content(tmp_path):
 def test_demo_spec_matches_the_documented_demo():
     spec = syn.demo_spec()
     assert spec.frames_with("red") == [5, 6, 7] and spec.background == "black"
-    assert "red" in syn.DEMO_QUESTIONS["fragment"]
+    assert spec.frames_with("blue") == [11, 12]
+    assert {"magenta", "cyan"} <= set(spec.absent_colors())
+    assert "red" in syn.DEMO_QUESTIONS["fragment"] and "blue" in syn.DEMO_QUESTIONS["fragment_2"]
 
 
 PAPER = {  # appendix hyper-parameter table
@@ -88,7 +120,9 @@ def test_paper_configs_hold_the_table(stage):
               3: ["projector", "language", "extractor", "semantic", "image"]}
     assert c.trainable_groups == groups[stage]
     tiny = load_config(f"tiny_stage{stage}")
-    assert tiny.trainable_groups == groups[stage] and "TINY" in json.loads(
+    # the tiny Stage 1 freezes the shadow stack (a documented departure, see its _comment)
+    tiny_groups = {**groups, 1: ["image"]}
+    assert tiny.trainable_groups == tiny_groups[stage] and "TINY" in json.loads(
         (ROOT / f"vr_runtime/training/configs/tiny_stage{stage}.json").read_text())["_comment"]
 
 
