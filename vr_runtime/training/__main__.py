@@ -14,7 +14,7 @@
     python -m vr_runtime.training label-study --work runs/label_study \
         --results bench/results/label_study.json
     python -m vr_runtime.training tiny [--work runs/tiny] [--ship]   # the whole tiny demo
-    python -m vr_runtime.training routing-eval --data runs/tiny/data/heldout_conversations.jsonl \
+    python -m vr_runtime.training routing-eval --data runs/tiny/data/heldout_conversations.jsonl \\
         --out bench/results/routing_heldout.json      # issue 8's held-out routing targets
     python -m vr_runtime.training curves --runs runs/tiny --out bench/results/training_curves.png
 """
