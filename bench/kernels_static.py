@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import json
 import math
 import os
 import re

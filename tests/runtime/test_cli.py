@@ -13,12 +13,6 @@ import pytest
 
 from vr_runtime import cli
 
-try:  # the normal path needs the runtime; skip those tests (only) until it exists
-    import vr_runtime.runtime  # noqa: F401
-    HAVE_RUNTIME = True
-except ImportError:
-    HAVE_RUNTIME = False
-needs_runtime = pytest.mark.skipif(not HAVE_RUNTIME, reason="vr_runtime.runtime not importable")
 
 SAMPLE = str(cli.SAMPLE_VIDEO)
 
@@ -58,7 +52,6 @@ def bad_files(tmp_path_factory):
 
 # ----------------------------------------------------------------------------- normal path
 
-@needs_runtime
 def test_demo_json(tmp_path):
     res = videorouter("demo", "--json")
     assert res.returncode == 0, res.stderr
@@ -84,7 +77,6 @@ def test_demo_json(tmp_path):
     assert r["timings_s"]["decode"] > 0
 
 
-@needs_runtime
 def test_ask_table_and_plot(tmp_path):
     png = tmp_path / "tokens.png"
     res = videorouter("ask", SAMPLE, "What shape is the red object?", "--frames", "8",
@@ -152,13 +144,11 @@ def test_cuda_absent():
     assert_usage_error(videorouter("ask", SAMPLE, "What happens?", "--device", "cuda"), "cuda")
 
 
-@needs_runtime
 def test_budget_too_small():
     assert_usage_error(videorouter("ask", SAMPLE, "What happens?", "--max-length", "200",
                                    "--frames", "4"), "budget", "max_length")
 
 
-@needs_runtime
 def test_router_weights_do_not_match(tmp_path):
     import torch
     from safetensors.torch import save_file

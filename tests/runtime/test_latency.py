@@ -2,7 +2,6 @@
 import random
 
 import pytest
-import torch
 
 from vr_runtime.cost_model import DeviceSpec
 from vr_runtime.latency import LatencyModel, largest_fitting_budget

@@ -1,5 +1,4 @@
 """Issue 8's held-out routing metrics: the AUC, the targets, the CLI, and a run on real videos."""
-import json
 import random
 
 import pytest

@@ -37,7 +37,7 @@ def make_synthetic(out_dir, videos_per_split: int = 4, seed: int = 0) -> Dict[st
     out = pathlib.Path(out_dir)
     vdir = out / "data"
     vdir.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, num_videos = [], 0
     for split, T in DURATIONS.items():
         rng = random.Random(f"videomme-synthetic-{seed}-{split}")
         k = T // 16
@@ -45,6 +45,7 @@ def make_synthetic(out_dir, videos_per_split: int = 4, seed: int = 0) -> Dict[st
             spec = S.sample_spec(rng, num_frames=T, n_target=(2 * k, 3 * k),
                                  n_distractor=(3 * k, 6 * k))
             vid = f"syn_{split}_{i:03d}"
+            num_videos += 1
             path = vdir / f"{vid}.mp4"
             if not path.is_file():
                 S.make_video(str(path), spec)
@@ -53,8 +54,7 @@ def make_synthetic(out_dir, videos_per_split: int = 4, seed: int = 0) -> Dict[st
                     else list(S.SHAPES) + [S.ABSENT_ANSWER]
                 rng.shuffle(choices)
                 rows.append({
-                    "video_id": f"{len({r['videoID'] for r in rows} | {vid}):03d}",
-                    "duration": split,
+                    "video_id": f"{num_videos:03d}", "duration": split,
                     "domain": "Synthetic", "sub_category": q["category"],
                     "url": "", "videoID": vid, "question_id": f"{vid}-{j + 1}",
                     "task_type": TASK_TYPES[q["category"]], "question": q["question"],

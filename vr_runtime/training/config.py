@@ -148,14 +148,21 @@ def load_config(path_or_name: str, **overrides) -> TrainConfig:
             raise ConfigError(f"config: {path_or_name!r} is neither a file nor one of stage1, "
                               f"stage2, stage3, tiny_stage1, tiny_stage2, tiny_stage3")
         p = cand
+    return TrainConfig(**config_fields(p, TrainConfig, overrides)).validate()
+
+
+def config_fields(path, cls, overrides: dict) -> dict:
+    """The keys of a JSON config file (``_comment``-style keys dropped) updated by
+    ``overrides``, checked against the fields of dataclass ``cls``; ``ConfigError`` otherwise."""
+    p = pathlib.Path(path)
     try:
         raw = json.loads(p.read_text())
     except json.JSONDecodeError as e:
         raise ConfigError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})")
     raw = {k: v for k, v in raw.items() if not k.startswith("_")}  # "_comment" keys
     raw.update(overrides)
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ConfigError(f"{p}: unknown keys {unknown}; known keys: {sorted(known)}")
-    return TrainConfig(**raw).validate()
+    return raw

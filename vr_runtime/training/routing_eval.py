@@ -23,7 +23,7 @@ import json
 import os
 import time
 from collections import defaultdict
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 TARGETS = {  # issue 8's held-out targets: (metric path, comparison, value)
     "image_router_frame_accuracy": (("image_router_frame_accuracy", "all", "rate"), ">=", 0.95),
