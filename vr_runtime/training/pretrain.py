@@ -19,6 +19,12 @@ measured no better than chance on the two-target task. Frames are pooled with a 
 (1, 2 or 4: full resolution, the Image Router's ``router_pool`` and the Fragment policy's low
 tier) so the binding holds at every scale the runtime feeds. Trained: projector, LLM and LM
 head; the vision tower stays at its random fill (frozen, features computed once).
+
+Shapes are the part this does not teach (shape after the color word near chance). Options
+measured while looking for a fix, all off in the shipped config (``scripts/stage0_variant.py``,
+``bench/results/stage0_variants.json``): ``shape_query_prob`` (``shape``-mode captions, "which
+color is the circle"), ``shape_weight`` (up-weight shape answers) and ``train_vision`` (train the
+tower on fresh frames at ``vision_learning_rate``).
 """
 from __future__ import annotations
 
@@ -26,19 +32,17 @@ import dataclasses
 import json
 import math
 import os
+import pathlib
 import random
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from .synthetic import BACKGROUNDS, COLORS, SHAPES, Shape, VideoSpec, render_frame
-
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
-
 
 @dataclass
 class PretrainConfig:
@@ -50,9 +54,15 @@ class PretrainConfig:
     warmup_steps: int = 40
     weight_decay: float = 0.0
     windows: Tuple[int, ...] = (1, 2, 4)
-    two_shape_prob: float = 0.25  # frames with two shapes of different colors (binds shape to color)
+    two_shape_prob: float = 0.25  # two shapes of different colors (binds shape to color)
     empty_prob: float = 0.12
     big_prob: float = 0.55        # else small (distractor-sized)
+    # Options measured while looking for shape recognition (training README, Stage 0); the
+    # shipped weights use none of them (0.0 / 1.0 / False).
+    shape_query_prob: float = 0.0  # batches captioned in ``shape`` mode (see ``caption``)
+    shape_weight: float = 1.0     # loss weight of the positions whose answer is a shape
+    train_vision: bool = False    # train the vision tower too (fresh frames rendered every step)
+    vision_learning_rate: float = 1e-5  # the tower's own learning rate when it trains
     seed: int = 0
     threads: int = 0              # torch threads (0: leave as is)
     output_dir: str = "runs/tiny/stage0"
@@ -60,17 +70,16 @@ class PretrainConfig:
 
     @classmethod
     def load(cls, name_or_path: str = "tiny_stage0", **overrides) -> "PretrainConfig":
-        path = name_or_path if os.path.isfile(name_or_path) else os.path.join(
-            CONFIG_DIR, f"{name_or_path}.json")
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"stage 0 config {name_or_path!r}: no such file")
-        with open(path) as f:
-            d = {k: v for k, v in json.load(f).items() if not k.startswith("_")}
-        d.update(overrides)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"stage 0 config {path}: unknown fields {unknown}")
+        """A JSON file, or a name in ``training/configs`` (``tiny_stage0``); ``ConfigError`` on
+        a missing file or an unknown key."""
+        from .config import TINY_DIR, ConfigError, config_fields
+        path = pathlib.Path(name_or_path)
+        if not path.is_file():
+            path = TINY_DIR / f"{name_or_path}.json"
+            if not path.is_file():
+                raise ConfigError(f"stage 0 config {name_or_path!r}: neither a file nor a name "
+                                  f"in {TINY_DIR} (e.g. tiny_stage0)")
+        d = config_fields(path, cls, overrides)
         if "windows" in d:
             d["windows"] = tuple(int(w) for w in d["windows"])
         return cls(**d)
@@ -93,16 +102,34 @@ def random_frame_spec(rng: random.Random, cfg: PretrainConfig, size: int = 448) 
             x0, x1 = r + 4, size - r - 5
         else:
             x0, x1 = halves[k][0] + r + 2, halves[k][1] - r - 3
-        spec.shapes.append(Shape(0, rng.choice(SHAPES), color, rng.randint(x0, x1),
+        shape = rng.choice(SHAPES)
+        if cfg.shape_query_prob > 0 and k == 1 and shape == spec.shapes[0].shape:
+            # a shape query must name one object; the replacement draws nothing from rng, so
+            # frames without shape queries stay the ones the shipped weights were trained on
+            shape = SHAPES[(SHAPES.index(shape) + 1) % len(SHAPES)]
+        spec.shapes.append(Shape(0, shape, color, rng.randint(x0, x1),
                                  rng.randint(r + 4, size - r - 5), r))
     return spec
 
 
-def caption(spec: VideoSpec, rng: random.Random) -> List[Tuple[str, str]]:
-    """[(color word, answer word)] for all six colors in a random order."""
-    shape_of = {s.color: s.shape for s in spec.shapes}
-    order = rng.sample(sorted(COLORS), len(COLORS))
-    return [(c, shape_of.get(c, "no")) for c in order]
+CAPTION_MODES = ("color", "shape")
+
+
+def caption(spec: VideoSpec, rng: random.Random, mode: str = "color") -> List[Tuple[str, str]]:
+    """[(query word, answer word)] of one frame.
+
+    ``color``: the six colors in a random order, each answered by its object's shape or ``no``.
+    ``shape``: the three shapes in a random order, each answered by its object's color or ``no``;
+    this asks the model to find an object by its outline, which color queries alone never
+    require. The two modes are never mixed in one caption: the second half would copy its
+    answers from the first half's text instead of reading the frame."""
+    if mode == "color":
+        shape_of = {s.color: s.shape for s in spec.shapes}
+        return [(c, shape_of.get(c, "no")) for c in rng.sample(sorted(COLORS), len(COLORS))]
+    if mode == "shape":
+        color_of = {s.shape: s.color for s in spec.shapes}
+        return [(sh, color_of.get(sh, "no")) for sh in rng.sample(SHAPES, len(SHAPES))]
+    raise ValueError(f"caption mode {mode!r}: use one of {CAPTION_MODES}")
 
 
 class CaptionTokens:
@@ -127,60 +154,99 @@ class CaptionTokens:
         return ids, tgt
 
 
-def render_bank(n: int, cfg: PretrainConfig, seed: int, bb, chunk: int = 64):
-    """n random frames -> (pre-projector features fp16 [n, 256, 4C], specs)."""
+def frame_features(bb, specs: List[VideoSpec], chunk: int = 64) -> torch.Tensor:
+    """Render one-frame specs -> pre-projector features [n, 256, 4C] (fp32; differentiable
+    through the vision tower when grad is enabled and the tower trains)."""
     from vr_runtime.video import preprocess_frames
-    from .features import vision_features
-    rng = random.Random(f"stage0-{seed}")
-    specs = [random_frame_spec(rng, cfg) for _ in range(n)]
     spec = bb.frame_spec
-    feats = []
-    for i in range(0, n, chunk):
+    out = []
+    for i in range(0, len(specs), chunk):
         frames = np.stack([render_frame(s, 0) for s in specs[i:i + chunk]])
         px = preprocess_frames(frames, size=spec.size[0], mean=spec.mean, std=spec.std)
-        feats.append(vision_features(bb, px, chunk_size=chunk).half())
+        out += [f.float() for _, f in bb.vision_features(px, chunk)]
+    return torch.cat(out)
+
+
+def render_bank(n: int, cfg: PretrainConfig, seed: int, bb, chunk: int = 64):
+    """n random frames -> (pre-projector features fp16 [n, 256, 4C], specs)."""
+    rng = random.Random(f"stage0-{seed}")
+    specs = [random_frame_spec(rng, cfg) for _ in range(n)]
+    with torch.no_grad():
+        feats = [frame_features(bb, specs[i:i + chunk], chunk).half()
+                 for i in range(0, n, chunk)]
     return torch.cat(feats), specs
 
 
-def _batch(bb, V, specs, idx, window, toks, rng):
+def _batch(bb, V, specs, window, toks, rng, mode="color"):
+    """Features ``V`` [b, 256, 4C] of frames ``specs`` -> (inputs_embeds [Z_t; caption], caption
+    ids, targets over the caption positions)."""
     from vr_runtime.routers import pool_frames
-    Z = bb.project(V[idx].float())
+    Z = bb.project(V.float())
     if window > 1:
         Z = pool_frames(Z, window, tuple(bb.grid))
-    ids, tgt = zip(*(toks.encode(caption(specs[i], rng)) for i in idx))
+    ids, tgt = zip(*(toks.encode(caption(s, rng, mode)) for s in specs))
     ids = torch.tensor(ids)
     x = torch.cat([Z, bb.model.get_input_embeddings()(ids)], 1)
-    tgt = torch.cat([torch.full((len(idx), Z.shape[1]), -100), torch.tensor(tgt)], 1)
-    return x, tgt
+    return x, ids, torch.tensor(tgt)
 
 
-def _loss(bb, x, tgt):
-    logits = bb.forward(inputs_embeds=x, logits_to_keep=0).logits
+def _loss(bb, x, tgt, weight=None):
+    """Mean cross-entropy over the caption's answer positions (``tgt`` covers the text, the last
+    ``tgt.shape[1]`` positions of ``x``), each weighted by ``weight`` (default 1)."""
     L = tgt.shape[1]
-    return F.cross_entropy(logits[:, -L:].float().reshape(-1, logits.shape[-1]), tgt.reshape(-1),
-                           ignore_index=-100), logits[:, -L:]
+    logits = bb.forward(inputs_embeds=x, logits_to_keep=L).logits
+    ce = F.cross_entropy(logits[:, -L:].float().reshape(-1, logits.shape[-1]), tgt.reshape(-1),
+                         ignore_index=-100, reduction="none")
+    m = (tgt.reshape(-1) != -100).float()
+    w = m if weight is None else m * weight.reshape(-1)
+    return (ce * w).sum() / w.sum(), logits[:, -L:]
+
+
+def shape_answer_weight(tgt: torch.Tensor, toks: "CaptionTokens", weight: float):
+    """Per-position loss weights: ``weight`` where the answer is a shape word, else 1."""
+    shape_ids = torch.tensor([toks.ids[s] for s in SHAPES])
+    return torch.where(torch.isin(tgt, shape_ids), weight, 1.0)
 
 
 @torch.no_grad()
 def evaluate(bb, V, specs, toks, windows, seed: int = 1, batch: int = 50) -> dict:
-    """Held-out caption accuracy per window: color-presence (answer != no) and exact answers."""
+    """Held-out caption accuracy per window, split by what each query asks:
+
+    - ``presence_accuracy``: ``color`` captions, "is this color there" (answer != ``no``);
+    - ``shape_accuracy``: ``color`` captions, the exact shape of each present color;
+    - ``locate_accuracy``: ``shape`` captions, the exact color (or ``no``) of each shape;
+    - ``locate_present_accuracy``: the same, over the shapes that are there.
+    """
     bb.model.eval()
+    no = toks.ids["no"]
     out = {}
     for w in windows:
         rng = random.Random(seed)
-        pres_ok = ans_ok = n = 0
-        for i in range(0, len(specs), batch):
-            idx = list(range(i, min(i + batch, len(specs))))
-            x, tgt = _batch(bb, V, specs, idx, w, toks, rng)
-            _, logits = _loss(bb, x, tgt)
-            m = tgt != -100
-            pred, gold = logits.argmax(-1)[m], tgt[m]
-            no = toks.ids["no"]
-            pres_ok += int(((pred != no) == (gold != no)).sum())
-            ans_ok += int((pred == gold).sum())
-            n += int(m.sum())
-        out[f"window_{w}"] = {"presence_accuracy": pres_ok / n, "answer_accuracy": ans_ok / n,
-                              "queries": n}
+        c = dict.fromkeys(("pres", "pres_n", "shape", "shape_n", "loc", "loc_n", "locp",
+                           "locp_n"), 0)
+        for mode in CAPTION_MODES:
+            for i in range(0, len(specs), batch):
+                sl = slice(i, min(i + batch, len(specs)))
+                x, _, tgt = _batch(bb, V[sl], specs[sl], w, toks, rng, mode)
+                _, logits = _loss(bb, x, tgt)
+                pred, m = logits.argmax(-1), tgt != -100
+                ok, present = pred == tgt, m & (tgt != no)
+                if mode == "color":
+                    c["pres"] += int(((pred != no) == (tgt != no))[m].sum())
+                    c["pres_n"] += int(m.sum())
+                    c["shape"] += int(ok[present].sum())
+                    c["shape_n"] += int(present.sum())
+                else:
+                    c["loc"] += int(ok[m].sum())
+                    c["loc_n"] += int(m.sum())
+                    c["locp"] += int(ok[present].sum())
+                    c["locp_n"] += int(present.sum())
+        out[f"window_{w}"] = {
+            "presence_accuracy": c["pres"] / max(1, c["pres_n"]),
+            "shape_accuracy": c["shape"] / max(1, c["shape_n"]),
+            "locate_accuracy": c["loc"] / max(1, c["loc_n"]),
+            "locate_present_accuracy": c["locp"] / max(1, c["locp_n"]),
+            "queries": c["pres_n"] + c["loc_n"]}
     return out
 
 
@@ -197,14 +263,18 @@ def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict:
     init_weights_(bb.model, 0)   # from scratch: never the shipped weights
     toks = CaptionTokens(bb.tokenizer)
     t0 = time.time()
-    V, specs = render_bank(cfg.frames, cfg, cfg.seed, bb)
-    Vh, specs_h = render_bank(cfg.heldout_frames, cfg, cfg.seed + 1000, bb)
+    if not cfg.train_vision:   # the tower is fixed: encode a bank of frames once
+        V, specs = render_bank(cfg.frames, cfg, cfg.seed, bb)
     bank_s = time.time() - t0
     vision = set(id(p) for p in bb.vision_tower().parameters())
-    params = [p for p in bb.model.parameters() if id(p) not in vision]
+    params = [p for p in bb.model.parameters() if cfg.train_vision or id(p) not in vision]
+    trainable = set(id(p) for p in params)
     for p in bb.model.parameters():
-        p.requires_grad_(id(p) not in vision)
-    opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+        p.requires_grad_(id(p) in trainable)
+    groups = [{"params": [p for p in params if id(p) not in vision]},
+              {"params": [p for p in params if id(p) in vision], "lr": cfg.vision_learning_rate}]
+    opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.learning_rate,
+                            weight_decay=cfg.weight_decay)
 
     def lr_at(step):
         if step < cfg.warmup_steps:
@@ -215,16 +285,25 @@ def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     os.makedirs(cfg.output_dir, exist_ok=True)
     rng = random.Random(cfg.seed)
+    frame_rng = random.Random(f"stage0-{cfg.seed}")   # the fresh frames of train_vision
     log = open(os.path.join(cfg.output_dir, "log.jsonl"), "w")
     t1 = time.time()
     for step in range(cfg.steps):
         bb.model.train()
-        idx = rng.sample(range(len(specs)), cfg.batch_size)
-        x, tgt = _batch(bb, V, specs, idx, rng.choice(cfg.windows), toks, rng)
-        loss, _ = _loss(bb, x, tgt)
+        if cfg.train_vision:   # fresh frames every step: the tower sees no frame twice
+            bspecs = [random_frame_spec(frame_rng, cfg) for _ in range(cfg.batch_size)]
+            Vb = frame_features(bb, bspecs)
+        else:
+            idx = rng.sample(range(len(specs)), cfg.batch_size)
+            Vb, bspecs = V[idx], [specs[i] for i in idx]
+        # no draw without shape queries: the shipped run's random sequence is unchanged
+        mode = "shape" if cfg.shape_query_prob and rng.random() < cfg.shape_query_prob else "color"
+        x, _, tgt = _batch(bb, Vb, bspecs, rng.choice(cfg.windows), toks, rng, mode)
+        loss, _ = _loss(bb, x, tgt, shape_answer_weight(tgt, toks, cfg.shape_weight))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        for g in opt.param_groups:   # per group: the tower's large gradients must not
+            torch.nn.utils.clip_grad_norm_(g["params"], 1.0)   # scale the LLM's to nothing
         opt.step()
         sched.step()
         if step % cfg.log_every == 0 or step == cfg.steps - 1:
@@ -236,12 +315,13 @@ def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict:
                 print(json.dumps({"stage0": rec}), flush=True)
     log.close()
     bb.model.eval()
+    train_s = time.time() - t1
+    Vh, specs_h = render_bank(cfg.heldout_frames, cfg, cfg.seed + 1000, bb)  # the final tower
     metrics = evaluate(bb, Vh, specs_h, toks, cfg.windows)
-    for p in bb.model.parameters():
-        p.requires_grad_(True)
     save_llm(bb.model, bb.tokenizer, cfg.output_dir)
     result = {"metrics": metrics, "global_step": cfg.steps, "bank_s": round(bank_s, 1),
-              "train_s": round(time.time() - t1, 1), "trainable": ["projector", "language"],
+              "train_s": round(train_s, 1),
+              "trainable": (["vision"] if cfg.train_vision else []) + ["projector", "language"],
               "config": dataclasses.asdict(cfg)}
     with open(os.path.join(cfg.output_dir, "metrics.json"), "w") as f:
         json.dump(result, f, indent=2)
@@ -249,4 +329,4 @@ def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict:
 
 
 __all__ = ["PretrainConfig", "pretrain", "random_frame_spec", "caption", "CaptionTokens",
-           "render_bank", "evaluate"]
+           "render_bank", "frame_features", "evaluate", "shape_answer_weight", "CAPTION_MODES"]
