@@ -5,7 +5,7 @@
 trains ``tiny_stage0`` with the given overrides into ``runs/stage0_variants/NAME`` and writes
 its metrics, config, environment and command under NAME in
 ``bench/results/stage0_variants.json`` (other entries are kept). These are the measurements
-behind the training README's "Stage 0: what did not teach shapes"; the shipped weights use the
+behind the variant table of the training README's Stage 0 section; the shipped weights use the
 plain ``tiny_stage0`` config.
 """
 import json

@@ -3,7 +3,7 @@
 # Stage 0 (tiny-only pretraining, vr_runtime/training/pretrain.py) -> Stages 1, 2, 3, 3b ->
 # vr_runtime/assets/tiny/{model,routers}.safetensors, bench/results/training_curves.png and
 # bench/results/training_metrics.json; then issue 8's held-out routing metrics of the shipped
-# weights -> bench/results/routing_heldout.json. About 40 minutes on 2 CPU cores (see the
+# weights -> bench/results/routing_heldout.json. About 20 minutes on 2 CPU cores (see the
 # wall times in training_metrics.json).
 #   scripts/train_tiny.sh [WORK_DIR]        (default runs/tiny; data + checkpoints + logs there)
 set -euo pipefail

@@ -101,6 +101,26 @@ def test_greedy_set_matches_the_plain_rule(seed):
             assert res["necessary"][t] == want
 
 
+def test_keep_window_sets_the_reference_and_the_set():
+    """keep=4: every plan scored keeps its non-ablated frames at 4, never at full resolution; a
+    model that only reads the evidence at 4 (and answers wrong at 1) is then labelled."""
+    seen_windows = set()
+
+    def at4(plans):          # evidence visible only at window 4 (the tiny model's shortcut)
+        seen_windows.update(w for p in plans for w in p)
+        return toy(6, evidence=[2], off_hides=lambda w: w != 4)(plans)
+
+    res = L.counterfactual_labels(at4, 6, 0, mode="pool8", margin=0.5, keep=4)
+    assert res["status"] == "ok" and res["frame_labels"] == [0, 0, 1, 0, 0, 0]
+    assert seen_windows == {4, 8}
+    assert L.counterfactual_labels(at4, 6, 0, mode="pool8")["status"] == "unanswerable"
+    for keep, mode in ((8, "pool8"), (0, "drop"), (2.0, "drop")):
+        with pytest.raises(L.LabelError, match="keep window"):
+            L.counterfactual_labels(at4, 6, 0, mode=mode, keep=keep)
+    with pytest.raises(L.LabelError, match="--keep-window"):
+        L.check_config(L.LabelConfig(mode="pool8", keep_window=8))
+
+
 def test_unanswerable_and_argument_checks():
     res = L.counterfactual_labels(toy(4, evidence=[]), 4, 0)   # option 1 wins with every frame
     assert res["status"] == "unanswerable" and res["frame_labels"] is None
@@ -225,3 +245,29 @@ def test_agreement_and_auc_against_counts():
         ref = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg) / (len(pos) * len(neg))
         assert L.auc(pos, neg) == pytest.approx(ref)
     assert L.auc([], [1.0]) is None
+
+
+def test_label_study_keeps_the_generator_labels_next_to_its_own(tmp_path, monkeypatch):
+    """The study's counterfactual labels go to their own file; the generator's ground truth
+    (Stage 1's control data on the same videos) is left as written. (The tiny model at its
+    random fill: the file plumbing is under test, not the labels.)"""
+    from vr_runtime import VideoRouter
+    from vr_runtime.tiny import init_weights_
+
+    def random_tiny(cfg):
+        vr = VideoRouter.from_pretrained("tiny", dtype=torch.float32, warmup_frames=0)
+        init_weights_(vr.lm.model, 0)
+        return vr
+
+    monkeypatch.setattr(L, "load_router", random_tiny)
+    work, results = tmp_path / "study", tmp_path / "study.json"
+    cfg = L.LabelConfig(frames=12, mode="drop", max_set=1, answer_mode="option-text",
+                        prompt_style="bare", batch=4)
+    L.synthetic_mc(str(work), 1, seed=4, frames=12)
+    truth = (work / "study_relevance.jsonl").read_text()
+    res = L.label_study(cfg, str(work), str(results), videos=1, seed=4, command="test")
+    assert (work / "study_relevance.jsonl").read_text() == truth
+    assert res["relevance_jsonl"] == str(work / "counterfactual_relevance.jsonl")
+    lines = [json.loads(x) for x in open(res["relevance_jsonl"])]
+    assert len(lines) == res["labelled"] and res["questions"] == 3
+    assert json.load(open(results))["command"] == "test"

@@ -75,12 +75,14 @@ def _short_run(tmp_path, **kw):
     from vr_runtime.backbones import load_backbone
     from vr_runtime.backbones.internvl3 import InternVL3Backbone
     from vr_runtime.tiny import init_weights_
+    kw = {"projector_steps": 4, **kw}
     cfg = s0.PretrainConfig.load("tiny_stage0", frames=24, heldout_frames=6, steps=3,
                                  batch_size=4, warmup_steps=1, output_dir=str(tmp_path / "s0"),
                                  **kw)
     res = s0.pretrain(cfg, progress=False)
-    assert set(res["metrics"]) == {"window_1", "window_2", "window_4"}
-    for m in res["metrics"].values():
+    windows = {"window_1", "window_2", "window_4"}
+    assert set(res["metrics"]) == windows | ({"projector_readout"} if cfg.projector_steps else set())
+    for m in (res["metrics"][w] for w in windows):
         for k in ("presence_accuracy", "shape_accuracy", "locate_accuracy"):
             assert 0.0 <= m[k] <= 1.0
         assert m["queries"] == 6 * (6 + 3)          # both caption modes on every held-out frame
@@ -104,7 +106,7 @@ def test_short_run_keeps_the_tower_at_its_fill(tmp_path):
 
 def test_train_vision_option_moves_the_tower(tmp_path):
     res, vision, moved = _short_run(tmp_path, train_vision=True, vision_learning_rate=1e-3,
-                                    shape_query_prob=0.5)
+                                    shape_query_prob=0.5, projector_steps=0)
     assert res["trainable"] == ["vision", "projector", "language"]
     assert vision & moved
 
@@ -115,3 +117,93 @@ def test_default_frames_keep_the_shipped_random_sequence():
     cfg = s0.PretrainConfig(two_shape_prob=1.0, empty_prob=0.0)
     specs = [s0.random_frame_spec(rng, cfg) for _ in range(200)]
     assert any(a.shape == b.shape for a, b in (sp.shapes for sp in specs))
+
+
+def test_projector_phase_needs_the_frame_bank(tmp_path):
+    cfg = s0.PretrainConfig(frames=8, heldout_frames=2, steps=1, batch_size=2, projector_steps=2,
+                            train_vision=True, output_dir=str(tmp_path / "s0"))
+    with pytest.raises(ValueError, match="projector_steps needs the frame bank"):
+        s0.pretrain(cfg, progress=False)
+
+
+def test_projector_is_trained_in_phase_a_and_frozen_in_phase_b(tmp_path, monkeypatch):
+    from vr_runtime.backbones import load_backbone
+    seen = {}
+    phase_a = s0.pretrain_projector
+
+    def spy(bb, *a, **k):
+        out = phase_a(bb, *a, **k)
+        seen.update({n: p.detach().clone() for n, p in bb.projector().named_parameters()})
+        return out
+
+    monkeypatch.setattr(s0, "pretrain_projector", spy)
+    res, _, moved = _short_run(tmp_path, projector_steps=6)
+    assert res["projector_frozen_in_captions"] is True
+    for w, m in res["metrics"]["projector_readout"].items():
+        assert 0.0 <= m["color_accuracy"] <= 1.0 and 0.0 <= m["shape_accuracy"] <= 1.0
+    trained = load_backbone(str(tmp_path / "s0" / "hf"), dtype=torch.float32)
+    after = dict(trained.projector().named_parameters())
+    assert seen and all(torch.equal(after[n], p) for n, p in seen.items())   # phase B: frozen
+
+
+def _reference_coverage(spec, grid):
+    """Per-cell fraction of the rendered frame's pixels that show the (only) object's color."""
+    import numpy as np
+    from vr_runtime.training.synthetic import COLORS, render_frame
+    img = render_frame(spec, 0).astype(int)
+    gh, gw = grid
+    ch, cw = spec.size // gh, spec.size // gw
+    hit = (img == np.array(COLORS[spec.shapes[0].color])).all(-1)
+    out = np.zeros((gh, gw))
+    for i in range(gh):
+        for j in range(gw):
+            out[i, j] = hit[i * ch:(i + 1) * ch, j * cw:(j + 1) * cw].mean()
+    return out.reshape(-1)
+
+
+@pytest.mark.parametrize("grid", [(16, 16), (7, 5)])
+def test_object_coverage_matches_the_rendered_pixels(grid):
+    from vr_runtime.training.synthetic import Shape, VideoSpec
+    rng = random.Random(3)
+    for shape in SHAPES:
+        for _ in range(3):
+            size = 448 if grid == (16, 16) else 210
+            r = rng.randint(size // 12, size // 4)
+            spec = VideoSpec(num_frames=1, size=size, background="gray")
+            spec.shapes.append(Shape(0, shape, rng.choice(sorted(COLORS)),
+                                     rng.randint(r + 4, size - r - 5),
+                                     rng.randint(r + 4, size - r - 5), r))
+            (cov, color, sh), = s0.object_coverage(spec, grid)
+            assert cov.shape == (grid[0] * grid[1],)
+            assert sorted(COLORS)[color] == spec.shapes[0].color and SHAPES[sh] == shape
+            torch.testing.assert_close(cov.double(),
+                                       torch.from_numpy(_reference_coverage(spec, grid)))
+
+
+@pytest.mark.parametrize("window,grid", [(1, (16, 16)), (2, (16, 16)), (4, (16, 16)),
+                                         (2, (5, 7)), (3, (5, 7))])
+def test_object_readout_is_the_coverage_weighted_mean_of_pooled_tokens(window, grid):
+    from vr_runtime.routers import pool_frames
+    torch.manual_seed(window)
+    D, n = 12, grid[0] * grid[1]
+    readout = s0.ObjectReadout(D)
+    Z = torch.randn(2, n, D)
+    objects = [[(torch.rand(n) * (torch.rand(n) > 0.5), 1, 2), (torch.rand(n), 4, 0)],
+               [(torch.rand(n), 0, 1)]]
+    Zp = pool_frames(Z, window, grid) if window > 1 else Z
+    logits, colors, shapes = readout(Zp, objects, window, grid)
+    assert colors.tolist() == [1, 4, 0] and shapes.tolist() == [2, 0, 1]
+
+    def plain_pool(x):   # mean over each window's cells that exist (ragged at the edges)
+        x = x.reshape(grid[0], grid[1], -1)
+        return torch.stack([x[i:i + window, j:j + window].reshape(-1, x.shape[-1]).mean(0)
+                            for i in range(0, grid[0], window)
+                            for j in range(0, grid[1], window)])
+
+    rows = []
+    for f, objs in enumerate(objects):
+        z = plain_pool(Z[f])
+        for cov, _, _ in objs:
+            c = plain_pool(cov[:, None])[:, 0]
+            rows.append((z * c[:, None]).sum(0) / c.sum())
+    torch.testing.assert_close(logits, readout.linear(torch.stack(rows)), atol=1e-5, rtol=1e-5)

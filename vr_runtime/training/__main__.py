@@ -97,6 +97,9 @@ def main(argv=None) -> int:
             s.add_argument("--predictions", default=None)
         else:
             s.add_argument("--mode", default="drop", choices=("drop", "pool8"))
+            s.add_argument("--keep-window", type=int, default=1, dest="keep_window",
+                           help="window of the frames not ablated (1: full resolution, the "
+                                "paper; coarser for a model never trained on all frames at 1)")
             s.add_argument("--margin", type=float, default=1.0)
             s.add_argument("--rule", default="union",
                            choices=("union", "necessary", "minimal-set"))
@@ -191,8 +194,8 @@ def _labels_command(a, argv) -> None:
     cfg = L.LabelConfig(model=a.model, routers=a.routers, frames=a.frames,
                         answer_mode=a.answer_mode, prompt_style=a.prompt_style, device=a.device,
                         dtype=a.dtype)
-    for k in ("benchmark", "data", "videos", "limit", "mode", "margin", "rule", "max_set",
-              "batch"):
+    for k in ("benchmark", "data", "videos", "limit", "mode", "keep_window", "margin", "rule",
+              "max_set", "batch"):
         if hasattr(a, k):
             setattr(cfg, k, getattr(a, k))
     if a.cmd == "label-study":

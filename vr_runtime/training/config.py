@@ -65,6 +65,13 @@ class TrainConfig:
     false_positive_prob: float = 0.0    # Stage 3 training, Fragment plans: probability of
                                         # marking one random irrelevant frame relevant (the
                                         # router's typical error at inference)
+    random_plan_prob: float = 0.0       # Stage 3 training, tiny-only departure: probability
+                                        # that an example's plan is random (one window from
+                                        # random_plan_windows for every frame, or one per
+                                        # frame) instead of the routers' / labels' plan, so the
+                                        # answer cannot be read off the plan's layout (the
+                                        # tiny model learned "uniform plan -> none")
+    random_plan_windows: List[int] = field(default_factory=lambda: [1, 2, 4])
     eval_max_lengths: List[int] = field(default_factory=list)
                                         # Stage 3: also evaluate under these L_max values
     router_num_layers: int = 4
@@ -116,6 +123,12 @@ class TrainConfig:
         if not 0.0 <= self.false_positive_prob <= 1.0:
             raise ConfigError(f"false_positive_prob: expected in [0, 1], "
                               f"got {self.false_positive_prob!r}")
+        if not 0.0 <= self.random_plan_prob <= 1.0:
+            raise ConfigError(f"random_plan_prob: expected in [0, 1], got {self.random_plan_prob!r}")
+        if not self.random_plan_windows or any(not isinstance(v, int) or v < 1
+                                               for v in self.random_plan_windows):
+            raise ConfigError(f"random_plan_windows: expected a non-empty list of ints >= 1, "
+                              f"got {self.random_plan_windows!r}")
         if any(not isinstance(v, int) or v < 1 for v in self.eval_max_lengths):
             raise ConfigError(f"eval_max_lengths: expected ints >= 1, got {self.eval_max_lengths!r}")
         if len(self.fragment_scales) != 2:

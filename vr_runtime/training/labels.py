@@ -5,7 +5,8 @@ multiple-choice QA file that ``videorouter eval`` reads (``vr_runtime.eval.bench
     For one question with options and correct option c, every option is scored by its
     log-likelihood (:meth:`VideoRouter.option_logprobs`: the option's letter, or its text + the
     end-of-turn token, after the runtime's own prompt). The reference plan keeps every sampled
-    frame at full resolution (window 1). ``off`` is the ablated window: 0 (``mode="drop"``, the
+    frame at full resolution (window 1; ``keep`` / ``--keep-window`` sets another window for a
+    model never trained on every frame at full resolution, a departure from the paper). ``off`` is the ablated window: 0 (``mode="drop"``, the
     frame leaves the prompt) or 8 (``mode="pool8"``, 8x8 pooling).
 
     1. consistency: the reference must pick c (highest log-likelihood), else the question is
@@ -75,9 +76,13 @@ def _picks(lp: torch.Tensor, correct: int) -> bool:
 # ----------------------------------------------------------------------------- (a) the rule
 def counterfactual_labels(score: Callable[[List[list]], torch.Tensor], num_frames: int,
                           correct: int, mode: str = "drop", margin: float = 1.0,
-                          rule: str = "union", max_set: Optional[int] = None) -> dict:
+                          rule: str = "union", max_set: Optional[int] = None,
+                          keep: int = FULL) -> dict:
     """Frame labels of one question (see the module doc). ``score(plans)`` -> [P, options]
-    log-likelihoods for a list of plans (one window per frame). Pure logic over ``score``."""
+    log-likelihoods for a list of plans (one window per frame). Pure logic over ``score``.
+    ``keep`` is the window of the frames that are not ablated (the reference's and the set's):
+    1, full resolution, is the paper; a coarser one is for a model that was never trained on
+    every frame at full resolution (it must stay finer than ``pool8``'s 8)."""
     if mode not in MODES:
         raise LabelError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
     if rule not in LABEL_RULES:
@@ -85,23 +90,26 @@ def counterfactual_labels(score: Callable[[List[list]], torch.Tensor], num_frame
     if not margin >= 0:
         raise LabelError(f"margin: expected >= 0 nats, got {margin!r}")
     off, T = MODES[mode], int(num_frames)
+    if not isinstance(keep, int) or keep < 1 or (off and keep >= off):
+        raise LabelError(f"keep window {keep!r}: expected an int >= 1"
+                         + (f" and < {off} (mode {mode})" if off else ""))
     calls = [0]
 
     def s(plans):
         calls[0] += len(plans)
         return score([list(p) for p in plans]).float()
 
-    ref = s([[FULL] * T])[0]
+    ref = s([[keep] * T])[0]
     out = {"reference_logprobs": [round(float(x), 5) for x in ref]}
     if not _picks(ref, correct):
         return {"status": "unanswerable", "frame_labels": None, **out, "forwards": calls[0]}
-    loo = s([[off if u == t else FULL for u in range(T)] for t in range(T)])
+    loo = s([[off if u == t else keep for u in range(T)] for t in range(T)])
     drop = (ref[correct] - loo[:, correct]).tolist()
     flips = [not _picks(loo[t], correct) for t in range(T)]
     necessary = [int(flips[t] or drop[t] > margin) for t in range(T)]
 
     def only(S):
-        return [FULL if u in S else off for u in range(T)]
+        return [keep if u in S else off for u in range(T)]
 
     def enough(lp):
         return _picks(lp, correct) and float(lp[correct]) >= float(ref[correct]) - margin
@@ -141,6 +149,7 @@ class LabelConfig:
     routers: Optional[str] = None
     frames: int = 16
     mode: str = "drop"
+    keep_window: int = FULL   # window of the frames not ablated (1: the paper)
     margin: float = 1.0
     rule: str = "union"
     max_set: Optional[int] = None
@@ -161,6 +170,12 @@ def check_config(cfg: LabelConfig) -> None:
         raise LabelError(f"--rule {cfg.rule!r}: expected one of {', '.join(LABEL_RULES)}")
     if not cfg.margin >= 0:
         raise LabelError(f"--margin: expected >= 0 (nats of log-likelihood), got {cfg.margin}")
+    off = MODES[cfg.mode]
+    if not isinstance(cfg.keep_window, int) or cfg.keep_window < 1 or (
+            off and cfg.keep_window >= off):
+        raise LabelError("--keep-window: expected an int >= 1"
+                         + (f" and < {off} with --mode {cfg.mode}" if off else "")
+                         + f", got {cfg.keep_window!r}")
     for name, v in (("--frames", cfg.frames), ("--batch", cfg.batch)):
         if not isinstance(v, int) or v < 1:
             raise LabelError(f"{name}: expected an int >= 1, got {v!r}")
@@ -238,7 +253,7 @@ def label_frames(vr, questions, cfg: LabelConfig, out: str, diagnostics: Optiona
             t1 = time.perf_counter()
             res = counterfactual_labels(
                 lambda plans: vr.option_logprobs(Z, prompt, plans, conts, batch_size=cfg.batch),
-                T, correct, cfg.mode, cfg.margin, cfg.rule, cfg.max_set)
+                T, correct, cfg.mode, cfg.margin, cfg.rule, cfg.max_set, cfg.keep_window)
             diag.append({"id": q.id, "video": video, "category": q.category, **res,
                          "seconds": round(time.perf_counter() - t1, 4)})
             if progress:
@@ -248,7 +263,9 @@ def label_frames(vr, questions, cfg: LabelConfig, out: str, diagnostics: Optiona
             lines.append({"id": q.id, "video": os.path.relpath(video, root),
                           "question": q.question, "answer": q.options[correct],
                           "frame_labels": res["frame_labels"], "category": q.category,
-                          "label_source": f"counterfactual-{cfg.mode}-{cfg.rule}"})
+                          "label_source": f"counterfactual-{cfg.mode}-{cfg.rule}"
+                                          + (f"-keep{cfg.keep_window}" if cfg.keep_window != FULL
+                                             else "")})
     _write_jsonl(out, lines)
     if diagnostics:
         _write_jsonl(diagnostics, diag)
@@ -399,8 +416,8 @@ def label_study(cfg: LabelConfig, work: str, results: str, videos: int = 8, seed
                 command: str = "") -> dict:
     """(a) on the synthetic task with ``cfg.model``: agreement of the counterfactual labels (and
     of necessity and the minimal set alone) with the generator's, into ``results`` (JSON with
-    device, date, versions, command); the labels also go to ``work/study_relevance.jsonl``
-    (Stage 1's format)."""
+    device, date, versions, command); the labels also go to ``work/counterfactual_relevance.jsonl``
+    (Stage 1's format), next to the generator's own ``work/study_relevance.jsonl``."""
     from ..eval.runner import environment
     check_config(cfg)
     os.makedirs(work, exist_ok=True)
@@ -413,7 +430,7 @@ def label_study(cfg: LabelConfig, work: str, results: str, videos: int = 8, seed
             truth[r["id"]] = r["frame_labels"]
     questions = load_questions(cfg)
     vr = load_router(cfg)
-    rel = os.path.join(work, "study_relevance.jsonl")
+    rel = os.path.join(work, "counterfactual_relevance.jsonl")   # not the generator's file
     res = label_frames(vr, questions, cfg, rel, os.path.join(work, "study_diagnostics.jsonl"))
     ok = [d for d in res.pop("diagnostics") if d["status"] == "ok"]
     study = {
@@ -421,7 +438,8 @@ def label_study(cfg: LabelConfig, work: str, results: str, videos: int = 8, seed
                 "synthetic generator's ground-truth frame labels, on the Fragment questions",
         "command": command, **environment(), "torch_threads": torch.get_num_threads(),
         "model": cfg.model, "settings": {k: getattr(cfg, k) for k in (
-            "frames", "mode", "margin", "rule", "max_set", "answer_mode", "prompt_style",
+            "frames", "mode", "keep_window", "margin", "rule", "max_set", "answer_mode",
+            "prompt_style",
             "batch")},
         "videos": videos, "seed": seed, **res,
         "labels": agreement([(d["frame_labels"], truth[d["id"]]) for d in ok]),

@@ -6,9 +6,17 @@ layers) builds on. The ``tiny`` preset starts from a deterministic random fill, 
 supplies that premise on the synthetic task's visual vocabulary. It is never run for a real
 checkpoint, and the paper's Stages 1-3 then run on its output unchanged.
 
-Objective: a *dense presence caption* per frame, in the Image Router's own layout ``[Z_t; text]``
-(frame tokens first, then text, no chat template). The text names all six colors in a random
-order, each followed by the shape of the object of that color, or ``no``::
+Two phases; the vision tower stays at its random fill (frozen, features computed once).
+
+Phase A (``projector_steps``): the projector alone, with a linear ``ObjectReadout`` that names an
+object's color and shape from the coverage-weighted mean of its projected tokens, at a random
+pooling window. A mean over an object's tokens is what an attention head of the LLM reads when a
+color word attends to that color, so this hands the LLM a readout it can use. Without it the LLM
+learned color presence but not shapes from the captions (training README, Stage 0).
+
+Phase B: a *dense presence caption* per frame, projector frozen, in the Image Router's own layout
+``[Z_t; text]`` (frame tokens first, then text, no chat template). The text names all six colors
+in a random order, each followed by the shape of the object of that color, or ``no``::
 
     [Z_t] red no blue circle green no yellow no magenta no cyan no
 
@@ -17,14 +25,13 @@ query against the frame (six per frame, balanced), which is what makes the bindi
 minutes on a CPU; one question per frame leaves the causal layers with a single weak query and
 measured no better than chance on the two-target task. Frames are pooled with a random window
 (1, 2 or 4: full resolution, the Image Router's ``router_pool`` and the Fragment policy's low
-tier) so the binding holds at every scale the runtime feeds. Trained: projector, LLM and LM
-head; the vision tower stays at its random fill (frozen, features computed once).
+tier) so the binding holds at every scale the runtime feeds. Trained: LLM and LM head.
 
-Shapes are the part this does not teach (shape after the color word near chance). Options
-measured while looking for a fix, all off in the shipped config (``scripts/stage0_variant.py``,
-``bench/results/stage0_variants.json``): ``shape_query_prob`` (``shape``-mode captions, "which
-color is the circle"), ``shape_weight`` (up-weight shape answers) and ``train_vision`` (train the
-tower on fresh frames at ``vision_learning_rate``).
+Options measured while looking for shape recognition, all off in the shipped config
+(``scripts/stage0_variant.py``, ``bench/results/stage0_variants.json``): ``shape_query_prob``
+(``shape``-mode captions, "which color is the circle"), ``shape_weight`` (up-weight shape
+answers) and ``train_vision`` (train the tower on fresh frames at ``vision_learning_rate``; no
+phase A then).
 """
 from __future__ import annotations
 
@@ -42,7 +49,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .synthetic import BACKGROUNDS, COLORS, SHAPES, Shape, VideoSpec, render_frame
+from .synthetic import BACKGROUNDS, COLORS, SHAPES, Shape, VideoSpec, _mask, render_frame
 
 @dataclass
 class PretrainConfig:
@@ -58,11 +65,17 @@ class PretrainConfig:
     empty_prob: float = 0.12
     big_prob: float = 0.55        # else small (distractor-sized)
     # Options measured while looking for shape recognition (training README, Stage 0); the
-    # shipped weights use none of them (0.0 / 1.0 / False).
+    # shipped weights use none of them (0.0 / 1.0 / False), only phase A below.
     shape_query_prob: float = 0.0  # batches captioned in ``shape`` mode (see ``caption``)
     shape_weight: float = 1.0     # loss weight of the positions whose answer is a shape
     train_vision: bool = False    # train the vision tower too (fresh frames rendered every step)
     vision_learning_rate: float = 1e-5  # the tower's own learning rate when it trains
+    # Phase A (before the captions): train the projector alone so that the coverage-weighted
+    # mean of an object's projected tokens names its color and shape through a linear readout;
+    # phase B then keeps the projector frozen. 0: no phase A, the projector trains in phase B
+    # (the recipe before shapes were learned; measured in bench/results/stage0_variants.json).
+    projector_steps: int = 3000
+    projector_learning_rate: float = 3e-3
     seed: int = 0
     threads: int = 0              # torch threads (0: leave as is)
     output_dir: str = "runs/tiny/stage0"
@@ -177,6 +190,100 @@ def render_bank(n: int, cfg: PretrainConfig, seed: int, bb, chunk: int = 64):
     return torch.cat(feats), specs
 
 
+def object_coverage(spec: VideoSpec, grid=(16, 16)) -> List[Tuple[torch.Tensor, int, int]]:
+    """Per object of a one-frame spec: (fraction of each token's cell it covers [H*W], color
+    index, shape index). Token (i, j) of the row-major grid covers pixels [i*c, (i+1)*c) x
+    [j*c, (j+1)*c), c = size / grid (28 px at 448 and 16x16: patch 14, pixel shuffle 0.5)."""
+    gh, gw = grid
+    ch, cw = spec.size // gh, spec.size // gw
+    out = []
+    for s in spec.shapes:
+        m = _mask(s.shape, s.cx, s.cy, s.r, spec.size)[:gh * ch, :gw * cw]
+        cov = m.reshape(gh, ch, gw, cw).mean((1, 3)).reshape(-1)
+        out.append((torch.from_numpy(cov).float(), sorted(COLORS).index(s.color),
+                    SHAPES.index(s.shape)))
+    return out
+
+
+class ObjectReadout(torch.nn.Module):
+    """Phase A's probe: color and shape logits from the coverage-weighted mean of an object's
+    projected tokens. A mean over the object's tokens is what one attention head of the LLM
+    reads when a color word attends to that color, and a mean of pooled tokens is a mean of
+    means, so the readout that works here also works at every pooling window."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.linear = torch.nn.Linear(hidden, len(COLORS) + len(SHAPES))
+
+    def forward(self, Z: torch.Tensor, objects, window: int, grid) -> torch.Tensor:
+        """Z [b, n, D] (already pooled with ``window``), objects[i] = ``object_coverage`` of frame
+        i -> (logits [n_obj, colors + shapes], color targets, shape targets)."""
+        from vr_runtime.routers import pool_frames
+        rows, colors, shapes = [], [], []
+        for z, objs in zip(Z, objects):
+            for cov, color, shape in objs:
+                c = pool_frames(cov[None, :, None], window, grid)[0, :, 0] if window > 1 else cov
+                rows.append((z * (c / c.sum())[:, None]).sum(0))
+                colors.append(color)
+                shapes.append(shape)
+        return self.linear(torch.stack(rows)), torch.tensor(colors), torch.tensor(shapes)
+
+
+def _readout_loss(readout, bb, V, objects, window):
+    """Phase A's loss and accuracies on a batch of pre-projector features ``V``."""
+    from vr_runtime.routers import pool_frames
+    Z = bb.project(V.float())
+    if window > 1:
+        Z = pool_frames(Z, window, tuple(bb.grid))
+    logits, colors, shapes = readout(Z, objects, window, tuple(bb.grid))
+    nc = len(COLORS)
+    loss = F.cross_entropy(logits[:, :nc], colors) + F.cross_entropy(logits[:, nc:], shapes)
+    return loss, {"color_accuracy": (logits[:, :nc].argmax(-1) == colors).float().mean().item(),
+                  "shape_accuracy": (logits[:, nc:].argmax(-1) == shapes).float().mean().item()}
+
+
+def pretrain_projector(bb, V, specs, cfg: "PretrainConfig", rng: random.Random, log=None,
+                       progress: bool = False) -> ObjectReadout:
+    """Phase A: ``cfg.projector_steps`` AdamW steps on the projector and an ``ObjectReadout``
+    (discarded afterwards), frames from the bank, a random window per step."""
+    objects = [object_coverage(s, tuple(bb.grid)) for s in specs]
+    with_objects = [i for i, o in enumerate(objects) if o]
+    readout = ObjectReadout(bb.model.config.text_config.hidden_size)
+    for p in bb.model.parameters():   # the projector alone: the tower's features are a bank
+        p.requires_grad_(False)
+    for p in bb.projector().parameters():
+        p.requires_grad_(True)
+    params = list(bb.projector().parameters()) + list(readout.parameters())
+    opt = torch.optim.AdamW(params, lr=cfg.projector_learning_rate,
+                            weight_decay=cfg.weight_decay)
+    t0 = time.time()
+    for step in range(cfg.projector_steps):
+        idx = rng.sample(with_objects, min(cfg.batch_size, len(with_objects)))
+        loss, acc = _readout_loss(readout, bb, V[idx], [objects[i] for i in idx],
+                                  rng.choice(cfg.windows))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if log is not None and (step % (cfg.log_every * 4) == 0
+                                or step == cfg.projector_steps - 1):
+            rec = {"projector_step": step, "loss": round(loss.item(), 4),
+                   "elapsed_s": round(time.time() - t0, 1)}
+            log.write(json.dumps(rec) + "\n")
+            if progress:
+                print(json.dumps({"stage0": rec}), flush=True)
+    return readout
+
+
+@torch.no_grad()
+def evaluate_readout(readout, bb, V, specs, windows) -> dict:
+    """Phase A's held-out color and shape accuracy of the readout per window."""
+    objects = [object_coverage(s, tuple(bb.grid)) for s in specs]
+    keep = [i for i, o in enumerate(objects) if o]
+    return {f"window_{w}": _readout_loss(readout, bb, V[keep], [objects[i] for i in keep], w)[1]
+            for w in windows}
+
+
 def _batch(bb, V, specs, window, toks, rng, mode="color"):
     """Features ``V`` [b, 256, 4C] of frames ``specs`` -> (inputs_embeds [Z_t; caption], caption
     ids, targets over the caption positions)."""
@@ -266,8 +373,22 @@ def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict:
     if not cfg.train_vision:   # the tower is fixed: encode a bank of frames once
         V, specs = render_bank(cfg.frames, cfg, cfg.seed, bb)
     bank_s = time.time() - t0
+    os.makedirs(cfg.output_dir, exist_ok=True)
+    log = open(os.path.join(cfg.output_dir, "log.jsonl"), "w")
+    readout, projector_s = None, 0.0
+    if cfg.projector_steps:
+        if cfg.train_vision:
+            raise ValueError("stage 0: projector_steps needs the frame bank; it does not combine "
+                             "with train_vision")
+        t = time.time()
+        readout = pretrain_projector(bb, V, specs, cfg, random.Random(f"stage0-proj-{cfg.seed}"),
+                                     log, progress)
+        projector_s = time.time() - t
     vision = set(id(p) for p in bb.vision_tower().parameters())
-    params = [p for p in bb.model.parameters() if cfg.train_vision or id(p) not in vision]
+    frozen = set() if cfg.train_vision else vision
+    if cfg.projector_steps:   # phase A trained it; phase B keeps what it learned
+        frozen = frozen | set(id(p) for p in bb.projector().parameters())
+    params = [p for p in bb.model.parameters() if id(p) not in frozen]
     trainable = set(id(p) for p in params)
     for p in bb.model.parameters():
         p.requires_grad_(id(p) in trainable)
@@ -283,10 +404,8 @@ def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict:
         return 0.5 * (1 + math.cos(math.pi * p))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
-    os.makedirs(cfg.output_dir, exist_ok=True)
     rng = random.Random(cfg.seed)
     frame_rng = random.Random(f"stage0-{cfg.seed}")   # the fresh frames of train_vision
-    log = open(os.path.join(cfg.output_dir, "log.jsonl"), "w")
     t1 = time.time()
     for step in range(cfg.steps):
         bb.model.train()
@@ -318,10 +437,13 @@ def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict:
     train_s = time.time() - t1
     Vh, specs_h = render_bank(cfg.heldout_frames, cfg, cfg.seed + 1000, bb)  # the final tower
     metrics = evaluate(bb, Vh, specs_h, toks, cfg.windows)
+    if readout is not None:
+        metrics["projector_readout"] = evaluate_readout(readout, bb, Vh, specs_h, cfg.windows)
     save_llm(bb.model, bb.tokenizer, cfg.output_dir)
     result = {"metrics": metrics, "global_step": cfg.steps, "bank_s": round(bank_s, 1),
-              "train_s": round(train_s, 1),
+              "projector_s": round(projector_s, 1), "train_s": round(train_s, 1),
               "trainable": (["vision"] if cfg.train_vision else []) + ["projector", "language"],
+              "projector_frozen_in_captions": bool(cfg.projector_steps),
               "config": dataclasses.asdict(cfg)}
     with open(os.path.join(cfg.output_dir, "metrics.json"), "w") as f:
         json.dump(result, f, indent=2)
@@ -329,4 +451,5 @@ def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict:
 
 
 __all__ = ["PretrainConfig", "pretrain", "random_frame_spec", "caption", "CaptionTokens",
-           "render_bank", "frame_features", "evaluate", "shape_answer_weight", "CAPTION_MODES"]
+           "render_bank", "frame_features", "evaluate", "shape_answer_weight", "CAPTION_MODES",
+           "object_coverage", "ObjectReadout", "pretrain_projector", "evaluate_readout"]

@@ -184,8 +184,13 @@ class Trainee(nn.Module):
         """``plan`` with the inference-time conditions the answer head must survive: a random
         L_max from ``train_max_length`` (tight ones drop frames, even evidence frames when
         false positives crowd the budget) and, with ``false_positive_prob``, one irrelevant
-        frame promoted to relevant. Random draws use torch's RNG (seeded by the loop)."""
+        frame promoted to relevant; with ``random_plan_prob``, a ``random_plan`` instead. Random
+        draws use torch's RNG (seeded by the loop)."""
         c = self.cfg
+        if c.random_plan_prob and torch.rand(()).item() < c.random_plan_prob:
+            plan = self.random_plan(frame_logits.shape[0], ex)
+            if plan is not None:
+                return plan, None
         max_length = None
         if c.train_max_length:
             lo, hi = c.train_max_length
@@ -205,6 +210,21 @@ class Trainee(nn.Module):
                     ex["labels"][t] = 1.0
                 frame_logits[t] = 10.0  # relevant under any threshold
         return self.plan(policy_logits, frame_logits, ex, max_length)
+
+    def random_plan(self, T: int, ex) -> Optional[List[int]]:
+        """A plan that says nothing about the question: one window from ``random_plan_windows``
+        for every frame (half the draws) or one per frame, within ``model_max_length`` (None
+        when it does not fit: the caller plans as usual)."""
+        from vr_kernels import pooled_counts
+        c = self.cfg
+        ws = c.random_plan_windows
+        if torch.rand(()).item() < 0.5:
+            plan = [ws[int(torch.randint(len(ws), ()))]] * T
+        else:
+            plan = [ws[int(i)] for i in torch.randint(len(ws), (T,))]
+        need = sum(pooled_counts(plan, self.grid)) + self.bb.text_tokens(ex["question"], T) \
+            + c.gen_tokens + c.margin
+        return plan if need <= c.model_max_length else None
 
     def build_sequence(self, ex, plan):
         """Prompt ids (the runtime's video prompt, chat template) + answer ids, per-frame dest
