@@ -49,7 +49,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .synthetic import BACKGROUNDS, COLORS, SHAPES, Shape, VideoSpec, _mask, render_frame
+from .synthetic import BACKGROUNDS, COLORS, SHAPES, Shape, VideoSpec, render_frame, shape_mask
 
 @dataclass
 class PretrainConfig:
@@ -198,7 +198,7 @@ def object_coverage(spec: VideoSpec, grid=(16, 16)) -> List[Tuple[torch.Tensor, 
     ch, cw = spec.size // gh, spec.size // gw
     out = []
     for s in spec.shapes:
-        m = _mask(s.shape, s.cx, s.cy, s.r, spec.size)[:gh * ch, :gw * cw]
+        m = shape_mask(s.shape, s.cx, s.cy, s.r, spec.size)[:gh * ch, :gw * cw]
         cov = m.reshape(gh, ch, gw, cw).mean((1, 3)).reshape(-1)
         out.append((torch.from_numpy(cov).float(), sorted(COLORS).index(s.color),
                     SHAPES.index(s.shape)))

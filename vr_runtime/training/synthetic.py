@@ -151,7 +151,8 @@ class VideoSpec:
         return cls(**d)
 
 
-def _mask(shape: str, cx: int, cy: int, r: int, size: int) -> np.ndarray:
+def shape_mask(shape: str, cx: int, cy: int, r: int, size: int) -> np.ndarray:
+    """Boolean [size, size] mask of one shape (what ``render_frame`` paints)."""
     yy, xx = np.mgrid[0:size, 0:size]
     if shape == "circle":
         return (xx - cx) ** 2 + (yy - cy) ** 2 <= r * r
@@ -170,7 +171,7 @@ def render_frame(spec: VideoSpec, t: int) -> np.ndarray:
     img[:] = BACKGROUNDS[spec.background]
     for s in spec.shapes:
         if s.frame == t:
-            img[_mask(s.shape, s.cx, s.cy, s.r, spec.size)] = COLORS[s.color]
+            img[shape_mask(s.shape, s.cx, s.cy, s.r, spec.size)] = COLORS[s.color]
     return img
 
 
