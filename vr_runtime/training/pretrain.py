@@ -176,6 +176,8 @@ def frame_features(bb, specs: List[VideoSpec], chunk: int = 64) -> torch.Tensor:
     for i in range(0, len(specs), chunk):
         frames = np.stack([render_frame(s, 0) for s in specs[i:i + chunk]])
         px = preprocess_frames(frames, size=spec.size[0], mean=spec.mean, std=spec.std)
+        # not features.vision_features: that one runs under no_grad, and train_vision needs
+        # the tower's gradients
         out += [f.float() for _, f in bb.vision_features(px, chunk)]
     return torch.cat(out)
 
@@ -219,14 +221,14 @@ class ObjectReadout(torch.nn.Module):
         """Z [b, n, D] (already pooled with ``window``), objects[i] = ``object_coverage`` of frame
         i -> (logits [n_obj, colors + shapes], color targets, shape targets)."""
         from vr_runtime.routers import pool_frames
-        rows, colors, shapes = [], [], []
-        for z, objs in zip(Z, objects):
-            for cov, color, shape in objs:
-                c = pool_frames(cov[None, :, None], window, grid)[0, :, 0] if window > 1 else cov
-                rows.append((z * (c / c.sum())[:, None]).sum(0))
-                colors.append(color)
-                shapes.append(shape)
-        return self.linear(torch.stack(rows)), torch.tensor(colors), torch.tensor(shapes)
+        flat = [(f, cov, color, shape) for f, objs in enumerate(objects)
+                for cov, color, shape in objs]
+        frame, covs, colors, shapes = zip(*flat)
+        C = torch.stack(covs)                                  # [n_obj, H*W], pooled in one call
+        if window > 1:
+            C = pool_frames(C[..., None], window, grid)[..., 0]
+        rows = (Z[list(frame)] * (C / C.sum(1, keepdim=True))[..., None]).sum(1)
+        return self.linear(rows), torch.tensor(colors), torch.tensor(shapes)
 
 
 def _readout_loss(readout, bb, V, objects, window):
@@ -285,8 +287,8 @@ def evaluate_readout(readout, bb, V, specs, windows) -> dict:
 
 
 def _batch(bb, V, specs, window, toks, rng, mode="color"):
-    """Features ``V`` [b, 256, 4C] of frames ``specs`` -> (inputs_embeds [Z_t; caption], caption
-    ids, targets over the caption positions)."""
+    """Features ``V`` [b, 256, 4C] of frames ``specs`` -> (inputs_embeds [Z_t; caption], targets
+    over the caption positions)."""
     from vr_runtime.routers import pool_frames
     Z = bb.project(V.float())
     if window > 1:
@@ -294,7 +296,7 @@ def _batch(bb, V, specs, window, toks, rng, mode="color"):
     ids, tgt = zip(*(toks.encode(caption(s, rng, mode)) for s in specs))
     ids = torch.tensor(ids)
     x = torch.cat([Z, bb.model.get_input_embeddings()(ids)], 1)
-    return x, ids, torch.tensor(tgt)
+    return x, torch.tensor(tgt)
 
 
 def _loss(bb, x, tgt, weight=None):
@@ -334,7 +336,7 @@ def evaluate(bb, V, specs, toks, windows, seed: int = 1, batch: int = 50) -> dic
         for mode in CAPTION_MODES:
             for i in range(0, len(specs), batch):
                 sl = slice(i, min(i + batch, len(specs)))
-                x, _, tgt = _batch(bb, V[sl], specs[sl], w, toks, rng, mode)
+                x, tgt = _batch(bb, V[sl], specs[sl], w, toks, rng, mode)
                 _, logits = _loss(bb, x, tgt)
                 pred, m = logits.argmax(-1), tgt != -100
                 ok, present = pred == tgt, m & (tgt != no)
@@ -417,7 +419,7 @@ def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict:
             Vb, bspecs = V[idx], [specs[i] for i in idx]
         # no draw without shape queries: the shipped run's random sequence is unchanged
         mode = "shape" if cfg.shape_query_prob and rng.random() < cfg.shape_query_prob else "color"
-        x, _, tgt = _batch(bb, Vb, bspecs, rng.choice(cfg.windows), toks, rng, mode)
+        x, tgt = _batch(bb, Vb, bspecs, rng.choice(cfg.windows), toks, rng, mode)
         loss, _ = _loss(bb, x, tgt, shape_answer_weight(tgt, toks, cfg.shape_weight))
         opt.zero_grad(set_to_none=True)
         loss.backward()
