@@ -13,6 +13,7 @@ import os
 import sys
 
 from vr_runtime.eval.runner import environment
+from vr_runtime.training.config import ConfigError
 from vr_runtime.training.pretrain import PretrainConfig, pretrain
 
 RESULTS = "bench/results/stage0_variants.json"
@@ -26,8 +27,13 @@ def main(argv):
         overrides = json.loads(argv[1]) if len(argv) == 2 else {}
     except json.JSONDecodeError as e:
         sys.exit(f"overrides: not JSON ({e}); pass an object such as '{{\"steps\": 400}}'")
-    cfg = PretrainConfig.load("tiny_stage0", output_dir=f"runs/stage0_variants/{name}",
-                              **overrides)
+    if not isinstance(overrides, dict):
+        sys.exit("overrides: expected a JSON object such as '{\"steps\": 400}'")
+    try:
+        cfg = PretrainConfig.load("tiny_stage0", output_dir=f"runs/stage0_variants/{name}",
+                                  **overrides)
+    except ConfigError as e:
+        sys.exit(f"overrides: {e}")
     res = pretrain(cfg)
     entry = dict(environment(), command="python scripts/stage0_variant.py " + " ".join(
         [name] + [f"'{a}'" for a in argv[1:]]), overrides=overrides, **res)

@@ -24,6 +24,8 @@ def main(argv=None):
     ap.add_argument("--out", default="bench/results/stage1_from_labels.json")
     ap.add_argument("--steps", type=int, default=1200)
     args = ap.parse_args(argv)
+    if args.steps < 1:
+        sys.exit(f"--steps: expected an int >= 1, got {args.steps}")
     sources = {"counterfactual": os.path.join(args.study, "counterfactual_relevance.jsonl"),
                "generator": os.path.join(args.study, "study_relevance.jsonl")}
     model = os.path.join(args.tiny, "stage0", "hf")

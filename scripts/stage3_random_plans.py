@@ -36,8 +36,12 @@ def main(argv=None):
     for path in (base, prev, data):
         if not os.path.exists(path):
             sys.exit(f"{path}: not found; run scripts/train_tiny.sh first")
-    from vr_runtime.training.config import load_config
+    from vr_runtime.training.config import ConfigError, load_config
     from vr_runtime.training.loop import train
+    try:   # every argument before any training
+        load_config("tiny_stage3", random_plan_prob=args.prob)
+    except ConfigError as e:
+        sys.exit(f"--prob: {e}")
     for stage in (3, "3b"):
         model = base if stage == 3 else os.path.join(args.work, "stage3", "hf")
         cfg = load_config(f"tiny_stage{stage}", random_plan_prob=args.prob,
