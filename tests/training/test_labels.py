@@ -42,15 +42,118 @@ def test_a_frame_the_model_needs_is_labelled(mode):
 def test_repeated_evidence_needs_the_minimal_set():
     """Evidence in frames 1 and 5: neither is necessary alone; the greedy set takes one copy."""
     score = toy(6, evidence=[1, 5])
-    res = L.counterfactual_labels(score, 6, 0, margin=0.5)
+    res = L.counterfactual_labels(score, 6, 0, margin=0.5, validate="off")
     assert res["necessary"] == [0] * 6
     assert res["minimal_set"] == [1]                    # ties: the earlier frame
-    assert res["frame_labels"] == [0, 1, 0, 0, 0, 0]
+    assert res["frame_labels"] == [0, 1, 0, 0, 0, 0] and res["validation"] == "off"
     assert L.counterfactual_labels(score, 6, 0, margin=0.5, rule="necessary")[
         "frame_labels"] == [0] * 6
     # jointly needed frames: each is necessary and the set holds both
     res = L.counterfactual_labels(toy(5, evidence=[], joint=[0, 3]), 5, 0, margin=0.5)
     assert res["necessary"] == [1, 0, 0, 1, 0] and sorted(res["minimal_set"]) == [0, 3]
+
+
+def test_validation_adds_the_evidence_that_survives_masking():
+    """The paper's third filter: with frame 1 (the first set) masked, frame 5 still gives the
+    answer, so the labels are corrected to hold it too; then masking both loses the answer."""
+    res = L.counterfactual_labels(toy(6, evidence=[1, 5]), 6, 0, margin=0.5)
+    assert res["evidence_sets"] == [[1], [5]] and res["validation"] == "corrected"
+    assert res["frame_labels"] == [0, 1, 0, 0, 0, 1] and res["minimal_set"] == [1]
+    three = L.counterfactual_labels(toy(9, evidence=[2, 4, 8]), 9, 0, margin=0.5,
+                                    rule="minimal-set")
+    assert three["evidence_sets"] == [[2], [4], [8]]
+    assert three["frame_labels"] == [int(t in (2, 4, 8)) for t in range(9)]
+    removed = L.counterfactual_labels(toy(6, evidence=[1, 5]), 6, 0, margin=0.5,
+                                      validate="remove")
+    assert removed["status"] == "removed" and removed["frame_labels"] is None
+    single = L.counterfactual_labels(toy(6, evidence=[3]), 6, 0, margin=0.5, validate="remove")
+    assert single["validation"] == "passed" and single["frame_labels"] == [0, 0, 0, 1, 0, 0]
+    # jointly needed frames: masking both loses the answer at once
+    joint = L.counterfactual_labels(toy(5, evidence=[], joint=[0, 3]), 5, 0, margin=0.5)
+    assert joint["validation"] == "passed" and joint["evidence_sets"] == [joint["minimal_set"]]
+    # nothing claimed (the answer needs no frame): nothing to validate
+    prior = L.counterfactual_labels(toy(4, evidence=[0, 1, 2, 3], off_hides=lambda w: False),
+                                    4, 0, margin=0.5)
+    assert prior["frame_labels"] == [0] * 4 and prior["validation"] == "empty"
+    with pytest.raises(L.LabelError, match="validate"):
+        L.counterfactual_labels(toy(4, [1]), 4, 0, validate="fix")
+    with pytest.raises(L.LabelError, match="--validate"):
+        L.check_config(L.LabelConfig(validate="fix"))
+
+
+def test_every_plan_is_scored_once():
+    """The validation's searches repeat the first search's plans; the memo scores each once and
+    ``forwards`` counts the model's passes."""
+    seen = []
+
+    def counting(plans):
+        seen.extend(tuple(p) for p in plans)
+        return toy(8, evidence=[1, 4, 6])(plans)
+
+    res = L.counterfactual_labels(counting, 8, 0, margin=0.5)
+    assert res["frame_labels"] == [int(t in (1, 4, 6)) for t in range(8)]
+    assert len(seen) == len(set(seen)) == res["forwards"]
+
+
+def closure_reference(score, T, c, off, margin):
+    """The validated labels written plainly: the first greedy set, then while the answer
+    survives with every labelled frame masked, the greedy set of the remaining frames."""
+    ref = score([[1] * T])[0]
+
+    def ok(lp):
+        return int(lp.argmax()) == c and float(lp[c]) >= float(ref[c]) - margin
+
+    def greedy(masked):
+        S = []
+        cur = score([[off] * T])[0]
+        while not ok(cur):
+            best, best_lp = None, None
+            for t in range(T):
+                if t in S or t in masked:
+                    continue
+                lp = score([[1 if u in S + [t] else off for u in range(T)]])[0]
+                if best is None or float(lp[c]) > float(best_lp[c]):
+                    best, best_lp = t, lp
+            if best is None:
+                return S, False
+            S.append(best)
+            cur = best_lp
+        return S, True
+
+    labels, ok_ = greedy(set())
+    if not labels or not ok_:
+        return sorted(labels), "empty" if not labels else "insufficient"
+    sets = 1
+    while ok(score([[off if u in labels else 1 for u in range(T)]])[0]):
+        more, found = greedy(set(labels))
+        if not more or not found:
+            return None, "removed"
+        labels, sets = labels + more, sets + 1
+    return sorted(labels), "passed" if sets == 1 else "corrected"
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_validation_matches_the_plain_rule(seed):
+    """Random scorers where several frames each carry the answer (repeated evidence, odd T)."""
+    rng = random.Random(100 + seed)
+    T = rng.choice([5, 7, 9, 11])
+    n_opt = rng.randint(2, 4)
+    w = torch.tensor([[rng.gauss(0, 1) for _ in range(n_opt)] for _ in range(T)])
+    for t in rng.sample(range(T), rng.randint(1, 3)):    # strong, repeated evidence for option 0
+        w[t, 0] += 4.0
+    bias = torch.tensor([rng.gauss(0, 1) for _ in range(n_opt)])
+
+    def score(plans):
+        vis = torch.tensor([[float(x == 1) for x in p] for p in plans])
+        return torch.log_softmax(bias + vis @ w, -1)
+
+    c = int(score([[1] * T])[0].argmax())
+    for mode, margin in itertools.product(["drop", "pool8"], [0.0, 0.5, 2.0]):
+        res = L.counterfactual_labels(score, T, c, mode=mode, margin=margin, rule="minimal-set")
+        want, how = closure_reference(score, T, c, L.MODES[mode], margin)
+        assert res["validation"] == how
+        got = res["frame_labels"]
+        assert (got is None and want is None) or [t for t in range(T) if got[t]] == want
 
 
 def greedy_reference(score, T, c, off, margin, cap):
@@ -270,4 +373,7 @@ def test_label_study_keeps_the_generator_labels_next_to_its_own(tmp_path, monkey
     assert res["relevance_jsonl"] == str(work / "counterfactual_relevance.jsonl")
     lines = [json.loads(x) for x in open(res["relevance_jsonl"])]
     assert len(lines) == res["labelled"] and res["questions"] == 3
+    assert res["labelled"] + res["unanswerable"] + res["removed"] == 3
+    assert res["settings"]["validate"] == "correct" and sum(res["validation"].values()) == 3
+    assert res["evidence_sets_only"]["frames"] == res["labels"]["frames"]
     assert json.load(open(results))["command"] == "test"

@@ -124,3 +124,54 @@ def test_random_plan_options_are_checked(over, msg):
     from vr_runtime.training.config import ConfigError
     with pytest.raises(ConfigError, match=msg):
         load_config("tiny_stage3", **over)
+
+
+def test_random_plans_with_drops_cover_every_count_and_keep_a_frame_for_global(tiny_lm):
+    """random_plan_drop: a random keep rate per example, so plans keep any number of frames
+    (none included) at the usual windows; an example without frame labels (a Global question)
+    always keeps one."""
+    torch.manual_seed(0)
+    tr = _trainee(tiny_lm, random_plan_prob=1.0, random_plan_drop=True)
+    counts = set()
+    for _ in range(400):
+        plan, _ = tr.training_plan(torch.tensor([0.0, 1.0]), torch.zeros(T), _ex([3, 4]))
+        assert len(plan) == T and set(plan) <= {0, 1, 2, 4}
+        counts.add(sum(w > 0 for w in plan))
+    assert {0, 1, T} <= counts and len(counts) >= 12
+    glob = {"policy": 0, "question": "What is the background color?", "labels": None}
+    for _ in range(200):
+        plan, _ = tr.training_plan(torch.tensor([1.0, 0.0]), torch.zeros(T), glob)
+        assert any(w > 0 for w in plan)
+
+
+def test_dropped_evidence_changes_the_answer_only_when_every_labelled_frame_is_dropped(tiny_lm):
+    tr = _trainee(tiny_lm, random_plan_prob=1.0, random_plan_drop=True,
+                  dropped_evidence_answer="none")
+    ex = dict(_ex([3, 4]), answer="circle")
+    keep = [1] * T
+    assert tr.shown_answer(ex, keep)["answer"] == "circle"
+    one_left = [0 if t == 3 else 1 for t in range(T)]
+    assert tr.shown_answer(ex, one_left)["answer"] == "circle"
+    at_four = [4 if t in (3, 4) else 0 for t in range(T)]         # pooled, still on screen
+    assert tr.shown_answer(ex, at_four)["answer"] == "circle"
+    gone = [0 if t in (3, 4) else 1 for t in range(T)]
+    assert tr.shown_answer(ex, gone)["answer"] == "none" and ex["answer"] == "circle"
+    absent = dict(_ex([]), answer="none")                         # no labelled frame: unchanged
+    assert tr.shown_answer(absent, [0] * T) is absent
+    off = _trainee(tiny_lm, random_plan_prob=1.0, random_plan_drop=True)
+    assert off.shown_answer(ex, gone) is ex                       # option unset: never changed
+
+
+@pytest.mark.parametrize("over", [{"dropped_evidence_answer": "none"},
+                                  {"dropped_evidence_answer": " ", "random_plan_drop": True}])
+def test_dropped_evidence_answer_needs_drop_plans_and_text(over):
+    from vr_runtime.training.config import ConfigError
+    with pytest.raises(ConfigError, match="dropped_evidence_answer"):
+        load_config("tiny_stage3", **over)
+
+
+def test_labeller_config_is_random_plans_with_drops_and_no_routing():
+    cfg = load_config("tiny_labeller")
+    assert cfg.random_plan_prob == 1.0 and cfg.random_plan_drop
+    assert cfg.dropped_evidence_answer == "none" and cfg.freeze_mlp
+    assert cfg.lambda_sem == cfg.lambda_img == 0.0 and cfg.routers is None

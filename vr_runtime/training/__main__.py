@@ -103,6 +103,11 @@ def main(argv=None) -> int:
             s.add_argument("--margin", type=float, default=1.0)
             s.add_argument("--rule", default="union",
                            choices=("union", "necessary", "minimal-set"))
+            s.add_argument("--validate", default="correct",
+                           choices=("correct", "remove", "off"),
+                           help="the paper's counterfactual-necessity filter: mask the labelled "
+                                "frames; if the answer survives, add the evidence that carries "
+                                "it (correct) or drop the question (remove)")
             s.add_argument("--max-set", type=int, default=None)
             s.add_argument("--batch", type=int, default=8)
         if name == "frame-labels":
@@ -195,7 +200,7 @@ def _labels_command(a, argv) -> None:
                         answer_mode=a.answer_mode, prompt_style=a.prompt_style, device=a.device,
                         dtype=a.dtype)
     for k in ("benchmark", "data", "videos", "limit", "mode", "keep_window", "margin", "rule",
-              "max_set", "batch"):
+              "validate", "max_set", "batch"):
         if hasattr(a, k):
             setattr(cfg, k, getattr(a, k))
     if a.cmd == "label-study":

@@ -22,6 +22,17 @@ multiple-choice QA file that ``videorouter eval`` reads (``vr_runtime.eval.bench
     4. ``frame_labels`` (``rule``): ``union`` (default) = necessary or in S; ``necessary``; or
        ``minimal-set``. Necessity alone labels nothing when the evidence is repeated in several
        frames (no single one is needed); S finds one copy of it, so the union is the default.
+    5. validation (``validate``), the paper's third filter: "a counterfactual necessity test
+       masks labeled positive frames ...; labels are corrected or removed if the answer remains
+       recoverable without the claimed evidence". Mask every labelled frame (``off``), the rest
+       at ``keep``; if that plan still picks c within the margin, the evidence is repeated
+       elsewhere: ``correct`` (default) adds the greedy minimal sufficient set of the frames not
+       yet labelled (every labelled frame kept ablated) and masks again, until the answer is
+       gone (``validation``: ``passed`` at once, or ``corrected``); ``remove`` drops the
+       question (status ``removed``), as ``correct`` does when no further set carries the
+       answer; ``off`` keeps the labels of steps 1-4. Labels that claim no frame (the answer
+       needs none) are not validated (``empty``). With a target on screen in k frames, S holds
+       one of them and the corrected labels all k, as a frame-level annotator marks them.
 
     Each video is decoded and encoded (Z) once; every counterfactual plan of every question on
     it reuses Z, and plans of equal prompt length share a decoder pass (``batch``).
@@ -39,7 +50,7 @@ import json
 import os
 import pathlib
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -47,6 +58,7 @@ import torch
 
 MODES = {"drop": 0, "pool8": 8}
 LABEL_RULES = ("union", "necessary", "minimal-set")
+VALIDATIONS = ("correct", "remove", "off")
 SCORINGS = ("loglik", "generate")
 FULL = 1          # the reference window: full resolution
 
@@ -77,27 +89,38 @@ def _picks(lp: torch.Tensor, correct: int) -> bool:
 def counterfactual_labels(score: Callable[[List[list]], torch.Tensor], num_frames: int,
                           correct: int, mode: str = "drop", margin: float = 1.0,
                           rule: str = "union", max_set: Optional[int] = None,
-                          keep: int = FULL) -> dict:
+                          keep: int = FULL, validate: str = "correct") -> dict:
     """Frame labels of one question (see the module doc). ``score(plans)`` -> [P, options]
-    log-likelihoods for a list of plans (one window per frame). Pure logic over ``score``.
+    log-likelihoods for a list of plans (one window per frame). Pure logic over ``score``; a
+    plan is scored once however often the rule asks for it.
     ``keep`` is the window of the frames that are not ablated (the reference's and the set's):
     1, full resolution, is the paper; a coarser one is for a model that was never trained on
-    every frame at full resolution (it must stay finer than ``pool8``'s 8)."""
+    every frame at full resolution (it must stay finer than ``pool8``'s 8). ``validate`` is the
+    paper's counterfactual-necessity filter on the labels (module doc, step 5)."""
     if mode not in MODES:
         raise LabelError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
     if rule not in LABEL_RULES:
         raise LabelError(f"rule {rule!r}: expected one of {', '.join(LABEL_RULES)}")
+    if validate not in VALIDATIONS:
+        raise LabelError(f"validate {validate!r}: expected one of {', '.join(VALIDATIONS)}")
     if not margin >= 0:
         raise LabelError(f"margin: expected >= 0 nats, got {margin!r}")
     off, T = MODES[mode], int(num_frames)
     if not isinstance(keep, int) or keep < 1 or (off and keep >= off):
         raise LabelError(f"keep window {keep!r}: expected an int >= 1"
                          + (f" and < {off} (mode {mode})" if off else ""))
+    scored: Dict[tuple, torch.Tensor] = {}
     calls = [0]
 
     def s(plans):
-        calls[0] += len(plans)
-        return score([list(p) for p in plans]).float()
+        # The validation's searches start where the first set's did (every frame ablated, then
+        # one frame added), so a memo saves them all but their new plans.
+        plans = [tuple(p) for p in plans]
+        todo = list(dict.fromkeys(p for p in plans if p not in scored))
+        if todo:
+            calls[0] += len(todo)
+            scored.update(zip(todo, score([list(p) for p in todo]).float()))
+        return torch.stack([scored[p] for p in plans])
 
     ref = s([[keep] * T])[0]
     out = {"reference_logprobs": [round(float(x), 5) for x in ref]}
@@ -108,35 +131,61 @@ def counterfactual_labels(score: Callable[[List[list]], torch.Tensor], num_frame
     flips = [not _picks(loo[t], correct) for t in range(T)]
     necessary = [int(flips[t] or drop[t] > margin) for t in range(T)]
 
-    def only(S):
-        return [keep if u in S else off for u in range(T)]
-
     def enough(lp):
         return _picks(lp, correct) and float(lp[correct]) >= float(ref[correct]) - margin
 
-    S: List[int] = []
-    cur = s([only(S)])[0]
-    trace = [round(float(cur[correct]), 5)]
     cap = T if max_set is None else min(int(max_set), T)
-    while not enough(cur) and len(S) < cap:
-        cands = [t for t in range(T) if t not in S]
-        lps = s([only(set(S) | {t}) for t in cands])
-        best = max(range(len(cands)), key=lambda i: (float(lps[i, correct]), -i))
-        S.append(cands[best])
-        cur = lps[best]
-        trace.append(round(float(cur[correct]), 5))
+
+    def greedy(masked: set, room: int):
+        """The greedy minimal sufficient set among the frames not in ``masked`` (those stay
+        ablated), at most ``room`` frames: (set, its log-likelihoods, log p(c) as it grew)."""
+        S: List[int] = []
+        cur = s([[off] * T])[0]
+        trace = [round(float(cur[correct]), 5)]
+        while not enough(cur) and len(S) < room:
+            cands = [t for t in range(T) if t not in S and t not in masked]
+            if not cands:
+                break
+            lps = s([[keep if u in S or u == t else off for u in range(T)] for t in cands])
+            best = max(range(len(cands)), key=lambda i: (float(lps[i, correct]), -i))
+            S.append(cands[best])
+            cur = lps[best]
+            trace.append(round(float(cur[correct]), 5))
+        return S, cur, trace
+
+    S, cur, trace = greedy(set(), cap)
+    sufficient = bool(enough(cur))
     in_set = [int(t in S) for t in range(T)]
     if rule == "necessary":
-        labels = necessary
+        labels = list(necessary)
     elif rule == "minimal-set":
-        labels = in_set
+        labels = list(in_set)
     else:
         labels = [int(a or b) for a, b in zip(necessary, in_set)]
-    return {"status": "ok", "frame_labels": labels, **out, "necessary": necessary,
-            "logprob_drop": [round(float(x), 5) for x in drop],
-            "answer_flips": [int(x) for x in flips], "minimal_set": S,
-            "minimal_set_order_logprob": trace, "sufficient": bool(enough(cur)),
-            "forwards": calls[0]}
+    sets = [list(S)]
+    validation = ("off" if validate == "off" else "insufficient" if not sufficient
+                  else "empty" if not any(labels) else "")
+    if not validation:
+        while True:
+            claimed = {t for t in range(T) if labels[t]}
+            rest = s([[off if t in claimed else keep for t in range(T)]])[0]
+            if not enough(rest):      # without the claimed evidence the answer is gone
+                validation = "passed" if len(sets) == 1 else "corrected"
+                break
+            more, lp, _ = (greedy(claimed, cap - len(claimed)) if validate == "correct"
+                           else ([], None, None))
+            if not more or not enough(lp):   # recoverable, and no further evidence explains it
+                validation = "removed"
+                break
+            sets.append(more)
+            labels = [int(labels[t] or t in more) for t in range(T)]
+    res = {"status": "removed" if validation == "removed" else "ok",
+           "frame_labels": None if validation == "removed" else labels, **out,
+           "necessary": necessary, "logprob_drop": [round(float(x), 5) for x in drop],
+           "answer_flips": [int(x) for x in flips], "minimal_set": S,
+           "minimal_set_order_logprob": trace, "sufficient": sufficient,
+           "evidence_sets": sets, "validation": validation, "forwards": calls[0]}
+    return res
 
 
 # ----------------------------------------------------------------------------- shared plumbing
@@ -152,6 +201,7 @@ class LabelConfig:
     keep_window: int = FULL   # window of the frames not ablated (1: the paper)
     margin: float = 1.0
     rule: str = "union"
+    validate: str = "correct"   # the paper's counterfactual-necessity filter on the labels
     max_set: Optional[int] = None
     answer_mode: str = "letter"
     prompt_style: str = "mc"
@@ -168,6 +218,8 @@ def check_config(cfg: LabelConfig) -> None:
         raise LabelError(f"--mode {cfg.mode!r}: expected one of {', '.join(MODES)}")
     if cfg.rule not in LABEL_RULES:
         raise LabelError(f"--rule {cfg.rule!r}: expected one of {', '.join(LABEL_RULES)}")
+    if cfg.validate not in VALIDATIONS:
+        raise LabelError(f"--validate {cfg.validate!r}: expected one of {', '.join(VALIDATIONS)}")
     if not cfg.margin >= 0:
         raise LabelError(f"--margin: expected >= 0 (nats of log-likelihood), got {cfg.margin}")
     off = MODES[cfg.mode]
@@ -253,7 +305,8 @@ def label_frames(vr, questions, cfg: LabelConfig, out: str, diagnostics: Optiona
             t1 = time.perf_counter()
             res = counterfactual_labels(
                 lambda plans: vr.option_logprobs(Z, prompt, plans, conts, batch_size=cfg.batch),
-                T, correct, cfg.mode, cfg.margin, cfg.rule, cfg.max_set, cfg.keep_window)
+                T, correct, cfg.mode, cfg.margin, cfg.rule, cfg.max_set, cfg.keep_window,
+                cfg.validate)
             diag.append({"id": q.id, "video": video, "category": q.category, **res,
                          "seconds": round(time.perf_counter() - t1, 4)})
             if progress:
@@ -265,12 +318,15 @@ def label_frames(vr, questions, cfg: LabelConfig, out: str, diagnostics: Optiona
                           "frame_labels": res["frame_labels"], "category": q.category,
                           "label_source": f"counterfactual-{cfg.mode}-{cfg.rule}"
                                           + (f"-keep{cfg.keep_window}" if cfg.keep_window != FULL
-                                             else "")})
+                                             else "")
+                                          + ("" if cfg.validate == "correct"
+                                             else f"-validate-{cfg.validate}")})
     _write_jsonl(out, lines)
     if diagnostics:
         _write_jsonl(diagnostics, diag)
     return {"questions": len(diag), "labelled": len(lines),
-            "unanswerable": sum(d["status"] != "ok" for d in diag),
+            "unanswerable": sum(d["status"] == "unanswerable" for d in diag),
+            "removed": sum(d["status"] == "removed" for d in diag),
             "forwards": sum(d["forwards"] for d in diag), "encode_s": round(enc_s, 3),
             "wall_s": round(time.perf_counter() - t0, 3), "diagnostics": diag}
 
@@ -432,13 +488,15 @@ def label_study(cfg: LabelConfig, work: str, results: str, videos: int = 8, seed
     vr = load_router(cfg)
     rel = os.path.join(work, "counterfactual_relevance.jsonl")   # not the generator's file
     res = label_frames(vr, questions, cfg, rel, os.path.join(work, "study_diagnostics.jsonl"))
-    ok = [d for d in res.pop("diagnostics") if d["status"] == "ok"]
+    diagnostics = res.pop("diagnostics")
+    ok = [d for d in diagnostics if d["status"] == "ok"]
     study = {
         "what": "counterfactual frame labels (vr_runtime.training.labels, rule (a)) vs the "
                 "synthetic generator's ground-truth frame labels, on the Fragment questions",
         "command": command, **environment(), "torch_threads": torch.get_num_threads(),
         "model": cfg.model, "settings": {k: getattr(cfg, k) for k in (
-            "frames", "mode", "keep_window", "margin", "rule", "max_set", "answer_mode",
+            "frames", "mode", "keep_window", "margin", "rule", "validate", "max_set",
+            "answer_mode",
             "prompt_style",
             "batch")},
         "videos": videos, "seed": seed, **res,
@@ -447,6 +505,11 @@ def label_study(cfg: LabelConfig, work: str, results: str, videos: int = 8, seed
         "minimal_set_only": agreement([([int(t in d["minimal_set"]) for t in
                                          range(len(d["necessary"]))], truth[d["id"]])
                                        for d in ok]),
+        "evidence_sets_only": agreement([([int(any(t in S for S in d["evidence_sets"])) for t in
+                                           range(len(d["necessary"]))], truth[d["id"]])
+                                         for d in ok]),
+        "validation": dict(sorted(Counter(d.get("validation", "unanswerable")
+                                          for d in diagnostics).items())),
         "logprob_drop_auc": drop_auc(ok, truth),
         "mean_minimal_set_size": (sum(len(d["minimal_set"]) for d in ok) / len(ok)) if ok
         else None,

@@ -214,7 +214,8 @@ class Trainee(nn.Module):
     def random_plan(self, T: int, ex) -> Optional[List[int]]:
         """A plan that says nothing about the question: one window from ``random_plan_windows``
         for every frame (half the draws) or one per frame, within ``model_max_length`` (None
-        when it does not fit: the caller plans as usual)."""
+        when it does not fit: the caller plans as usual). With ``random_plan_drop`` a random
+        share of the frames is dropped (config doc)."""
         from vr_kernels import pooled_counts
         c = self.cfg
         ws = c.random_plan_windows
@@ -222,9 +223,26 @@ class Trainee(nn.Module):
             plan = [ws[int(torch.randint(len(ws), ()))]] * T
         else:
             plan = [ws[int(i)] for i in torch.randint(len(ws), (T,))]
+        if c.random_plan_drop:
+            kept = torch.rand(T) < torch.rand(())
+            if not bool(kept.any()) and ex.get("labels") is None:
+                kept[int(torch.randint(T, ()))] = True
+            plan = [w if k else 0 for w, k in zip(plan, kept.tolist())]
         need = sum(pooled_counts(plan, self.grid)) + self.bb.text_tokens(ex["question"], T) \
             + c.gen_tokens + c.margin
         return plan if need <= c.model_max_length else None
+
+    def shown_answer(self, ex, plan):
+        """``ex`` with the answer its plan leaves visible: ``dropped_evidence_answer`` when the
+        plan drops every frame labelled relevant, else ``ex`` itself."""
+        c = self.cfg
+        labels = ex.get("labels")
+        if c.dropped_evidence_answer is None or labels is None:
+            return ex
+        rel = [t for t, y in enumerate(labels.tolist()) if y > 0.5]
+        if rel and all(plan[t] == 0 for t in rel):
+            return dict(ex, answer=c.dropped_evidence_answer)
+        return ex
 
     def build_sequence(self, ex, plan):
         """Prompt ids (the runtime's video prompt, chat template) + answer ids, per-frame dest
@@ -267,7 +285,7 @@ class Trainee(nn.Module):
                 with torch.no_grad():  # the decision for every frame, without gradient
                     fr_all = self.routers.frame_logits(Z.detach(), q.detach()).float()
             plan, _ = self.training_plan(pol.detach()[0], fr_all, ex)
-            ids, n_prompt, dest, pos = self.build_sequence(ex, plan)
+            ids, n_prompt, dest, pos = self.build_sequence(self.shown_answer(ex, plan), plan)
             ids_t = torch.tensor(ids, device=Z.device)
             emb = self.embed(ids_t)                       # [L, D]; grad -> embed_tokens
             emb = self.pack(Z.to(emb.dtype), plan, self.grid, emb, dest)
