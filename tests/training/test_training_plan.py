@@ -173,5 +173,5 @@ def test_dropped_evidence_answer_needs_drop_plans_and_text(over):
 def test_labeller_config_is_random_plans_with_drops_and_no_routing():
     cfg = load_config("tiny_labeller")
     assert cfg.random_plan_prob == 1.0 and cfg.random_plan_drop
-    assert cfg.dropped_evidence_answer == "none" and cfg.freeze_mlp
+    assert cfg.dropped_evidence_answer == "none" and cfg.random_plan_windows == [1]
     assert cfg.lambda_sem == cfg.lambda_img == 0.0 and cfg.routers is None
