@@ -31,7 +31,8 @@ multiple-choice QA file that ``videorouter eval`` reads (``vr_runtime.eval.bench
        gone (``validation``: ``passed`` at once, or ``corrected``); ``remove`` drops the
        question (status ``removed``), as ``correct`` does when no further set carries the
        answer; ``off`` keeps the labels of steps 1-4. Labels that claim no frame (the answer
-       needs none) are not validated (``empty``). With a target on screen in k frames, S holds
+       needs none) are not validated (``empty``), nor labels whose first set hit ``max_set``
+       (``insufficient``). With a target on screen in k frames, S holds
        one of them and the corrected labels all k, as a frame-level annotator marks them.
 
     Each video is decoded and encoded (Z) once; every counterfactual plan of every question on
@@ -179,13 +180,12 @@ def counterfactual_labels(score: Callable[[List[list]], torch.Tensor], num_frame
                 break
             sets.append(more)
             labels = [int(labels[t] or t in more) for t in range(T)]
-    res = {"status": "removed" if validation == "removed" else "ok",
-           "frame_labels": None if validation == "removed" else labels, **out,
-           "necessary": necessary, "logprob_drop": [round(float(x), 5) for x in drop],
-           "answer_flips": [int(x) for x in flips], "minimal_set": S,
-           "minimal_set_order_logprob": trace, "sufficient": sufficient,
-           "evidence_sets": sets, "validation": validation, "forwards": calls[0]}
-    return res
+    return {"status": "removed" if validation == "removed" else "ok",
+            "frame_labels": None if validation == "removed" else labels, **out,
+            "necessary": necessary, "logprob_drop": [round(float(x), 5) for x in drop],
+            "answer_flips": [int(x) for x in flips], "minimal_set": S,
+            "minimal_set_order_logprob": trace, "sufficient": sufficient,
+            "evidence_sets": sets, "validation": validation, "forwards": calls[0]}
 
 
 # ----------------------------------------------------------------------------- shared plumbing
