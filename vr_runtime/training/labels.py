@@ -158,12 +158,12 @@ def counterfactual_labels(score: Callable[[List[list]], torch.Tensor], num_frame
     sufficient = bool(enough(cur))
     in_set = [int(t in S) for t in range(T)]
     if rule == "necessary":
-        labels = list(necessary)
+        labels = necessary
     elif rule == "minimal-set":
-        labels = list(in_set)
+        labels = in_set
     else:
         labels = [int(a or b) for a, b in zip(necessary, in_set)]
-    sets = [list(S)]
+    sets = [S]
     validation = ("off" if validate == "off" else "insufficient" if not sufficient
                   else "empty" if not any(labels) else "")
     if not validation:
@@ -173,8 +173,10 @@ def counterfactual_labels(score: Callable[[List[list]], torch.Tensor], num_frame
             if not enough(rest):      # without the claimed evidence the answer is gone
                 validation = "passed" if len(sets) == 1 else "corrected"
                 break
-            more, lp, _ = (greedy(claimed, cap - len(claimed)) if validate == "correct"
-                           else ([], None, None))
+            if validate == "remove":
+                validation = "removed"
+                break
+            more, lp, _ = greedy(claimed, cap - len(claimed))
             if not more or not enough(lp):   # recoverable, and no further evidence explains it
                 validation = "removed"
                 break
