@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 8, item 5 on the synthetic task: the paper's frame labels (rule (a), Appendix A) built by
 # the tiny model, compared with the generator's labels, then Stage 1 trained from them.
-#   1. the labeller (config tiny_labeller): the shipped tiny model fine-tuned to answer the
-#      task's questions from whatever frames it is shown (random plans that drop frames), as the
-#      pretrained VLM the paper labels with does; about 26 minutes on 2 CPU cores;
+#   1. the labeller (python -m vr_runtime.training labeller, config tiny_labeller): the shipped
+#      tiny model fine-tuned on fresh rendered videos to answer from whatever frames it is shown
+#      (random plans that drop frames), as the pretrained VLM the paper labels with does;
 #   2. label-study: rule (a) at the paper's reference (every frame at full resolution, ablation
 #      by dropping, margin 1 nat, the validation filter correcting the labels) on 80 synthetic
 #      videos -> bench/results/label_study.json and STUDY/counterfactual_relevance.jsonl;
@@ -21,10 +21,8 @@ for path in "$TINY/stage0/hf" "$TINY/data/train_conversations.jsonl"; do
         exit 2
     fi
 done
-python -m vr_runtime.training stage --config tiny_labeller --no-progress --set \
-    "output_dir=$TINY/labeller" \
-    "train_data=$TINY/data/train_conversations.jsonl" \
-    "eval_data=$TINY/data/heldout_conversations.jsonl"
+python -m vr_runtime.training labeller --config tiny_labeller --no-progress \
+    --set "output_dir=$TINY/labeller" --results bench/results/labeller_tiny.json
 python -m vr_runtime.training label-study --model "$TINY/labeller/hf" --work "$STUDY" \
     --results bench/results/label_study.json --videos-count 80 --mode drop --margin 1.0
 python scripts/stage1_from_labels.py --study "$STUDY" --tiny "$TINY"

@@ -145,3 +145,18 @@ def test_distributed_configs_parse():
     from accelerate.commands.config.config_args import load_config_from_file
     cfg = load_config_from_file(str(ROOT / "vr_runtime/configs/fsdp.yaml"))
     assert cfg.fsdp_config["fsdp_sharding_strategy"] == "FULL_SHARD"
+
+
+def test_synth_cli_skips_an_empty_split_and_rejects_bad_counts(tmp_path, capsys):
+    from vr_runtime.training.__main__ import main
+    assert main(["synth", "--out", str(tmp_path), "--train", "1", "--heldout", "0",
+                 "--frames", "12"]) == 0
+    assert (tmp_path / "train_relevance.jsonl").is_file()
+    assert not (tmp_path / "heldout_relevance.jsonl").exists()
+    capsys.readouterr()
+    for args, msg in ((["--train", "0", "--heldout", "0"], "nothing to write"),
+                      (["--train", "-1"], "--train")):
+        assert main(["synth", "--out", str(tmp_path / "x"), *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and msg in err[0]
+        assert not (tmp_path / "x").exists()

@@ -13,6 +13,8 @@
         [--routers r.safetensors | --relevance flr.jsonl] [--budget 1024]
     python -m vr_runtime.training label-study --work runs/label_study \
         --results bench/results/label_study.json
+    python -m vr_runtime.training labeller [--config tiny_labeller] [--set key=value ...]
+        # tiny-only: the model rule (a) labels the synthetic task with (training/labeller.py)
     python -m vr_runtime.training tiny [--work runs/tiny] [--ship]   # the whole tiny demo
     python -m vr_runtime.training routing-eval --data runs/tiny/data/heldout_conversations.jsonl \\
         --out bench/results/routing_heldout.json      # issue 8's held-out routing targets
@@ -56,6 +58,13 @@ def main(argv=None) -> int:
     s.add_argument("--config", required=True, help="JSON file or stage1..3 / tiny_stage1..3")
     s.add_argument("--resume", default=None, help="a checkpoint folder, or 'latest'")
     s.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="override config keys")
+    s.add_argument("--no-progress", action="store_true")
+    s = sub.add_parser("labeller", help="tiny-only: train the synthetic task's labeller")
+    s.add_argument("--config", default="tiny_labeller", help="JSON file or a name in "
+                   "vr_runtime/training/configs")
+    s.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="override config keys")
+    s.add_argument("--results", default=None, help="also write the held-out metrics here, with "
+                   "device, date, versions and command")
     s.add_argument("--no-progress", action="store_true")
     s = sub.add_parser("policy-labels", help="A/B accuracies -> Global/Fragment labels")
     s.add_argument("--accuracies", required=True)
@@ -140,7 +149,15 @@ def main(argv=None) -> int:
     try:
         if a.cmd == "synth":
             from .synthetic import generate
-            for split, n in (("train", a.train), ("heldout", a.heldout)):
+            splits = (("train", a.train), ("heldout", a.heldout))
+            for split, n in splits:
+                if n < 0:
+                    raise ConfigError(f"--{split}: expected a number of videos >= 0, got {n}")
+            if not any(n for _, n in splits):
+                raise ConfigError("--train and --heldout are both 0: nothing to write")
+            for split, n in splits:
+                if not n:
+                    continue
                 paths = generate(a.out, n, seed=a.seed, num_frames=a.frames, split=split)
                 print(json.dumps(paths))
         elif a.cmd == "stage":
@@ -148,6 +165,15 @@ def main(argv=None) -> int:
             from .loop import train
             cfg = load_config(a.config, **_overrides(a.set))
             res = train(cfg, resume=a.resume, progress=not a.no_progress)
+            print(json.dumps({"global_step": res["global_step"], "metrics": res["metrics"]},
+                             indent=2))
+        elif a.cmd == "labeller":
+            import shlex
+            from .labeller import LabellerConfig, train_labeller
+            cfg = LabellerConfig.load(a.config, **_overrides(a.set))
+            cmd = "python -m vr_runtime.training " + " ".join(
+                shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
+            res = train_labeller(cfg, progress=not a.no_progress, results=a.results, command=cmd)
             print(json.dumps({"global_step": res["global_step"], "metrics": res["metrics"]},
                              indent=2))
         elif a.cmd == "policy-labels":

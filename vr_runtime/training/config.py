@@ -72,17 +72,6 @@ class TrainConfig:
                                         # answer cannot be read off the plan's layout (the
                                         # tiny model learned "uniform plan -> none")
     random_plan_windows: List[int] = field(default_factory=lambda: [1, 2, 4])
-    random_plan_drop: bool = False      # random plans also drop frames (window 0): each example
-                                        # draws a keep rate q ~ U(0, 1) and keeps each frame
-                                        # with probability q, so every number of kept frames,
-                                        # none included, is equally likely (a Global question,
-                                        # which has no frame labels, keeps at least one frame)
-    dropped_evidence_answer: Optional[str] = None
-                                        # with random_plan_drop: the answer when a plan drops
-                                        # every frame labelled relevant (the synthetic task's
-                                        # "none": nothing of that color is on screen); None =
-                                        # the example's own answer. Tiny-only: the labeller
-                                        # (tiny_labeller) answers from what it is shown
     eval_max_lengths: List[int] = field(default_factory=list)
                                         # Stage 3: also evaluate under these L_max values
     router_num_layers: int = 4
@@ -140,11 +129,6 @@ class TrainConfig:
                                                for v in self.random_plan_windows):
             raise ConfigError(f"random_plan_windows: expected a non-empty list of ints >= 1, "
                               f"got {self.random_plan_windows!r}")
-        if self.dropped_evidence_answer is not None and not (
-                self.random_plan_drop and isinstance(self.dropped_evidence_answer, str)
-                and self.dropped_evidence_answer.strip()):
-            raise ConfigError("dropped_evidence_answer: expected a non-empty string, and "
-                              "random_plan_drop: true (only random plans drop frames)")
         if any(not isinstance(v, int) or v < 1 for v in self.eval_max_lengths):
             raise ConfigError(f"eval_max_lengths: expected ints >= 1, got {self.eval_max_lengths!r}")
         if len(self.fragment_scales) != 2:
@@ -178,6 +162,21 @@ def load_config(path_or_name: str, **overrides) -> TrainConfig:
                               f"stage2, stage3, tiny_stage1, tiny_stage2, tiny_stage3")
         p = cand
     return TrainConfig(**config_fields(p, TrainConfig, overrides)).validate()
+
+
+def load_named_config(cls, name_or_path: str, what: str, overrides: dict):
+    """A dataclass config from a JSON file or a name in ``training/configs`` (``windows``, when
+    the class has it, as a tuple of ints); ``ConfigError`` on a missing file or an unknown key.
+    ``what`` names the config in the error ("stage 0 config")."""
+    path = pathlib.Path(name_or_path)
+    if not path.is_file():
+        path = TINY_DIR / f"{name_or_path}.json"
+        if not path.is_file():
+            raise ConfigError(f"{what} {name_or_path!r}: neither a file nor a name in {TINY_DIR}")
+    d = config_fields(path, cls, overrides)
+    if "windows" in d:
+        d["windows"] = tuple(int(w) for w in d["windows"])
+    return cls(**d)
 
 
 def config_fields(path, cls, overrides: dict) -> dict:

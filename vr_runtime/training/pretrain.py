@@ -85,17 +85,8 @@ class PretrainConfig:
     def load(cls, name_or_path: str = "tiny_stage0", **overrides) -> "PretrainConfig":
         """A JSON file, or a name in ``training/configs`` (``tiny_stage0``); ``ConfigError`` on
         a missing file or an unknown key."""
-        from .config import TINY_DIR, ConfigError, config_fields
-        path = pathlib.Path(name_or_path)
-        if not path.is_file():
-            path = TINY_DIR / f"{name_or_path}.json"
-            if not path.is_file():
-                raise ConfigError(f"stage 0 config {name_or_path!r}: neither a file nor a name "
-                                  f"in {TINY_DIR} (e.g. tiny_stage0)")
-        d = config_fields(path, cls, overrides)
-        if "windows" in d:
-            d["windows"] = tuple(int(w) for w in d["windows"])
-        return cls(**d)
+        from .config import load_named_config
+        return load_named_config(cls, name_or_path, "stage 0 config", overrides)
 
 
 def random_frame_spec(rng: random.Random, cfg: PretrainConfig, size: int = 448) -> VideoSpec:

@@ -65,6 +65,25 @@ def _pack(Z, plan, grid, out, dest, backend="auto"):
     return vr_kernels.pool_pack(Z, list(plan), grid, out=out, dest=dest, backend=backend)
 
 
+def answer_sequence(bb, question: str, answer: str, plan):
+    """Prompt ids (the runtime's video prompt, chat template) + answer ids + end of turn, the
+    prompt's length, per-frame dest rows and the backbone's position ids (None: 1-D). The one
+    place a training sequence is laid out, so that it is the prompt ``answer()`` and
+    ``option_logprobs`` build for the same plan."""
+    from vr_kernels import pooled_counts
+    from ..prompt import plan_dest
+    counts = pooled_counts(plan, bb.grid)
+    ids, starts = bb.build_prompt(question, counts)
+    ids = ids.tolist()
+    ans = bb.tokenizer(answer, add_special_tokens=False)["input_ids"]
+    end = bb.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    full = ids + ans + [end]
+    dest = plan_dest(counts, starts)
+    kept_plan = [w for w, n in zip(plan, counts) if n]
+    pos = bb.position_ids(torch.tensor(full), kept_plan, starts)
+    return full, len(ids), dest, pos
+
+
 class Trainee(nn.Module):
     """model + routers with the stage's forward. ``batch`` is a list of example dicts:
     ``v`` (pre-projector features [T,256,4C], stages 1/3), ``q_ids`` (question ids [Lq]),
@@ -214,8 +233,7 @@ class Trainee(nn.Module):
     def random_plan(self, T: int, ex) -> Optional[List[int]]:
         """A plan that says nothing about the question: one window from ``random_plan_windows``
         for every frame (half the draws) or one per frame, within ``model_max_length`` (None
-        when it does not fit: the caller plans as usual). With ``random_plan_drop`` a random
-        share of the frames is dropped (config doc)."""
+        when it does not fit: the caller plans as usual)."""
         from vr_kernels import pooled_counts
         c = self.cfg
         ws = c.random_plan_windows
@@ -223,47 +241,12 @@ class Trainee(nn.Module):
             plan = [ws[int(torch.randint(len(ws), ()))]] * T
         else:
             plan = [ws[int(i)] for i in torch.randint(len(ws), (T,))]
-        if c.random_plan_drop:
-            kept = torch.rand(T) < torch.rand(())
-            if not bool(kept.any()) and ex.get("labels") is None:
-                kept[int(torch.randint(T, ()))] = True
-            plan = [w if k else 0 for w, k in zip(plan, kept.tolist())]
         need = sum(pooled_counts(plan, self.grid)) + self.bb.text_tokens(ex["question"], T) \
             + c.gen_tokens + c.margin
         return plan if need <= c.model_max_length else None
 
-    def shown_answer(self, ex, plan):
-        """``ex`` with the answer its plan leaves visible: ``dropped_evidence_answer`` when the
-        plan drops every frame labelled relevant, else ``ex`` itself."""
-        c = self.cfg
-        labels = ex.get("labels")
-        if c.dropped_evidence_answer is None or labels is None:
-            return ex
-        rel = [t for t, y in enumerate(labels.tolist()) if y > 0.5]
-        if rel and all(plan[t] == 0 for t in rel):
-            return dict(ex, answer=c.dropped_evidence_answer)
-        return ex
-
     def build_sequence(self, ex, plan):
-        """Prompt ids (the runtime's video prompt, chat template) + answer ids, per-frame dest
-        and the backbone's position ids (None: 1-D)."""
-        from vr_kernels import pooled_counts
-        counts = pooled_counts(plan, self.grid)
-        ids, starts = self.bb.build_prompt(ex["question"], counts)
-        ids = ids.tolist()
-        ans = self.tokenizer(ex["answer"], add_special_tokens=False)["input_ids"]
-        end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        full = ids + ans + [end]
-        dest, k = [], 0
-        for t, n in enumerate(counts):
-            if n:
-                dest.append(starts[k])
-                k += 1
-            else:
-                dest.append(0)  # dropped frame: no rows, dest unused
-        kept_plan = [w for w, n in zip(plan, counts) if n]
-        pos = self.bb.position_ids(torch.tensor(full), kept_plan, starts)
-        return full, len(ids), dest, pos
+        return answer_sequence(self.bb, ex["question"], ex["answer"], plan)
 
     def stage3(self, batch):
         c = self.cfg
@@ -285,7 +268,7 @@ class Trainee(nn.Module):
                 with torch.no_grad():  # the decision for every frame, without gradient
                     fr_all = self.routers.frame_logits(Z.detach(), q.detach()).float()
             plan, _ = self.training_plan(pol.detach()[0], fr_all, ex)
-            ids, n_prompt, dest, pos = self.build_sequence(self.shown_answer(ex, plan), plan)
+            ids, n_prompt, dest, pos = self.build_sequence(ex, plan)
             ids_t = torch.tensor(ids, device=Z.device)
             emb = self.embed(ids_t)                       # [L, D]; grad -> embed_tokens
             emb = self.pack(Z.to(emb.dtype), plan, self.grid, emb, dest)

@@ -1,0 +1,421 @@
+"""Tiny-only: the labeller that rule (a) scores with on the synthetic task.
+
+The paper builds frame labels with a pretrained VLM that answers from whatever frames it is shown
+(Appendix A): a frame is evidence when removing it loses the answer. The shipped tiny model is
+not such a model. It reads frames only under the plans its routers make (a few frames at full
+resolution among pooled ones), so it cannot be asked "what if this frame were gone" at the
+paper's reference, every frame at full resolution. This module trains one that can, from the
+shipped weights (or any tiny checkpoint), and is never run for a real checkpoint.
+
+Data: a fresh synthetic video for every example (``synthetic.sample_spec`` rendered, the frozen
+tower's features computed on the fly), so nothing is seen twice and nothing is memorised; its
+Fragment questions (each target's shape and, with ``all_absent_colors``, every absent color;
+never a distractor's color, which the task does not ask about), training wordings only.
+
+Plans: the ones rule (a) asks about with ``--mode drop``. A keep rate q ~ U(0, 1), so every
+number of kept frames is about equally likely, from none to all; each kept frame gets a window
+from ``windows`` (full resolution: the paper's reference). The answer is the one the kept frames
+support: the target's shape when one of its frames is kept, ``none`` otherwise (nothing of that
+color is on screen).
+
+Sequences: with ``conversation`` (default) a video's questions are the turns of one chat under
+one plan, so one forward pass supervises 3-5 answers; otherwise one sequence per question, each
+with its own plan. The first turn is the runtime's own prompt for the plan
+(``stages.answer_sequence``): what is trained is exactly what ``option_logprobs`` scores.
+
+Routing (``route_weight``, :class:`RouteSupervision`): plain fine-tuning on these plans learned
+to answer from up to about four full-resolution frames and then said ``none`` to every shape
+question at the reference (16 frames, 4,096 visual tokens; training README). Attention maps of
+the shipped model show why: its color words already attend to their color's tokens among all
+16 frames (layer 0, 90-99% of two heads' weight), but its answer row reads the frames directly,
+which only works when the plan highlights the evidence by resolution. So one head of layer 1 is
+also trained to look from each answer row at the question's color word, the one hop a
+pretrained VLM already makes.
+
+Trained: the LLM (embeddings, decoder, LM head); the projector with ``train_projector`` (off:
+Stage 0's phase A readout stays as it is); the vision tower is frozen.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import synthetic as S
+from .config import ConfigError
+
+FRAGMENT_CATEGORIES = ("object_shape", "absent_color")
+
+
+@dataclass
+class LabellerConfig:
+    init: str = "tiny"                 # the model to start from: "tiny" (shipped) or a folder
+    steps: int = 600
+    batch_size: int = 4                # videos per step; each brings its Fragment questions
+    learning_rate: float = 3e-4
+    warmup_steps: int = 30
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    windows: Tuple[int, ...] = (1,)    # window of a kept frame (1: full resolution)
+    keep_rate_alpha: float = 1.0       # keep rate q ~ Beta(alpha, 1); > 1 favours long plans
+    route_weight: float = 0.0          # RouteSupervision's weight (0: off)
+    route_layer: int = 1
+    route_head: int = 0
+    curriculum_steps: int = 0          # kept frames capped, the cap growing to all frames here
+    curriculum_start: int = 4          # the cap at step 0
+    train_projector: bool = False
+    conversation: bool = True          # a video's questions as turns of one sequence (one plan)
+    all_absent_colors: bool = True     # ask about every absent color, not only the task's one
+    num_frames: int = 16
+    heldout_videos: int = 40           # rendered from their own seed, never trained on
+    eval_every: int = 0                # 0: evaluate at the end only
+    seed: int = 0
+    threads: int = 0                   # torch threads (0: leave as is)
+    output_dir: str = "runs/tiny/labeller"
+    log_every: int = 10
+
+    @classmethod
+    def load(cls, name_or_path: str = "tiny_labeller", **overrides) -> "LabellerConfig":
+        """A JSON file, or a name in ``training/configs``; ``ConfigError`` on a missing file,
+        an unknown key or a bad value, before any model loads."""
+        from .config import load_named_config
+        cfg = load_named_config(cls, name_or_path, "labeller config", overrides)
+        cfg.check()
+        return cfg
+
+    def check(self) -> None:
+        for name in ("steps", "batch_size", "num_frames", "log_every"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ConfigError(f"labeller {name}: expected an int >= 1, got {v!r}")
+        for name in ("warmup_steps", "heldout_videos", "eval_every", "threads"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 0:
+                raise ConfigError(f"labeller {name}: expected an int >= 0, got {v!r}")
+        if not self.keep_rate_alpha > 0:
+            raise ConfigError(f"labeller keep_rate_alpha: expected > 0, got {self.keep_rate_alpha}")
+        if not self.learning_rate > 0:
+            raise ConfigError(f"labeller learning_rate: expected > 0, got {self.learning_rate}")
+        if not self.windows or any(w not in (1, 2, 4, 8, 16) for w in self.windows):
+            raise ConfigError(f"labeller windows: expected windows from 1, 2, 4, 8, 16, got "
+                              f"{list(self.windows)}")
+        need = 2 * 3 + 6   # sample_spec: two targets of up to 3 frames, up to 6 distractors
+        if self.num_frames < need:
+            raise ConfigError(f"labeller num_frames: the synthetic videos need >= {need}, got "
+                              f"{self.num_frames}")
+
+
+def video_features(bb, spec: S.VideoSpec) -> torch.Tensor:
+    """A spec rendered frame by frame -> the frozen tower's pre-projector features [T, N, C]."""
+    from vr_runtime.video import preprocess_frames
+    fs = bb.frame_spec
+    frames = np.stack([S.render_frame(spec, t) for t in range(spec.num_frames)])
+    px = preprocess_frames(frames, size=fs.size[0], mean=fs.mean, std=fs.std)
+    with torch.no_grad():
+        return torch.cat([f.float() for _, f in bb.vision_features(px, spec.num_frames)])
+
+
+def fragment_questions(spec: S.VideoSpec, rng: random.Random, phrasing: str = "train"):
+    """The video's Fragment questions: each target's shape and one absent color."""
+    return [q for q in S.questions(spec, rng, phrasing) if q["category"] in FRAGMENT_CATEGORIES]
+
+
+def video_questions(spec: S.VideoSpec, rng: random.Random, all_absent: bool = True):
+    """The training questions of one video in a random order: each target's shape and, with
+    ``all_absent``, every absent color (else the task's one). Never a distractor's color: the
+    task does not ask about it (its small shapes may differ from frame to frame)."""
+    qs = fragment_questions(spec, rng)
+    if all_absent:
+        absent = next(q for q in qs if q["category"] == "absent_color")
+        frag = S.phrasings("train")[0]
+        for color in spec.absent_colors():
+            if color != absent["color"]:
+                qs.append(dict(absent, color=color,
+                               question=rng.choice(frag).format(color=color)))
+    rng.shuffle(qs)
+    return qs
+
+
+def drop_plan(rng: random.Random, T: int, windows, alpha: float = 1.0,
+              max_kept: Optional[int] = None) -> List[int]:
+    """Keep rate q ~ Beta(alpha, 1) (alpha 1: uniform), each frame kept with probability q at a
+    window from ``windows``, else dropped (0); at most ``max_kept`` kept (a random subset of
+    them when more were drawn)."""
+    q = rng.random() ** (1.0 / alpha)   # inverse CDF of Beta(alpha, 1)
+    plan = [rng.choice(windows) if rng.random() < q else 0 for _ in range(T)]
+    kept = [t for t in range(T) if plan[t]]
+    if max_kept is not None and len(kept) > max_kept:
+        for t in rng.sample(kept, len(kept) - max_kept):
+            plan[t] = 0
+    return plan
+
+
+def kept_cap(cfg: "LabellerConfig", step: int) -> int:
+    """The length curriculum: at most ``curriculum_start`` kept frames at step 0, growing
+    linearly to every frame at ``curriculum_steps`` (0: no curriculum)."""
+    if not cfg.curriculum_steps or step >= cfg.curriculum_steps:
+        return cfg.num_frames
+    span = cfg.num_frames - cfg.curriculum_start
+    return cfg.curriculum_start + int(span * step / cfg.curriculum_steps)
+
+
+def visible_answer(q: dict, plan) -> str:
+    """The answer the plan's kept frames support: the shape when a frame of the queried color is
+    kept, ``none`` otherwise (an absent color's answer is ``none`` under every plan)."""
+    rel = [t for t, y in enumerate(q["frame_labels"]) if y]
+    return q["answer"] if any(plan[t] for t in rel) else S.ABSENT_ANSWER
+
+
+def conversation_loss(bb, Z: torch.Tensor, turns, plan, route: Optional["RouteSupervision"] = None
+                      ) -> Tuple[torch.Tensor, int, Optional[torch.Tensor]]:
+    """Summed cross-entropy of every answer (+ end of turn) of a conversation about one video
+    under one plan, the answer token count, and (with ``route``) the routing loss (mean over
+    the turns whose cue word is in the question; None otherwise). ``turns`` = [(question,
+    answer), ...] or [(question, answer, cue word), ...]: the first is the runtime's prompt for
+    ``plan`` (``stages.answer_sequence``, exactly what ``option_logprobs`` scores), the others
+    follow it as further turns of the chat template. One forward pass supervises every turn."""
+    import vr_kernels
+    from vr_runtime.prompt import render_chat
+    from .stages import answer_sequence
+    if not turns:
+        raise ValueError("turns: expected at least one (question, answer)")
+    tok = bb.tokenizer
+    q0, a0 = turns[0][:2]
+    ids, n_prompt, dest, _ = answer_sequence(bb, q0, a0, plan)
+    target = [-100] * n_prompt + ids[n_prompt:]
+    spans = [(0, n_prompt)]                    # each turn's prompt span: its question is in it
+    end = ids[-1]
+    for turn in turns[1:]:
+        q, a = turn[:2]
+        prompt = tok("\n" + render_chat(tok, q), add_special_tokens=False)["input_ids"]
+        ans = tok(a, add_special_tokens=False)["input_ids"] + [end]
+        spans.append((len(ids), len(ids) + len(prompt)))
+        ids = ids + prompt + ans
+        target += [-100] * len(prompt) + ans
+    kept = [t for t, w in enumerate(plan) if w]
+    pos = bb.position_ids(torch.tensor(ids), [plan[t] for t in kept], [dest[t] for t in kept])
+    ids_t = torch.tensor(ids, device=Z.device)
+    emb = bb.model.get_input_embeddings()(ids_t)
+    if kept:
+        emb = vr_kernels.pool_pack(Z.to(emb.dtype), list(plan), tuple(bb.grid), out=emb, dest=dest)
+    kw = {} if pos is None else {"position_ids": pos.to(emb.device)}
+    pairs = []                                 # (answer-predicting row, cue row) per turn
+    if route is not None:
+        for turn, (a, b) in zip(turns, spans):
+            cue = turn[2] if len(turn) > 2 else None
+            rows = [r for r in range(a, b) if cue and ids[r] == route.cue_id(tok, cue)]
+            if rows:
+                pairs.append((b - 1, rows[-1]))
+    with (route.capture(bb) if pairs else contextlib.nullcontext()) as captured:
+        h = bb.decoder()(inputs_embeds=emb[None], use_cache=False, return_dict=True,
+                         **kw).last_hidden_state[0]
+    at = torch.tensor([i for i, y in enumerate(target) if y != -100], device=Z.device)
+    logits = bb.lm_head()(h[at - 1])              # row i - 1 predicts token i
+    ce = F.cross_entropy(logits.float(), ids_t[at], reduction="sum")
+    r_loss = route.loss(bb, captured, pairs) if pairs else None
+    return ce, int(at.numel()), r_loss
+
+
+@dataclass
+class RouteSupervision:
+    """Tiny-only attention supervision: head ``head`` of decoder layer ``layer``, at the row that
+    predicts an answer, is trained to attend to the question's cue word (the queried color).
+
+    Why: the shipped tiny model's color words already select their color's tokens among all 16
+    full-resolution frames (layer 0), but its answer row reads the frames directly, which works
+    only when the evidence is highlighted by resolution, as in the plans its routers make. A
+    pretrained VLM routes the question to the answer; this teaches the tiny one that one hop,
+    which plain fine-tuning did not find (training README, labeller)."""
+    layer: int = 1
+    head: int = 0
+    weight: float = 1.0
+
+    @staticmethod
+    def cue_id(tok, word: str) -> Optional[int]:
+        ids = tok(" " + word, add_special_tokens=False)["input_ids"]
+        return ids[0] if len(ids) == 1 else None
+
+    @contextlib.contextmanager
+    def capture(self, bb):
+        """The layer's attention inputs (normed hidden states, rotary cos/sin) of one forward."""
+        attn = bb.decoder().layers[self.layer].self_attn
+        captured = {}
+
+        def hook(module, args, kwargs):
+            captured["h"] = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            captured["pe"] = kwargs["position_embeddings"] if "position_embeddings" in kwargs \
+                else args[1]
+
+        handle = attn.register_forward_pre_hook(hook, with_kwargs=True)
+        try:
+            yield captured
+        finally:
+            handle.remove()
+
+    def loss(self, bb, captured: dict, pairs) -> torch.Tensor:
+        """Mean -log attention weight of the supervised head from each answer row to its cue."""
+        from transformers.models.qwen2.modeling_qwen2 import rotate_half
+        attn = bb.decoder().layers[self.layer].self_attn
+        h, (cos, sin) = captured["h"][0], captured["pe"]
+        cos, sin = cos[0], sin[0]                                       # [L, hd]
+        rows = torch.tensor([r for r, _ in pairs], device=h.device)
+        hd = attn.head_dim
+        q = attn.q_proj(h[rows]).view(len(pairs), -1, hd)[:, self.head]          # [r, hd]
+        kv = self.head // attn.num_key_value_groups
+        k = attn.k_proj(h).view(h.shape[0], -1, hd)[:, kv]                        # [L, hd]
+        q = q * cos[rows] + rotate_half(q) * sin[rows]
+        k = k * cos + rotate_half(k) * sin
+        logits = (q @ k.T).float() * attn.scaling                                 # [r, L]
+        causal = torch.arange(h.shape[0], device=h.device)[None] > rows[:, None]
+        logp = torch.log_softmax(logits.masked_fill(causal, float("-inf")), -1)
+        cues = torch.tensor([c for _, c in pairs], device=h.device)
+        return -logp[torch.arange(len(pairs)), cues].mean()
+
+
+@torch.no_grad()
+def evaluate(bb, cfg: LabellerConfig, videos: int, seed: int) -> dict:
+    """Accuracy of the option rule (a) picks (the most likely of the three shapes and ``none``,
+    scored by ``option_logprobs`` as the label study scores) on ``videos`` held-out rendered
+    videos: at the reference (every frame kept at the finest window) and under one random drop
+    plan per question; by category, by question wording (training / held-out) and, for the
+    random plans, by number of kept frames."""
+    from vr_runtime.runtime import VideoRouter
+    from .labels import option_continuations
+    bb.model.eval()
+    vr = VideoRouter(bb, warmup_frames=0)
+    options = list(S.SHAPES) + [S.ABSENT_ANSWER]
+    conts = option_continuations(bb.tokenizer, options, "option-text")
+    rng = random.Random(f"labeller-heldout-{seed}")
+    counts: dict = {}
+    for _ in range(videos):
+        spec = S.sample_spec(rng, num_frames=cfg.num_frames)
+        Z = bb.project(video_features(bb, spec))
+        for q in fragment_questions(spec, rng, "mixed"):
+            ref = [min(cfg.windows)] * cfg.num_frames
+            rand = drop_plan(rng, cfg.num_frames, cfg.windows)
+            lp = vr.option_logprobs(Z, q["question"], [ref, rand], conts)
+            kept = sum(w > 0 for w in rand)
+            bucket = f"random_drop/kept_{4 * ((kept - 1) // 4) + 1}-{4 * ((kept - 1) // 4) + 4}" \
+                if kept else "random_drop/kept_0"
+            for plan_name, plan, row in (("reference", ref, lp[0]), ("random_drop", rand, lp[1])):
+                ok = options[int(row.argmax())] == visible_answer(q, plan)
+                keys = [f"{plan_name}/{q['category']}", f"{plan_name}/phrasing_{q['phrasing']}",
+                        plan_name] + ([bucket] if plan is rand else [])
+                for key in keys:
+                    c = counts.setdefault(key, [0, 0])
+                    c[0] += int(ok)
+                    c[1] += 1
+    return {k: {"accuracy": round(a / n, 4), "questions": n} for k, (a, n) in sorted(counts.items())}
+
+
+def train_labeller(cfg: LabellerConfig, progress: bool = True, results: Optional[str] = None,
+                   command: str = "") -> dict:
+    """Train from ``cfg.init``; writes ``output_dir/hf`` (the model ``label-study --model``
+    loads), ``model.safetensors``, ``log.jsonl`` and ``metrics.json``; with ``results``, the same
+    metrics with device, date, versions and ``command`` (a committed results file)."""
+    from transformers import get_cosine_schedule_with_warmup
+    from vr_runtime.backbones import load_backbone
+    from .loop import save_llm
+    cfg.check()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    bb = load_backbone(cfg.init, device="cpu", dtype=torch.float32)
+    from vr_runtime.backbones.internvl3 import InternVL3Backbone
+    if not isinstance(bb, InternVL3Backbone):
+        raise ConfigError(f"labeller init {cfg.init!r}: the synthetic labeller is tiny-InternVL3 "
+                          f"only (got {type(bb).__name__})")
+    frozen = set(id(p) for p in bb.vision_tower().parameters())
+    if not cfg.train_projector:
+        frozen |= set(id(p) for p in bb.projector().parameters())
+    params = []
+    for p in bb.model.parameters():
+        p.requires_grad_(id(p) not in frozen)
+        if id(p) not in frozen:
+            params.append(p)
+    opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+
+    sched = get_cosine_schedule_with_warmup(opt, cfg.warmup_steps, cfg.steps)
+    route = RouteSupervision(cfg.route_layer, cfg.route_head, cfg.route_weight) \
+        if cfg.route_weight else None
+    os.makedirs(cfg.output_dir, exist_ok=True)
+    rng = random.Random(f"labeller-train-{cfg.seed}")
+    history = []
+    t0 = time.time()
+    with open(os.path.join(cfg.output_dir, "log.jsonl"), "w") as log:
+        for step in range(cfg.steps):
+            bb.model.train()
+            total, n_tok, r_total, r_n = 0.0, 0, 0.0, 0
+            opt.zero_grad(set_to_none=True)
+            for _ in range(cfg.batch_size):
+                spec = S.sample_spec(rng, num_frames=cfg.num_frames)
+                V = video_features(bb, spec)
+                with torch.set_grad_enabled(cfg.train_projector):
+                    Z = bb.project(V)
+                qs = video_questions(spec, rng, cfg.all_absent_colors)
+                convs = [qs] if cfg.conversation else [[q] for q in qs]
+                for conv in convs:
+                    plan = drop_plan(rng, cfg.num_frames, cfg.windows, cfg.keep_rate_alpha,
+                                     kept_cap(cfg, step))
+                    turns = [(q["question"], visible_answer(q, plan), q["color"]) for q in conv]
+                    ce, n, r_loss = conversation_loss(bb, Z, turns, plan, route)
+                    loss = ce             # divided by the step's answer tokens below
+                    if r_loss is not None:   # weighted like its sequence's answer tokens
+                        loss = loss + route.weight * n * r_loss
+                        r_total += r_loss.item()
+                        r_n += 1
+                    loss.backward()   # per sequence: one graph alive at a time
+                    total += ce.item()
+                    n_tok += n
+            for p in params:          # the mean over the step's answer tokens
+                if p.grad is not None:
+                    p.grad.div_(max(n_tok, 1))
+            torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            opt.step()
+            sched.step()
+            if step % cfg.log_every == 0 or step == cfg.steps - 1:
+                rec = {"step": step, "loss": round(total / max(n_tok, 1), 4),
+                       **({"route_loss": round(r_total / r_n, 4)} if r_n else {}),
+                       "lr": sched.get_last_lr()[0], "elapsed_s": round(time.time() - t0, 1)}
+                log.write(json.dumps(rec) + "\n")
+                log.flush()
+                if progress:
+                    print(json.dumps({"labeller": rec}), flush=True)
+            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+                ev = evaluate(bb, cfg, cfg.heldout_videos, cfg.seed)
+                history.append({"step": step + 1, **{k: v["accuracy"] for k, v in ev.items()}})
+                log.write(json.dumps({"eval": history[-1]}) + "\n")
+                if progress:
+                    print(json.dumps({"labeller_eval": history[-1]}), flush=True)
+    train_s = time.time() - t0
+    metrics = evaluate(bb, cfg, cfg.heldout_videos, cfg.seed) if cfg.heldout_videos else {}
+    save_llm(bb.model, bb.tokenizer, cfg.output_dir)
+    result = {"metrics": metrics, "history": history, "global_step": cfg.steps,
+              "train_s": round(train_s, 1), "config": dataclasses.asdict(cfg)}
+    with open(os.path.join(cfg.output_dir, "metrics.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    if results:
+        from vr_runtime.eval.runner import environment
+        os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
+        tmp = results + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"what": "the synthetic task's labeller (vr_runtime/training/labeller.py): "
+                               "option accuracy on held-out rendered videos, at the reference "
+                               "(every frame at full resolution) and under random drop plans",
+                       "command": command, **environment(),
+                       "torch_threads": torch.get_num_threads(), **result}, f, indent=2)
+        os.replace(tmp, results)
+    return result
+
+
+__all__ = ["LabellerConfig", "train_labeller", "evaluate", "drop_plan", "visible_answer",
+           "conversation_loss", "video_questions", "video_features", "fragment_questions"]
