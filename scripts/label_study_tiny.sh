@@ -7,7 +7,8 @@
 #   2. label-study: rule (a) at the paper's reference (every frame at full resolution, ablation
 #      by dropping, margin 1 nat, the validation filter correcting the labels) on 80 synthetic
 #      videos -> bench/results/label_study.json and STUDY/counterfactual_relevance.jsonl;
-#   3. Stage 1 from those labels vs from the generator's -> bench/results/stage1_from_labels.json.
+#   3. Stage 1 from those labels vs from the generator's -> bench/results/stage1_from_labels.json;
+#   then steps 2-3 again with --rule minimal-set. About 50 minutes on 2 CPU cores in all.
 #   scripts/label_study_tiny.sh [TINY_DIR] [STUDY_DIR]   (defaults runs/tiny, runs/label_study;
 #   TINY_DIR is a finished scripts/train_tiny.sh run: its data, and Stage 0's model for step 3)
 set -euo pipefail
@@ -27,9 +28,11 @@ python -m vr_runtime.training label-study --model "$TINY/labeller/hf" --work "$S
     --results bench/results/label_study.json --videos-count 80 --mode drop --margin 1.0
 python scripts/stage1_from_labels.py --study "$STUDY" --tiny "$TINY"
 # The same with --rule minimal-set: the validated greedy sets alone, without single-frame
-# necessity (whose drops this labeller's noise dominates; see the training README).
+# necessity (whose single-frame drops add false positives; see the training README).
 python -m vr_runtime.training label-study --model "$TINY/labeller/hf" --work "$STUDY-minimal-set" \
     --results bench/results/label_study_minimal_set.json --videos-count 80 --mode drop \
     --margin 1.0 --rule minimal-set
 python scripts/stage1_from_labels.py --study "$STUDY-minimal-set" --tiny "$TINY" \
     --out bench/results/stage1_from_labels_minimal_set.json
+# Where the shipped model and the labeller look (the reason for the labeller's route supervision).
+python scripts/attention_probe_tiny.py --models tiny "$TINY/labeller/hf"

@@ -26,11 +26,12 @@ with its own plan. The first turn is the runtime's own prompt for the plan
 Routing (``route_weight``, :class:`RouteSupervision`): plain fine-tuning on these plans learned
 to answer from up to about four full-resolution frames and then said ``none`` to every shape
 question at the reference (16 frames, 4,096 visual tokens; training README). Attention maps of
-the shipped model show why: its color words already attend to their color's tokens among all
-16 frames (layer 0, 90-99% of two heads' weight), but its answer row reads the frames directly,
-which only works when the plan highlights the evidence by resolution. So one head of layer 1 is
-also trained to look from each answer row at the question's color word, the one hop a
-pretrained VLM already makes.
+the shipped model show why (``scripts/attention_probe_tiny.py``): among all 16 frames its color
+words already attend to their color's object (layer 0, about half of two heads' weight on the
+object's cells, a few percent of the rows), but its answer row reads the frames directly and
+never the color word, which only works when the plan highlights the evidence by resolution. So
+one head of layer 1 is also trained to look from each answer row at the question's color word,
+the one hop a pretrained VLM already makes.
 
 Trained: the LLM (embeddings, decoder, LM head); the projector with ``train_projector`` (off:
 Stage 0's phase A readout stays as it is); the vision tower is frozen.
@@ -234,7 +235,7 @@ class RouteSupervision:
     full-resolution frames (layer 0), but its answer row reads the frames directly, which works
     only when the evidence is highlighted by resolution, as in the plans its routers make. A
     pretrained VLM routes the question to the answer; this teaches the tiny one that one hop,
-    which plain fine-tuning did not find (training README, labeller)."""
+    which plain fine-tuning did not find (training README, "The labeller")."""
     layer: int = 1
     head: int = 0
     weight: float = 1.0
