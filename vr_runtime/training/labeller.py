@@ -67,12 +67,9 @@ class LabellerConfig:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     windows: Tuple[int, ...] = (1,)    # window of a kept frame (1: full resolution)
-    keep_rate_alpha: float = 1.0       # keep rate q ~ Beta(alpha, 1); > 1 favours long plans
     route_weight: float = 0.0          # RouteSupervision's weight (0: off)
     route_layer: int = 1
     route_head: int = 0
-    curriculum_steps: int = 0          # kept frames capped, the cap growing to all frames here
-    curriculum_start: int = 4          # the cap at step 0
     train_projector: bool = False
     conversation: bool = True          # a video's questions as turns of one sequence (one plan)
     all_absent_colors: bool = True     # ask about every absent color, not only the task's one
@@ -102,8 +99,6 @@ class LabellerConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ConfigError(f"labeller {name}: expected an int >= 0, got {v!r}")
-        if not self.keep_rate_alpha > 0:
-            raise ConfigError(f"labeller keep_rate_alpha: expected > 0, got {self.keep_rate_alpha}")
         if not self.learning_rate > 0:
             raise ConfigError(f"labeller learning_rate: expected > 0, got {self.learning_rate}")
         if not self.windows or any(w not in (1, 2, 4, 8, 16) for w in self.windows):
@@ -146,27 +141,11 @@ def video_questions(spec: S.VideoSpec, rng: random.Random, all_absent: bool = Tr
     return qs
 
 
-def drop_plan(rng: random.Random, T: int, windows, alpha: float = 1.0,
-              max_kept: Optional[int] = None) -> List[int]:
-    """Keep rate q ~ Beta(alpha, 1) (alpha 1: uniform), each frame kept with probability q at a
-    window from ``windows``, else dropped (0); at most ``max_kept`` kept (a random subset of
-    them when more were drawn)."""
-    q = rng.random() ** (1.0 / alpha)   # inverse CDF of Beta(alpha, 1)
-    plan = [rng.choice(windows) if rng.random() < q else 0 for _ in range(T)]
-    kept = [t for t in range(T) if plan[t]]
-    if max_kept is not None and len(kept) > max_kept:
-        for t in rng.sample(kept, len(kept) - max_kept):
-            plan[t] = 0
-    return plan
-
-
-def kept_cap(cfg: "LabellerConfig", step: int) -> int:
-    """The length curriculum: at most ``curriculum_start`` kept frames at step 0, growing
-    linearly to every frame at ``curriculum_steps`` (0: no curriculum)."""
-    if not cfg.curriculum_steps or step >= cfg.curriculum_steps:
-        return cfg.num_frames
-    span = cfg.num_frames - cfg.curriculum_start
-    return cfg.curriculum_start + int(span * step / cfg.curriculum_steps)
+def drop_plan(rng: random.Random, T: int, windows) -> List[int]:
+    """Keep rate q ~ U(0, 1), each frame kept with probability q at a window from ``windows``,
+    else dropped (0)."""
+    q = rng.random()
+    return [rng.choice(windows) if rng.random() < q else 0 for _ in range(T)]
 
 
 def visible_answer(q: dict, plan) -> str:
@@ -212,8 +191,8 @@ def conversation_loss(bb, Z: torch.Tensor, turns, plan, route: Optional["RouteSu
     pairs = []                                 # (answer-predicting row, cue row) per turn
     if route is not None:
         for turn, (a, b) in zip(turns, spans):
-            cue = turn[2] if len(turn) > 2 else None
-            rows = [r for r in range(a, b) if cue and ids[r] == route.cue_id(tok, cue)]
+            cue = route.cue_id(tok, turn[2]) if len(turn) > 2 else None   # once per turn
+            rows = [r for r in range(a, b) if ids[r] == cue] if cue is not None else []
             if rows:
                 pairs.append((b - 1, rows[-1]))
     with (route.capture(bb) if pairs else contextlib.nullcontext()) as captured:
@@ -365,8 +344,7 @@ def train_labeller(cfg: LabellerConfig, progress: bool = True, results: Optional
                 qs = video_questions(spec, rng, cfg.all_absent_colors)
                 convs = [qs] if cfg.conversation else [[q] for q in qs]
                 for conv in convs:
-                    plan = drop_plan(rng, cfg.num_frames, cfg.windows, cfg.keep_rate_alpha,
-                                     kept_cap(cfg, step))
+                    plan = drop_plan(rng, cfg.num_frames, cfg.windows)
                     turns = [(q["question"], visible_answer(q, plan), q["color"]) for q in conv]
                     ce, n, r_loss = conversation_loss(bb, Z, turns, plan, route)
                     loss = ce             # divided by the step's answer tokens below

@@ -39,7 +39,6 @@ import dataclasses
 import json
 import math
 import os
-import pathlib
 import random
 import time
 from dataclasses import dataclass
