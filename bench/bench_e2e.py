@@ -12,6 +12,10 @@ Rows (one VideoRouter.answer call each, on the same random video tensor):
   Uniform pooling           one window for all frames, the finest that fits (1x2 at 64 frames)
   VideoRouter (s=2,4)       the paper's default: s_g=2 (Global), s1=1 (relevant), s0=4 (others)
   VideoRouter (s=4,8)       the paper's coarser row: s_g=4, s1=1, s0=8
+  CLIP relevance pooling    frame-question similarity from a frozen CLIP model; the top k frames
+                            at s1=1, the rest at s0=4, k = the VideoRouter rows' relevant count
+                            (token-matched, as the paper's 7,936 vs 7,748 tokens); CLIP's
+                            forward passes are timed in the router stage (the paper's 0.2 s)
 
 What is measured, and how:
 * Model: random weights in the exact shape of InternVL3-1B/2B/8B (vr_runtime/configs), paired with
@@ -24,6 +28,9 @@ What is measured, and how:
   forward passes (shadow stack + heads, every frame) in the timed router stage and only their
   decisions are replaced, so the router time in TTFT is real. With trained router weights
   (--routers with ``trained`` set) the routers decide, with ``policy="auto"``.
+* CLIP: the paper does not name its CLIP model; without --clip PATH the row runs a random-weight
+  CLIPModel in the shape of openai/clip-vit-base-patch16 (GPU) or a 2-layer toy (CPU mode),
+  paired with the benchmark's tokenizer; timings depend on shapes, not weight values.
 * Shadow stack: 4 decoder layers, as in the paper. For a reduced decoder (--text-layers, or the
   4-layer tiny preset of the CPU mode) the stack is reduced in proportion (4/28 of the depth, at
   least 1), so that the router's cost relative to the LLM stays that of the full-size model;
@@ -42,7 +49,10 @@ What is measured, and how:
   stack is ~1.9 GB at 8B); the VideoRouter rows count them. On CPU: the process RSS peak
   (weights included), with freed heap returned to the OS between rows.
 * Batch: B different videos per row through the runtime's ``answer_batch`` when it has one
-  (else B ``answer`` calls); total and per-video wall time, peak memory over the batch.
+  (else B ``answer`` calls): one batched prefill and decode by default, ``--no-batch-prefill``
+  the videos one after another; total and per-video wall time, peak memory over the batch.
+* ``--decoding`` picks VideoRouter's decode mode (vr_runtime.decode); the rows report the mode
+  used and ``decode_ms_per_token``. ``--router-pool`` reaches every row that runs the routers.
 * Targets (issue): on an H100/H200 at 8B / 64 frames / 12,288, VideoRouter (1,4) TTFT <= 0.40x
   Dense and <= 1.0 s, routers <= 8% of its TTFT, peak memory <= 20 GB; evaluated and printed
   only for such a run, and never for CPU figures.
@@ -82,6 +92,9 @@ POLICIES = [
     # The paper's rows "VideoRouter (s=2,4)" (its default) and "(s=4,8)": (s_g, s0) with s1 = 1.
     ("vr24", "VideoRouter (s=2,4) default", dict(policy="fragment", high=1, low=4, global_scale=2)),
     ("vr48", "VideoRouter (s=4,8)", dict(policy="fragment", high=1, low=8, global_scale=4)),
+    # scorer "clip": MatchedCLIPScorer (below), built once per run by clip_scorer()
+    ("clip", "CLIP relevance pooling", dict(policy="fragment", high=1, low=4, global_scale=2,
+                                            scorer="clip")),
 ]
 PAPER_FRAMES, PAPER_BUDGET, PAPER_RELEVANT = 64, 12288, 28
 SWEEP_FRAMES = (16, 32, 64, 128, 256)
@@ -135,8 +148,17 @@ def parse_args(argv=None):
     ap.add_argument("--policies", default=",".join(k for k, _, _ in POLICIES),
                     help="rows to run, a subset of " + ",".join(k for k, _, _ in POLICIES))
     ap.add_argument("--router-pool", type=int, help="window applied to Z_t before the Image Router "
-                    "(passed to answer(router_pool=); default: the routers' own setting)")
+                    "(reaches the Image Router on every VideoRouter row; the results record the "
+                    "pool the answers report; default: the routers' own setting)")
     ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--clip", metavar="PATH", help="a local CLIPModel/SiglipModel directory for "
+                    "the CLIP row (default: random weights in CLIP ViT-B/16's shape)")
+    ap.add_argument("--decoding", choices=("auto", "dynamic", "static", "graph"), default="auto",
+                    help="VideoRouter(decoding=): auto = the eager dynamic cache; graph = CUDA "
+                    "graphs over a static KV cache, opt-in (vr_runtime.decode)")
+    ap.add_argument("--no-batch-prefill", action="store_true",
+                    help="batch sweep: answer_batch(batch_prefill=False), the videos one after "
+                    "another (default: one batched prefill and decode)")
     ap.add_argument("--margin", type=int, default=100, help="safety margin epsilon of the budget")
     ap.add_argument("--dtype", choices=("bf16", "fp16", "fp32"))
     ap.add_argument("--cpu", action="store_true", help="CPU mode (the default without CUDA)")
@@ -183,6 +205,8 @@ def finish_args(args, ap):
     bad = [p for p in args.policies if p not in keys]
     if bad or not args.policies:
         ap.error(f"--policies: unknown {bad}; choose from {','.join(keys)}")
+    if args.clip is not None and not pathlib.Path(args.clip).is_dir():
+        ap.error(f"--clip {args.clip!r}: no such directory")
     if "dense" not in args.policies:
         args.policies.insert(0, "dense")  # ratios and the text-token count need the Dense row
     for n in ("text_layers", "vision_layers", "router_layers"):
@@ -252,20 +276,21 @@ def build(args, device, dtype):
     rc = RouterConfig(num_layers=k) if k else None
     if args.model:
         return VideoRouter.from_pretrained(args.model, routers=args.routers, device=device,
-                                           dtype=dtype, router_config=rc)
+                                           dtype=dtype, router_config=rc, decoding=args.decoding)
     if args.shape == "tiny":
         if args.routers:
             return VideoRouter.from_pretrained("tiny", routers=args.routers, device=device,
-                                               dtype=dtype)
+                                               dtype=dtype, decoding=args.decoding)
         # from_pretrained("tiny") would pick up the shipped trained routers, which decide on the
         # synthetic task's frames; the benchmark feeds random frames, so it keeps its fixed
         # relevance protocol (untrained routers, decisions imposed) unless --routers is given.
         from vr_runtime.backbones import load_backbone
         from vr_runtime.routers import Routers
         lm = load_backbone("tiny", device=device, dtype=dtype)
-        return VideoRouter(lm, Routers.from_backbone(lm, rc))
+        return VideoRouter(lm, Routers.from_backbone(lm, rc), decoding=args.decoding)
     return VideoRouter.from_config(shape_config(args), routers=args.routers, device=device,
-                                   dtype=dtype, seed=args.seed, router_config=rc)
+                                   dtype=dtype, seed=args.seed, router_config=rc,
+                                   decoding=args.decoding)
 
 
 def routers_trained(vr) -> bool:
@@ -284,6 +309,71 @@ def relevance_pattern(num_frames: int, frac: float, kind: str) -> List[bool]:
         start = (num_frames - k) // 2
         keep = set(range(start, start + k))
     return [t in keep for t in range(num_frames)]
+
+
+# ----------------------------------------------------------------------------- CLIP row
+# CLIP ViT-B/16's shape (openai/clip-vit-base-patch16) and a toy for the CPU mode.
+CLIP_SHAPES = {
+    "b16": dict(text=dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=12,
+                          num_attention_heads=8),
+                vision=dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+                            num_attention_heads=12, image_size=224, patch_size=16),
+                projection_dim=512),
+    "toy": dict(text=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=2),
+                vision=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                            num_attention_heads=2, image_size=224, patch_size=32),
+                projection_dim=64),
+}
+
+
+def _matched_clip_class():
+    from vr_runtime.scorers import FrameScorer, FrameScores
+
+    class MatchedCLIPScorer(FrameScorer):
+        """CLIP similarities (really computed, timed as routing); the ``k`` most similar
+        frames are relevant, so the row keeps as many frames at s1 as the VideoRouter rows."""
+        name = "clip"
+        needs_z = False
+        uses_routers = False
+
+        def __init__(self, clip, k: int):
+            self.clip, self.k = clip, int(k)
+
+        def score(self, vr, inp):
+            sims = self.clip.similarities(inp.pixel_values, vr.lm.frame_spec, inp.question)
+            k = min(self.k, int(sims.numel()))
+            top = set(torch.topk(sims, k).indices.tolist()) if k else set()
+            return FrameScores([t in top for t in range(int(sims.numel()))],
+                               [float(x) for x in sims], self.name)
+
+    return MatchedCLIPScorer
+
+
+def clip_model(args, vr):
+    """The CLIPScorer of the CLIP row: --clip, else random weights (shape per mode)."""
+    from vr_runtime.scorers import CLIPScorer
+    dev, dt = vr.lm.device, vr.lm.dtype
+    if args.clip:
+        return CLIPScorer.from_pretrained(args.clip, device=dev, dtype=dt)
+    from transformers import CLIPConfig, CLIPModel
+    shape = CLIP_SHAPES["toy" if args.cpu else "b16"]
+    tok = vr.lm.tokenizer
+    cfg = CLIPConfig(text_config=dict(shape["text"], vocab_size=len(tok),
+                                      max_position_embeddings=77),
+                     vision_config=shape["vision"], projection_dim=shape["projection_dim"])
+    torch.manual_seed(args.seed)
+    model = CLIPModel(cfg).to(device=dev, dtype=dt)
+    return CLIPScorer(model, tok, shape["vision"]["image_size"],
+                      (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
+
+
+def clip_scorer(args, vr, num_frames: int):
+    """The CLIP row's scorer at ``num_frames``: k = the fixed pattern's relevant count."""
+    if getattr(args, "_clip", None) is None:
+        args._clip = clip_model(args, vr)
+    k = sum(relevance_pattern(num_frames, args.relevant_frac, args.relevance))
+    return _matched_clip_class()(args._clip, k)
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -351,9 +441,13 @@ def answer_kwargs(args, num_frames: int, max_length: int, budget: int, kw: dict,
                margin=args.margin, **kw)
     if kw.get("policy") != "dense":
         out["budget"] = budget
-    if kw.get("policy") == "fragment":
+    if kw.get("scorer") == "clip":
+        out["scorer"] = clip_scorer(args, args._vr, num_frames)
+    elif kw.get("policy") == "fragment":
         if relevant is not None:
-            out["scorer"] = FixedRelevance(relevant, run_routers=True)
+            # the pool goes to the scorer: answer(router_pool=) only reaches the default one
+            out["scorer"] = FixedRelevance(relevant, run_routers=True,
+                                           router_pool=args.router_pool)
         else:
             out["policy"] = "auto"
             if args.router_pool is not None:
@@ -384,6 +478,13 @@ def call(vr, dev: Device, video, args, max_length: int, budget: int, kw: dict, r
     return rep
 
 
+def used_router_pool(rows: List[dict]):
+    """The Image Router window the rows' answers report (one value, a sorted list when rows
+    differ, None when no row ran the Image Router)."""
+    pools = sorted({r["router_pool"] for r in rows if r.get("router_pool") is not None})
+    return pools[0] if len(pools) == 1 else (pools or None)
+
+
 def _norm(w):
     """A window as JSON writes it (1, [1, 2]) or as the planner returns it (1, (1, 2)) -> tuple."""
     if isinstance(w, (list, tuple)):
@@ -412,6 +513,12 @@ def summarise(reports: List[dict]) -> dict:
         router_pool=last.get("router_pool"), generated_tokens=last.get("generated_tokens"),
         router_s=t("router"), vision_s=vision, compress_s=compress, vision_compress_s=vc,
         prefill_s=t("prefill"), ttft_s=t("ttft"), generate_s=t("generate"),
+        # decode steps after the prefill's token; the first step of a run includes the copy
+        # into the static cache (static/graph decoding)
+        decode_ms_per_token=median([1e3 * r["timings_s"]["generate"] / (r["generated_tokens"] - 1)
+                                    for r in reports if (r.get("generated_tokens") or 0) > 1
+                                    and r.get("timings_s", {}).get("generate") is not None]),
+        decoding=last.get("decoding"),
         total_s=median([r["_wall_s"] for r in reports]),
         ttft_min_s=min(x for x in ttfts if x is not None) if any(x is not None for x in ttfts) else None,
         ttft_max_s=max(x for x in ttfts if x is not None) if any(x is not None for x in ttfts) else None,
@@ -427,11 +534,15 @@ def measure_row(vr, dev, args, video, key, label, kw, *, sweep, budget, max_leng
     row = dict(sweep=sweep, policy=key, label=label, frames=int(video.shape[0]), budget=budget,
                batch=1, max_length=max_length)
     fragment = kw.get("policy") == "fragment"
+    routed = fragment and kw.get("scorer") != "clip"     # the CLIP row does not use the routers
     rel = relevant if fragment else None
     if fragment:
         row["relevant"] = None if rel is None else sum(rel)
+    if kw.get("scorer") == "clip":
+        row["relevant"] = sum(relevance_pattern(int(video.shape[0]), args.relevant_frac,
+                                                args.relevance))
     try:
-        with e2e_memory.routers_offloaded(vr, enabled=dev.cuda and not fragment):
+        with e2e_memory.routers_offloaded(vr, enabled=dev.cuda and not routed):
             dev.release()
             for _ in range(args.warmup):
                 call(vr, dev, video, args, max_length, budget, kw, rel)
@@ -451,7 +562,7 @@ def measure_row(vr, dev, args, video, key, label, kw, *, sweep, budget, max_leng
         row["nvml_peak_gb"] = row.pop("outside_peak_gb")
     else:
         row["peak_mem_gb"] = row.pop("outside_peak_gb")  # CPU: process RSS peak
-    if fragment and rel is None and row.get("scales") is not None:
+    if routed and rel is None and row.get("scales") is not None:
         row["relevant"] = sum(1 for s in row["scales"] if _norm(s) == _norm(kw["high"]))
     return row
 
@@ -503,14 +614,17 @@ def run_batch(vr, dev, args, rows, text_cache) -> None:
             if key not in args.policies:
                 continue
             fragment = kw.get("policy") == "fragment"
+            routed = fragment and kw.get("scorer") != "clip"
             rel = relevant if fragment else None
             row = dict(sweep="batch", policy=key, label=label, frames=frames, budget=budget, batch=B,
-                       batch_mode=("answer_batch (the runtime answers the videos one after "
-                                   "another; its decode prefetch does not apply to tensors)")
-                       if batched else "sequential answer() calls (no answer_batch)",
+                       batch_mode=(("answer_batch(batch_prefill=False): the videos one after "
+                                    "another" if args.no_batch_prefill else
+                                    "answer_batch: stages per video, then one batched prefill "
+                                    "and decode")
+                                   if batched else "sequential answer() calls (no answer_batch)"),
                        max_length=max_length)
             try:
-                with e2e_memory.routers_offloaded(vr, enabled=dev.cuda and not fragment):
+                with e2e_memory.routers_offloaded(vr, enabled=dev.cuda and not routed):
                     dev.release()
                     runs = [batch_call(vr, dev, args, videos[:B], max_length, budget, kw, rel,
                                        batched)
@@ -542,8 +656,9 @@ def batch_call(vr, dev, args, videos, max_length, budget, kw, rel, batched):
         dev.sync()
         t0 = time.perf_counter()
         if batched:  # the runtime's batched entry point, when it has one
-            res = vr.answer_batch(videos, args.question, **answer_kwargs(
-                args, int(videos[0].shape[0]), max_length, budget, kw, rel))
+            res = vr.answer_batch(videos, args.question,
+                                  batch_prefill=not args.no_batch_prefill, **answer_kwargs(
+                                      args, int(videos[0].shape[0]), max_length, budget, kw, rel))
             got = [r.report for r in res]
         else:
             got = [answer(vr, v, args, max_length, budget, kw, rel).report for v in videos]
@@ -608,6 +723,7 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     vr = build(args, device, dtype)
+    args._vr, args._clip = vr, None      # the CLIP row's scorer is built on first use
     build_s = time.perf_counter() - t0
     dev = Device(device)
     trained = routers_trained(vr)
@@ -649,8 +765,11 @@ def main(argv=None) -> int:
         relevant_frac=args.relevant_frac, sweep=args.sweep, sweep_frames=args.sweep_frames,
         sweep_budgets=args.sweep_budgets, batch_sizes=args.batch_sizes,
         router_layers=getattr(getattr(vr.routers, "config", None), "num_layers", None),
-        router_pool=(args.router_pool if args.router_pool is not None else
-                     getattr(getattr(vr.routers, "config", None), "router_pool", None)),
+        decoding=getattr(getattr(vr, "greedy", None), "mode", None),
+        batch_prefill=not args.no_batch_prefill,
+        router_pool_requested=args.router_pool,
+        # the pool the Image Router actually ran at, from the answers' own reports
+        router_pool=used_router_pool(rows),
         router_mode=("Semantic + Image Router run, decisions imposed" if not trained else
                      "trained routers decide (policy 'auto')"),
         router_mode_detail=("policy 'auto' inside e2e_override.forced_routing: both routers' full "

@@ -124,7 +124,7 @@ def pending_markdown(device: str, reason: str) -> str:
     """The GPU rows of BENCHMARKS.md before anyone has measured them: no figure, a reason."""
     head = [h for _, h, _ in COLUMNS]
     labels = ["Dense", "Budget (InternVL3*)", "Uniform pooling", "VideoRouter (s=2,4) default",
-              "VideoRouter (s=4,8)"]
+              "VideoRouter (s=4,8)", "CLIP relevance pooling"]
     out = [f"**{device}**: {reason}", "",
            "| " + " | ".join(head) + " |",
            "|" + "|".join(":--" if i == 0 else "--:" for i in range(len(head))) + "|"]

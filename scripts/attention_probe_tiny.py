@@ -92,7 +92,7 @@ def main(argv=None):
         if m != "tiny" and not os.path.isdir(m):
             sys.exit(f"--models: {m!r} is not a directory (train it: python -m "
                      f"vr_runtime.training labeller)")
-    from vr_runtime.eval.runner import environment
+    from vr_runtime.environment import environment
     res = {"what": "mean attention weight per head (list: heads 0..3) of each decoder layer on the "
                    "queried target's tokens (cell coverage > 0.5), from the question's color word "
                    "and from the answer row, and of the answer row on the color word; rendered "

@@ -15,7 +15,7 @@ default runs/tiny) into ``WORK/stage3`` and ``WORK/stage3b``; ``--freeze-project
         --results OUT.json --videos-count 20 --mode drop --margin 1.0
 
 The models behind ``bench/results/*random_plans*.json``; the shipped weights do not use it
-(vr_runtime/training/README.md, "Shipped tiny weights").
+(docs/TRAINING_STUDIES.md, "Shipped tiny weights").
 """
 import argparse
 import json

@@ -1,4 +1,4 @@
-"""Fused variable-scale mean pooling + ragged packing for VideoRouter (SPEC section 1).
+"""Fused variable-scale mean pooling + ragged packing for VideoRouter (docs/CONTRACT.md section 1).
 
 ``pool_pack`` dispatches to Triton kernels on CUDA (and on CPU under ``TRITON_INTERPRET=1``),
 or to a vectorised PyTorch path on CPU; ``reference`` is the plain per-frame implementation.

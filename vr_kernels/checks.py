@@ -1,4 +1,4 @@
-"""Host-side validation of ``pool_pack`` arguments (SPEC section 1), done before any launch.
+"""Host-side validation of ``pool_pack`` arguments (docs/CONTRACT.md section 1), done before any launch.
 
 Every backend (Triton, vectorised torch, reference) goes through :func:`check_args`, so a bad
 argument gives the same ``PoolPackArgError`` (a ``ValueError``) naming the argument whatever

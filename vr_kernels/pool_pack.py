@@ -1,4 +1,4 @@
-"""Fused variable-window mean pooling + ragged packing (SPEC section 1): Triton kernels,
+"""Fused variable-window mean pooling + ragged packing (docs/CONTRACT.md section 1): Triton kernels,
 their launchers, the autograd Function and the public ``pool_pack``.
 
 One pass over memory: the forward reads every token of every kept frame exactly once (windows
@@ -118,7 +118,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _round(v, dtype: tl.constexpr):
-        # fp32 -> output dtype, rounded once to nearest even (SPEC).
+        # fp32 -> output dtype, rounded once to nearest even (docs/CONTRACT.md section 1).
         if dtype == tl.bfloat16:
             if _SOFT_BF16:
                 b = v.to(tl.uint32, bitcast=True)

@@ -1,4 +1,4 @@
-"""Plain PyTorch reference of the pool-and-pack contract (SPEC section 1).
+"""Plain PyTorch reference of the pool-and-pack contract (docs/CONTRACT.md section 1).
 
 Written for clarity, not speed: one ``F.avg_pool2d`` per frame, then ``torch.cat`` (or a slice
 assignment into ``out``). Tests compare every fast path against it; benchmarks use it as the

@@ -1,4 +1,4 @@
-"""VideoRouter runtime on InternVL3 and Qwen2.5-VL (SPEC sections 2 to 4, 7)."""
+"""VideoRouter runtime on InternVL3 and Qwen2.5-VL (docs/CONTRACT.md sections 2 to 4, 7)."""
 from .errors import DeviceError, ModelFilesError, RouterWeightsError, VideoError
 
 __all__ = ["BudgetError", "visual_budget", "plan_global", "plan_fragment", "plan_dense",

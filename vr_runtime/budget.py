@@ -1,4 +1,4 @@
-"""Visual-token budget and per-frame window planning (SPEC section 2, Algorithm 1).
+"""Visual-token budget and per-frame window planning (docs/CONTRACT.md section 2, Algorithm 1).
 
 Pure Python on host ints: a plan is a list with one window per frame (0 = dropped),
 ready for ``vr_kernels.pool_pack``. Every plan's token total is <= the budget.
@@ -72,16 +72,23 @@ def plan_global(num_frames: int, budget: int, grid: Grid = (16, 16), scale=2) ->
     return [scale if t in keep else 0 for t in range(num_frames)]
 
 
+EMPTY_FRAGMENT = ("global", "low")   # what Algorithm 1 does with no relevant frame
+
+
 def plan_fragment(relevant: Sequence[bool], budget: int, grid: Grid = (16, 16), high=1, low=4,
-                  global_scale=2) -> list:
+                  global_scale=2, empty: str = "global") -> list:
     """Algorithm 1: relevant frames at ``high``, the others at ``low``, under ``budget``.
 
-    With no relevant frame the Global plan (``global_scale``) is returned."""
+    With no relevant frame: ``empty="global"`` (default) returns the Global plan
+    (``global_scale``); ``empty="low"`` is Algorithm 1 read literally (F_1 is empty, so every
+    frame is in F_0 at ``low``, uniformly subsampled if even that exceeds the budget)."""
+    if empty not in EMPTY_FRAGMENT:
+        raise ValueError(f"empty: expected one of {EMPTY_FRAGMENT}, got {empty!r}")
     rel = [bool(r) for r in relevant]
     _check(len(rel), budget)
     T = len(rel)
     if not any(rel):
-        return plan_global(T, budget, grid, global_scale)
+        return plan_global(T, budget, grid, global_scale if empty == "global" else low)
     n1, n0 = _tokens(high, grid), _tokens(low, grid)
     F1 = [t for t in range(T) if rel[t]]
     F0 = [t for t in range(T) if not rel[t]]

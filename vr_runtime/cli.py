@@ -1,9 +1,9 @@
-"""The ``videorouter`` command (SPEC section 4).
+"""The ``videorouter`` command (docs/CONTRACT.md section 4).
 
-    videorouter ask VIDEO QUESTION [--model PATH|tiny] [--routers PATH] [--frames 64]
+    videorouter ask VIDEO QUESTION [--model PATH|HUB_ID|tiny] [--routers PATH] [--frames 64]
                     [--max-length 12288] [--max-new-tokens 64] [--policy auto|...]
                     [--device cpu|cuda] [--dtype bf16|fp16|fp32] [--json] [--plot FILE.png]
-    videorouter demo [--json] [--plot FILE.png] [--policy ...]
+    videorouter demo [--json] [--plot FILE.png] [--policy ...] [--print-sample-path]
 
 Order of work: arguments, question, device, model/router paths and the video are checked
 first (the video is opened and its last sampled frame decoded), so bad input fails in well under
@@ -31,10 +31,11 @@ import pathlib
 import signal
 import sys
 import threading
-import warnings
 from typing import Optional
 
-PROG = "videorouter"
+from .cli_common import (PROG, SCALES_HELP, Parser, arg_type, check_inputs, device_dtype,
+                         fail_with, jsonable, quiet_libraries, scales_arg, stderr_is_tty)
+
 # Shown in --help; the accepted set is vr_runtime.policies.policy_names(), checked after
 # parsing (importing the planners pulls in torch, which --help and a bad flag should not wait for).
 POLICY_HELP = "auto|global|fragment|dense|budget|uniform"
@@ -51,8 +52,6 @@ DEMO_FRAMES = 16
 DEMO_MAX_LENGTH = 1400
 DEMO_MAX_NEW_TOKENS = 16
 
-EXIT_USAGE = 2     # the user's input is wrong (SPEC section 4)
-EXIT_INTERNAL = 1  # a bug or an environment failure
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C'd program
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
 DECODERS = ("auto", "pyav", "decord")  # vr_runtime.decoders.DECODERS (not imported: heavy)
@@ -138,43 +137,6 @@ def _broken_pipe() -> None:
     raise SystemExit(EXIT_BROKEN_PIPE)
 
 
-class UsageError(ValueError):
-    """A bad command-line value found after parsing (empty question, bad --plot path...)."""
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (no usage block) and exit status 2."""
-
-    def error(self, message):  # noqa: D401 - argparse API
-        _fail(f"{message} (see '{self.prog} --help')")
-
-
-def _fail(message: str, status: int = EXIT_USAGE):
-    sys.stderr.write(f"{PROG}: error: {_one_line(message)}\n")
-    sys.stderr.flush()
-    raise SystemExit(status)
-
-
-def _one_line(message: str) -> str:
-    return " ".join(str(message).split()) or "unknown error"
-
-
-def arg_type(convert, ok, what: str, name: str = ""):
-    """An argparse ``type=``: ``convert(text)`` that passes ``ok``, else one line saying what
-    was expected (``name`` is how argparse's messages refer to it)."""
-    def parse(text):
-        try:
-            value = convert(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
-        if not ok(value):
-            raise argparse.ArgumentTypeError(f"must be {what}, got {value}")
-        return value
-    if name:
-        parse.__name__ = name
-    return parse
-
-
 _positive_seconds = arg_type(float, lambda v: 0 < v < float("inf"), "a number of seconds > 0",
                              "--ttft-budget")
 
@@ -184,19 +146,21 @@ def _positive_int(name):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Query-adaptive budgeted visual-token compression "
+    parser = Parser(prog=PROG, description="Query-adaptive budgeted visual-token compression "
                      "for long-video question answering on InternVL3 and Qwen2.5-VL.")
     sub = parser.add_subparsers(dest="command", metavar="{ask,demo,serve,eval}",
-                                parser_class=_Parser)
+                                parser_class=Parser)
     sub.required = True
 
     ask = sub.add_parser("ask", help="answer a question about a video",
                          description="Answer QUESTION about VIDEO under a context budget.")
     ask.add_argument("video", metavar="VIDEO", help="video file (anything decord/ffmpeg reads)")
     ask.add_argument("question", metavar="QUESTION", help="the question, in quotes")
-    ask.add_argument("--model", default="tiny", metavar="PATH|tiny",
-                     help="local InternVL3-*-hf or Qwen2.5-VL-*-Instruct directory, or a preset: "
-                          "'tiny' (the embedded demo model), 'tiny-qwen2.5-vl' (default: tiny)")
+    ask.add_argument("--model", default="tiny", metavar="PATH|HUB_ID|tiny",
+                     help="local InternVL3-*-hf or Qwen2.5-VL-*-Instruct directory, a Hugging "
+                          "Face id already in the local cache (OpenGVLab/InternVL3-1B-hf; "
+                          "nothing is downloaded), or a preset: 'tiny' (the embedded demo "
+                          "model), 'tiny-qwen2.5-vl' (default: tiny)")
     ask.add_argument("--routers", default=None, metavar="PATH",
                      help="router weights (.safetensors) trained for this model")
     ask.add_argument("--frames", type=_positive_int("--frames"), default=64,
@@ -212,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--policy", default="auto", metavar=POLICY_HELP,
                      help="auto lets the Semantic Router choose global or fragment; dense, "
                           "budget and uniform are the baselines (default: auto)")
+    ask.add_argument("--scales", type=scales_arg, default=None, metavar="S_G,S_1,S_0|auto",
+                     help=SCALES_HELP)
     ask.add_argument("--decoder", choices=DECODERS, default="auto",
                      help="video decoding library: auto uses decord where it handles the "
                           "codec and PyAV (FFmpeg) for everything else and as the fallback "
@@ -223,7 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
                           f"video with the tiny model, once per question: "
                           f"{' and '.join(repr(q) for q in DEMO_QUESTIONS)}. --json prints one "
                           f"object: the first question's answer and report, and 'demo' with "
-                          f"both; --plot draws one panel per question.")
+                          f"both; --plot draws one panel per question. The clip is "
+                          f"{SAMPLE_VIDEO} (--print-sample-path prints just that, to ask "
+                          f"your own questions about it).")
+    demo.add_argument("--print-sample-path", action="store_true",
+                      help="print where the bundled sample video is and exit")
     demo.add_argument("--policy", default="auto", metavar=POLICY_HELP,
                       help="as for ask; 'fragment' shows the Image Router's frame scores even "
                            "when the routers are untrained (default: auto)")
@@ -249,48 +219,6 @@ def _add_common(p, device: bool):
                    help="write a PNG of tokens per frame over time with relevance scores")
 
 
-# ----------------------------------------------------------------------------- checks
-
-def _check_inputs(args) -> None:
-    """Everything that can be checked without loading a model."""
-    if not args.question.strip():
-        raise UsageError("QUESTION is empty; ask something about the video")
-    if args.plot is not None:
-        plot = pathlib.Path(args.plot)
-        if plot.suffix.lower() != ".png":
-            raise UsageError(f"--plot {args.plot!r}: expected a file name ending in .png")
-        parent = plot.parent if str(plot.parent) else pathlib.Path(".")
-        if not parent.is_dir():
-            raise UsageError(f"--plot {args.plot!r}: directory {str(parent)!r} does not exist")
-    from .policies import policy_names
-    if args.policy not in policy_names():
-        raise UsageError(f"--policy {args.policy!r}: expected one of {', '.join(policy_names())}")
-    from .backbones import PRESETS
-    from .errors import ModelFilesError, RouterWeightsError
-    if args.model not in PRESETS:
-        m = pathlib.Path(args.model)
-        where = (f"pass a local InternVL3-*-hf or Qwen2.5-VL-*-Instruct directory or a preset "
-                 f"({', '.join(PRESETS)})")
-        if not m.exists():
-            raise ModelFilesError(f"--model {args.model!r}: no such directory; {where}")
-        if not m.is_dir():
-            raise ModelFilesError(f"--model {args.model!r}: not a directory; {where}")
-    if args.routers is not None:
-        r = pathlib.Path(args.routers)
-        if not r.is_file():
-            raise RouterWeightsError(f"--routers {args.routers!r}: no such file")
-
-
-def _device_dtype(args):
-    """Resolve --device/--dtype now: asking for CUDA on a machine without it fails fast."""
-    import torch
-    from .devices import resolve_device, resolve_dtype
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dev = resolve_device(device)
-    dtype = resolve_dtype(args.dtype, dev)
-    return dev, dtype
-
-
 # ----------------------------------------------------------------------------- running
 
 def run_ask(args) -> dict:
@@ -301,14 +229,19 @@ def run_ask(args) -> dict:
 def run_questions(args, questions) -> list:
     """``run_ask`` for several questions about one video: the model is loaded and the video
     decoded once (the demo's two questions); one {"answer", "report"} per question."""
-    _check_inputs(args)
-    device, dtype = _device_dtype(args)
+    check_inputs(args)
+    device, dtype = device_dtype(args)
     from .video import prefetch_video
     # Opens and validates the video now; decoding runs while the model loads below.
     from .backbones import frame_spec_for
     spec = frame_spec_for(args.model)   # from config.json: decoding overlaps the model load
+    if stderr_is_tty() and not args.json:
+        # A real checkpoint takes seconds to minutes to load, silently: say what is happening.
+        # Terminals only: captured stderr stays one line per error.
+        print(f"loading model {args.model} on {device} ({str(dtype).replace('torch.', '')}) "
+              f"while the video decodes...", file=sys.stderr, flush=True)
     future = prefetch_video(args.video, num_frames=args.frames, size=spec.size[0], mean=spec.mean,
-                            std=spec.std, progress=_stderr_is_tty() and not args.json,
+                            std=spec.std, progress=stderr_is_tty() and not args.json,
                             decoder=getattr(args, "decoder", "auto"),
                             memory_limit=_memory_for_video(args, device))
     try:
@@ -323,12 +256,17 @@ def run_questions(args, questions) -> list:
     clip = future.result()  # raises VideoError if the file breaks part-way through
     ttft = {"ttft_budget_s": args.ttft_budget} if getattr(args, "ttft_budget", None) else {}
     outs = []
+    from .scales import answer_kwargs as scale_kwargs, parse_scales
+    scales = getattr(args, "scales", None) or parse_scales(None)
     for i, question in enumerate(questions):
         # answer() records clip.decode_s (which overlapped the model load) as the decode time;
         # later questions reuse the decoded frames, so they report no decoding.
         res = vr.answer(clip if i == 0 else dataclasses.replace(clip, decode_s=0.0), question,
                         num_frames=args.frames, max_length=args.max_length, **ttft,
-                        max_new_tokens=args.max_new_tokens, policy=args.policy)
+                        max_new_tokens=args.max_new_tokens, policy=args.policy,
+                        **scale_kwargs(scales, vr, question=question, num_frames=args.frames,
+                                       max_length=args.max_length,
+                                       max_new_tokens=args.max_new_tokens))
         outs.append({"answer": res.text, "report": dict(res.report)})
     return outs
 
@@ -350,17 +288,11 @@ def _memory_for_video(args, device) -> Optional[int]:
     if avail is None or args.model in PRESETS or str(device) != "cpu":
         return avail
     weights = 0
-    for f in pathlib.Path(args.model).iterdir():
+    from .backbones import resolve_model
+    for f in pathlib.Path(resolve_model(args.model)).iterdir():
         if f.suffix in (".safetensors", ".bin") and f.is_file():
             weights += f.stat().st_size
     return max(avail - weights, 0)
-
-
-def _stderr_is_tty() -> bool:
-    try:
-        return sys.stderr.isatty()
-    except Exception:
-        return False
 
 
 def _demo_args(args, question: str) -> argparse.Namespace:
@@ -372,18 +304,6 @@ def _demo_args(args, question: str) -> argparse.Namespace:
 
 
 # ----------------------------------------------------------------------------- output
-
-def _jsonable(o):
-    if hasattr(o, "tolist"):      # numpy arrays/scalars, torch tensors
-        return o.tolist()
-    if hasattr(o, "item"):
-        return o.item()
-    if isinstance(o, (set, tuple)):
-        return list(o)
-    if isinstance(o, pathlib.PurePath):
-        return str(o)
-    return str(o)
-
 
 def _fmt_num(v, spec=".3f") -> str:
     if v is None:
@@ -479,29 +399,6 @@ def _print_rich(out, rows, stream) -> None:
 
 # ----------------------------------------------------------------------------- main
 
-def _user_errors():
-    from .errors import DeviceError, ModelFilesError, RouterWeightsError, VideoError
-    errs = [UsageError, VideoError, ModelFilesError, RouterWeightsError, DeviceError,
-            ValueError, OSError]
-    try:
-        import torch
-        oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError")
-        errs.append(oom)
-    except Exception:  # pragma: no cover
-        pass
-    return tuple(errs)
-
-
-def _quiet_libraries() -> None:
-    """Keep library chatter (transformers' warnings, progress bars) off stderr, so a failure is
-    exactly one line there; VIDEOROUTER_DEBUG=1 keeps everything."""
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    warnings.filterwarnings("ignore")
-
-
 def main(argv: Optional[list] = None) -> int:
     if argv is None:  # the real command (not a test calling main() in its own process)
         install_interrupt_handler()
@@ -511,8 +408,11 @@ def main(argv: Optional[list] = None) -> int:
         return eval_main(argv[1:])
     debug = os.environ.get("VIDEOROUTER_DEBUG", "") not in ("", "0")
     if not debug:
-        _quiet_libraries()
+        quiet_libraries()
     args = build_parser().parse_args(argv)
+    if args.command == "demo" and args.print_sample_path:
+        _write_stdout(f"{SAMPLE_VIDEO}\n")
+        return 0
     if args.command == "serve":
         from .serve.command import run_serve
         return run_serve(args)
@@ -550,7 +450,7 @@ def main(argv: Optional[list] = None) -> int:
     except Exception as e:  # noqa: BLE001 - the one place that turns errors into exit codes
         fail_with(e, debug)
     if args.json:
-        _write_stdout(json.dumps(out, default=_jsonable) + "\n")
+        _write_stdout(json.dumps(out, default=jsonable) + "\n")
     else:
         try:
             for i, (q, o) in enumerate(zip(questions, outs)):
@@ -566,24 +466,6 @@ def main(argv: Optional[list] = None) -> int:
             _broken_pipe()
         _write_stdout("")
     return 0
-
-
-def fail_with(e: Exception, debug: bool):
-    """Exit on an exception as every subcommand does: the user's mistakes (``_user_errors``)
-    one line and status 2, anything else one line with a hint and status 1; with
-    VIDEOROUTER_DEBUG set, the traceback instead."""
-    if debug:
-        raise e
-    if isinstance(e, _user_errors()):
-        _fail(_message(e), EXIT_USAGE)
-    _fail(f"internal error: {type(e).__name__}: {_message(e)} (rerun with "
-          f"VIDEOROUTER_DEBUG=1 for the traceback)", EXIT_INTERNAL)
-
-
-def _message(e: BaseException) -> str:
-    if isinstance(e, OSError) and e.filename and e.strerror:
-        return f"{e.filename}: {e.strerror}"
-    return str(e) or type(e).__name__
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
                         num_frames=64, device=DEVICES["h100"])
     pred["stages_s"]  # {"vision": ..., "router": ..., "compress": ..., "prefill": ...}; pred["ttft_s"]
 
-Stages, as the runtime times them (SPEC 3: TTFT = vision + router + compress + prefill):
+Stages, as the runtime times them (docs/CONTRACT.md section 3: TTFT = vision + router + compress + prefill):
 
 * ``vision``   the InternViT tower over every sampled frame (``image_size/patch`` squared patches
                plus CLS, full attention) and the projector (pixel shuffle 0.5, LayerNorm, two

@@ -16,3 +16,11 @@ class RouterWeightsError(ValueError):
 
 class DeviceError(RuntimeError):
     """CUDA asked for but not available (or a dtype the device cannot run)."""
+
+
+def did_you_mean(name, choices) -> str:
+    """``"; did you mean 'fragment'?"`` for a near miss among ``choices`` (difflib's ratio),
+    else ``""``: appended to "expected one of ..." messages of named choices."""
+    import difflib
+    close = difflib.get_close_matches(str(name), list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""

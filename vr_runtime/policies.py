@@ -3,7 +3,7 @@ names, the Semantic Router's classes, the Image Router's decision threshold, the
 registry, and the exact fit of a plan and its prompt text into ``max_length``.
 
 A policy is a planner: ``(num_frames, budget, grid, relevant, windows) -> one window per frame``
-(0 = dropped; SPEC section 2). ``auto`` is not a planner: the Semantic Router picks one of
+(0 = dropped; docs/CONTRACT.md section 2). ``auto`` is not a planner: the Semantic Router picks one of
 :data:`SEMANTIC_CLASSES`. Adding a policy is one :func:`register_planner` call.
 """
 from __future__ import annotations
@@ -84,6 +84,14 @@ def _uniform(T, budget, grid, relevant, w: Windows):
     return B.plan_uniform(T, budget, grid)
 
 
+@register_planner("fragment-literal", needs_relevance=True,
+                  description="Algorithm 1 read literally: with no relevant frame every frame "
+                              "at s0 (the default `fragment` uses the Global plan instead)")
+def _fragment_literal(T, budget, grid, relevant, w: Windows):
+    return B.plan_fragment(relevant, budget, grid, high=w.high, low=w.low,
+                           global_scale=w.global_scale, empty="low")
+
+
 def policy_names() -> Tuple[str, ...]:
     """Every value ``policy=`` accepts: ``auto`` and the registered planners."""
     return (AUTO,) + tuple(PLANNERS)
@@ -92,7 +100,9 @@ def policy_names() -> Tuple[str, ...]:
 def get_planner(name: str) -> Planner:
     p = PLANNERS.get(name)
     if p is None:
-        raise ValueError(f"policy {name!r}: expected one of {', '.join(policy_names())}")
+        from .errors import did_you_mean
+        raise ValueError(f"policy {name!r}: expected one of {', '.join(policy_names())}"
+                         f"{did_you_mean(name, policy_names())}")
     return p
 
 
@@ -123,6 +133,12 @@ def topk_relevant(scores: Sequence[float], budget: int, grid: Grid, w: Windows) 
     order = sorted(range(T), key=lambda t: (-float(scores[t]), t))[:k]
     keep = set(order)
     return [t in keep for t in range(T)]
+
+
+def topk_of(scores: Sequence[float], k: int) -> List[bool]:
+    """The ``k`` highest-scoring frames (ties broken by temporal order) marked relevant."""
+    keep = set(sorted(range(len(scores)), key=lambda t: (-float(scores[t]), t))[:max(k, 0)])
+    return [t in keep for t in range(len(scores))]
 
 
 def kept_frames(plan: Sequence, grid: Grid) -> List[int]:
@@ -162,7 +178,7 @@ def fit_plan(plan_for: Callable[[int], list], text_for: Callable[[Sequence[int]]
 
     avail = max_length - gen_tokens - margin
     if num_frames > 0:
-        # One frame's line must fit with one frame at the coarsest window (SPEC 2's error).
+        # One frame's line must fit with one frame at the coarsest window (docs/CONTRACT.md section 2's error).
         B.visual_budget(max_length, text([0]), gen_tokens, margin, grid=grid, coarsest=coarsest)
     safe = avail - text(range(num_frames))
     hi = avail - text(())
@@ -198,4 +214,5 @@ def fit_plan(plan_for: Callable[[int], list], text_for: Callable[[Sequence[int]]
 __all__ = ["AUTO", "SEMANTIC_CLASSES", "UNTRAINED_AUTO_POLICY", "DEFAULT_THRESHOLD", "Windows",
            "Planner", "PLANNERS", "register_planner", "policy_names", "get_planner",
            "policy_from_logits", "relevant_from_probs", "relevant_from_logits", "topk_relevant",
+           "topk_of",
            "FittedPlan", "fit_plan", "kept_frames"]

@@ -19,11 +19,20 @@ tokens are split off before BPE, so this gives exactly the ids of tokenising the
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from .backbones.base import VisionTokens
+
+@dataclass(frozen=True)
+class VisionTokens:
+    """The strings that frame one frame's placeholder rows in the prompt:
+    ``start + context * n + end`` (``context`` is the placeholder, one id per visual token)."""
+    start: str
+    end: str
+    context: str
+
 
 IMG_START, IMG_END, IMG_CONTEXT = "<img>", "</img>", "<IMG_CONTEXT>"
 INTERNVL_TOKENS = VisionTokens(IMG_START, IMG_END, IMG_CONTEXT)

@@ -1,4 +1,4 @@
-"""The JSON report of one answer (SPEC section 3 fields and extras), built from the pipeline's
+"""The JSON report of one answer (docs/CONTRACT.md section 3 fields and extras), built from the pipeline's
 typed stage results in one place."""
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def build_report(vr, req, frames, decision, scores, fitted, prompt_tokens: int,
     if frames.decode_s is not None and frames.decode_s > 0:
         timings["decode"] = round(float(frames.decode_s), 6)  # includes a prefetch that overlapped
     timings["ttft"] = round(sum(t.get(k, 0.0) for k in TTFT_STAGES), 6)
-    fragment = decision.policy == "fragment"
+    fragment = scores is not None   # only relevance policies (fragment, fragment-literal) score
     return {
         "model": lm.name,
         "backbone": lm.family,
@@ -56,6 +56,10 @@ def build_report(vr, req, frames, decision, scores, fitted, prompt_tokens: int,
         "relevant": scores.relevant if fragment and scores is not None else None,
         "scales": [json_window(w) for w in plan],
         "frame_tokens": counts,
+        "frames_kept": sum(1 for c in counts if c > 0),
+        # Algorithm 1 found no relevant frame: `fragment` fell back to the Global plan,
+        # `fragment-literal` put every frame at s0 (the eval tables count how often)
+        "no_relevant_frame": bool(fragment and not any(scores.relevant)),
         "visual_tokens": int(sum(counts)),
         "dense_visual_tokens": T * grid[0] * grid[1],
         "budget": fitted.budget,

@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .backbones.base import cache_kwargs, output_cache
 from .errors import RouterWeightsError
 from .policies import DEFAULT_THRESHOLD
 from .weights import copy_state_strict
@@ -152,13 +153,13 @@ class ShadowStack(nn.Module):
         """Run a (question-independent) prefix x [B, N, D]; -> (H [B, N, D], KV cache)."""
         out = self.decoder(inputs_embeds=x, use_cache=True, return_dict=True,
                            **self._pos(position_ids))
-        return out.last_hidden_state, out.past_key_values
+        return out.last_hidden_state, output_cache(out)
 
     def extend(self, x: torch.Tensor, cache, position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Continue after :meth:`prefix`: x [B, L, D] at positions N..N+L-1 (or ``position_ids``)
         -> H [B, L, D]. Works on a deep copy, so one prefix cache serves any number of questions."""
-        out = self.decoder(inputs_embeds=x, past_key_values=copy.deepcopy(cache), use_cache=True,
-                           return_dict=True, **self._pos(position_ids))
+        out = self.decoder(inputs_embeds=x, **cache_kwargs(self.decoder, copy.deepcopy(cache)),
+                           use_cache=True, return_dict=True, **self._pos(position_ids))
         return out.last_hidden_state
 
 

@@ -35,6 +35,8 @@ from vr_kernels import pooled_counts
 
 from . import budget as B
 from .backbones import Backbone, backbone_from_config, load_backbone
+from .backbones.base import output_cache
+from .decode import GreedyDecoder
 from .policies import (AUTO, SEMANTIC_CLASSES, UNTRAINED_AUTO_POLICY, FittedPlan, Windows,
                        fit_plan, get_planner, kept_frames, policy_from_logits, policy_names)
 from .reconstruct import reconstruct_embeds
@@ -95,6 +97,23 @@ class Frames:
         return int(self.pixel_values.shape[0])
 
 
+@dataclass
+class _Prepared:
+    """One request after every stage before the prefill (``answer`` / ``answer_batch``)."""
+    req: Request
+    timer: StageTimer
+    frames: Frames
+    decision: "PolicyDecision"
+    planner: object
+    scores: Optional[FrameScores]
+    fitted: FittedPlan
+    ids: torch.Tensor
+    embeds: Optional[torch.Tensor]
+    position_ids: Optional[torch.Tensor]
+    notes: list
+    hit: bool
+
+
 @dataclass(frozen=True)
 class PolicyDecision:
     policy: str                    # the planner that runs
@@ -104,8 +123,12 @@ class PolicyDecision:
 
 class VideoRouter:
     def __init__(self, lm: Backbone, routers: Optional[Routers] = None,
-                 visual_cache_size: int = 1, warmup_frames: int = 256):
+                 visual_cache_size: int = 1, warmup_frames: int = 256, decoding: str = "auto"):
+        """``decoding``: how tokens after the first are generated (vr_runtime.decode): "auto"
+        (the eager dynamic cache; "graph", CUDA graphs over a static KV cache, is opt-in until
+        measured on a GPU), "dynamic", "static" or "graph" -- the same greedy tokens in every mode."""
         self.lm = lm
+        self.greedy = GreedyDecoder(lm, decoding)   # checks ``decoding`` before any warm-up
         # Compile and autotune the pool_pack kernels now (CUDA; a no-op on CPU), for up to
         # ``warmup_frames`` frames, so that no request pays for compilation (0: skip).
         import vr_kernels
@@ -172,7 +195,9 @@ class VideoRouter:
                 decoder="auto", ttft_budget_s=None, router_question=None) -> Request:
         """Check the arguments of :meth:`answer` (before any decoding) -> :class:`Request`."""
         if policy not in policy_names():
-            raise ValueError(f"policy {policy!r}: expected one of {', '.join(policy_names())}")
+            from .errors import did_you_mean
+            raise ValueError(f"policy {policy!r}: expected one of {', '.join(policy_names())}"
+                             f"{did_you_mean(policy, policy_names())}")
         if not isinstance(question, str) or not question.strip():
             raise ValueError("question: empty; ask a non-empty question about the video")
         for name, v, lo in (("num_frames", num_frames, 1), ("max_length", max_length, 1),
@@ -185,6 +210,10 @@ class VideoRouter:
             raise ValueError(f"budget: expected a visual-token budget >= 1 or None, got {budget!r}")
         if relevant is not None and scorer is not None:
             raise ValueError("relevant and scorer: give one of them (relevant= is a fixed scorer)")
+        if scorer is not None and (router_pool is not None or frame_batch is not None):
+            raise ValueError("router_pool/frame_batch: configure the Image Router of the default "
+                             "scorer; with scorer= set them on the scorer itself (e.g. "
+                             "FixedRelevance(..., run_routers=True, router_pool=2))")
         if relevant is not None:
             scorer = FixedRelevance(relevant)
         elif scorer is None:
@@ -391,10 +420,12 @@ class VideoRouter:
     def _latency_request(self, req: Request, planner, T: int):
         """-> ``inputs(plan)``: the cost model's inputs for one plan of this request. What does
         not depend on the plan (the prompt's text, the question's length) is counted once."""
+        pool = self._scorer_pool(req.scorer)   # None: the scorer runs no Image Router
         fixed = dict(text_tokens=self.lm.text_tokens(req.question, T, req.system),
-                     routers=planner.needs_relevance and req.scorer.uses_routers,
+                     routers=planner.needs_relevance and (req.scorer.uses_routers
+                                                          or pool is not None),
                      router_layers=self.routers.config.num_layers,
-                     router_pool=self.routers.config.router_pool,
+                     router_pool=self.routers.config.router_pool if pool is None else pool,
                      question_tokens=int(self.question_embeddings(req.routed_question).shape[0]))
         grid = self.lm.grid
 
@@ -438,16 +469,22 @@ class VideoRouter:
         return FittedPlan(plan, chosen, text_for(kept_frames(plan, grid)), notes)
 
     def _latency_report(self, req: Request, planner, T: int, fitted: FittedPlan,
-                        timer: StageTimer) -> dict:
+                        timer: StageTimer, observe: bool = True) -> dict:
         model = self.latency_model()
         inputs = self._latency_request(req, planner, T)(fitted.plan)
         raw = model.raw(**inputs)
         pred = model.predict(**inputs)
-        model.observe(raw, timer.times)   # corrects the next prediction
+        if observe:   # a batch's shared prefill is not one request's: it would mislead the model
+            model.observe(raw, timer.times)   # corrects the next prediction
         return {"ttft_budget_s": req.ttft_budget_s,
                 "ttft_predicted_s": round(sum(pred.values()), 6),
                 "ttft_predicted_stages_s": {k: round(v, 6) for k, v in pred.items()},
                 "ttft_model_device": model.device.name}
+
+    def _scorer_pool(self, scorer) -> Optional[int]:
+        """The window the Image Router runs at for ``scorer`` (None: it runs no Image Router)."""
+        pool = getattr(scorer, "pool", None)
+        return pool(self) if callable(pool) else None
 
     def _scoring_budget(self, req: Request, T: int) -> int:
         """The budget a rank-based scorer plans for: the fixed one, or the one with every
@@ -476,33 +513,15 @@ class VideoRouter:
     @torch.inference_mode()
     def generate(self, embeds: torch.Tensor, max_new_tokens: int,
                  timer: Optional[StageTimer] = None,
-                 position_ids: Optional[torch.Tensor] = None) -> List[int]:
+                 position_ids: Optional[torch.Tensor] = None, on_token=None) -> List[int]:
         """Prefill ``embeds`` [1, L, D] (logits of the last row only, KV cache on), then greedy
-        decoding with the cache until a stop id or ``max_new_tokens``. Returns the new ids
-        (the stop id excluded). Stages "prefill" and "generate" go to ``timer``."""
-        lm = self.lm
-        timer = timer or StageTimer(lm.device)
-        with timer.stage("prefill"):
-            out = lm.forward(inputs_embeds=embeds, position_ids=position_ids)
-            nxt = out.logits[:, -1].argmax(-1)
-        pos = lm.next_position(position_ids, embeds.shape[1])
-        gen: List[int] = []
-        with timer.stage("generate"):
-            cache = out.past_key_values
-            del out
-            tok_id = int(nxt)  # one host sync per token is inherent to stopping on EOS
-            while len(gen) < max_new_tokens and tok_id not in self._stop_ids:
-                gen.append(tok_id)
-                if len(gen) == max_new_tokens:
-                    break
-                o = lm.forward(input_ids=nxt.view(1, 1), past_key_values=cache,
-                               position_ids=lm.step_position_ids(pos))
-                pos += 1
-                cache = o.past_key_values
-                nxt = o.logits[:, -1].argmax(-1)
-                tok_id = int(nxt)
-            del cache
-        return gen
+        decoding with the cache until a stop id or ``max_new_tokens`` (``self.greedy``: dynamic,
+        static or graph-captured steps, the same tokens). Returns the new ids (the stop id
+        excluded). Stages "prefill" and "generate" go to ``timer``. ``on_token(id)``: called
+        with each new id as it is decided (streaming)."""
+        each = None if on_token is None else (lambda row, i: on_token(i))
+        return self.greedy.generate([embeds], [max_new_tokens], [position_ids], self._stop_ids,
+                                    timer, each)[0]
 
     # ------------------------------------------------------------------ option scoring
     @torch.inference_mode()
@@ -566,7 +585,7 @@ class VideoRouter:
         n = max(len(c) for c in continuations) - 1
         if n == 0:
             return score.cpu()
-        cache = res.past_key_values
+        cache = output_cache(res)
         cache.batch_repeat_interleave(C)
         # Step j reads token j and predicts token j + 1. Continuations are right-padded with
         # their own last token: causal, so padding after a token never changes its logits.
@@ -609,7 +628,18 @@ class VideoRouter:
         this device fits, vr_runtime.latency; the report gives the prediction);
         ``router_question`` (what the routers and frame scorers read when ``question`` is a full
         LLM prompt, e.g. a multiple-choice prompt with options and an instruction: the routers
-        are trained on the bare question)."""
+        are trained on the bare question); ``on_token`` (called with each generated id as it is
+        decided, e.g. to stream the answer; the answer is the same)."""
+        on_token = options.pop("on_token", None)   # streaming: each new id, as it is decided
+        p = self._prepare(video, question, num_frames, max_length, max_new_tokens, policy,
+                          **options)
+        gen = self.generate(p.embeds, p.req.max_new_tokens, p.timer, p.position_ids, on_token)
+        return self._finish(p, gen)
+
+    def _prepare(self, video, question, num_frames=64, max_length=12288, max_new_tokens=64,
+                 policy="auto", **options) -> "_Prepared":
+        """Every stage of :meth:`answer` before the prefill -> the prompt's embeddings and
+        everything the report needs."""
         req = self.request(video, question, num_frames, max_length, max_new_tokens, policy,
                            **options)
         T_req = int(video.shape[0]) if isinstance(video, torch.Tensor) else num_frames
@@ -633,15 +663,17 @@ class VideoRouter:
             if scorer.uses_routers and not self.routers_trained:
                 notes.append("routers are untrained: the Image Router's frame scores come from "
                              "untrained weights")
-            if isinstance(scorer, ImageRouterScorer) and scorer.pool(self) != \
-                    self.routers.config.router_pool:
-                notes.append(f"router_pool={scorer.pool(self)} differs from the pooling the "
+            pool = self._scorer_pool(scorer)
+            if pool is not None and pool != self.routers.config.router_pool:
+                notes.append(f"router_pool={pool} differs from the pooling the "
                              f"routers were built with ({self.routers.config.router_pool})")
             Z = self.encode(frames, req, timer, state) if scorer.needs_z else None
             scores = self.score_frames(req, frames, Z, timer, state, self._scoring_budget(req, T))
             fitted = self.plan(req, decision.policy, T, scores.relevant)
             if not any(scores.relevant):
-                notes.append("no frame was relevant: the Global plan was used")
+                notes.append("no frame was relevant: " + (
+                    "every frame at s0 (Algorithm 1 literally)"
+                    if decision.policy == "fragment-literal" else "the Global plan was used"))
         else:
             fitted = self.plan(req, decision.policy, T)
         notes += fitted.notes
@@ -655,25 +687,38 @@ class VideoRouter:
         if not planner.budgeted and ids.numel() + req.max_new_tokens > req.max_length:
             notes.append(f"{decision.policy} has no budget: its prompt of {ids.numel()} tokens "
                          f"plus {req.max_new_tokens} new tokens exceeds max_length {req.max_length}")
-        gen = self.generate(embeds, req.max_new_tokens, timer, pos)
-        del embeds
+        return _Prepared(req, timer, frames, decision, planner, scores, fitted, ids, embeds, pos,
+                         notes, hit)
+
+    def _finish(self, p: "_Prepared", gen: List[int], batch: int = 1) -> Answer:
+        """The answer's text and report from the generated ids."""
+        req, T = p.req, p.frames.T
+        p.embeds = None
         text = self.lm.tokenizer.decode(gen, skip_special_tokens=True).strip()
         extra = None
         if req.ttft_budget_s is not None:
-            extra = self._latency_report(req, planner, T, fitted, timer)
-        report = build_report(self, req, frames, decision, scores, fitted, ids.numel(), len(gen),
-                              timer, notes, ("hit" if hit else "miss") if req.cache_visual else None)
+            extra = self._latency_report(req, p.planner, T, p.fitted, p.timer,
+                                         observe=batch == 1)
+        report = build_report(self, req, p.frames, p.decision, p.scores, p.fitted, p.ids.numel(),
+                              len(gen), p.timer, p.notes,
+                              ("hit" if p.hit else "miss") if req.cache_visual else None)
+        report["decoding"] = self.greedy.mode
+        if self.greedy.fallback and self.greedy.fallback not in report["notes"]:
+            report["notes"].append(self.greedy.fallback)
         if extra:
             report.update(extra)
         return Answer(text=text, report=report)
 
     def answer_batch(self, videos: Sequence, questions, num_frames: int = 64, time_window=None,
-                     decoder: str = "auto", **kw) -> List[Answer]:
+                     decoder: str = "auto", batch_prefill: bool = True, **kw) -> List[Answer]:
         """``answer`` for several videos (``questions``: one string for all, or one per video).
 
-        Runs them one after another -- each prefill is already a large GPU batch -- and overlaps
-        the decoding of the next video file with the model work on the current one (background
-        prefetch), so decode time leaves the critical path after the first video."""
+        Every stage before the prefill runs per video, decoding the next video file in the
+        background while the model works on the current one. With ``batch_prefill`` (the
+        default) the prompts are then prefilled in one decoder batch and decoded together
+        (vr_runtime.decode: right-padded, every answer the one it gets alone); each report's
+        "prefill" and "generate" are the batch's. ``batch_prefill=False``: one ``answer`` after
+        another (the original path)."""
         videos = list(videos)
         qs = [questions] * len(videos) if isinstance(questions, str) else list(questions)
         if len(qs) != len(videos):
@@ -688,15 +733,27 @@ class VideoRouter:
                                       decoder=decoder)
             return v
 
-        out: List[Answer] = []
+        run = self._prepare if batch_prefill else self.answer
+        done: list = []
         pending = start(videos[0]) if videos else None
         for i, q in enumerate(qs):
             cur = pending
             pending = start(videos[i + 1]) if i + 1 < len(videos) else None
-            out.append(self.answer(cur, q, num_frames=num_frames,
-                                   time_window=None if isinstance(cur, cf.Future) else time_window,
-                                   decoder=decoder, **kw))
-        return out
+            done.append(run(cur, q, num_frames=num_frames,
+                            time_window=None if isinstance(cur, cf.Future) else time_window,
+                            decoder=decoder, **kw))
+        if not batch_prefill or not done:
+            return done
+        timer = StageTimer(self.lm.device)
+        gens = self.greedy.generate([p.embeds for p in done], [p.req.max_new_tokens for p in done],
+                                    [p.position_ids for p in done], self._stop_ids, timer)
+        for p in done:
+            for stage in ("prefill", "generate"):
+                p.timer.add(stage, timer.get(stage))
+            if len(done) > 1:
+                p.notes.append(f"prefilled and decoded in one batch of {len(done)} requests: "
+                               f"prefill and generate are the batch's times")
+        return [self._finish(p, g, len(done)) for p, g in zip(done, gens)]
 
 
 __all__ = ["VideoRouter", "Answer", "Request", "Frames", "PolicyDecision", "POLICIES",

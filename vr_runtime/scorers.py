@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Dict, List, Optional, Sequence
 
 import torch
 
-from .policies import Windows, relevant_from_probs, topk_relevant
+from .policies import Windows, relevant_from_probs, topk_of, topk_relevant
 
 
 @dataclass
@@ -95,14 +95,25 @@ class CachedImageRouterScorer(ImageRouterScorer):
 class FixedRelevance(FrameScorer):
     """Given decisions. With ``run_routers`` the real Semantic and Image Routers still run (and
     are timed) and their outputs are discarded: the benchmark's stand-in for trained routers,
-    so router cost stays in TTFT while the decisions are controlled."""
+    so router cost stays in TTFT while the decisions are controlled. ``frame_batch`` and
+    ``router_pool`` reach the Image Router exactly as :class:`ImageRouterScorer`'s do, so the
+    cost measured is the cost of the configuration asked for (the report names the pool)."""
     name = "fixed"
 
-    def __init__(self, relevant: Sequence[bool], run_routers: bool = False):
+    def __init__(self, relevant: Sequence[bool], run_routers: bool = False,
+                 frame_batch: Optional[int] = None, router_pool: Optional[int] = None):
         self.relevant = [bool(r) for r in relevant]
         self.run_routers = run_routers
         self.uses_routers = False
         self.needs_z = run_routers
+        self.frame_batch = frame_batch
+        self.router_pool = router_pool
+
+    def pool(self, vr) -> Optional[int]:
+        """The window the Image Router runs at (None: the routers do not run)."""
+        if not self.run_routers:
+            return None
+        return vr.routers.config.router_pool if self.router_pool is None else self.router_pool
 
     def score(self, vr, inp: ScoringInput) -> FrameScores:
         T = inp.pixel_values.shape[0]
@@ -112,8 +123,8 @@ class FixedRelevance(FrameScorer):
         if self.run_routers:
             q = vr.question_embeddings(inp.question)
             vr.routers.policy_logits(q[None])
-            vr.routers.frame_probs(inp.Z, q, None, None, vr.lm.grid)
-        return FrameScores(list(self.relevant), None, self.name)
+            vr.routers.frame_probs(inp.Z, q, self.frame_batch, self.router_pool, vr.lm.grid)
+        return FrameScores(list(self.relevant), None, self.name, router_pool=self.pool(vr))
 
 
 class CLIPScorer(FrameScorer):
@@ -199,5 +210,30 @@ class CLIPScorer(FrameScorer):
         return FrameScores(rel, sims, self.name)
 
 
-__all__ = ["FrameScores", "ScoringInput", "FrameScorer", "ImageRouterScorer",
+class TokenMatchedScorer(FrameScorer):
+    """CLIP relevance pooling, token-matched to VideoRouter (the paper's Table 2: CLIP 7,936
+    tokens beside VideoRouter's 7,748): per question the Image Router counts its relevant frames
+    k, and ``inner`` (a :class:`CLIPScorer`) picks *which* k frames. So the plan differs from
+    VideoRouter's Fragment plan only in the frames chosen, not in their number or tokens."""
+    name = "clip-matched"
+    needs_z = True          # the Image Router runs on Z to count k
+    uses_routers = True
+
+    def __init__(self, inner: "CLIPScorer", frame_batch: Optional[int] = None,
+                 router_pool: Optional[int] = None, counter: Optional[FrameScorer] = None):
+        self.inner = inner
+        # what counts k: the Image Router (tests may give fixed decisions)
+        self.router = counter if counter is not None else ImageRouterScorer(frame_batch,
+                                                                            router_pool)
+
+    def pool(self, vr) -> Optional[int]:
+        return self.router.pool(vr)
+
+    def score(self, vr, inp: ScoringInput) -> FrameScores:
+        k = sum(self.router.score(vr, inp).relevant)
+        sims = self.inner.similarities(inp.pixel_values, vr.lm.frame_spec, inp.question).tolist()
+        return FrameScores(topk_of(sims, k), sims, self.name, router_pool=self.pool(vr))
+
+
+__all__ = ["TokenMatchedScorer", "FrameScores", "ScoringInput", "FrameScorer", "ImageRouterScorer",
            "CachedImageRouterScorer", "FixedRelevance", "CLIPScorer"]

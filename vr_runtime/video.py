@@ -1,4 +1,4 @@
-"""Video input (SPEC section 3): decoding through :mod:`vr_runtime.decoders` (decord or PyAV,
+"""Video input (docs/CONTRACT.md section 3): decoding through :mod:`vr_runtime.decoders` (decord or PyAV,
 chosen per file), InternVL's frame sampling, 448x448 ImageNet preprocessing, a memory check
 before anything large is allocated, and a background prefetch so decoding overlaps model
 loading.

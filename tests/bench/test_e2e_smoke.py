@@ -174,7 +174,15 @@ def test_cpu_mode_end_to_end(tmp_path):
               "vr24": plan_fragment(rel, B, high=1, low=4, global_scale=2),
               "vr48": plan_fragment(rel, B, high=1, low=8, global_scale=4)}
     rows = {r["policy"]: r for r in doc["rows"] if r["sweep"] == "main"}
-    assert set(rows) == set(expect)
+    assert set(rows) == set(expect) | {"clip"}
+    # The CLIP row: CLIP really runs (timed as routing), and it keeps as many frames at s1 as
+    # the VideoRouter rows mark relevant (token-matched), whichever frames CLIP prefers.
+    clip = rows["clip"]
+    assert not clip.get("error"), clip.get("error")
+    assert clip["router_s"] > 0 and clip["policy_run"] == "fragment"
+    assert sum(1 for w in clip["scales"] if bench_e2e._norm(w) == (1, 1)) == sum(rel) == \
+        clip["relevant"]
+    assert clip["visual_tokens"] == rows["vr24"]["visual_tokens"]
     for key, plan in expect.items():
         r = rows[key]
         assert not r.get("error"), r.get("error")
@@ -189,13 +197,13 @@ def test_cpu_mode_end_to_end(tmp_path):
             assert r["router_s"] == 0
     assert rows["dense"]["ttft_x_dense"] == 1.0
     batch = {r["policy"]: r for r in doc["rows"] if r["sweep"] == "batch"}
-    assert set(batch) == set(expect)
+    assert set(batch) == set(expect) | {"clip"}
     for key, r in batch.items():  # two different videos, same plan each
         assert not r.get("error") and r["batch"] == 2
         assert r["visual_tokens"] == 2 * rows[key]["visual_tokens"]
         assert r["per_video_s"] == pytest.approx(r["total_s"] / 2)
     with stem.with_suffix(".csv").open() as f:
-        assert len(list(csv.DictReader(f))) == 10
+        assert len(list(csv.DictReader(f))) == 12
     assert "CPU figures" in stem.with_suffix(".md").read_text()
     assert stem.with_suffix(".png").stat().st_size > 10_000
 

@@ -1,11 +1,14 @@
 """The lmms-eval plugin against the real lmms-eval package (0.7.x, installed by .ci/run with
---no-deps plus the few dependencies of its import path): `python -m lmms_eval --model
-videorouter` finds the model through the `lmms_eval.models` entry point, answers a small local
-task (the synthetic Video-MME-layout benchmark) with the tiny model on CPU, and logs the visual
-tokens of every sample."""
+--no-deps plus the few dependencies of its import path): the commands README.md gives, in
+order -- `python -m vr_runtime.eval.lmms_tasks` writes the shipped `videorouter_videomme` task
+for a local Video-MME copy (here the synthetic benchmark in Video-MME layout) and prints the
+lmms-eval command; that command finds the model through the `lmms_eval.models` entry point and
+the task through --include_path, answers with the tiny model on CPU, offline and without
+OpenCV, and logs the visual tokens of every sample."""
 import json
 import os
 import pathlib
+import shlex
 import subprocess
 import sys
 
@@ -14,7 +17,6 @@ import pytest
 lmms_eval = pytest.importorskip("lmms_eval", reason="pip install --no-deps lmms-eval==0.7.3 "
                                 "&& pip install -e '.[lmms]' (see README)")
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-TASK = pathlib.Path(__file__).resolve().parent / "lmms_task"
 ENTRY = "vr_runtime.eval.lmms_plugin:manifest"
 
 
@@ -45,36 +47,68 @@ def test_pyproject_registers_the_plugin():
     assert cls.__name__ == "VideoRouterLMM" and cls.is_simple is False
 
 
-def test_lmms_eval_runs_videorouter(synth_bench, tmp_path):
-    import pyarrow.parquet as pq
-    n = pq.read_metadata(synth_bench["data"]).num_rows
-    task = tmp_path / "task"
-    task.mkdir()
-    for f in TASK.iterdir():
-        if f.suffix in (".yaml", ".py"):
-            (task / f.name).write_text(f.read_text().replace("__PARQUET__", synth_bench["data"])
-                                       .replace("__VIDEOS__", synth_bench["videos"]))
+def _env(tmp_path):
     ep = _entry_point_dir(tmp_path)
     path = [str(ROOT)] + ([str(ep)] if ep else []) + [os.environ.get("PYTHONPATH", "")]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                HF_HOME=str(tmp_path / "hf"), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
                PYTHONPATH=os.pathsep.join(path))
     env.pop("TRITON_INTERPRET", None)
+    return env
+
+
+def test_task_writer_checks_its_input(synth_bench, tmp_path):
+    from vr_runtime.eval.lmms_tasks import main
+    out = tmp_path / "task"
+    assert main(["--data", synth_bench["data"], "--videos", str(tmp_path / "nowhere"),
+                 "--out", str(out)]) == 2
+    assert not out.exists()                      # nothing written for bad input
+    empty = tmp_path / "novideos"
+    empty.mkdir()
+    assert main(["--data", synth_bench["data"], "--videos", str(empty), "--out", str(out)]) == 2
+    assert main(["--data", synth_bench["data"], "--videos", str(empty), "--out", str(out),
+                 "--skip-missing"]) == 0         # every question skipped: an empty task
+    assert (out / "videomme.jsonl").read_text() == ""
+
+
+def test_lmms_eval_runs_videorouter(synth_bench, tmp_path):
+    import pyarrow.parquet as pq
+    n = pq.read_metadata(synth_bench["data"]).num_rows
+    env = _env(tmp_path)
+    task = tmp_path / "task"
     log = tmp_path / "visual_tokens.jsonl"
-    cmd = [sys.executable, "-m", "lmms_eval", "--model", "videorouter", "--model_args",
-           f"pretrained=tiny,policy=auto,max_length=1400,num_frames=6,device=cpu,"
-           f"visual_tokens_log={log}", "--tasks", "videorouter_synthetic", "--include_path",
-           str(task), "--batch_size", "1", "--output_path", str(tmp_path / "out")]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    model_args = (f"pretrained=tiny,policy=auto,max_length=1400,num_frames=6,device=cpu,"
+                  f"visual_tokens_log={log}")
+    w = subprocess.run([sys.executable, "-m", "vr_runtime.eval.lmms_tasks", "--data",
+                        synth_bench["data"], "--videos", synth_bench["videos"], "--out", str(task),
+                        "--answer-mode", "option-text", "--model-args", model_args],
+                       env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert w.returncode == 0, w.stderr[-3000:]
+    assert f"{n} questions" in w.stderr
+    cmd = shlex.split(w.stdout.strip())          # the printed command, run as printed
+    assert cmd[:3] == ["python", "-m", "lmms_eval"] and "--include_path" in cmd
+    # lmms-eval's own videomme utils import cv2; ours must not need it
+    env["PYTHONPATH"] = os.pathsep.join([str(_no_cv2(tmp_path)), env["PYTHONPATH"]])
+    p = subprocess.run([sys.executable] + cmd[1:], env=env, capture_output=True, text=True,
+                       timeout=300, cwd=tmp_path)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
-    assert "videorouter_synthetic" in p.stdout and "accuracy" in p.stdout
+    assert "videorouter_videomme" in p.stdout and "accuracy" in p.stdout
+    assert "Error during evaluation" not in p.stderr, p.stderr[-3000:]
     recs = [json.loads(x) for x in log.read_text().splitlines()]
     assert sorted(r["doc_id"] for r in recs) == list(range(n))
     for r in recs:
         assert r["policy"] in ("global", "fragment") and r["frames"] == 6
         assert 0 < r["visual_tokens"] <= r["budget"] < r["dense_visual_tokens"]
-    assert (p.stdout + p.stderr).count("videorouter sample videorouter_synthetic/") == n
-    results = list((tmp_path / "out").rglob("*results.json"))
+    assert (p.stdout + p.stderr).count("videorouter sample videorouter_videomme/") == n
+    results = list((task / "results").rglob("*results.json"))
     assert results, "lmms-eval wrote no results file"
-    acc = json.loads(results[0].read_text())["results"]["videorouter_synthetic"]
-    assert 0.0 <= acc["accuracy,none"] <= 1.0
+    acc = json.loads(results[0].read_text())["results"]["videorouter_videomme"]
+    assert 0.0 <= acc["accuracy,none"] <= acc["answered,none"] <= 1.0
+
+
+def _no_cv2(tmp_path):
+    """A path entry whose ``cv2`` fails to import, as on a fresh install without OpenCV."""
+    d = tmp_path / "no_cv2"
+    d.mkdir(exist_ok=True)
+    (d / "cv2.py").write_text("raise ImportError(\"No module named 'cv2'\")\n")
+    return d

@@ -1,4 +1,4 @@
-"""Everything above the backbone works unchanged on both families (SPEC section 7): the
+"""Everything above the backbone works unchanged on both families (docs/CONTRACT.md section 7): the
 planner, pool_pack, the routers, the runtime, the visual cache and the command line."""
 import json
 import subprocess

@@ -1,7 +1,7 @@
-"""The `videorouter` command (SPEC section 4), run as a user runs it: in a subprocess.
+"""The `videorouter` command (docs/CONTRACT.md section 4), run as a user runs it: in a subprocess.
 
 Each subprocess imports torch (and, past the input checks, transformers and the tiny model),
-so the cases are chosen to cover every SPEC error once and the normal path twice."""
+so the cases are chosen to cover every docs/CONTRACT.md error once and the normal path twice."""
 import json
 import os
 import subprocess
@@ -110,7 +110,7 @@ def test_demo_question_matches_synthetic_task():
     assert cli.DEMO_FRAMES == demo_spec().num_frames
 
 
-# ----------------------------------------------------------------------------- SPEC errors
+# ----------------------------------------------------------------------------- CONTRACT errors
 
 @pytest.mark.parametrize("name,needle", [
     ("missing.mp4", "no such file"), ("empty.mp4", "empty"), ("corrupt.mp4", "not a readable"),

@@ -41,6 +41,25 @@ def _hf_rope_index(bb, ids, grids):
     return pos
 
 
+def _hf_forward_on_features(bb, ids, grids, feats):
+    """HF's own forward on prompt ``ids`` [L] with precomputed image features ``feats`` (one
+    [gh*gw, D] per kept frame, grids ``grids``): HF scatters them into the placeholders and
+    derives M-RoPE from ``image_grid_thw`` itself. The features go in through the model's own
+    ``get_image_features`` (patched for this call on this instance), the hook every release in
+    the declared range calls from ``forward``: ``mm_encoder_outputs`` exists only from 5.18 on,
+    and 5.17 swallows it in ``**kwargs`` and keeps the placeholders' own embeddings -- the wrong
+    reference behind the failures on the GPU image (transformers 5.17), not the runtime."""
+    from unittest import mock
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+    inner = bb.model.model
+    dev = bb.device
+    out = BaseModelOutputWithPooling(pooler_output=tuple(f.to(dev) for f in feats))
+    with mock.patch.object(inner, "get_image_features", lambda *a, **k: out):
+        return bb.model(input_ids=ids[None].to(dev), image_grid_thw=_thw(grids).to(dev),
+                        pixel_values=torch.zeros(1, 1, device=dev),  # not read: features given
+                        mm_token_type_ids=(ids == bb.image_token_id).int()[None].to(dev)).logits
+
+
 def _compressed_embeds(bb, Z, plan, question=QUESTION, backend="torch"):
     """Prompt ids, inputs_embeds with pool_pack'ed frames, positions: the runtime's path."""
     counts = pooled_counts(plan, bb.grid)
@@ -178,9 +197,8 @@ def test_window1_equals_hf_forward(bb):
 
 def test_pooled_plan_equals_hf_forward_on_pooled_features(bb):
     """A mixed plan (dropped, square, non-square windows): our path equals HF's own forward
-    given the same pooled features as precomputed image outputs (``mm_encoder_outputs``) with
+    given the same pooled features as the image features (:func:`_hf_forward_on_features`) with
     each kept frame's pooled grid in ``image_grid_thw``: HF scatters them and derives M-RoPE."""
-    from transformers.modeling_outputs import BaseModelOutputWithPooling
     from vr_kernels.reference import pool_pack_reference
     plan = [2, 0, (1, 4), 1, (3, 5)]
     with torch.no_grad():
@@ -189,11 +207,11 @@ def test_pooled_plan_equals_hf_forward_on_pooled_features(bb):
         ours = bb.forward(inputs_embeds=E, position_ids=pos, logits_to_keep=0).logits
         kept = [(t, g) for t, g in enumerate(plan_grids(plan, bb.grid)) if g is not None]
         feats = [pool_pack_reference(Z[t:t + 1], [plan[t]], bb.grid) for t, _ in kept]
-        ref = bb.model(input_ids=ids[None], image_grid_thw=_thw([g for _, g in kept]),
-                       mm_token_type_ids=(ids == bb.image_token_id).int()[None],
-                       mm_encoder_outputs={"image": BaseModelOutputWithPooling(
-                           pooler_output=tuple(feats))}).logits
+        ref = _hf_forward_on_features(bb, ids, [g for _, g in kept], feats)
+        plain = bb.model(input_ids=ids[None], position_ids=pos).logits
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+    # the reference really holds the features (not the placeholders' own embeddings)
+    assert not torch.allclose(ref, plain, rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.gpu
@@ -201,7 +219,6 @@ def test_pooled_plan_equals_hf_forward_on_pooled_features(bb):
 def test_window1_equals_hf_forward_cuda(dtype):
     """On CUDA (Triton pool_pack, positions on the device): the same equivalence, and a mixed
     plan against HF given the pooled features (bf16: rounding-level)."""
-    from transformers.modeling_outputs import BaseModelOutputWithPooling
     from vr_kernels.reference import pool_pack_reference
     cb = Qwen25VLBackbone.tiny(device="cuda", dtype=dtype)
     pv = _frames(3, seed=29)
@@ -217,11 +234,8 @@ def test_window1_equals_hf_forward_cuda(dtype):
         ids, E, pos = _compressed_embeds(cb, Z, plan, backend="auto")
         ours = cb.forward(inputs_embeds=E, position_ids=pos, logits_to_keep=0).logits.float()
         kept = [(t, g) for t, g in enumerate(plan_grids(plan, cb.grid)) if g is not None]
-        feats = tuple(pool_pack_reference(Z[t:t + 1], [plan[t]], cb.grid) for t, _ in kept)
-        ref = cb.model(input_ids=ids[None].cuda(), image_grid_thw=_thw([g for _, g in kept]).cuda(),
-                       mm_token_type_ids=(ids == cb.image_token_id).int()[None].cuda(),
-                       mm_encoder_outputs={"image": BaseModelOutputWithPooling(
-                           pooler_output=feats)}).logits.float()
+        feats = [pool_pack_reference(Z[t:t + 1], [plan[t]], cb.grid) for t, _ in kept]
+        ref = _hf_forward_on_features(cb, ids, [g for _, g in kept], feats).float()
         torch.testing.assert_close(ours, ref, rtol=tol, atol=tol)
 
 

@@ -7,6 +7,7 @@ import torch
 from vr_kernels import pooled_counts
 from vr_runtime import budget as B
 from vr_runtime.routers import Routers
+from vr_runtime.policies import get_planner
 from vr_runtime.runtime import POLICIES, VideoRouter
 
 Q = "Which color is the square in the video?"
@@ -46,10 +47,11 @@ def test_answer_every_policy(tiny_vr, frames, policy):
     if policy == "auto":  # untrained routers must not pretend
         assert r["policy"] == "global" and any("untrained" in n for n in r["notes"])
         assert r["policy_probability"] is None
-    if policy == "fragment":
+    if policy != "auto" and get_planner(policy).needs_relevance:   # the planner says so
         assert len(r["frame_scores"]) == T and t["router"] > 0
         assert r["relevant"] == [s > 0.5 for s in r["frame_scores"]]
-        assert plan == B.plan_fragment(r["relevant"], r["budget"])
+        empty = "low" if policy == "fragment-literal" else "global"
+        assert plan == B.plan_fragment(r["relevant"], r["budget"], empty=empty)
     else:
         assert r["frame_scores"] is None
 

@@ -166,16 +166,21 @@ def test_stream(client, media):
     assert stable(chunks[-2]["videorouter"]) == stable(full["videorouter"])
 
 
-def test_token_pieces_concatenate_to_the_text(vr):
-    from vr_runtime.serve.app import token_pieces
+def test_streamed_pieces_concatenate_to_the_answer(vr):
+    """The Detokenizer's pieces, id by id, plus its rest, are exactly decode(ids).strip() (the
+    runtime's answer text): unfinished characters and surrounding whitespace included."""
+    from vr_runtime.serve.app import Detokenizer
     tok = vr.lm.tokenizer
     rng = random.Random(0)
-    alphabet = "abc xyz RED circle 123 .,!?\n\u00e9\u4e2d\U0001f600"
+    alphabet = "abc xyz RED circle 123 .,!?\n \u00e9\u4e2d\U0001f600"
     for n in [0, 1, 2, 7, 31, 64]:
         for _ in range(5):
             text = "".join(rng.choice(alphabet) for _ in range(n))
-            pieces = token_pieces(tok, text)
-            assert "".join(pieces) == text and all(pieces)
+            ids = tok.encode(text, add_special_tokens=False)
+            want = tok.decode(ids, skip_special_tokens=True).strip()
+            d = Detokenizer(tok)
+            pieces = [d.push(i) for i in ids]
+            assert "".join(pieces) + d.rest(want) == want
 
 
 # ----------------------------------------------------------------------------- errors

@@ -36,23 +36,49 @@ def backbone_class(model_type: str):
     return getattr(importlib.import_module(f".{mod}", __name__), cls)
 
 
+MODEL_HINT = "a local InternVL3-*-hf or Qwen2.5-VL-*-Instruct directory"
+
+
+def resolve_model(path_or_name: Union[str, pathlib.Path]) -> Union[str, pathlib.Path]:
+    """Where a model argument points, checked without loading anything: a preset name (returned
+    as is), a local directory, or a Hugging Face Hub id (``OpenGVLab/InternVL3-1B-hf``) found in
+    the local Hugging Face cache -- its snapshot directory. ``ask``, ``serve``, ``eval``, the
+    lmms-eval plugin and ``VideoRouter.from_pretrained`` all resolve through here. Nothing is
+    downloaded: a Hub id not in the cache is a ``ModelFilesError`` giving the download command."""
+    name = str(path_or_name)
+    if name in PRESETS:
+        return name
+    path = pathlib.Path(name).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ModelFilesError(f"model {name!r}: not a directory; pass {MODEL_HINT}, a Hugging "
+                              f"Face id in the local cache, or a preset ({', '.join(PRESETS)})")
+    from .files import cached_snapshot, looks_like_hub_id
+    if looks_like_hub_id(name):
+        return cached_snapshot(name)
+    raise ModelFilesError(f"model {name!r}: not a directory; pass {MODEL_HINT}, a Hugging Face "
+                          f"id in the local cache (e.g. OpenGVLab/InternVL3-1B-hf), or a preset "
+                          f"({', '.join(PRESETS)}); nothing is downloaded")
+
+
 def load_backbone(path_or_name: Union[str, pathlib.Path] = "tiny", device="cpu", dtype=None,
                   attn_implementation: Optional[str] = None) -> Backbone:
-    """A preset (``tiny``, ``tiny-qwen2.5-vl``) or a local checkpoint directory, in eval mode."""
+    """A preset (``tiny``, ``tiny-qwen2.5-vl``), a local checkpoint directory or a cached Hub id
+    (see :func:`resolve_model`), in eval mode."""
     name = str(path_or_name)
     if name in PRESETS:
         return backbone_class(PRESETS[name]).tiny(device=device, dtype=dtype,
                                                   attn_implementation=attn_implementation)
-    path = pathlib.Path(path_or_name).expanduser()
+    path = resolve_model(path_or_name)
     from .files import read_model_type
-    if not path.is_dir():
-        raise ModelFilesError(f"model {name!r}: not a directory; pass a local InternVL3-*-hf or "
-                              f"Qwen2.5-VL-*-Instruct directory (or a preset: "
-                              f"{', '.join(PRESETS)}); nothing is downloaded")
     mtype = read_model_type(path) if (path / "config.json").is_file() else "internvl"
     # A directory without config.json goes to InternVL3's loader, which names what is missing.
     cls = backbone_class(mtype) if mtype in MODEL_TYPES else backbone_class("internvl")
-    return cls.load(path, device=device, dtype=dtype, attn_implementation=attn_implementation)
+    lm = cls.load(path, device=device, dtype=dtype, attn_implementation=attn_implementation)
+    if not pathlib.Path(name).expanduser().is_dir():
+        lm.name = name   # a Hub id: reports name the model, not its snapshot's commit hash
+    return lm
 
 
 def frame_spec_for(path_or_name: Union[str, pathlib.Path]) -> FrameSpec:
@@ -62,7 +88,7 @@ def frame_spec_for(path_or_name: Union[str, pathlib.Path]) -> FrameSpec:
     if name in PRESETS:
         cls = backbone_class(PRESETS[name])
         return cls.spec_from_config(cls.preset_config(name))
-    path = pathlib.Path(path_or_name).expanduser()
+    path = resolve_model(path_or_name)
     from .files import read_model_type
     if not (path / "config.json").is_file():
         raise ModelFilesError(f"model {name!r}: no config.json; pass a local InternVL3-*-hf or "
@@ -90,5 +116,5 @@ def backbone_from_config(config, device="cpu", dtype=None, seed: int = 0,
 
 
 __all__ = ["Backbone", "FrameSpec", "VisionTokens", "load_backbone", "backbone_from_config",
-           "frame_spec_for",
+           "frame_spec_for", "resolve_model",
            "backbone_class", "MODEL_TYPES", "PRESETS"]

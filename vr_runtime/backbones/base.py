@@ -22,10 +22,14 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
+import inspect
 from dataclasses import dataclass
 from typing import ClassVar, Iterator, Optional, Sequence, Tuple
 
 import torch
+
+from ..prompt import VisionTokens  # the prompt owns its framing strings
 
 
 @dataclass(frozen=True)
@@ -35,15 +39,6 @@ class FrameSpec:
     size: Tuple[int, int]
     mean: Tuple[float, float, float]
     std: Tuple[float, float, float]
-
-
-@dataclass(frozen=True)
-class VisionTokens:
-    """The strings that frame one frame's placeholder rows in the prompt:
-    ``start + context * n + end`` (``context`` is the placeholder, one id per visual token)."""
-    start: str
-    end: str
-    context: str
 
 
 @contextlib.contextmanager
@@ -197,14 +192,17 @@ class Backbone(abc.ABC):
 
     # ------------------------------------------------------------------ generation
     def forward(self, *, inputs_embeds=None, input_ids=None, position_ids=None,
-                past_key_values=None, logits_to_keep: int = 1):
-        """One decoder pass -> HF output (``logits`` of the last ``logits_to_keep`` rows,
-        ``past_key_values``). Vision inputs never go through here: frames are already in
-        ``inputs_embeds``."""
+                past_key_values=None, logits_to_keep: int = 1, attention_mask=None):
+        """One decoder pass -> HF output (``logits`` of the last ``logits_to_keep`` rows; its
+        KV cache via :func:`output_cache`). Vision inputs never go through here: frames are
+        already in ``inputs_embeds``. ``attention_mask`` [B, kv length] (1 = a real token):
+        only for batched requests of different lengths."""
         kw = {"position_ids": position_ids} if position_ids is not None else {}
+        if attention_mask is not None:
+            kw["attention_mask"] = attention_mask
         return self.model(inputs_embeds=inputs_embeds, input_ids=input_ids,
-                          past_key_values=past_key_values, use_cache=True, return_dict=True,
-                          logits_to_keep=logits_to_keep, **kw)
+                          **cache_kwargs(self.model, past_key_values), use_cache=True,
+                          return_dict=True, logits_to_keep=logits_to_keep, **kw)
 
     def stop_token_ids(self) -> set:
         tok, cfg = self.tokenizer, self.model.config
@@ -219,6 +217,28 @@ class Backbone(abc.ABC):
         if isinstance(im_end, int) and im_end != tok.unk_token_id:
             ids.add(im_end)
         return {int(i) for i in ids}
+
+
+def cache_kwargs(module: torch.nn.Module, cache) -> dict:
+    """The KV-cache keyword of ``module``'s forward: ``cache`` where the installed transformers
+    has renamed it (newer 5.x releases warn on ``past_key_values``), else ``past_key_values``."""
+    if cache is None:
+        return {}
+    name = _CACHE_NAMES.get(type(module))
+    if name is None:   # once per class: a plain dict read is what a compiled decode step traces
+        params = inspect.signature(type(module).forward).parameters
+        name = _CACHE_NAMES[type(module)] = "cache" if "cache" in params else "past_key_values"
+    return {name: cache}
+
+
+_CACHE_NAMES: dict = {}
+
+
+def output_cache(out):
+    """The KV cache of a transformers model output, by its current field name (reading the old
+    ``past_key_values`` alias of a renamed field warns)."""
+    names = {f.name for f in dataclasses.fields(out)} if dataclasses.is_dataclass(out) else set(out)
+    return getattr(out, "cache" if "cache" in names else "past_key_values")
 
 
 def build_model(model_cls, config, dtype: torch.dtype, attn: str, attn_explicit: bool,
@@ -250,4 +270,4 @@ def check_pixels(pixel_values: torch.Tensor, chunk_size: int) -> None:
 
 
 __all__ = ["Backbone", "FrameSpec", "VisionTokens", "no_init_weights", "build_model",
-           "check_pixels"]
+           "check_pixels", "cache_kwargs", "output_cache"]

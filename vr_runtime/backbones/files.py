@@ -4,9 +4,39 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 from typing import Optional
 
 from ..errors import ModelFilesError
+
+# "org/name" as the Hub spells repository ids; anything else is taken as a local path only.
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def looks_like_hub_id(name: str) -> bool:
+    return bool(HUB_ID.match(name)) and ".." not in name
+
+
+def cached_snapshot(repo_id: str) -> pathlib.Path:
+    """The local Hugging Face cache's snapshot of ``repo_id`` (its ``main`` revision), found
+    without touching the network (``HF_HUB_CACHE`` / ``HF_HOME`` pick the cache, as for every
+    Hugging Face library). Not cached, or cached incompletely: ``ModelFilesError`` giving the
+    download command; nothing is ever downloaded here."""
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub import constants
+    except ImportError:  # transformers depends on it; a broken install still gets one line
+        raise ModelFilesError(f"model {repo_id!r}: not a local directory, and huggingface_hub "
+                              f"is not installed to look it up in the Hugging Face cache") from None
+    try:
+        return pathlib.Path(snapshot_download(repo_id, local_files_only=True))
+    except (OSError, ValueError) as e:
+        # LocalEntryNotFoundError / IncompleteSnapshotError are OSErrors, a malformed id is a
+        # ValueError (HFValidationError).
+        partly = "only partly in" if type(e).__name__ == "IncompleteSnapshotError" else "not in"
+        raise ModelFilesError(f"model {repo_id!r}: no such local directory, and {partly} the "
+                              f"Hugging Face cache ({constants.HF_HUB_CACHE}); download it "
+                              f"with: hf download {repo_id}") from None
 
 
 def check_weights_dir(path: pathlib.Path, model_type: str, layout: str, hint: str = "") -> None:
@@ -65,4 +95,4 @@ def _dir_chat_template(path: pathlib.Path) -> Optional[str]:
     return None
 
 
-__all__ = ["check_weights_dir", "read_model_type", "load_dir_tokenizer"]
+__all__ = ["cached_snapshot", "looks_like_hub_id", "check_weights_dir", "read_model_type", "load_dir_tokenizer"]

@@ -75,7 +75,8 @@ import torch.nn as nn
 
 from ..errors import ModelFilesError
 from ..devices import pick_attn_implementation, resolve_device, resolve_dtype
-from .base import Backbone, FrameSpec, VisionTokens, build_model, check_pixels
+from .base import (Backbone, FrameSpec, VisionTokens, build_model, cache_kwargs,
+                   check_pixels)
 from .files import check_weights_dir, load_dir_tokenizer
 
 QWEN_TOKENS = VisionTokens("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")
@@ -308,7 +309,7 @@ class Qwen25VLBackbone(Backbone):
 
     # ------------------------------------------------------------------ generation
     def forward(self, *, inputs_embeds=None, input_ids=None, position_ids=None,
-                past_key_values=None, logits_to_keep: int = 1):
+                past_key_values=None, logits_to_keep: int = 1, attention_mask=None):
         """As the base class, but never lets HF derive positions itself: without ids and grids
         it would offset them by ``rope_deltas`` left over from an earlier multimodal call.
         ``position_ids=None`` means text positions continuing the cache (all axes equal)."""
@@ -317,9 +318,10 @@ class Qwen25VLBackbone(Backbone):
             past = past_key_values.get_seq_length() if past_key_values is not None else 0
             position_ids = (torch.arange(past, past + x.shape[1], device=x.device)
                             .view(1, 1, -1).expand(3, x.shape[0], -1))
+        kw = {} if attention_mask is None else {"attention_mask": attention_mask}
         return self.model(inputs_embeds=inputs_embeds, input_ids=input_ids,
-                          position_ids=position_ids, past_key_values=past_key_values,
-                          use_cache=True, return_dict=True, logits_to_keep=logits_to_keep)
+                          position_ids=position_ids, **cache_kwargs(self.model, past_key_values),
+                          use_cache=True, return_dict=True, logits_to_keep=logits_to_keep, **kw)
 
     # ------------------------------------------------------------------ construction
     @classmethod

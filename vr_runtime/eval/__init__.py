@@ -1,4 +1,4 @@
-"""Accuracy evaluation (SPEC section 5): benchmark readers, multiple-choice prompting, the
+"""Accuracy evaluation (docs/CONTRACT.md section 5): benchmark readers, multiple-choice prompting, the
 paper's methods as a registry, a data-parallel runner and the paper-style tables.
 ``python -m vr_runtime.eval`` = ``videorouter eval``; the lmms-eval plugin is
 ``vr_runtime.eval.lmms_plugin``."""

@@ -1,5 +1,5 @@
 """Benchmark readers: the published layouts of Video-MME, LongVideoBench and MLVU, and a generic
-JSONL, read from local files into one :class:`Question` type (SPEC section 5).
+JSONL, read from local files into one :class:`Question` type (docs/CONTRACT.md section 5).
 
 | benchmark | file | fields used |
 |---|---|---|

@@ -1,16 +1,17 @@
-"""``videorouter eval`` / ``python -m vr_runtime.eval`` (SPEC section 5).
+"""``videorouter eval`` / ``python -m vr_runtime.eval`` (docs/CONTRACT.md section 5).
 
     videorouter eval --benchmark videomme|longvideobench|mlvu|jsonl --data FILE_OR_DIR --videos DIR
                      [--methods dense,budget,uniform,global,fragment,auto,clip,no-image-router,
                       no-semantic-router,data-ft] [--budgets 4096,8192,12288,16384,24576]
-                     [--frames 64[,128]] [--model PATH|tiny] [--routers PATH] [--clip PATH]
+                     [--frames 64[,128]] [--model PATH|HUB_ID|tiny] [--routers PATH] [--clip PATH]
                      [--data-ft-model PATH] [--limit N] [--out DIR] [--skip-missing]
                      [--answer-mode letter|option-text] [--pre-prompt S] [--post-prompt S]
     videorouter eval --make-synthetic DIR [--videos-per-split N]
     accelerate launch --num_processes N -m vr_runtime.eval ...      # data-parallel
 
 Bad input (missing file or video, malformed row, unknown method) prints one line naming
-file:line and the field, and exits with status 2.
+file:line and the field, and exits with status 2. A video that cannot be decoded is recorded as
+failed and the run goes on (runner.py); the last line says how many failed.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import shlex
 import sys
 from typing import List, Optional
 
-from ..cli import _Parser, _quiet_libraries
+from ..cli_common import SCALES_HELP, Parser, quiet_libraries, scales_arg
 from .methods import DEFAULT_METHODS, METHODS
 from .runner import PAPER_BUDGETS
 
@@ -41,11 +42,11 @@ def _int_list(name):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Accuracy of every method of the paper on a benchmark "
-                "read from local files (SPEC section 5).")
+    p = Parser(prog=PROG, description="Accuracy of every method of the paper on a benchmark "
+                "read from local files.")
     p.add_argument("--make-synthetic", metavar="DIR", default=None,
-                   help="write a small benchmark in Video-MME layout from the synthetic task "
-                        "and exit")
+                   help="write a small benchmark in Video-MME layout from the synthetic task, "
+                        "print the command that evaluates the tiny model on it, and exit")
     p.add_argument("--videos-per-split", type=int, default=4,
                    help="--make-synthetic: videos per duration group (default: 4)")
     p.add_argument("--benchmark", choices=("videomme", "longvideobench", "mlvu", "jsonl"))
@@ -58,7 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: 4096,8192,12288,16384,24576)")
     p.add_argument("--frames", type=_int_list("--frames"), default=(64,),
                    help="frame counts to sweep (default: 64; the paper also uses 128)")
-    p.add_argument("--model", default="tiny", metavar="PATH|tiny")
+    p.add_argument("--scales", type=scales_arg, default=None, metavar="S_G,S_1,S_0|auto",
+                   help=SCALES_HELP)
+    p.add_argument("--model", default="tiny", metavar="PATH|HUB_ID|tiny",
+                   help="as for ask: a local directory, a Hugging Face id in the local cache, "
+                        "or a preset (default: tiny)")
     p.add_argument("--routers", default=None, metavar="PATH")
     p.add_argument("--clip", default=None, metavar="PATH",
                    help="local CLIPModel / SiglipModel directory (method clip)")
@@ -90,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _config(a, argv: List[str]):
     from .benchmarks import BenchmarkError
     from .prompting import DEFAULT_POST_PROMPT, PromptConfig
+    from ..scales import PAPER_SCALES
     from .runner import EvalConfig
     for flag in ("benchmark", "data", "videos"):
         if getattr(a, flag) is None:
@@ -98,13 +104,21 @@ def _config(a, argv: List[str]):
         raise BenchmarkError(f"--limit: expected >= 1, got {a.limit}")
     if a.max_new_tokens < 1:
         raise BenchmarkError(f"--max-new-tokens: expected >= 1, got {a.max_new_tokens}")
-    if a.model != "tiny" and not a.model.startswith("tiny-") and not os.path.isdir(a.model):
-        raise BenchmarkError(f"--model {a.model!r}: no such directory")
+    from ..backbones import resolve_model
+    from ..errors import ModelFilesError
+    for flag in ("model", "data_ft_model"):   # a preset, a directory or a cached Hub id
+        v = getattr(a, flag)
+        try:
+            if v is not None:
+                resolve_model(v)
+        except ModelFilesError as e:
+            raise BenchmarkError(f"--{flag.replace('_', '-')} {v!r}: "
+                                 f"{str(e).split(': ', 1)[1]}") from None
     for flag in ("routers",):
         v = getattr(a, flag)
         if v is not None and not os.path.isfile(v):
             raise BenchmarkError(f"--{flag} {v!r}: no such file")
-    for flag in ("clip", "data_ft_model"):
+    for flag in ("clip",):
         v = getattr(a, flag)
         if v is not None and not os.path.isdir(v):
             raise BenchmarkError(f"--{flag.replace('_', '-')} {v!r}: no such directory")
@@ -118,21 +132,41 @@ def _config(a, argv: List[str]):
                       limit=a.limit, skip_missing=a.skip_missing, prompt=prompt,
                       max_new_tokens=a.max_new_tokens, device=device, dtype=a.dtype,
                       progress=not a.no_progress, title=a.title,
+                      scales=a.scales if a.scales is not None else PAPER_SCALES,
                       command=" ".join(["videorouter eval"] + [shlex.quote(x) for x in argv]))
+
+
+def parser_note(meta: dict) -> Optional[str]:
+    """One line when the answer parser found no option in more than a quarter of the answers:
+    such a table measures the prompt format, not the model."""
+    n, u = meta.get("answers") or 0, meta.get("unanswered") or 0
+    if not n or 4 * u <= n:
+        return None
+    mode = meta.get("answer_mode")
+    hint = ("a model that answers with the option's text needs --answer-mode option-text"
+            if mode == "letter" else "check that the model answers with one of the options")
+    return (f"note: the answer parser found no option in {u} of {n} answers "
+            f"({100 * u / n:.0f}%; --answer-mode {mode}), counted wrong; see 'response' in "
+            f"predictions.jsonl ({hint})")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = os.environ.get("VIDEOROUTER_DEBUG", "") not in ("", "0")
     if not debug:
-        _quiet_libraries()
+        quiet_libraries()
     a = build_parser().parse_args(argv)
     try:
         if a.make_synthetic:
-            from .synthetic import make_synthetic
+            from .synthetic import make_synthetic, quick_eval_answers, quick_eval_argv
             info = make_synthetic(a.make_synthetic, a.videos_per_split)
-            print(f"wrote {info['questions']} questions: --benchmark videomme --data "
-                  f"{info['data']} --videos {info['videos']}")
+            n_answers = quick_eval_answers(info["questions"])
+            # 0.12-0.19 s an answer on 2 CPU cores (bench/results/eval_synthetic_quick)
+            print(f"wrote {info['questions']} questions on {info['num_videos']} videos; this "
+                  f"evaluates the tiny model on them ({n_answers} answers, about "
+                  f"{max(1, round(n_answers * 0.15 / 60))} minute(s) on 2 CPU cores):\n  "
+                  + " ".join(["videorouter eval"] + [shlex.quote(str(x)) for x in
+                                                     quick_eval_argv(info, a.make_synthetic)]))
             return 0
         from .runner import run_eval
         results = run_eval(_config(a, argv))
@@ -145,11 +179,21 @@ def main(argv: Optional[List[str]] = None) -> int:
                                  f"(see results.json: meta.skipped_questions)\n")
             sys.stdout.write(f"\nwrote {a.out}/predictions.jsonl, results.json, results.md, "
                              f"results.csv, accuracy_vs_tokens.png\n")
+            note = parser_note(results["meta"])
+            if note:
+                sys.stderr.write(note + "\n")
+            failed = results["meta"].get("failed_questions") or []
+            if failed:   # the last line: how many failed
+                videos = len({f["video"] for f in failed})
+                sys.stdout.write(f"failed: {len(failed)} question(s) on {videos} video(s) that "
+                                 f"could not be decoded, not scored (reasons in results.json: "
+                                 f"meta.failed_questions); rerun the same command to retry "
+                                 f"them\n")
     except KeyboardInterrupt:
         sys.stderr.write(f"{PROG}: interrupted (rerun the same command to resume)\n")
         return 130
     except Exception as e:  # noqa: BLE001 - the one place that turns errors into exit codes
-        from ..cli import fail_with
+        from ..cli_common import fail_with
         fail_with(e, debug)
     return 0
 

@@ -27,7 +27,7 @@ class VideoRouterLMM(lmms):
                  policy: str = "auto", max_length=12288, num_frames=64, budget=None,
                  clip: Optional[str] = None, device: Optional[str] = None,
                  dtype: Optional[str] = None, max_new_tokens=None, batch_size=1,
-                 visual_tokens_log: Optional[str] = None, **kwargs) -> None:
+                 visual_tokens_log: Optional[str] = None, scales=None, **kwargs) -> None:
         super().__init__()
         import torch
 
@@ -40,8 +40,12 @@ class VideoRouterLMM(lmms):
             raise ValueError(f"videorouter: batch_size must be 1 (one video per prefill), got "
                              f"{batch_size}")
         if policy not in policy_names():
+            from ..errors import did_you_mean
             raise ValueError(f"videorouter: policy {policy!r}: expected one of "
-                             f"{', '.join(policy_names())}")
+                             f"{', '.join(policy_names())}{did_you_mean(policy, policy_names())}")
+        from ..scales import parse_scales
+        # model_args are split at commas, so scales are written 4:1:8 (or "auto")
+        self.scales = parse_scales(scales, "videorouter: scales")
         from accelerate import PartialState
         dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
         state = PartialState(cpu=dev == "cpu")
@@ -99,7 +103,9 @@ class VideoRouterLMM(lmms):
         text, video = self._text_and_video(messages)
         bare = doc.get("question") if isinstance(doc, dict) else None
         max_new = self.max_new_tokens or int(gen_kwargs.get("max_new_tokens", 16) or 16)
-        kw = {}
+        from ..scales import answer_kwargs as scale_kwargs
+        kw = scale_kwargs(self.scales, self.vr, question=text, num_frames=self.num_frames,
+                          max_length=self.max_length, max_new_tokens=max_new, budget=self.budget)
         if self.scorer is not None:
             kw["scorer"] = self.scorer
         res = self.vr.answer(video, text, num_frames=self.num_frames,

@@ -5,13 +5,17 @@ call; nothing branches on method names in the runtime.
 | method | what it is | ``answer`` arguments |
 |---|---|---|
 | ``dense`` | every frame at full resolution, no budget | ``policy="dense"`` |
-| ``budget`` | InternVL3*: as many full-resolution frames as the budget holds | ``policy="budget"`` |
+| ``budget`` | InternVL3* (paper: "dynamically samples frames according to the same context budget"): floor(B / tokens per frame) frames sampled from the video with InternVL's segment rule | ``policy="budget"``, ``num_frames=floor(B/frame tokens)`` |
+| ``budget-subset`` | as many full-resolution frames as fit, a uniform subset of the F already sampled | ``policy="budget"`` |
 | ``uniform`` | one window for every frame, the finest that fits | ``policy="uniform"`` |
 | ``global`` | Global policy only | ``policy="global"`` |
 | ``fragment`` | Fragment policy only (Image Router) | ``policy="fragment"`` |
 | ``auto`` | VideoRouter: the Semantic Router chooses | ``policy="auto"`` |
-| ``clip`` | CLIP relevance pooling (Appendix D) | ``policy="fragment", scorer=CLIPScorer`` |
-| ``no-image-router`` | ablation: Semantic Router decides, Fragment -> uniform pooling | ``policy="auto", route_to={"fragment": "uniform"}`` |
+| ``clip`` | CLIP relevance pooling (Appendix D), token-matched: k = the Image Router's relevant count, CLIP picks which k | ``policy="fragment", scorer=TokenMatchedScorer(CLIPScorer)`` |
+| ``clip-fill`` | CLIP top frames at s1 until the budget is full (not token-matched) | ``policy="fragment", scorer=CLIPScorer`` |
+| ``no-image-router`` | ablation as the paper ran it: Uniform Pooling for every query | ``policy="uniform"`` |
+| ``no-image-router-routed`` | Semantic Router decides, Fragment -> uniform pooling | ``policy="auto", route_to={"fragment": "uniform"}`` |
+| ``auto-literal`` | VideoRouter, Algorithm 1's empty-fragment branch literal (all frames at s0) | ``policy="auto", route_to={"fragment": "fragment-literal"}`` |
 | ``no-semantic-router`` | ablation: always Fragment | ``policy="fragment"`` |
 | ``data-ft`` | "Data FT + Uniform Pooling": the backbone fine-tuned on the same QA data without routing, evaluated with uniform pooling | ``policy="uniform"`` on the ``--data-ft-model`` checkpoint |
 """
@@ -36,6 +40,17 @@ class Method:
     scorer: Optional[Callable] = None      # resources -> FrameScorer (e.g. CLIP)
     needs: Tuple[str, ...] = ()            # resources it needs: "clip", "data_ft_model"
     kwargs: Dict[str, object] = field(default_factory=dict)
+    # InternVL3* as the paper ran it: sample floor(B / tokens per full-resolution frame) frames
+    # from the video itself (InternVL's segment rule for that n), not a subset of the F sampled
+    frames_from_budget: bool = False
+
+    def num_frames(self, budget: Optional[int], frames: int, frame_tokens: int) -> int:
+        """How many frames to sample from the video for this row (``frames`` unless the method
+        samples by the context budget; at least 1, so a budget below one frame fails clearly
+        in planning)."""
+        if not self.frames_from_budget or budget is None:
+            return frames
+        return max(1, budget // frame_tokens)
 
     def answer_kwargs(self, resources: dict) -> dict:
         kw = {"policy": self.policy, **self.kwargs}
@@ -64,8 +79,9 @@ def register_method(name: str, policy: str, description: str, **kw) -> Method:
 def get_method(name: str) -> Method:
     m = METHODS.get(name)
     if m is None:
+        from ..errors import did_you_mean
         raise MethodError(f"--methods: unknown method {name!r}; expected some of "
-                          f"{', '.join(METHODS)}")
+                          f"{', '.join(METHODS)}{did_you_mean(name, METHODS)}")
     return m
 
 
@@ -88,16 +104,32 @@ def _clip_scorer(resources):
     return resources["clip_scorer"]
 
 
+def _clip_matched(resources):
+    from ..scorers import TokenMatchedScorer
+    return TokenMatchedScorer(resources["clip_scorer"])
+
+
 register_method("dense", "dense", "every frame at full resolution, no budget", budgeted=False)
-register_method("budget", "budget", "InternVL3*: full-resolution frames, as many as fit")
+register_method("budget", "budget", "InternVL3*: floor(B / frame tokens) full-resolution frames "
+                "sampled from the video by the context budget", frames_from_budget=True)
+register_method("budget-subset", "budget", "InternVL3* variant: as many full-resolution frames as "
+                "fit, a uniform subset of the F frames sampled")
 register_method("uniform", "uniform", "one window for every frame, the finest that fits")
 register_method("global", "global", "Global policy only")
 register_method("fragment", "fragment", "Fragment policy only (Image Router)")
 register_method("auto", "auto", "VideoRouter: the Semantic Router picks Global or Fragment")
-register_method("clip", "fragment", "CLIP relevance pooling (paper Appendix D)",
+register_method("clip", "fragment", "CLIP relevance pooling (paper Appendix D), token-matched: "
+                "as many frames at s1 as the Image Router marks relevant, CLIP picks which",
+                scorer=_clip_matched, needs=("clip",))
+register_method("clip-fill", "fragment", "CLIP relevance pooling filling the budget: top CLIP "
+                "frames at s1 until B is full (not token-matched)",
                 scorer=_clip_scorer, needs=("clip",))
-register_method("no-image-router", "auto", "ablation: Fragment falls back to uniform pooling",
-                route_to={"fragment": "uniform"})
+register_method("no-image-router", "uniform", "ablation (paper Table 4): w/o Image Router = "
+                "Uniform Pooling for every query")
+register_method("no-image-router-routed", "auto", "variant: the Semantic Router decides, "
+                "Fragment -> uniform pooling", route_to={"fragment": "uniform"})
+register_method("auto-literal", "auto", "VideoRouter with Algorithm 1 read literally (no "
+                "relevant frame: every frame at s0)", route_to={"fragment": "fragment-literal"})
 register_method("no-semantic-router", "fragment", "ablation: always Fragment")
 register_method("data-ft", "uniform", "Data FT + Uniform Pooling (backbone fine-tuned on the "
                 "QA data without routing)", model="data_ft_model", needs=("data_ft_model",))

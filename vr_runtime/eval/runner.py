@@ -11,15 +11,22 @@ over ranks (sorted by path, so the split does not depend on the order in the fil
 appends its predictions to ``OUT/predictions.part<rank>.jsonl`` as it goes (a killed run loses
 at most the question in flight); at the end every rank's new predictions are gathered on rank 0,
 which writes ``predictions.jsonl`` (sorted) and the tables. A rerun with the same OUT skips the
-(question, method, budget, frames) combinations already in ``predictions.jsonl`` or a part file.
+(question, method, budget, frames) combinations already in ``predictions.jsonl`` or a part file
+(and says "resuming: N of M done"); it refuses to reuse them when ``settings.json`` differs
+from the run's settings, or is missing or unreadable.
+
+Faults: a video that cannot be decoded does not stop the run; its questions are recorded with
+the reason (``"failed"``), counted apart from wrong answers, and retried by the next run. A write
+that fails (a full disk) names its file; the results files are replaced all together or not at
+all (``atomic.py``), so a failure leaves the previous set and the part files, and a rerun
+completes it.
 """
 from __future__ import annotations
 
-import datetime
+import contextlib
 import json
 import os
 import pathlib
-import platform
 import sys
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
@@ -56,6 +63,7 @@ class EvalConfig:
     progress: bool = True
     command: str = ""
     title: str = ""
+    scales: object = (2, 1, 4)   # (s_g, s_1, s_0) or "auto" (vr_runtime.scales)
 
 
 Key = Tuple[str, str, Optional[int], int]   # (id, method, budget, frames)
@@ -77,10 +85,12 @@ def read_predictions(out: pathlib.Path) -> Dict[Key, dict]:
                 continue
             try:
                 p = json.loads(line)
-                done[prediction_key(p)] = p
+                key = prediction_key(p)
             except (json.JSONDecodeError, KeyError, TypeError, ValueError):
                 # A line cut short by a kill: the combination is simply redone.
                 continue
+            if not p.get("failed"):      # a failed video is retried by every rerun
+                done[key] = p
     return done
 
 
@@ -111,6 +121,8 @@ class Evaluator:
         self.cfg = cfg
         self._models: Dict[str, object] = {}
         self._clip = None
+        from .ttft import ColdCosts
+        self._cold = ColdCosts()     # the cached stages' measured cost, added back per method
 
     def resources(self) -> dict:
         return {"clip": self.cfg.clip, "data_ft_model": self.cfg.data_ft_model,
@@ -146,17 +158,37 @@ class Evaluator:
             max_length = frames * vr.lm.grid[0] * vr.lm.grid[1] + TEXT_ALLOWANCE
         else:
             max_length = budget + TEXT_ALLOWANCE
-        res = vr.answer(clip, prompt, num_frames=frames, max_length=max_length,
-                        max_new_tokens=cfg.max_new_tokens, budget=budget, cache_visual=True,
-                        router_question=q.question, **m.answer_kwargs(self.resources()))
+        kw = m.answer_kwargs(self.resources())
+        from ..scales import answer_kwargs as scale_kwargs
+        # The method's own windows (if any) win over --scales; auto reads the fixed budget.
+        kw = {**scale_kwargs(cfg.scales, vr, question=prompt, num_frames=frames,
+                             max_length=max_length, max_new_tokens=cfg.max_new_tokens,
+                             budget=budget), **kw}
+        if "scorer" not in kw and "relevant" not in kw:
+            # the runtime's cached Image Router, timed when it builds its visual state (ttft.py)
+            from .ttft import TimedCachedImageRouterScorer
+            kw["scorer"] = TimedCachedImageRouterScorer(frame_batch=kw.pop("frame_batch", None),
+                                                        router_pool=kw.pop("router_pool", None))
+        # InternVL3* samples its own frame count from the video (methods.Method.num_frames)
+        n = m.num_frames(budget, frames, vr.lm.grid[0] * vr.lm.grid[1])
+        if n != frames:   # decoded on its own, uncached: it would evict the shared visual state
+            clip = q.video
+        res = vr.answer(clip, prompt, num_frames=n, max_length=max_length,
+                        max_new_tokens=cfg.max_new_tokens, budget=budget, cache_visual=n == frames,
+                        router_question=q.question, **kw)
         r = res.report
+        ttft, added = self._cold.add_back((id(vr), q.video, n), r, kw.get("scorer"))
         pred = extract_answer(res.text, q.options, cfg.prompt.answer_mode)
         return {"id": q.id, "method": m.name, "budget": budget, "frames": frames,
                 "prediction": pred, "response": res.text, "answer": q.answer,
                 "correct": pred == q.answer, "visual_tokens": int(r["visual_tokens"]),
-                "ttft_s": r["timings_s"].get("ttft"), "policy": r["policy"],
+                "ttft_s": None if ttft is None else round(ttft, 6),
+                "ttft_cached_s": r["timings_s"].get("ttft"),
+                "ttft_added_back_s": round(added, 6), "policy": r["policy"],
                 "category": q.category, "duration": q.duration,
                 "video": pathlib.Path(q.video).name, "frames_used": len(r["frame_indices"]),
+                "frames_kept": r.get("frames_kept"),
+                "no_relevant_frame": bool(r.get("no_relevant_frame")),
                 "visual_cache": r.get("visual_cache")}
 
 
@@ -183,14 +215,20 @@ def run_eval(cfg: EvalConfig) -> Optional[dict]:
     check_settings(out, cfg, write=rank == 0)
     done = read_predictions(out)
     mine = shard_videos([q.video for q in bench.questions], rank, world)
-    todo = [j for j in jobs_for(bench, methods, cfg.budgets, cfg.frames)
-            if j[0].video in mine and (j[0].id, j[1].name, j[2], j[3]) not in done]
+    all_jobs = jobs_for(bench, methods, cfg.budgets, cfg.frames)
+    ours = [j for j in all_jobs if j[0].video in mine]
+    todo = [j for j in ours if (j[0].id, j[1].name, j[2], j[3]) not in done]
+    if rank == 0:
+        n_done = sum((j[0].id, j[1].name, j[2], j[3]) in done for j in all_jobs)
+        if 0 < n_done < len(all_jobs):
+            sys.stderr.write(f"resuming: {n_done} of {len(all_jobs)} done\n")
     new: List[dict] = []
     if todo:
         ev = Evaluator(cfg)
         ev.load(methods)
         new = _answer_all(ev, todo, out / f"predictions.part{rank}.jsonl",
-                          progress=cfg.progress and rank == 0, world=world)
+                          progress=cfg.progress and rank == 0, world=world,
+                          done_before=len(ours) - len(todo))
     if state is not None:
         from accelerate.utils import gather_object
         state.wait_for_everyone()
@@ -219,30 +257,49 @@ def settings_of(cfg: EvalConfig) -> dict:
             "clip": cfg.clip, "data_ft_model": cfg.data_ft_model,
             "prompt_style": cfg.prompt.style, "pre_prompt": cfg.prompt.pre_prompt,
             "post_prompt": cfg.prompt.post_prompt, "answer_mode": cfg.prompt.answer_mode,
-            "max_new_tokens": cfg.max_new_tokens}
+            "max_new_tokens": cfg.max_new_tokens, "scales": _scales_label(cfg.scales)}
+
+
+def _scales_label(scales) -> str:
+    from ..scales import label
+    return label(scales)
+
+
+# Settings added later, with the value every earlier run had: an OUT written before they
+# existed still resumes when they are at that value.
+SETTINGS_BEFORE = {"scales": "2,1,4"}
 
 
 def check_settings(out: pathlib.Path, cfg: EvalConfig, write: bool) -> None:
     """A rerun resumes only with the settings the predictions in OUT were made with."""
+    from .atomic import write_files_atomically
     from .benchmarks import BenchmarkError
     f = out / "settings.json"
     now = settings_of(cfg)
-    if f.is_file():
+    before, problem = None, "is missing"
+    if f.exists():
         try:
-            before = json.loads(f.read_text())
-        except json.JSONDecodeError:
-            before = None
-        if isinstance(before, dict):
-            diff = sorted(k for k in now if before.get(k) != now[k])
-            if diff:
-                raise BenchmarkError(f"--out {str(out)!r} holds predictions made with other "
-                                     f"settings ({', '.join(diff)}: {before.get(diff[0])!r} "
-                                     f"there, {now[diff[0]]!r} now); use another --out")
-            return
+            before = json.loads(f.read_text(encoding="utf-8"))
+            problem = None if isinstance(before, dict) else "is not a JSON object"
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            problem = f"cannot be read ({getattr(e, 'strerror', None) or e})"
+    if problem is None:
+        diff = sorted(k for k in now if before.get(k, SETTINGS_BEFORE.get(k)) != now[k])
+        if diff:
+            raise BenchmarkError(f"--out {str(out)!r} holds predictions made with other "
+                                 f"settings ({', '.join(diff)}: {before.get(diff[0])!r} "
+                                 f"there, {now[diff[0]]!r} now); use another --out")
+        return
+    # Without the settings, predictions already in OUT cannot be told apart from ones made
+    # with other settings: refuse to reuse them rather than mix them silently.
+    n = len(read_predictions(out))
+    if n:
+        raise BenchmarkError(f"--out {str(out)!r} holds {n} predictions but its settings.json "
+                             f"{problem}, so they cannot be matched to these settings; use "
+                             f"another --out, or delete {out / 'predictions*.jsonl'} to start "
+                             f"over")
     if write:
-        tmp = f.with_name("settings.json.tmp")
-        tmp.write_text(json.dumps(now, indent=1) + "\n")
-        tmp.replace(f)
+        write_files_atomically({f: json.dumps(now, indent=1) + "\n"})
 
 
 def _sort_key(k: Key):
@@ -250,7 +307,37 @@ def _sort_key(k: Key):
     return (method, -1 if budget is None else budget, frames, qid)
 
 
-def _answer_all(ev: Evaluator, todo, part: pathlib.Path, progress: bool, world: int) -> List[dict]:
+def failed_prediction(q: Question, m: Method, budget: Optional[int], frames: int,
+                      reason: str) -> dict:
+    """The record of a question whose video could not be decoded: kept in the predictions
+    (with the reason), counted as ``failed`` in the tables, retried by a rerun."""
+    return {"id": q.id, "method": m.name, "budget": budget, "frames": frames,
+            "failed": reason, "prediction": None, "response": None, "answer": q.answer,
+            "correct": False, "category": q.category, "duration": q.duration,
+            "video": pathlib.Path(q.video).name}
+
+
+def _no_space(e: OSError, path: pathlib.Path) -> OSError:
+    """The OSError of a failed write, naming the file (a bare ``[Errno 28]`` names nothing)."""
+    return OSError(e.errno, f"{e.strerror or e} (free space and rerun the same command to "
+                   f"resume: the predictions written so far are kept)", str(path))
+
+
+def _ends_mid_line(path: pathlib.Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            if fh.seek(0, os.SEEK_END) == 0:
+                return False
+            fh.seek(-1, os.SEEK_END)
+            return fh.read(1) != b"\n"
+    except FileNotFoundError:
+        return False
+
+
+def _answer_all(ev: Evaluator, todo, part: pathlib.Path, progress: bool, world: int,
+                done_before: int = 0) -> List[dict]:
+    import concurrent.futures as cf
+
     from tqdm.auto import tqdm
 
     from ..video import prefetch_video
@@ -264,14 +351,27 @@ def _answer_all(ev: Evaluator, todo, part: pathlib.Path, progress: bool, world: 
     def start(i):
         if i < len(order) and order[i] not in futures:
             v, F = order[i]
-            futures[order[i]] = prefetch_video(v, num_frames=F, size=size)
+            try:
+                futures[order[i]] = prefetch_video(v, num_frames=F, size=size)
+            except Exception as e:  # noqa: BLE001 - the video's failure, recorded below
+                futures[order[i]] = f = cf.Future()
+                f.set_exception(e)
 
     new: List[dict] = []
-    bar = tqdm(total=len(todo), disable=not progress, unit="answer", dynamic_ncols=True,
+    # A resumed run starts its bar at what is already done (and run_eval says so).
+    bar = tqdm(total=done_before + len(todo), initial=done_before, disable=not progress,
+               unit="answer", dynamic_ncols=True,
                mininterval=0.5 if sys.stderr.isatty() else 10.0,
                desc=f"eval ({world} proc)" if world > 1 else "eval", file=sys.stderr)
-    cur, clip, idx = None, None, -1
-    with open(part, "a") as fh:
+    cur, clip, idx, failure = None, None, -1, None
+    try:
+        torn = _ends_mid_line(part)
+        fh = open(part, "a")
+        if torn:     # a kill cut the last line short: start ours on a line of their own
+            fh.write("\n")
+    except OSError as e:
+        raise _no_space(e, part) from e
+    with fh:
         for q, m, b, F in todo:
             if (q.video, F) != cur:
                 if cur is not None:
@@ -281,11 +381,26 @@ def _answer_all(ev: Evaluator, todo, part: pathlib.Path, progress: bool, world: 
                 idx += 1
                 cur = (q.video, F)
                 start(idx)
-                clip = futures[cur].result()
+                try:
+                    clip, failure = futures[cur].result(), None
+                except Exception as e:  # noqa: BLE001 - one bad video must not stop the run
+                    # Decoding reads only this file: whatever fails is this video's failure.
+                    clip, failure = None, f"{type(e).__name__}: {e}"
+                    n = sum(1 for j in todo if (j[0].video, j[3]) == cur)
+                    tqdm.write(f"eval: {q.video} ({F} frames) failed, {n} answer(s) recorded "
+                               f"as failed, going on: {failure}", file=sys.stderr)
                 start(idx + 1)                        # decode the next video meanwhile
-            p = ev.answer(clip, q, m, b, F)
-            fh.write(json.dumps(p) + "\n")
-            fh.flush()
+            if failure is not None:
+                p = failed_prediction(q, m, b, F, failure)
+            else:
+                p = ev.answer(clip, q, m, b, F)
+            try:
+                fh.write(json.dumps(p) + "\n")
+                fh.flush()
+            except OSError as e:
+                with contextlib.suppress(OSError):   # its buffer would fail again on close
+                    fh.close()
+                raise _no_space(e, part) from e
             new.append(p)
             bar.update(1)
             bar.set_postfix_str(f"{m.name} B={b} T={F}", refresh=False)
@@ -293,17 +408,5 @@ def _answer_all(ev: Evaluator, todo, part: pathlib.Path, progress: bool, world: 
     return new
 
 
-def environment() -> dict:
-    import torch
-    import transformers
-    dev = "cpu"
-    if torch.cuda.is_available():
-        dev = torch.cuda.get_device_name(0)
-    return {"device": dev, "cpu": platform.processor() or platform.machine(),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__}
-
-
 __all__ = ["EvalConfig", "run_eval", "read_predictions", "jobs_for", "shard_videos",
-           "PAPER_BUDGETS", "PAPER_FRAMES", "environment"]
+           "PAPER_BUDGETS", "PAPER_FRAMES"]

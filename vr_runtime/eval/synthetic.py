@@ -71,7 +71,33 @@ def make_synthetic(out_dir, videos_per_split: int = 4, seed: int = 0) -> Dict[st
     except ImportError:
         data = bdir / "test.json"
         data.write_text(json.dumps(rows, indent=1) + "\n")
-    return {"data": str(data), "videos": str(vdir), "questions": len(rows)}
+    return {"data": str(data), "videos": str(vdir), "questions": len(rows),
+            "num_videos": num_videos}
+
+
+# The quick path's settings for the tiny model, as in scripts/eval_tiny.sh: 16 frames (its
+# training length), two budgets, and the tiny model's answer format -- it answers with the
+# option's text ("circle"), not a letter, and was trained on the bare question (the defaults,
+# lmms-eval's lettered prompt and letter parsing, would score every answer as unanswered).
+# The default methods at these settings make 15 rows; 48 questions (the default
+# --videos-per-split 4) took 85-135 s on 2 CPU cores (bench/results/eval_synthetic_quick).
+QUICK_EVAL_FLAGS = ("--frames", "16", "--budgets", "1024,2048", "--prompt-style", "bare",
+                    "--answer-mode", "option-text", "--max-new-tokens", "8")
+
+
+def quick_eval_answers(questions: int) -> int:
+    """How many answers the quick command makes (the default methods, budgeted ones twice)."""
+    from .methods import DEFAULT_METHODS, parse_methods
+    budgets = len(QUICK_EVAL_FLAGS[QUICK_EVAL_FLAGS.index("--budgets") + 1].split(","))
+    return questions * sum(budgets if m.budgeted else 1
+                           for m in parse_methods(DEFAULT_METHODS, {}))
+
+
+def quick_eval_argv(info: Dict[str, object], out_dir) -> list:
+    """The ``videorouter eval`` arguments that evaluate the tiny model on a benchmark written
+    by :func:`make_synthetic` (``info`` its return value), results in ``OUT_DIR/eval``."""
+    return ["--benchmark", "videomme", "--data", str(info["data"]), "--videos",
+            str(info["videos"]), *QUICK_EVAL_FLAGS, "--out", str(pathlib.Path(out_dir) / "eval")]
 
 
 def make_random_clip(out_dir, seed: int = 0) -> str:
@@ -98,4 +124,5 @@ def make_random_clip(out_dir, seed: int = 0) -> str:
     return str(out_dir)
 
 
-__all__ = ["make_synthetic", "make_random_clip", "DURATIONS"]
+__all__ = ["make_synthetic", "make_random_clip", "quick_eval_argv", "quick_eval_answers",
+           "QUICK_EVAL_FLAGS", "DURATIONS"]

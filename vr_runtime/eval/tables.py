@@ -1,9 +1,11 @@
-"""Results files of an evaluation run (SPEC section 5), laid out like the paper's tables.
+"""Results files of an evaluation run (docs/CONTRACT.md section 5), laid out like the paper's tables.
 
 ``OUT/predictions.jsonl``  one line per question x method x budget x frames
-``OUT/results.json``       {"rows": [{method, budget, frames, n, accuracy, visual_tokens_mean,
-                            ttft_s_mean, by_duration, by_category, policies}], "meta": {...}}
-``OUT/results.md``         Method | Frames | B_img | Visual tokens | Overall | per duration | per category
+``OUT/results.json``       {"rows": [{method, budget, frames, n, failed, accuracy,
+                            visual_tokens_mean, frames_mean, no_relevant, ttft_s_mean,
+                            ttft_cached_s_mean, unanswered, by_duration, by_category, policies}], "meta": {..., failed_questions}}
+``OUT/results.md``         Method | Frames | B_img | Visual tokens | n | Overall | Unanswered |
+                           Failed | Frames kept | No relevant | per duration | per category
 ``OUT/results.csv``        the same columns
 ``OUT/accuracy_vs_tokens.png``  accuracy against *actual* mean visual tokens, one line per
                             method (and frame count) across budgets
@@ -16,6 +18,8 @@ import json
 import pathlib
 from collections import Counter, defaultdict
 from typing import Dict, List, Optional, Sequence
+
+from .atomic import write_files_atomically
 
 DURATION_ORDER = ("short", "medium", "long")
 
@@ -38,20 +42,33 @@ def aggregate(preds: Sequence[dict], methods: Sequence) -> List[dict]:
         groups[(p["method"], p["budget"], p["frames"])].append(p)
     order = {m.name: i for i, m in enumerate(methods)}
     rows = []
-    for (method, budget, frames), ps in sorted(
+    for (method, budget, frames), group in sorted(
             groups.items(), key=lambda kv: (kv[0][2], order.get(kv[0][0], 99),
                                             -1 if kv[0][1] is None else kv[0][1])):
+        # A question whose video could not be decoded is not scored: it is counted as
+        # `failed`, apart from wrong answers, and every other figure is over the rest.
+        ps = [p for p in group if not p.get("failed")]
         by_d: Dict[str, List[dict]] = defaultdict(list)
         by_c: Dict[str, List[dict]] = defaultdict(list)
         for p in ps:
             by_d[str(p.get("duration") or "")].append(p)
             by_c[str(p.get("category") or "")].append(p)
         ttft = [p["ttft_s"] for p in ps if p.get("ttft_s") is not None]
+        # as measured with the visual cache (ttft_s adds back what the cache saved: eval/ttft.py)
+        cached = [p["ttft_cached_s"] for p in ps if p.get("ttft_cached_s") is not None]
         rows.append({
             "method": method, "budget": budget, "frames": frames, "n": len(ps),
-            "accuracy": round(_acc(ps), 2),
-            "visual_tokens_mean": round(sum(p["visual_tokens"] for p in ps) / len(ps), 1),
+            "failed": len(group) - len(ps),
+            "accuracy": round(_acc(ps), 2) if ps else None,
+            "visual_tokens_mean": round(sum(p["visual_tokens"] for p in ps) / len(ps), 1)
+            if ps else None,
+            # the paper's Table 2 column: frames actually kept (InternVL3* keeps fewer)
+            "frames_mean": round(sum(p.get("frames_kept") or p.get("frames_used") or frames
+                                     for p in ps) / len(ps), 1) if ps else None,
+            # questions where the Image Router marked no frame (Algorithm 1's empty branch)
+            "no_relevant": sum(bool(p.get("no_relevant_frame")) for p in ps),
             "ttft_s_mean": round(sum(ttft) / len(ttft), 4) if ttft else None,
+            "ttft_cached_s_mean": round(sum(cached) / len(cached), 4) if cached else None,
             "unanswered": sum(p["prediction"] is None for p in ps),
             "by_duration": {k: round(_acc(by_d[k]), 2) for k in _ordered(by_d)},
             "by_category": {k: round(_acc(by_c[k]), 2) for k in sorted(k for k in by_c if k)},
@@ -68,12 +85,18 @@ def _columns(rows):
 
 def table_rows(rows) -> (List[str], List[list]):
     durs, cats = _columns(rows)
-    head = ["Method", "Frames", "B_img", "Visual tokens", "n", "Overall"] + \
-        [f"{d}" for d in durs] + [f"{c}" for c in cats]
+    # Frames kept (the paper's Table 2 "frames") and No relevant follow the older columns,
+    # so readers of results.csv by position keep working
+    head = ["Method", "Frames", "B_img", "Visual tokens", "n", "Overall", "Unanswered",
+            "Failed", "Frames kept", "No relevant"] + [f"{d}" for d in durs] + \
+        [f"{c}" for c in cats]
     body = []
     for r in rows:
         body.append([r["method"], r["frames"], "-" if r["budget"] is None else r["budget"],
-                     f"{r['visual_tokens_mean']:.0f}", r["n"], f"{r['accuracy']:.1f}"] +
+                     "-" if r["visual_tokens_mean"] is None else f"{r['visual_tokens_mean']:.0f}",
+                     r["n"], _fmt(r["accuracy"]), r["unanswered"], r.get("failed", 0),
+                     "-" if r.get("frames_mean") is None else f"{r['frames_mean']:.1f}",
+                     r.get("no_relevant", 0)] +
                     [_fmt(r["by_duration"].get(d)) for d in durs] +
                     [_fmt(r["by_category"].get(c)) for c in cats])
     return head, body
@@ -92,7 +115,12 @@ def markdown(rows, meta: dict) -> str:
     out.write(f"Model: `{meta['model']}`; benchmark `{meta['benchmark']}` ({meta['questions']} "
               f"questions, {meta['skipped']} skipped); prompt `{meta['prompt_style']}`, answer mode "
               f"`{meta['answer_mode']}`. "
-              f"Accuracy in %; *Visual tokens* is the actual mean over the questions. "
+              f"Accuracy in %; *Frames kept* and *Visual tokens* are the actual means over the "
+              f"questions (the paper's Table 2 columns); *No relevant*: questions whose Image "
+              f"Router marked no frame (`fragment`: Global plan; `fragment-literal`: all at s0). "
+              f"*Unanswered*: answers in which the parser found no option (scored wrong); "
+              f"*Failed*: questions whose video could not be decoded (not scored, not in n; "
+              f"a rerun retries them). "
               f"B_img is the fixed visual budget (the paper's controlled protocol); "
               f"`-` = no budget (dense).")
     if durs:
@@ -124,7 +152,8 @@ def plot(rows, path: pathlib.Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     lines: Dict[tuple, list] = defaultdict(list)
     for r in rows:
-        lines[(r["method"], r["frames"])].append(r)
+        if r["visual_tokens_mean"] is not None:   # None: every question failed
+            lines[(r["method"], r["frames"])].append(r)
     multi_f = len({r["frames"] for r in rows}) > 1
     markers = "osD^vPX*h<>p"
     for i, ((method, frames), rs) in enumerate(lines.items()):
@@ -142,20 +171,21 @@ def plot(rows, path: pathlib.Path, title: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp)
+    fig.savefig(path, format="png")   # write_outputs gives a temporary name
     plt.close(fig)
-    tmp.replace(path)
 
 
-def _write(path: pathlib.Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)      # nothing half-written
+def failed_questions(preds: Sequence[dict]) -> List[dict]:
+    """One entry per question with a failed prediction: {id, video, reason}."""
+    seen: Dict[str, dict] = {}
+    for p in preds:
+        if p.get("failed") and str(p["id"]) not in seen:
+            seen[str(p["id"])] = {"id": p["id"], "video": p.get("video"), "reason": p["failed"]}
+    return list(seen.values())
 
 
 def write_outputs(out: pathlib.Path, preds: List[dict], bench, methods, cfg, world: int) -> dict:
-    from .runner import environment
+    from ..environment import environment
     env = environment()
     rows = aggregate(preds, methods)
     meta = {"benchmark": bench.name, "data": str(cfg.data), "model": cfg.model,
@@ -168,18 +198,25 @@ def write_outputs(out: pathlib.Path, preds: List[dict], bench, methods, cfg, wor
             "pre_prompt": cfg.prompt.pre_prompt, "post_prompt": cfg.prompt.post_prompt,
             "max_new_tokens": cfg.max_new_tokens, "processes": world, "command": cfg.command,
             "title": cfg.title, **env}
+    failed = failed_questions(preds)
+    meta["failed"] = len(failed)
+    meta["failed_questions"] = failed
+    meta["answers"] = sum(r["n"] for r in rows)           # scored (not failed)
+    meta["unanswered"] = sum(r["unanswered"] for r in rows)
     meta["device_line"] = (f"Device: {env['device']} ({env['cpu']}); {env['date']}; torch "
                            f"{env['torch']}, transformers {env['transformers']}, Python "
                            f"{env['python']}; {world} process(es).")
     results = {"rows": rows, "meta": meta}
-    _write(out / "predictions.jsonl", "".join(json.dumps(p) + "\n" for p in preds))
-    _write(out / "results.json", json.dumps(results, indent=1) + "\n")
-    _write(out / "results.md", markdown(rows, meta))
-    _write(out / "results.csv", csv_text(rows))
-    if rows:
-        plot(rows, out / "accuracy_vs_tokens.png",
-             cfg.title or f"{bench.name}: accuracy vs visual tokens ({cfg.model})")
+    files = {out / "predictions.jsonl": "".join(json.dumps(p) + "\n" for p in preds),
+             out / "results.json": json.dumps(results, indent=1) + "\n",
+             out / "results.md": markdown(rows, meta),
+             out / "results.csv": csv_text(rows)}
+    if any(r["visual_tokens_mean"] is not None for r in rows):
+        title = cfg.title or f"{bench.name}: accuracy vs visual tokens ({cfg.model})"
+        files[out / "accuracy_vs_tokens.png"] = lambda path: plot(rows, path, title)
+    # All or nothing: a full disk leaves the previous set of files as it was (atomic.py).
+    write_files_atomically(files)
     return results
 
 
-__all__ = ["aggregate", "markdown", "csv_text", "plot", "write_outputs"]
+__all__ = ["aggregate", "markdown", "csv_text", "plot", "write_outputs", "failed_questions"]

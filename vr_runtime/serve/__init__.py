@@ -1,4 +1,4 @@
-"""``videorouter serve``: an OpenAI-compatible video QA server (SPEC section 6).
+"""``videorouter serve``: an OpenAI-compatible video QA server (docs/CONTRACT.md section 6).
 
 Modules: ``command`` (arguments, start-up), ``app`` (the FastAPI app), ``schema`` (requests,
 responses), ``media`` (video URLs, the media directory, uploads), ``engine`` (one model per

@@ -1,8 +1,10 @@
-"""The FastAPI app of ``videorouter serve`` (SPEC section 6): an OpenAI-compatible video QA API.
+"""The FastAPI app of ``videorouter serve`` (docs/CONTRACT.md section 6): an OpenAI-compatible video QA API.
 
     POST /v1/chat/completions   text + one video_url part -> chat.completion (+ "videorouter")
     GET  /v1/models             the served model
-    GET  /health                200 while the process serves; queue counters
+    GET  /health                200 while the process serves (503 while draining); queue
+                                counters, API requests by status
+    GET  /metrics               Prometheus metrics (vr_runtime.serve.observe)
 
 :func:`create_app` builds it around an :class:`~vr_runtime.serve.engine.Engine` (one model per
 process). Safe by default: the body size is capped before it is read, an optional Bearer key
@@ -10,11 +12,17 @@ guards ``/v1``, and every failure -- malformed JSON, a wrong type, a video outsi
 directory, a corrupt video, a full queue, a bug -- is answered with an OpenAI-style error object;
 no traceback ever reaches a client, and no single request can stop the server.
 
-Streaming (``"stream": true``): the answer is generated in full first (greedy decoding, exactly
-the non-streamed answer), then sent as ``chat.completion.chunk`` server-sent events, one per
-generated token's text, ending with ``data: [DONE]``. Errors therefore still arrive as an HTTP
-status with an error object, never half-way through a stream.
+Streaming (``"stream": true``): real streaming. Each generated id goes from the model thread to
+the event loop as it is decided; the first ``chat.completion.chunk`` leaves after the prefill, one
+per new piece of text (they concatenate to exactly the non-streamed answer), then a last chunk
+with ``finish_reason`` and the report, and ``data: [DONE]``. Every error before the first token
+is still an HTTP status with an error object.
+
+Operators: an access log line per API request at ``--log-level info``, ``GET /metrics``
+(Prometheus), and ``/health`` counts of every API request by status (vr_runtime.serve.observe).
+On SIGTERM the server drains (command.py, Engine.drain).
 """
+import asyncio
 import hmac
 import json
 import logging
@@ -30,6 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .engine import Engine, worker_id
 from .errors import APIError, error_body, from_exception
+from .observe import REPORT_KEY, Observer
 from .schema import Limits, chunk, completion, new_id, parse_request, to_settings
 
 log = logging.getLogger("videorouter.serve")
@@ -40,13 +49,15 @@ WORKER_HEADER = "x-videorouter-worker"
 def _dumps(obj) -> bytes:
     # Exactly how `videorouter ask --json` serialises its object (NaN stays NaN, numpy values
     # become lists), so the "videorouter" report equals the CLI's.
-    from ..cli import _jsonable
-    return json.dumps(obj, default=_jsonable).encode()
+    from ..cli_common import jsonable
+    return json.dumps(obj, default=jsonable).encode()
 
 
 class BodyLimit:
     """ASGI middleware: refuse a body over ``max_bytes`` (413) by its Content-Length, or while it
-    streams in when there is none, before it is held in memory."""
+    streams in (chunked), before the app sees any of it. The body is read here in full and handed
+    to the app as one message; later ``receive`` calls go to the server, so the app still hears
+    of a client that disconnects while its request waits."""
 
     def __init__(self, app, max_bytes: int):
         self.app = app
@@ -66,17 +77,33 @@ class BodyLimit:
                 return await _send_error(send, APIError(400, "bad Content-Length header"))
             if n > self.max_bytes:
                 return await _send_error(send, too_big)
-        seen = 0
-        started = False
-
-        async def limited_receive():
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
+        if scope.get("method") in ("POST", "PUT", "PATCH"):
+            chunks, seen = [], 0
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return              # gone before its body arrived: nobody to answer
+                part = message.get("body", b"")
+                seen += len(part)
                 if seen > self.max_bytes:
-                    raise _TooBig()
-            return message
+                    chunks = None
+                    # "connection: close": uvicorn would otherwise read (and drop) the rest of
+                    # the body, however long the client goes on sending.
+                    too_big.headers["Connection"] = "close"
+                    return await _send_error(send, too_big)
+                chunks.append(part)
+                if not message.get("more_body", False):
+                    break
+            body = [b"".join(chunks)]
+            del chunks
+            server_receive = receive
+
+            async def receive():
+                if body:
+                    return {"type": "http.request", "body": body.pop(), "more_body": False}
+                return await server_receive()
+
+        started = False
 
         async def tracking_send(message):
             nonlocal started
@@ -85,10 +112,7 @@ class BodyLimit:
             await send(message)
 
         try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _TooBig:
-            if not started:
-                await _send_error(send, too_big)
+            await self.app(scope, receive, tracking_send)
         except Exception as e:  # noqa: BLE001 - nothing may escape to the server's logs as a traceback
             # Starlette re-raises what its last-resort handler already answered; anything else
             # gets its error object here.
@@ -97,16 +121,13 @@ class BodyLimit:
             log.warning("request failed: %s", from_exception(e).message)
 
 
-class _TooBig(Exception):
-    pass
-
-
 async def _send_error(send, err: APIError):
     body = _dumps(err.body())
+    extra = [(k.lower().encode(), str(v).encode()) for k, v in err.headers.items()]
     await send({"type": "http.response.start", "status": err.status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode()),
-                            (WORKER_HEADER.encode(), worker_id().encode())]})
+                            (WORKER_HEADER.encode(), worker_id().encode()), *extra]})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -121,16 +142,16 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], limits: Limits = Lim
     def model_name() -> str:
         return served_model_name or get_engine().name
 
-    def json_response(obj, status: int = 200) -> Response:
+    def json_response(obj, status: int = 200, headers: Optional[dict] = None) -> Response:
         # worker_id() is read per response: under Ray this app is built on the driver and
         # runs in each replica's process.
         return Response(_dumps(obj), status_code=status, media_type="application/json",
-                        headers={WORKER_HEADER: worker_id()})
+                        headers={WORKER_HEADER: worker_id(), **(headers or {})})
 
     def error_response(err: APIError) -> Response:
         if err.status >= 500:
             log.warning("%s %s", err.status, err.message)
-        return json_response(err.body(), err.status)
+        return json_response(err.body(), err.status, err.headers)
 
     @app.exception_handler(APIError)
     async def _api_error(request, exc: APIError):
@@ -140,7 +161,7 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], limits: Limits = Lim
     async def _http_error(request, exc):
         status = exc.status_code
         msg = {404: f"no route {request.method} {request.url.path}; this server has "
-                    f"POST /v1/chat/completions, GET /v1/models and GET /health",
+                    f"POST /v1/chat/completions, GET /v1/models, GET /health and GET /metrics",
                405: f"method {request.method} is not allowed on {request.url.path}"}.get(
                    status, str(exc.detail))
         return json_response(error_body(status, msg), status)
@@ -171,9 +192,18 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], limits: Limits = Lim
 
     @app.get("/health")
     async def health():
+        # 503 while draining, so that a load balancer stops sending requests here.
         eng = get_engine()
-        return json_response({"status": "ok", "model": model_name(), "worker": worker_id(),
-                              "queue": eng.stats()})
+        return json_response({"status": "draining" if eng.draining else "ok",
+                              "model": model_name(), "worker": worker_id(),
+                              "queue": eng.stats(), "requests": observer.counts()},
+                             503 if eng.draining else 200)
+
+    @app.get("/metrics")
+    async def metrics():
+        # Prometheus text format; like /health, no key needed.
+        from prometheus_client import CONTENT_TYPE_LATEST
+        return Response(observer.metrics(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models(request: Request):
@@ -194,62 +224,127 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], limits: Limits = Lim
         req = parse_request(data)
         settings = to_settings(req, limits, [model_name()])
         eng = get_engine()
-        ans = await eng.answer(settings)
-        report = ans.report
-        cid, name = new_id(), model_name()
-        if not settings.stream:
-            return json_response(completion(cid, name, ans.text, report, settings.max_new_tokens))
-        pieces = await run_in_threadpool(token_pieces, eng.vr.lm.tokenizer, ans.text)
+        gone = asyncio.Event()
+
+        async def watch_client():
+            # The body is read: the next message the server gives is the client disconnecting
+            # (or, after the response, the end of the request).
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        watcher = asyncio.ensure_future(watch_client())
+        if settings.stream:
+            try:
+                return await stream(request, eng, settings, gone)
+            finally:
+                watcher.cancel()
+        try:
+            ans = await eng.answer(settings, limits.max_prompt_tokens, gone)
+        finally:
+            watcher.cancel()
+        request.scope.setdefault("state", {})[REPORT_KEY] = ans.report   # tokens, timings
+        return json_response(completion(new_id(), model_name(), ans.text, ans.report,
+                                        settings.max_new_tokens))
+
+    async def stream(request, eng, settings, gone):
+        """Real streaming: the model thread hands each generated id to the event loop; the
+        response starts with the first one (after the prefill), so every error before it --
+        a bad video, a full queue, a budget that cannot fit -- is still an HTTP status with an
+        error object. An error after it (the drain timeout) arrives as a last ``error`` event."""
+        loop = asyncio.get_running_loop()
+        ids: asyncio.Queue = asyncio.Queue()
+        task = asyncio.ensure_future(eng.answer(
+            settings, limits.max_prompt_tokens, gone,
+            on_token=lambda i: loop.call_soon_threadsafe(ids.put_nowait, i)))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        first = asyncio.ensure_future(ids.get())
+        await asyncio.wait({task, first}, return_when=asyncio.FIRST_COMPLETED)
+        if not first.done():
+            first.cancel()
+            task.result()          # raises the request's error (an HTTP status) if it failed
+        pending = [first.result()] if first.done() and not first.cancelled() else []
         return StreamingResponse(
-            _events(cid, name, pieces, report, settings), media_type="text/event-stream",
+            _events(new_id(), model_name(), eng.stream_tokenizer(), pending, ids, task,
+                    settings, request.scope),
+            media_type="text/event-stream",
             headers={WORKER_HEADER: worker_id(), "cache-control": "no-cache"})
 
-    return BodyLimit(app, max_body_bytes)
+    observer = Observer(BodyLimit(app, max_body_bytes), lambda: get_engine().stats())
+    return observer
 
 
 _STARTED = int(time.time())
 
 
-def _events(cid, name, pieces, report, settings):
+class Detokenizer:
+    """Streamed ids -> the new text of each, so that the pieces concatenate to the answer's text
+    (``decode(ids, skip_special_tokens=True).strip()``, as the runtime makes it): leading
+    whitespace is dropped, trailing whitespace and an unfinished character (U+FFFD) are held back
+    until more text follows them. Decodes the whole answer so far per token: answers are short
+    (``--max-tokens`` caps them)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list = []
+        self.sent = ""
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(int(token_id))
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True).strip()
+        if text.endswith("\ufffd") or len(text) <= len(self.sent) \
+                or not text.startswith(self.sent):
+            return ""
+        piece, self.sent = text[len(self.sent):], text
+        return piece
+
+    def rest(self, final_text: str) -> str:
+        """What the answer has that was not sent yet."""
+        return final_text[len(self.sent):] if final_text.startswith(self.sent) else ""
+
+
+async def _events(cid, name, tokenizer, pending, ids, task, settings, scope):
     from .schema import finish_reason, usage
     created = int(time.time())
+    detok = Detokenizer(tokenizer)
 
     def event(obj) -> bytes:
         return b"data: " + _dumps(obj) + b"\n\n"
 
+    def content(piece) -> bytes:
+        return event(chunk(cid, created, name, {"content": piece}))
+
     yield event(chunk(cid, created, name, {"role": "assistant", "content": ""}))
-    for piece in pieces:
-        yield event(chunk(cid, created, name, {"content": piece}))
+    while True:
+        while pending:
+            piece = detok.push(pending.pop(0))
+            if piece:
+                yield content(piece)
+        if task.done() and ids.empty():
+            break
+        get = asyncio.ensure_future(ids.get())
+        await asyncio.wait({get, task}, return_when=asyncio.FIRST_COMPLETED)
+        if get.done():
+            pending.append(get.result())
+        else:
+            get.cancel()
+        while not ids.empty():     # every id reaches the loop before the job's own result
+            pending.append(ids.get_nowait())
+    try:
+        ans = task.result()
+    except Exception as e:  # noqa: BLE001 - after the first chunk the status is sent already
+        err = from_exception(e)
+        log.warning("stream ended early: %s %s", err.status, err.message)
+        yield event(err.body())
+        yield b"data: [DONE]\n\n"
+        return
+    report = ans.report
+    scope.setdefault("state", {})[REPORT_KEY] = report
+    rest = detok.rest(ans.text)
+    if rest:
+        yield content(rest)
     yield event(chunk(cid, created, name, {}, finish_reason(report, settings.max_new_tokens),
                       videorouter=report))
     if settings.include_usage:
         yield event(chunk(cid, created, name, None, usage=usage(report)))
     yield b"data: [DONE]\n\n"
-
-
-def token_pieces(tokenizer, text: str) -> list:
-    """``text`` cut where its tokens' text begins, so the pieces concatenate to exactly ``text``.
-
-    Incremental detokenisation as streaming servers do it: each new token's text is the decode of
-    a short window of ids (from the previous piece's start) minus the decode of that window
-    without it, held back while it ends in an unfinished character (U+FFFD). A piece that would
-    not continue ``text`` exactly (a tokenizer that merges spaces differently in context) is held
-    back too; whatever is left is sent last. Linear in the number of tokens."""
-    if not text:
-        return []
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    pieces, sent = [], 0
-    prefix = read = 0
-    for i in range(1, len(ids) + 1):
-        before = tokenizer.decode(ids[prefix:read], skip_special_tokens=True)
-        now = tokenizer.decode(ids[prefix:i], skip_special_tokens=True)
-        if len(now) <= len(before) or now.endswith("\ufffd") or not now.startswith(before):
-            continue
-        piece = now[len(before):]
-        if text.startswith(piece, sent):
-            pieces.append(piece)
-            sent += len(piece)
-            prefix, read = read, i
-    if sent < len(text):
-        pieces.append(text[sent:])
-    return pieces

@@ -1,6 +1,6 @@
-"""``videorouter serve``: its arguments and its start-up (SPEC section 6).
+"""``videorouter serve``: its arguments and its start-up (docs/CONTRACT.md section 6).
 
-    videorouter serve [--model PATH|tiny] [--routers PATH] [--host 127.0.0.1] [--port 8000]
+    videorouter serve [--model PATH|HUB_ID|tiny] [--routers PATH] [--host 127.0.0.1] [--port 8000]
                       --media-dir DIR [--api-key KEY] [--max-queue 64] [...limits, see --help]
 
 Start-up checks everything it can before the model loads -- the media directory, the numbers,
@@ -25,7 +25,7 @@ def add_serve_parser(sub, positive_int, policy_help: str, dtypes) -> argparse.Ar
         "serve", help="serve an OpenAI-compatible video QA API (POST /v1/chat/completions)",
         description="Serve VideoRouter over HTTP: POST /v1/chat/completions (text + a video_url "
         "part), GET /v1/models, GET /health. Binds to 127.0.0.1 unless --host says otherwise.")
-    p.add_argument("--model", default="tiny", metavar="PATH|tiny",
+    p.add_argument("--model", default="tiny", metavar="PATH|HUB_ID|tiny",
                    help="as for ask (default: tiny)")
     p.add_argument("--routers", default=None, metavar="PATH", help="as for ask")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
@@ -58,6 +58,16 @@ def add_serve_parser(sub, positive_int, policy_help: str, dtypes) -> argparse.Ar
                    help="largest num_frames a request may ask for (default: 256)")
     p.add_argument("--max-tokens", type=positive_int("--max-tokens"), default=4096,
                    help="largest max_tokens a request may ask for (default: 4096)")
+    p.add_argument("--max-prompt-chars", type=positive_int("--max-prompt-chars"), default=None,
+                   metavar="N", help="largest question + system text in characters, checked "
+                   "before tokenizing; more is a 400 (default: 16 x --max-prompt-tokens)")
+    p.add_argument("--max-prompt-tokens", type=positive_int("--max-prompt-tokens"),
+                   default=None, metavar="N",
+                   help="largest question + system text in tokens, counted off the model's "
+                        "lock; more is a 400 (default: --max-length)")
+    p.add_argument("--drain-timeout", type=_positive_float, default=25.0, metavar="SECONDS",
+                   help="on SIGTERM or Ctrl-C: time the running request gets to finish; every "
+                        "queued one is answered 503 + Retry-After at once (default: 25)")
     p.add_argument("--frames", type=positive_int("--frames"), default=64,
                    help="num_frames of a request that gives none (default: 64, as ask)")
     p.add_argument("--max-length", type=positive_int("--max-length"), default=12288,
@@ -66,18 +76,30 @@ def add_serve_parser(sub, positive_int, policy_help: str, dtypes) -> argparse.Ar
                    help="max_tokens of a request that gives none (default: 64, as ask)")
     p.add_argument("--policy", default="auto", metavar=policy_help,
                    help="policy of a request that gives none (default: auto, as ask)")
+    from ..scales import SCALES_HELP, parse_scales
+
+    def scales(text):
+        try:
+            return parse_scales(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e).replace("--scales ", "", 1))
+    scales.__name__ = "--scales"
+    p.add_argument("--scales", type=scales, default=(2, 1, 4), metavar="S_G,S_1,S_0|auto",
+                   help="scales of a request that gives none (its 'scales' field, or "
+                        "mm_processor_kwargs.scales); " + SCALES_HELP)
     p.add_argument("--visual-cache", type=_non_negative_int, default=4, metavar="N",
                    help="videos whose decoded frames, Z and Image Router state are kept for "
                         "the next request on them (default: 4; 0 turns reuse off)")
     p.add_argument("--allow-remote-media", action="store_true",
                    help="also accept http(s):// video URLs (downloaded under --max-video-mb)")
     p.add_argument("--log-level", choices=("error", "warning", "info", "debug"),
-                   default="warning", help="server log level (default: warning)")
+                   default="warning", help="server log level; info adds an access log line "
+                   "per API request: method, path, status, latency, tokens (default: warning)")
     return p
 
 
 def _arg_types():
-    from ..cli import arg_type  # standard library only
+    from ..cli_common import arg_type  # standard library only
     inf = float("inf")
     return (arg_type(int, lambda v: 0 <= v <= 65535, "a port number 0-65535"),
             arg_type(int, lambda v: v >= 0, "an integer >= 0"),
@@ -102,7 +124,10 @@ def configs(args):
                         allow_remote=bool(args.allow_remote_media))
     limits = Limits(num_frames=args.frames, max_length=args.max_length,
                     max_new_tokens=args.max_new_tokens, policy=args.policy,
-                    max_frames=args.max_frames, max_new_tokens_limit=args.max_tokens)
+                    scales=getattr(args, "scales", (2, 1, 4)), max_frames=args.max_frames,
+                    max_new_tokens_limit=args.max_tokens,
+                    max_prompt_chars=getattr(args, "max_prompt_chars", None),
+                    max_prompt_tokens=getattr(args, "max_prompt_tokens", None))
     app_kw = dict(limits=limits, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
                   max_body_bytes=int(args.max_body_mb * 2**20),
                   served_model_name=args.served_model_name)
@@ -111,7 +136,7 @@ def configs(args):
 
 def check_args(args) -> None:
     """What can be checked before anything heavy: raises a user error (ValueError)."""
-    from ..cli import UsageError, _check_inputs
+    from ..cli_common import UsageError, check_inputs
     d = pathlib.Path(args.media_dir)
     if not d.is_dir():
         raise UsageError(f"--media-dir {args.media_dir!r}: no such directory")
@@ -121,7 +146,7 @@ def check_args(args) -> None:
         raise UsageError(f"--max-new-tokens {args.max_new_tokens} is over --max-tokens "
                          f"{args.max_tokens}")
     # ask's own checks of --policy, --model and --routers (same messages).
-    _check_inputs(argparse.Namespace(question="serve", plot=None, policy=args.policy,
+    check_inputs(argparse.Namespace(question="serve", plot=None, policy=args.policy,
                                      model=args.model, routers=args.routers))
     import importlib.util
     missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
@@ -149,7 +174,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def run_serve(args) -> int:
-    from ..cli import fail_with
+    from ..cli_common import fail_with
     debug = os.environ.get("VIDEOROUTER_DEBUG", "") not in ("", "0")
     try:
         check_args(args)
@@ -159,6 +184,10 @@ def run_serve(args) -> int:
         from .engine import Engine
         from .media import MediaStore
         media = MediaStore(media_cfg)
+        from ..cli_common import stderr_is_tty
+        if stderr_is_tty():   # as ask: say what the silent load is doing (terminals only)
+            print(f"videorouter serve: loading model {args.model} ...", file=sys.stderr,
+                  flush=True)
         engine = Engine.load(engine_cfg, media)
         app = create_app(engine, **app_kw)
     except SystemExit:
@@ -176,12 +205,66 @@ def run_serve(args) -> int:
     import logging
 
     import uvicorn
-    logging.getLogger("videorouter.serve").setLevel(args.log_level.upper())
-    config = uvicorn.Config(app, log_level=args.log_level, access_log=args.log_level == "debug",
+    served = logging.getLogger("videorouter.serve")
+    served.setLevel(args.log_level.upper())
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    served.addHandler(handler)
+    served.propagate = False
+    # The server's own access log (vr_runtime.serve.observe, at info: method, path, status,
+    # latency, tokens) replaces uvicorn's.
+    config = uvicorn.Config(app, log_level=args.log_level, access_log=False,
                             lifespan="off", timeout_graceful_shutdown=5)
+    server = draining_server(uvicorn, config, engine, args.drain_timeout)
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        server.run(sockets=[sock])
     finally:
         engine.close()
         media.close()
+    if engine.busy:
+        # A computation past the drain timeout: its client has its 503; the thread cannot be
+        # stopped and would hold the interpreter's exit until it ends.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
+
+
+def draining_server(uvicorn, config, engine, drain_timeout: float):
+    """A uvicorn server whose first SIGTERM/SIGINT drains instead of cutting connections.
+
+    uvicorn alone stops listening, waits ``timeout_graceful_shutdown`` and then cancels whatever
+    is still running -- those connections close with no answer -- and re-raises the signal, so
+    the process does not exit 0. Here the first signal starts :meth:`Engine.drain`: the listener
+    stays open and every new request is answered 503 + Retry-After (closing it would reset the
+    connections waiting in its backlog), queued requests get their 503 at once, the running one
+    gets ``drain_timeout`` seconds; then uvicorn's own shutdown closes the idle connections and
+    the process exits 0. A second signal stops at once, as uvicorn does."""
+    import asyncio
+    import logging
+    import signal
+
+    class DrainingServer(uvicorn.Server):
+        _drain = None
+
+        def handle_exit(self, sig, frame):
+            if self._drain is not None:
+                return super().handle_exit(sig, frame)
+            self._drain = sig
+            # A signal handler runs between two bytecodes of the loop's thread: hand the work
+            # to the loop properly (this also wakes it).
+            loop = asyncio.get_event_loop()
+            loop.call_soon_threadsafe(lambda: loop.create_task(self._drain_then_exit(sig)))
+
+        async def _drain_then_exit(self, sig):
+            # Through the log's handler (its lock): a bare write to sys.stderr can be lost
+            # beside the handler's writes.
+            logging.getLogger("videorouter.serve").warning(
+                "%s: draining (up to %g s for the running request)", signal.Signals(sig).name,
+                drain_timeout)
+            try:
+                await engine.drain(drain_timeout)
+            finally:
+                self.should_exit = True
+
+    return DrainingServer(config)

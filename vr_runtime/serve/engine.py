@@ -15,6 +15,16 @@ Work on recently seen videos is reused across requests by the runtime itself:
 frames, Z and the Image Router's question-independent state of the last N videos (LRU), keyed by
 the file's path, size and mtime and the frame count. Answers are the same with and without it
 (tests/serve/test_serve_app.py checks).
+
+Limits before work: the prompt's text tokens (question + system text, in the model's chat
+template) are counted on a thread of their own with a private copy of the tokenizer -- never under
+the model's lock -- and a prompt over ``max_prompt_tokens`` is refused before its video is
+touched. (The app has already refused one over its character cap, before any tokenizing.) A
+request whose client disconnects while it waits is dropped before the model runs it.
+
+Draining (:meth:`Engine.drain`, on SIGTERM): no new request is admitted (503 + Retry-After), every
+request not yet on the model is answered 503 + Retry-After at once, and the one running gets until
+the drain timeout to finish; after that it too is answered 503.
 """
 from __future__ import annotations
 
@@ -24,6 +34,7 @@ import os
 import socket
 import threading
 from dataclasses import dataclass
+from collections import Counter
 from typing import Callable, Optional
 
 from .errors import APIError, from_exception
@@ -43,6 +54,11 @@ class EngineConfig:
     media_threads: int = 2
 
 
+# Retry-After (seconds) on a 429 (busy) or a 503 (shutting down): long enough for a restarted
+# server or another replica to take the request.
+RETRY_AFTER_S = 5
+
+
 def worker_id() -> str:
     """Names the process that answered (header ``x-videorouter-worker``): with Ray Serve, the
     replica."""
@@ -56,8 +72,28 @@ class _Slot:
         self._engine = engine
         self._lock = threading.Lock()
         self._released = False
-        self.running = False      # its model job has started and not finished
-        self.abandoned = False    # the client side gave up (deadline): skip the job if not started
+        self.running = False      # its model job has started
+        self.abandoned = False    # the client side gave up (deadline, gone, drain): skip the job
+        self.stop = asyncio.Event()            # set (on the event loop) by drain: answer stop_error
+        self.stop_error: Optional[APIError] = None
+
+    def start(self) -> bool:
+        """On the model thread, under the model lock: may the job run? (Not once abandoned.)"""
+        with self._lock:
+            if self.abandoned:
+                return False
+            self.running = True
+            return True
+
+    def abandon(self) -> bool:
+        """Give the request up; True if its job had not started (so it never will)."""
+        with self._lock:
+            self.abandoned = True
+            return not self.running
+
+    def fail(self, err: APIError) -> None:
+        self.stop_error = err
+        self.stop.set()
 
     def release(self) -> None:
         with self._lock:
@@ -65,6 +101,22 @@ class _Slot:
                 return
             self._released = True
         self._engine._leave()
+
+
+class _Skipped(APIError):
+    """A job that never ran: its request was given up (deadline, client gone, drain)."""
+
+
+class ClientGone(APIError):
+    """The client disconnected before its answer was ready (nginx's 499; nobody reads it)."""
+
+    def __init__(self):
+        super().__init__(499, "the client closed the connection before the answer was ready")
+
+
+def shutting_down(what: str) -> APIError:
+    return APIError(503, f"the server is shutting down{what}; retry in {RETRY_AFTER_S} s",
+                    headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 class Engine:
@@ -77,19 +129,26 @@ class Engine:
         self._model_pool = cf.ThreadPoolExecutor(1, thread_name_prefix="vr-model")
         self._media_pool = cf.ThreadPoolExecutor(max(1, config.media_threads),
                                                  thread_name_prefix="vr-media")
+        # Prompts are counted with a private copy of the tokenizer on a thread of their own:
+        # off the model's lock, and never sharing a Rust tokenizer object between threads.
+        self._text_pool = cf.ThreadPoolExecutor(1, thread_name_prefix="vr-text")
+        self._tokenizer = None
         self._count_lock = threading.Lock()
         self._admitted = 0
         self._running = 0
         self.served = 0
+        self.outcomes: Counter = Counter()   # engine-side endings: cancelled, timeout, drained
+        self.draining = False
+        self._slots: set = set()             # admitted, not yet answered (event loop only)
 
     @classmethod
     def load(cls, config: EngineConfig, media: MediaStore) -> "Engine":
         """Load the model as ``videorouter ask`` does (same presets, devices, dtypes)."""
         import argparse
 
-        from ..cli import _device_dtype
+        from ..cli_common import device_dtype
         from ..runtime import VideoRouter
-        device, dtype = _device_dtype(argparse.Namespace(device=config.device, dtype=config.dtype))
+        device, dtype = device_dtype(argparse.Namespace(device=config.device, dtype=config.dtype))
         vr = VideoRouter.from_pretrained(config.model, routers=config.routers, device=device,
                                          dtype=dtype, visual_cache_size=max(1, config.visual_cache))
         return cls(vr, media, config)
@@ -97,6 +156,13 @@ class Engine:
     def close(self) -> None:
         self._model_pool.shutdown(wait=False, cancel_futures=True)
         self._media_pool.shutdown(wait=False, cancel_futures=True)
+        self._text_pool.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def busy(self) -> bool:
+        """A model job is running (a thread that cannot be interrupted)."""
+        with self._count_lock:
+            return self._running > 0
 
     # ------------------------------------------------------------------ queue
     @property
@@ -106,62 +172,157 @@ class Engine:
     def stats(self) -> dict:
         with self._count_lock:
             return {"running": self._running, "waiting": self._admitted - self._running,
-                    "max_queue": self.config.max_queue, "served": self.served}
+                    "max_queue": self.config.max_queue, "served": self.served,
+                    **{k: self.outcomes[k] for k in ("cancelled", "timeout", "drained")}}
+
+    def _count(self, outcome: str) -> None:
+        with self._count_lock:
+            self.outcomes[outcome] += 1
 
     def admit(self) -> _Slot:
+        if self.draining:
+            raise shutting_down("")
         with self._count_lock:
             if self._admitted >= self.capacity:
                 raise APIError(429, f"the server is busy: {self.config.max_queue} requests are "
-                               f"already waiting; retry later")
+                               f"already waiting; retry later",
+                               headers={"Retry-After": str(RETRY_AFTER_S)})
             self._admitted += 1
         return _Slot(self)
+
+    # ------------------------------------------------------------------ the prompt's size
+    def prompt_tokens(self, settings: Settings) -> int:
+        """Text tokens of the prompt (chat template, system text and question; no frames), with
+        the engine's own copy of the tokenizer (call it on ``_text_pool``)."""
+        from ..prompt import text_tokens
+        lm = self.vr.lm
+        if self._tokenizer is None:
+            import copy
+            self._tokenizer = copy.deepcopy(lm.tokenizer)
+        return text_tokens(self._tokenizer, settings.question, 0, settings.system,
+                           tokens=lm.vision_tokens, kept=[])
+
+    async def _check_prompt(self, settings: Settings, max_tokens: int, deadline, slot, gone):
+        loop = asyncio.get_running_loop()
+        try:
+            counting = loop.run_in_executor(self._text_pool, self.prompt_tokens, settings)
+            n = await self._wait(counting, deadline, slot, gone)
+        except ValueError as e:     # e.g. a question that holds the model's image tokens
+            raise from_exception(e) from None
+        if n > max_tokens:
+            raise APIError(400, f"the prompt (question and system text) is {n} tokens, over the "
+                           f"server's limit of {max_tokens} (--max-prompt-tokens); shorten it",
+                           "messages")
+
+    def stream_tokenizer(self):
+        """A copy of the tokenizer for detokenising streamed ids on the event loop (never used
+        by two threads at once)."""
+        if getattr(self, "_stream_tok", None) is None:
+            import copy
+            self._stream_tok = copy.deepcopy(self.vr.lm.tokenizer)
+        return self._stream_tok
+
+    # ------------------------------------------------------------------ draining
+    async def drain(self, timeout_s: float) -> None:
+        """Stop admitting; answer every request not yet on the model 503 now; give the running
+        one ``timeout_s`` to finish, then answer it 503 too. Returns when every admitted request
+        has its answer (its handler may still be writing it)."""
+        loop = asyncio.get_running_loop()
+        self.draining = True
+        for slot in list(self._slots):
+            if slot.abandon():
+                self._count("drained")
+                slot.fail(shutting_down(" and this request had not started"))
+        end = loop.time() + timeout_s
+        while self._slots and loop.time() < end:
+            await asyncio.sleep(0.02)
+        for slot in list(self._slots):
+            slot.abandon()
+            self._count("drained")
+            slot.fail(shutting_down(f": this request did not finish within the drain timeout "
+                                    f"of {timeout_s:g} s (--drain-timeout)"))
+        while self._slots and loop.time() < end + 2.0:   # let the handlers take their answers
+            await asyncio.sleep(0.02)
 
     def _leave(self) -> None:
         with self._count_lock:
             self._admitted -= 1
 
     # ------------------------------------------------------------------ running
-    async def answer(self, settings: Settings):
-        """Admit, check the video, wait for the model, answer -> ``vr_runtime.Answer``."""
+    async def answer(self, settings: Settings, max_prompt_tokens: Optional[int] = None,
+                     gone: Optional[asyncio.Event] = None, on_token: Optional[Callable] = None):
+        """Admit, count the prompt's tokens, check the video, wait for the model, answer ->
+        ``vr_runtime.Answer``. ``gone``: set when the client disconnects (then ClientGone).
+        ``on_token(id)``: called on the model thread with each generated id (streaming)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.timeout_s
         slot = self.admit()
+        self._slots.add(slot)
         video: Optional[Video] = None
         handed_over = False
         try:
+            if max_prompt_tokens is not None:
+                await self._check_prompt(settings, max_prompt_tokens, deadline, slot, gone)
             checking = loop.run_in_executor(self._media_pool, self.media.resolve,
                                             settings.video_url)
-            # If the deadline passes first, the video it pins must still be let go of.
+            # If the request is given up first, the video it pins must still be let go of.
             checking.add_done_callback(lambda f: slot.abandoned and not f.cancelled()
                                        and f.exception() is None and self.media.release(f.result()))
-            video = await self._wait(checking, deadline, slot)
-            job = self._model_pool.submit(self._run, slot, video, settings)
+            video = await self._wait(checking, deadline, slot, gone)
+            job = self._model_pool.submit(self._run, slot, video, settings, on_token)
             handed_over = True   # from here the job releases the slot and the video
-            return await self._wait(asyncio.wrap_future(job), deadline, slot)
+            return await self._wait(asyncio.wrap_future(job), deadline, slot, gone)
         finally:
+            self._slots.discard(slot)
             if not handed_over:
                 if video is not None:
                     self.media.release(video)
                 slot.release()
 
-    async def _wait(self, fut, deadline: float, slot: _Slot):
-        remaining = deadline - asyncio.get_running_loop().time()
+    async def _wait(self, fut, deadline: float, slot: _Slot, gone: Optional[asyncio.Event]):
+        """``fut``'s result, unless the deadline passes, the client goes or a drain answers the
+        request first; ``fut`` itself is never cancelled (its thread cannot be stopped)."""
+        fut = asyncio.ensure_future(fut)
+        # Retrieve a late exception, so that a given-up future is not logged as never retrieved.
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        stop = asyncio.ensure_future(slot.stop.wait())
+        watch = {fut, stop}
+        left = None if gone is None else asyncio.ensure_future(gone.wait())
+        if left is not None:
+            watch.add(left)
+        remaining = max(deadline - asyncio.get_running_loop().time(), 0.0)
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout=max(remaining, 0.0))
-        except asyncio.TimeoutError:
-            slot.abandoned = True
-            raise APIError(504, f"the request took longer than the server's per-request "
-                           f"timeout of {self.config.timeout_s:g} s") from None
+            done, _ = await asyncio.wait(watch, timeout=remaining,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if left is not None:
+                left.cancel()
+        skipped = fut in done and isinstance(fut.exception(), _Skipped)
+        if fut in done and not skipped:
+            return fut.result()
+        # A skipped job means the request was given up; the reason is known here even when the
+        # job's answer reached the loop before the event that gave it up.
+        if stop in done or slot.stop.is_set():
+            raise slot.stop_error
+        if left is not None and (left in done or gone.is_set()):
+            if slot.abandon():
+                self._count("cancelled")
+            raise ClientGone()
+        slot.abandon()
+        self._count("timeout")
+        raise APIError(504, f"the request took longer than the server's per-request "
+                       f"timeout of {self.config.timeout_s:g} s")
 
-    def _run(self, slot: _Slot, video: Video, s: Settings):
+    def _run(self, slot: _Slot, video: Video, s: Settings, on_token=None):
         try:
             with self._model_lock:
-                if slot.abandoned:   # its deadline passed while it waited: never start it
-                    raise APIError(504, "the request timed out while waiting for the model")
+                if not slot.start():   # given up while it waited (deadline, client, drain)
+                    raise _Skipped(504, "the request was given up while waiting for the model")
                 with self._count_lock:
                     self._running += 1
                 try:
-                    return self._answer(video, s)
+                    return self._answer(video, s, on_token)
                 finally:
                     with self._count_lock:
                         self._running -= 1
@@ -170,13 +331,19 @@ class Engine:
             self.media.release(video)
             slot.release()
 
-    def _answer(self, video: Video, s: Settings):
+    def _answer(self, video: Video, s: Settings, on_token=None):
         """The same ``VideoRouter.answer`` call ``videorouter ask`` makes, on the checked file."""
+        stream = {} if on_token is None else {"on_token": on_token}
         try:
+            from ..scales import answer_kwargs as scale_kwargs
+            scales = scale_kwargs(s.scales, self.vr, question=s.question, num_frames=s.num_frames,
+                                  max_length=s.max_length, max_new_tokens=s.max_new_tokens,
+                                  system=s.system)
             return self.vr.answer(video.path, s.question, num_frames=s.num_frames,
                                   max_length=s.max_length, max_new_tokens=s.max_new_tokens,
                                   policy=s.policy, system=s.system,
-                                  cache_visual=self.config.visual_cache > 0)
+                                  cache_visual=self.config.visual_cache > 0, **scales,
+                                  **stream)
         except Exception as e:
             raise from_exception(e, {video.path: video.label} if video.stored else None) from None
 

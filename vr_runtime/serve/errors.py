@@ -20,6 +20,7 @@ ERROR_TYPES = {
     413: "RequestTooLargeError",
     422: "UnprocessableEntityError",
     429: "RateLimitError",
+    499: "ClientClosedRequest",     # nginx's code: the client left; nobody reads this answer
     500: "InternalServerError",
     503: "ServiceUnavailableError",
     504: "TimeoutError",
@@ -29,19 +30,21 @@ ERROR_TYPES = {
 class APIError(Exception):
     """An error answer: HTTP ``status`` and a one-line ``message`` (``param``: the field at fault)."""
 
-    def __init__(self, status: int, message: str, param: Optional[str] = None):
+    def __init__(self, status: int, message: str, param: Optional[str] = None,
+                 headers: Optional[dict] = None):
         super().__init__(message)
         self.status = int(status)
         self.message = one_line(message)
         self.param = param
+        self.headers = dict(headers or {})   # e.g. Retry-After on 429 and 503
 
     def body(self) -> dict:
         return error_body(self.status, self.message, self.param)
 
 
 def one_line(message) -> str:
-    from ..cli import _one_line
-    return _one_line(message)
+    from ..cli_common import one_line
+    return one_line(message)
 
 
 def error_body(status: int, message: str, param: Optional[str] = None) -> dict:
@@ -65,11 +68,11 @@ def from_exception(e: BaseException, replace: Optional[dict] = None) -> APIError
     runtime refuses) -> 400; out of memory -> 503 (this request only; the server keeps serving);
     anything else -> 500 with the CLI's "internal error" line. ``replace`` maps server-side text
     (the path of a stored ``data:`` upload) to what the client sent."""
-    from ..cli import _message, _user_errors
+    from ..cli_common import message, user_errors
     from ..errors import VideoError
     if isinstance(e, APIError):
         return e
-    text = _message(e)
+    text = message(e)
     for old, new in (replace or {}).items():
         text = text.replace(old, new)
     if isinstance(e, VideoError):
@@ -78,6 +81,6 @@ def from_exception(e: BaseException, replace: Optional[dict] = None) -> APIError
         return APIError(503, f"out of memory while answering this request: {text}")
     if isinstance(e, ValueError):
         return APIError(400, text)
-    if isinstance(e, _user_errors()):
+    if isinstance(e, user_errors()):
         return APIError(500, text)
     return APIError(500, f"internal error: {type(e).__name__}: {text}")

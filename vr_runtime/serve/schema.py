@@ -22,9 +22,9 @@ from typing_extensions import Annotated
 from .errors import APIError
 
 # The per-request settings a client may give at the top level or under mm_processor_kwargs
-# (SPEC section 6); media_io_kwargs {"video": {"num_frames": N}} is what lmms-eval's `openai`
+# (docs/CONTRACT.md section 6); media_io_kwargs {"video": {"num_frames": N}} is what lmms-eval's `openai`
 # model sends with pass_video_url=True (vLLM's spelling for the frames its video loader samples).
-SETTINGS = ("num_frames", "max_length", "policy")
+SETTINGS = ("num_frames", "max_length", "policy", "scales")
 
 
 class _Strict(BaseModel):
@@ -88,6 +88,7 @@ class ChatRequest(_Strict):
     num_frames: Optional[int] = None
     max_length: Optional[int] = None
     policy: Optional[str] = None
+    scales: Union[str, List[Any], None] = None    # "2,1,4" / [2, 1, 4] / "auto" (vr_runtime.scales)
     mm_processor_kwargs: Optional[Dict[str, Any]] = None
     media_io_kwargs: Optional[Dict[str, Any]] = None
 
@@ -104,6 +105,7 @@ class Settings:
     policy: str
     stream: bool
     include_usage: bool
+    scales: Any = (2, 1, 4)      # (s_g, s_1, s_0) or "auto"
 
 
 @dataclass(frozen=True)
@@ -113,8 +115,27 @@ class Limits:
     max_length: int = 12288
     max_new_tokens: int = 64
     policy: str = "auto"
+    scales: Any = (2, 1, 4)      # --scales: a request that gives none gets these
     max_frames: int = 256
     max_new_tokens_limit: int = 4096
+    # The prompt's text (question + system), capped before any tokenizing: by characters here
+    # (to_settings), then by tokens off the model's lock (Engine). None: derived from max_length.
+    max_prompt_chars: Optional[int] = None
+    max_prompt_tokens: Optional[int] = None
+
+    def __post_init__(self):
+        if self.max_prompt_tokens is None:
+            # The text alone can never use more than the whole context.
+            object.__setattr__(self, "max_prompt_tokens", self.max_length)
+        if self.max_prompt_chars is None:
+            object.__setattr__(self, "max_prompt_chars",
+                               PROMPT_CHARS_PER_TOKEN * self.max_prompt_tokens)
+
+
+# Characters allowed per prompt token by the default character cap: English text averages about
+# 4 per token, so the cap only bites where the token cap would; it bounds the tokenizer's work
+# (about 50 ms for the default 196,608 characters on one CPU core).
+PROMPT_CHARS_PER_TOKEN = 16
 
 
 def parse_request(data: Any) -> ChatRequest:
@@ -283,6 +304,11 @@ def to_settings(req: ChatRequest, limits: Limits, model_names) -> Settings:
     if len(video_urls) > 1:
         raise APIError(400, f"messages: {len(video_urls)} videos; send exactly one video_url "
                        f"per request", "messages")
+    n_chars = sum(len(p or "") for p in user_parts) + sum(len(p) for p in system_parts)
+    if n_chars > limits.max_prompt_chars:
+        raise APIError(400, f"the prompt (question and system text) is {n_chars} characters, over "
+                       f"the server's limit of {limits.max_prompt_chars} (--max-prompt-chars); "
+                       f"shorten it", "messages")
     question = "\n".join(p for p in user_parts if p)
     if not question.strip():
         raise APIError(400, "messages: the question is empty; add a text part that asks "
@@ -297,8 +323,18 @@ def to_settings(req: ChatRequest, limits: Limits, model_names) -> Settings:
     if policy is None:
         policy = limits.policy
     elif not isinstance(policy, str) or policy not in policy_names():
+        from ..errors import did_you_mean
         raise APIError(400, f"{where}: expected one of {', '.join(policy_names())}, got "
-                       f"{policy!r}", where)
+                       f"{policy!r}{did_you_mean(policy, policy_names())}", where)
+    scales, where = _merged_setting(req, "scales")
+    if scales is None:
+        scales = limits.scales
+    else:
+        from ..scales import ScalesError, parse_scales
+        try:
+            scales = parse_scales(scales, where)
+        except ScalesError as e:
+            raise APIError(400, str(e), where) from None
     if req.max_tokens is not None and req.max_completion_tokens is not None \
             and req.max_tokens != req.max_completion_tokens:
         raise APIError(400, "max_tokens and max_completion_tokens differ; give one of them",
@@ -308,7 +344,7 @@ def to_settings(req: ChatRequest, limits: Limits, model_names) -> Settings:
     system = "\n".join(p for p in system_parts if p) or None
     return Settings(video_urls[0], question, system, frames, max_length, new_tokens, policy,
                     bool(req.stream),
-                    bool(req.stream_options and req.stream_options.include_usage))
+                    bool(req.stream_options and req.stream_options.include_usage), scales)
 
 
 # ----------------------------------------------------------------------------- responses

@@ -1,11 +1,11 @@
-"""``python -m vr_runtime.training``: data generation, the three stages, the tiny demo.
+r"""``python -m vr_runtime.training``: data generation, the three stages, the tiny demo.
 
     python -m vr_runtime.training synth --out runs/tiny/data --train 240 --heldout 60
     python -m vr_runtime.training stage --config stage1 [--resume latest] [--set key=value ...]
-    accelerate launch --num_processes 4 --use_deepspeed \\
-        --deepspeed_config_file vr_runtime/configs/ds_zero2.json \\
+    accelerate launch --num_processes 4 --use_deepspeed \
+        --deepspeed_config_file vr_runtime/configs/ds_zero2.json \
         -m vr_runtime.training stage --config stage1 --set model=path/to/InternVL3-8B-hf
-    python -m vr_runtime.training policy-labels --accuracies ab.jsonl --tau 0.02 \\
+    python -m vr_runtime.training policy-labels --accuracies ab.jsonl --tau 0.02 \
         [--questions questions.jsonl --out policy.jsonl]
     python -m vr_runtime.training frame-labels --data mc.jsonl --videos DIR --out flr.jsonl \
         [--model tiny] [--mode drop|pool8] [--margin 1.0] [--diagnostics diag.jsonl]
@@ -16,8 +16,8 @@
     python -m vr_runtime.training labeller [--config tiny_labeller] [--set key=value ...]
         # tiny-only: the model rule (a) labels the synthetic task with (training/labeller.py)
     python -m vr_runtime.training tiny [--work runs/tiny] [--ship]   # the whole tiny demo
-    python -m vr_runtime.training routing-eval --data runs/tiny/data/heldout_conversations.jsonl \\
-        --out bench/results/routing_heldout.json      # issue 8's held-out routing targets
+    python -m vr_runtime.training routing-eval --data runs/tiny/data/heldout_conversations.jsonl \
+        --out bench/results/routing_heldout.json      # held-out routing metrics
     python -m vr_runtime.training curves --runs runs/tiny --out bench/results/training_curves.png
 """
 from __future__ import annotations
@@ -25,6 +25,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
+from .checkpoints import CheckpointError
+from .config import ConfigError
+from .data import DataFormatError
 
 
 def _value(text: str):
@@ -38,13 +42,13 @@ def _overrides(pairs):
     out = {}
     for p in pairs or []:
         if "=" not in p:
-            raise SystemExit(f"--set: expected key=value, got {p!r}")
+            raise ConfigError(f"--set: expected key=value, got {p!r}")
         k, v = p.split("=", 1)
         out[k] = _value(v)
     return out
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m vr_runtime.training", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -127,7 +131,7 @@ def main(argv=None) -> int:
     s.add_argument("--train", type=int, default=160)
     s.add_argument("--heldout", type=int, default=40)
     s.add_argument("--results", default="bench/results")
-    s = sub.add_parser("routing-eval", help="issue 8's held-out routing metrics and targets")
+    s = sub.add_parser("routing-eval", help="held-out routing metrics and their targets")
     s.add_argument("--data", required=True, help="a synthetic *_conversations.jsonl")
     s.add_argument("--model", default="tiny")
     s.add_argument("--routers", default=None)
@@ -135,83 +139,102 @@ def main(argv=None) -> int:
     s.add_argument("--frames", type=int, default=16)
     s.add_argument("--limit-videos", type=int, default=0)
     s.add_argument("--no-answers", action="store_true", help="router metrics only (fast)")
+    s.add_argument("--router-pool", type=int, default=None,
+                   help="the Image Router's window on Z_t (default: the routers' own setting)")
     s.add_argument("--out", required=True)
     s = sub.add_parser("curves", help="plot the training curves of a tiny run")
     s.add_argument("--runs", default="runs/tiny")
     s.add_argument("--out", default="bench/results/training_curves.png")
-    a = ap.parse_args(argv)
+    return ap
 
+
+def _command(argv) -> str:
+    """The command line as typed, for results files."""
+    import shlex
+    return "python -m vr_runtime.training " + " ".join(
+        shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
+
+
+def _synth(a, argv) -> None:
+    from .synthetic import generate
+    splits = (("train", a.train), ("heldout", a.heldout))
+    for split, n in splits:
+        if n < 0:
+            raise ConfigError(f"--{split}: expected a number of videos >= 0, got {n}")
+    if not any(n for _, n in splits):
+        raise ConfigError("--train and --heldout are both 0: nothing to write")
+    for split, n in splits:
+        if not n:
+            continue
+        paths = generate(a.out, n, seed=a.seed, num_frames=a.frames, split=split)
+        print(json.dumps(paths))
+
+
+def _stage(a, argv) -> None:
+    from .config import load_config
+    from .loop import train
+    cfg = load_config(a.config, **_overrides(a.set))
+    res = train(cfg, resume=a.resume, progress=not a.no_progress)
+    print(json.dumps({"global_step": res["global_step"], "metrics": res["metrics"]}, indent=2))
+
+
+def _labeller(a, argv) -> None:
+    from .labeller import LabellerConfig, train_labeller
+    cfg = LabellerConfig.load(a.config, **_overrides(a.set))
+    res = train_labeller(cfg, progress=not a.no_progress, results=a.results,
+                         command=_command(argv))
+    print(json.dumps({"global_step": res["global_step"], "metrics": res["metrics"]}, indent=2))
+
+
+def _policy_labels(a, argv) -> None:
+    from .policy_labels import label_questions, policy_labels, read_accuracies
+    labels = policy_labels(read_accuracies(a.accuracies), a.tau)
+    print(json.dumps(labels, indent=2))
+    if a.questions:
+        if not a.out:
+            raise ConfigError("--out: needed with --questions")
+        n = label_questions(a.questions, labels, a.out)
+        print(f"wrote {n} labelled questions to {a.out}", file=sys.stderr)
+
+
+def _tiny(a, argv) -> None:
+    from .tiny_demo import run_tiny
+    run_tiny(a.work, ship=a.ship, n_train=a.train, n_heldout=a.heldout, results=a.results)
+
+
+def _routing_eval(a, argv) -> None:
+    import os
+    if not os.path.isfile(a.data):
+        raise DataFormatError(f"--data {a.data!r}: no such file (write one with "
+                              f"'python -m vr_runtime.training synth')")
+    for name in ("max_length", "frames", "router_pool"):
+        if getattr(a, name) is not None and getattr(a, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')}: expected >= 1, "
+                              f"got {getattr(a, name)}")
+    from .routing_eval import run
+    res = run(a.model, a.routers, a.data, a.out, a.max_length, a.frames, a.limit_videos,
+              answers=not a.no_answers, command=_command(argv), router_pool=a.router_pool)
+    print(json.dumps(res["targets"], indent=2))
+
+
+def _curves(a, argv) -> None:
+    from .curves import plot_curves
+    plot_curves(a.runs, a.out)
+
+
+def main(argv=None) -> int:
+    a = _parser().parse_args(argv)
     from vr_runtime.errors import DeviceError, ModelFilesError, RouterWeightsError, VideoError
     from vr_runtime.eval.benchmarks import BenchmarkError
     from .labels import LabelError
-    from .config import ConfigError
-    from .data import DataFormatError
+    commands = {"synth": _synth, "stage": _stage, "labeller": _labeller,
+                "policy-labels": _policy_labels, "frame-labels": _labels_command,
+                "ab-probe": _labels_command, "label-study": _labels_command, "tiny": _tiny,
+                "routing-eval": _routing_eval, "curves": _curves}
     try:
-        if a.cmd == "synth":
-            from .synthetic import generate
-            splits = (("train", a.train), ("heldout", a.heldout))
-            for split, n in splits:
-                if n < 0:
-                    raise ConfigError(f"--{split}: expected a number of videos >= 0, got {n}")
-            if not any(n for _, n in splits):
-                raise ConfigError("--train and --heldout are both 0: nothing to write")
-            for split, n in splits:
-                if not n:
-                    continue
-                paths = generate(a.out, n, seed=a.seed, num_frames=a.frames, split=split)
-                print(json.dumps(paths))
-        elif a.cmd == "stage":
-            from .config import load_config
-            from .loop import train
-            cfg = load_config(a.config, **_overrides(a.set))
-            res = train(cfg, resume=a.resume, progress=not a.no_progress)
-            print(json.dumps({"global_step": res["global_step"], "metrics": res["metrics"]},
-                             indent=2))
-        elif a.cmd == "labeller":
-            import shlex
-            from .labeller import LabellerConfig, train_labeller
-            cfg = LabellerConfig.load(a.config, **_overrides(a.set))
-            cmd = "python -m vr_runtime.training " + " ".join(
-                shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
-            res = train_labeller(cfg, progress=not a.no_progress, results=a.results, command=cmd)
-            print(json.dumps({"global_step": res["global_step"], "metrics": res["metrics"]},
-                             indent=2))
-        elif a.cmd == "policy-labels":
-            from .policy_labels import label_questions, policy_labels, read_accuracies
-            labels = policy_labels(read_accuracies(a.accuracies), a.tau)
-            print(json.dumps(labels, indent=2))
-            if a.questions:
-                if not a.out:
-                    raise ConfigError("--out: needed with --questions")
-                n = label_questions(a.questions, labels, a.out)
-                print(f"wrote {n} labelled questions to {a.out}", file=sys.stderr)
-        elif a.cmd in ("frame-labels", "ab-probe", "label-study"):
-            _labels_command(a, argv)
-        elif a.cmd == "tiny":
-            from .tiny_demo import run_tiny
-            run_tiny(a.work, ship=a.ship, n_train=a.train, n_heldout=a.heldout,
-                     results=a.results)
-        elif a.cmd == "routing-eval":
-            import os
-            import shlex
-            if not os.path.isfile(a.data):
-                raise DataFormatError(f"--data {a.data!r}: no such file (write one with "
-                                      f"'python -m vr_runtime.training synth')")
-            for name in ("max_length", "frames"):
-                if getattr(a, name) < 1:
-                    raise ConfigError(f"--{name.replace('_', '-')}: expected >= 1, "
-                                      f"got {getattr(a, name)}")
-            from .routing_eval import run
-            cmd = "python -m vr_runtime.training " + " ".join(
-                shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
-            res = run(a.model, a.routers, a.data, a.out, a.max_length, a.frames, a.limit_videos,
-                      answers=not a.no_answers, command=cmd)
-            print(json.dumps(res["targets"], indent=2))
-        elif a.cmd == "curves":
-            from .curves import plot_curves
-            plot_curves(a.runs, a.out)
-    except (ConfigError, DataFormatError, ModelFilesError, RouterWeightsError, LabelError,
-            BenchmarkError, VideoError, DeviceError) as e:
+        commands[a.cmd](a, argv)
+    except (ConfigError, CheckpointError, DataFormatError, ModelFilesError, RouterWeightsError,
+            LabelError, BenchmarkError, VideoError, DeviceError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
@@ -220,7 +243,6 @@ def main(argv=None) -> int:
 def _labels_command(a, argv) -> None:
     """frame-labels / ab-probe / label-study: every argument and the question file are checked
     before the model loads."""
-    import shlex
     from . import labels as L
     cfg = L.LabelConfig(model=a.model, routers=a.routers, frames=a.frames,
                         answer_mode=a.answer_mode, prompt_style=a.prompt_style, device=a.device,
@@ -232,9 +254,8 @@ def _labels_command(a, argv) -> None:
     if a.cmd == "label-study":
         if a.num_videos < 1:
             raise L.LabelError(f"--videos-count: expected >= 1, got {a.num_videos}")
-        cmd = "python -m vr_runtime.training " + " ".join(
-            shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv))
-        study = L.label_study(cfg, a.work, a.results, a.num_videos, a.seed, command=cmd)
+        study = L.label_study(cfg, a.work, a.results, a.num_videos, a.seed,
+                              command=_command(argv))
         print(json.dumps({k: study[k] for k in ("questions", "labelled", "unanswerable",
                                                 "labels", "wall_s")}, indent=2))
         print(f"wrote {a.results} and {study['relevance_jsonl']}", file=sys.stderr)

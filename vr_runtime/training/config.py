@@ -10,8 +10,12 @@ router shadow stack E_1:4, trained in Stage 1, frozen in Stage 2).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
+import math
+import os
 import pathlib
+import typing
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -93,19 +97,52 @@ class TrainConfig:
     note: str = ""
 
     def validate(self) -> "TrainConfig":
+        """Every key's type, range and the relations between keys; ``ConfigError`` naming the
+        first bad key. Cheap (no file, no model): run before anything expensive."""
+        _check_types(self)
         if self.stage not in (1, 2, 3):
             raise ConfigError(f"stage: expected 1, 2 or 3, got {self.stage!r}")
         for k in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_frames",
                   "model_max_length"):
             if not isinstance(getattr(self, k), int) or getattr(self, k) < 1:
                 raise ConfigError(f"{k}: expected an int >= 1, got {getattr(self, k)!r}")
+        for k in ("logging_steps", "router_num_layers", "router_heads", "router_pool",
+                  "global_scale"):
+            if getattr(self, k) < 1:
+                raise ConfigError(f"{k}: expected an int >= 1, got {getattr(self, k)!r}")
+        for k in ("save_steps", "max_steps", "eval_limit", "frames_per_example", "margin",
+                  "gen_tokens", "weight_decay", "max_grad_norm", "lambda_sem", "lambda_img"):
+            if getattr(self, k) < 0:
+                raise ConfigError(f"{k}: expected >= 0, got {getattr(self, k)!r}")
         if not self.learning_rate > 0:
             raise ConfigError(f"learning_rate: expected > 0, got {self.learning_rate!r}")
+        if not self.num_train_epochs > 0:
+            raise ConfigError(f"num_train_epochs: expected > 0 (max_steps > 0 overrides it), "
+                              f"got {self.num_train_epochs!r}")
+        if not self.model:
+            raise ConfigError("model: expected a model folder, a cached Hub id or 'tiny'")
+        if not self.output_dir:
+            raise ConfigError("output_dir: expected a folder for checkpoints and outputs")
+        if self.router_dim is not None and (self.router_dim < 1 or
+                                            self.router_dim % self.router_heads):
+            raise ConfigError(f"router_dim: expected null or an int >= 1 divisible by "
+                              f"router_heads ({self.router_heads}), got {self.router_dim!r}")
+        if self.margin + self.gen_tokens >= self.model_max_length:
+            raise ConfigError(f"model_max_length: expected > margin + gen_tokens "
+                              f"({self.margin} + {self.gen_tokens}), got {self.model_max_length}")
+        unknown = sorted(set(self.report_to) - set(TRACKERS))
+        if unknown:
+            raise ConfigError(f"report_to: expected a list of {', '.join(TRACKERS)} (or []), "
+                              f"got {unknown}")
         if not 0 <= self.warmup_ratio < 1:
             raise ConfigError(f"warmup_ratio: expected in [0, 1), got {self.warmup_ratio!r}")
         if self.lr_scheduler_type not in ("cosine", "linear", "constant"):
             raise ConfigError(f"lr_scheduler_type: expected cosine, linear or constant, "
                               f"got {self.lr_scheduler_type!r}")
+        from vr_kernels.pool_pack import BACKENDS
+        if self.pool_pack_backend not in BACKENDS:
+            raise ConfigError(f"pool_pack_backend: expected one of {', '.join(BACKENDS)}, "
+                              f"got {self.pool_pack_backend!r}")
         if self.plan_from not in ("routers", "labels"):
             raise ConfigError(f"plan_from: expected 'routers' or 'labels', got {self.plan_from!r}")
         if self.plan_policy != "routers":
@@ -131,11 +168,31 @@ class TrainConfig:
                               f"got {self.random_plan_windows!r}")
         if any(not isinstance(v, int) or v < 1 for v in self.eval_max_lengths):
             raise ConfigError(f"eval_max_lengths: expected ints >= 1, got {self.eval_max_lengths!r}")
-        if len(self.fragment_scales) != 2:
+        if len(self.fragment_scales) != 2 or min(self.fragment_scales) < 1:
             raise ConfigError(f"fragment_scales: expected [s1, s0], got {self.fragment_scales!r}")
         if self.dropout != 0.0:
             raise ConfigError("dropout: the paper trains with dropout 0.0 and the routing plan "
                               "must not depend on dropout; set it to 0.0")
+        return self
+
+    def check_files(self, model: bool = True) -> "TrainConfig":
+        """Every file the run reads exists (``model``: also the model argument, resolved
+        without loading); ``ConfigError`` naming the key. Run before the model loads."""
+        if not self.train_data:
+            raise ConfigError("train_data: the stage config names no training JSONL; set it "
+                              "with --set train_data=PATH")
+        for k in ("train_data", "eval_data", "routers"):
+            v = getattr(self, k)
+            if v and not os.path.isfile(v):
+                raise ConfigError(f"{k}: no such file {v!r} (fix the path in the config or "
+                                  f"--set {k}=PATH)")
+        if model:
+            from vr_runtime.backbones import resolve_model
+            from vr_runtime.errors import ModelFilesError
+            try:
+                resolve_model(self.model)
+            except ModelFilesError as e:
+                raise ConfigError(f"model: {e}") from None
         return self
 
     @property
@@ -148,6 +205,48 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+# Trackers the loop passes to accelerate (others are not installed with the project).
+TRACKERS = ("tensorboard",)
+
+
+def _type_ok(value, hint) -> bool:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union:   # Optional[X]
+        return any(_type_ok(value, a) for a in args)
+    if origin in (list, List):
+        return isinstance(value, list) and all(_type_ok(v, args[0]) for v in value)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:   # JSON's true/false are not numbers here
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return (isinstance(value, (int, float)) and not isinstance(value, bool)
+                and math.isfinite(value))
+    return isinstance(value, hint)
+
+
+def _describe(hint) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union:
+        return " or ".join(_describe(a) for a in args)
+    if origin in (list, List):
+        return f"a list of {_describe(args[0]).split(' ', 1)[1]}s"
+    return {int: "an int", float: "a finite number", bool: "a bool (true/false)",
+            str: "a string", type(None): "a null"}.get(hint, f"a {hint.__name__}")
+
+
+def _check_types(cfg) -> None:
+    """Each field against its annotation, so that a string where a number belongs (``--set
+    learning_rate=abc``) is named here rather than failing inside the optimizer."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if not _type_ok(v, hints[f.name]):
+            raise ConfigError(f"{f.name}: expected {_describe(hints[f.name])}, got {v!r}")
 
 
 def load_config(path_or_name: str, **overrides) -> TrainConfig:
@@ -186,11 +285,20 @@ def config_fields(path, cls, overrides: dict) -> dict:
     try:
         raw = json.loads(p.read_text())
     except json.JSONDecodeError as e:
-        raise ConfigError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})")
+        raise ConfigError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{p}: unreadable ({e})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: expected a JSON object of key: value, got a "
+                          f"{type(raw).__name__}")
     raw = {k: v for k, v in raw.items() if not k.startswith("_")}  # "_comment" keys
-    raw.update(overrides)
     known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ConfigError(f"{p}: unknown keys {unknown}; known keys: {sorted(known)}")
+    for where, d in ((f"--set", overrides), (str(p), raw)):
+        unknown = sorted(set(d) - known)
+        if unknown:
+            near = difflib.get_close_matches(unknown[0], known, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ConfigError(f"{where}: unknown keys {unknown}{hint}; known keys: "
+                              f"{sorted(known)}")
+    raw.update(overrides)
     return raw

@@ -21,6 +21,15 @@ Joint fine-tuning (Stage 3): InternVL's conversation JSONL, one human turn and o
                        {"from": "gpt", "value": "circle"}],
      "frame_labels": [...], "policy": 1}      # both optional: add L_img / L_sem when present
 
+What the routers read. The paper's routers read the question, H_q = E_{1:4}(Emb(q)), and so
+does inference (``answer(router_question=...)``: eval and the lmms-eval plugin pass the bare
+question while the LLM reads the multiple-choice prompt). Training gives them the same text:
+``Example.routed_question`` is a line's ``"question"`` field when it has one; for a conversation
+line without it, the human turn without ``<video>`` and without a trailing multiple-choice block
+(the first line that starts like an option, ``A. ...``, and everything after it: the options and
+the instruction, ``eval.prompting.mc_prompt``'s layout). The LLM's Stage 3 sequence keeps the
+whole human turn (``Example.question``).
+
 A frame-relevance line (question + answer) is accepted for Stage 3 as well. Every malformed
 line raises ``DataFormatError`` naming the file, the line number and the field.
 """
@@ -28,6 +37,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
@@ -47,6 +57,12 @@ class Example:
     frame_labels: Optional[List[int]] = None
     policy: Optional[int] = None
     meta: dict = field(default_factory=dict)
+    router_question: Optional[str] = None   # what the routers read (None: ``question``)
+
+    @property
+    def routed_question(self) -> str:
+        """The routers' text: the bare question, as ``answer(router_question=...)`` gives it."""
+        return self.router_question or self.question
 
     @property
     def num_frames(self) -> Optional[int]:
@@ -99,6 +115,21 @@ def _video(rec: dict, where: str, root: str, check_files: bool) -> str:
     return path
 
 
+# An option line of a multiple-choice prompt: "A. text", "(B) text", "C) text".
+_OPTION_LINE = re.compile(r"^\s*\(?[A-Z][.)]\)?\s+\S")
+
+
+def bare_question(prompt: str) -> str:
+    """The question of an LLM prompt: the text before its first option line (the options and
+    the instruction after them dropped); the prompt itself when it has no options."""
+    lines = prompt.splitlines()
+    for i, line in enumerate(lines):
+        if i > 0 and _OPTION_LINE.match(line):
+            head = "\n".join(lines[:i]).strip()
+            return head or prompt.strip()
+    return prompt.strip()
+
+
 def _conversation(rec: dict, where: str):
     conv = rec.get("conversations")
     if not isinstance(conv, list) or len(conv) < 2:
@@ -129,8 +160,14 @@ def parse_record(rec, kind: str, where: str, root: str = ".", check_files: bool 
     labels = _labels(rec["frame_labels"], where) if rec.get("frame_labels") is not None else None
     policy = _policy(rec["policy"], where) if rec.get("policy") is not None else None
     meta = {k: v for k, v in rec.items() if k in ("id", "category", "split", "kind", "phrasing")}
+    router_q = None
     if kind == "conversation" and "conversations" in rec:
         q, a = _conversation(rec, where)
+        # the routers read the bare question: the line's own "question", else the human turn
+        # without its multiple-choice block
+        router_q = (_text(rec, "question", where) if rec.get("question") is not None
+                    else bare_question(q))
+        router_q = None if router_q == q else router_q
     else:
         q = _text(rec, "question", where)
         a = _text(rec, "answer", where, required=(kind != "policy"))
@@ -141,7 +178,7 @@ def parse_record(rec, kind: str, where: str, root: str = ".", check_files: bool 
         raise DataFormatError(f"{where}: a policy line needs 'policy' "
                               f"(0/'global' or 1/'fragment')")
     return Example(video=video, question=q, answer=a, frame_labels=labels, policy=policy,
-                   meta=meta)
+                   meta=meta, router_question=router_q)
 
 
 def iter_jsonl(path: str, what: str = "data"):

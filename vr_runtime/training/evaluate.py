@@ -20,7 +20,7 @@ from .data import Example
 
 
 def _q(trainee, ex: Example):
-    ids = trainee.tokenizer(ex.question, add_special_tokens=False)["input_ids"]
+    ids = trainee.tokenizer(ex.routed_question, add_special_tokens=False)["input_ids"]
     dev = next(trainee.parameters()).device
     return torch.tensor(ids, dtype=torch.long, device=dev)
 

@@ -383,7 +383,7 @@ def train_labeller(cfg: LabellerConfig, progress: bool = True, results: Optional
     with open(os.path.join(cfg.output_dir, "metrics.json"), "w") as f:
         json.dump(result, f, indent=2)
     if results:
-        from vr_runtime.eval.runner import environment
+        from vr_runtime.environment import environment
         os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
         tmp = results + ".tmp"
         with open(tmp, "w") as f:

@@ -476,7 +476,7 @@ def label_study(cfg: LabelConfig, work: str, results: str, videos: int = 8, seed
     of necessity and the minimal set alone) with the generator's, into ``results`` (JSON with
     device, date, versions, command); the labels also go to ``work/counterfactual_relevance.jsonl``
     (Stage 1's format), next to the generator's own ``work/study_relevance.jsonl``."""
-    from ..eval.runner import environment
+    from ..environment import environment
     check_config(cfg)
     os.makedirs(work, exist_ok=True)
     mc = synthetic_mc(work, videos, seed, cfg.frames)

@@ -6,13 +6,15 @@ Outputs in ``cfg.output_dir``: ``routers.safetensors`` (loadable by
 ``VideoRouter.from_pretrained(..., routers=...)``), Stage 3 also ``hf/`` (the fine-tuned model in
 Hugging Face format + tokenizer) and ``model.safetensors`` (its plain state dict, the format of
 ``vr_runtime/assets/tiny/``); ``log.jsonl`` (loss curve), ``metrics.json`` (held-out
-evaluation), ``checkpoint-<step>/`` (accelerate state + trainer_state.json).
+evaluation), ``checkpoint-<step>/`` (accelerate state + trainer_state.json, written whole or
+not at all: see ``checkpoints.py``).
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import sys
 import time
 from typing import List, Optional
 
@@ -20,6 +22,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
+from . import checkpoints as ckpt
 from .config import TrainConfig
 from .data import Example, read_jsonl
 
@@ -33,7 +36,8 @@ class StageDataset(Dataset):
         self.examples, self.stage, self.cache = examples, stage, cache
         self.q_ids = []
         for ex in examples:
-            ids = tokenizer(ex.question, add_special_tokens=False)["input_ids"]
+            # the routers' text (the bare question), tokenised as runtime.embed_question does
+            ids = tokenizer(ex.routed_question, add_special_tokens=False)["input_ids"]
             self.q_ids.append(torch.tensor(ids, dtype=torch.long))
         if stage != 2 and cache is not None:
             cache.fill([ex.video for ex in examples])
@@ -106,14 +110,40 @@ def _optimizer(params, cfg: TrainConfig):
                              lr=cfg.learning_rate, betas=(0.9, 0.999), eps=1e-8)
 
 
-def _latest(output_dir: str) -> Optional[str]:
-    if not os.path.isdir(output_dir):
-        return None
-    cks = [d for d in os.listdir(output_dir) if d.startswith("checkpoint-")
-           and os.path.isfile(os.path.join(output_dir, d, "trainer_state.json"))]
-    if not cks:
-        return None
-    return os.path.join(output_dir, max(cks, key=lambda d: int(d.split("-")[1])))
+def _resume_candidates(resume: Optional[str], output_dir: str, main: bool):
+    """[(checkpoint, state)] to try in order: the named one, or for ``latest`` every complete
+    checkpoint newest first (one line on stderr names the torn ones skipped)."""
+    if not resume:
+        return []
+    if resume != "latest":
+        return [(resume, ckpt.read_state(resume))]
+    good, torn = ckpt.latest(output_dir)
+    if main and torn:
+        print(f"resume: skipped torn checkpoint(s): {ckpt.describe_skipped(torn)}",
+              file=sys.stderr)
+    if main and not good:
+        print(f"resume: no complete checkpoint in {output_dir}; starting at step 0",
+              file=sys.stderr)
+    return good
+
+
+def _load_state(acc, cands, main: bool):
+    """Load the first candidate that loads; a failure of a named checkpoint, or of every
+    ``latest`` candidate, is one ``CheckpointError`` line."""
+    for i, (path, st) in enumerate(cands):
+        try:
+            acc.load_state(path)
+            return path, st
+        except Exception as e:  # torch / safetensors / pickle raise many types on torn files
+            why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            if len(cands) == 1 or i == len(cands) - 1:
+                raise ckpt.CheckpointError(
+                    f"checkpoint {path!r}: cannot be loaded ({why}); remove it or pass "
+                    f"another --resume") from None
+            if main:
+                print(f"resume: skipped unloadable checkpoint {os.path.basename(path)} ({why})",
+                      file=sys.stderr)
+    return None, None
 
 
 def train(cfg: TrainConfig, resume: Optional[str] = None, progress: bool = True, lm=None,
@@ -123,8 +153,16 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, progress: bool = True,
     from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, set_seed
     from transformers import get_scheduler
 
-    if not cfg.train_data:
-        raise ValueError("train_data: the stage config names no training JSONL; pass --train-data")
+    # The whole config and every file it names, before anything is loaded.
+    cfg.validate().check_files(model=lm is None)
+    if resume and resume != "latest":
+        ckpt.read_state(resume)
+    # Both data files are parsed now: a bad line stops the run before the model loads, and
+    # not after training ends (the held-out file).
+    examples = read_jsonl(cfg.train_data, KINDS[cfg.stage])
+    frames = _num_frames(cfg, examples)
+    heldout = read_jsonl(cfg.eval_data, KINDS[cfg.stage]) if (evaluate and cfg.eval_data) \
+        else None
     cuda = torch.cuda.is_available()
     trackers = [t for t in cfg.report_to if t in ("tensorboard",)]
     acc = Accelerator(
@@ -136,6 +174,10 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, progress: bool = True,
     set_seed(cfg.seed)
     main = acc.is_main_process
     os.makedirs(cfg.output_dir, exist_ok=True)
+    if main:
+        ckpt.tidy(cfg.output_dir)   # unfinished saves of a killed run
+    acc.wait_for_everyone()
+    resume_from = _resume_candidates(resume, cfg.output_dir, main)
 
     lm, routers, trainee, params = build(cfg, device=acc.device, lm=lm)
     if pack is not None:
@@ -145,11 +187,10 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, progress: bool = True,
         lm.decoder().gradient_checkpointing_enable(
             gradient_checkpointing_kwargs={"use_reentrant": False})
         lm.decoder().train()
-    examples = read_jsonl(cfg.train_data, KINDS[cfg.stage])
     cache = None
     if cfg.stage != 2:
         from .features import FeatureCache
-        cache = FeatureCache(lm, _num_frames(cfg, examples),
+        cache = FeatureCache(lm, frames,
                              cache_dir or os.path.join(os.path.dirname(
                                  os.path.abspath(cfg.train_data)), ".vr_cache"))
     with acc.main_process_first():  # rank 0 fills the on-disk feature cache, others read it
@@ -171,36 +212,48 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, progress: bool = True,
                           config={k: v for k, v in cfg.to_dict().items()
                                   if isinstance(v, (int, float, str, bool))})
 
-    step, epoch, skip = 0, 0, 0
+    step, epoch, skip, elapsed = 0, 0, 0, 0.0
     history: List[dict] = []
+    window: List[dict] = []
+    saved = set()   # steps this run has checkpointed (the final save does not repeat one)
     log_path = os.path.join(cfg.output_dir, "log.jsonl")
-    if resume == "latest":
-        resume = _latest(cfg.output_dir)
+    resume, st = _load_state(acc, resume_from, main)
     if resume:
-        acc.load_state(resume)
-        st = json.load(open(os.path.join(resume, "trainer_state.json")))
         step, epoch, skip = st["global_step"], st["epoch"], st["micro_step_in_epoch"]
-        history = st.get("history", [])
+        history, window = st["history"], st.get("window", [])
+        elapsed = float(st.get("elapsed_s", 0.0))
+        if os.path.realpath(resume) == os.path.realpath(ckpt.checkpoint_dir(cfg.output_dir, step)):
+            saved.add(step)
         if main:
+            # log.jsonl continues from the checkpoint: the steps logged after it are dropped
+            # (they are run again), so no step appears twice
+            ckpt.write_lines_atomic(log_path, [json.dumps(r) + "\n" for r in history])
             print(f"resumed from {resume} at step {step} (epoch {epoch}, batch {skip})")
     elif main and os.path.exists(log_path):
         os.remove(log_path)
 
     def save(tag_step, ep, micro):
-        path = os.path.join(cfg.output_dir, f"checkpoint-{tag_step}")
-        acc.save_state(path)
+        if tag_step in saved:
+            return
+        tmp = ckpt.begin(cfg.output_dir, tag_step) if main else \
+            ckpt.checkpoint_dir(cfg.output_dir, tag_step) + ckpt.TMP
+        acc.wait_for_everyone()
+        acc.save_state(tmp)
+        acc.wait_for_everyone()   # every rank's shards are in tmp before it is committed
         if main:
             routers.trained = True
-            acc.unwrap_model(trainee).routers.save(os.path.join(path, "routers.safetensors"))
-            json.dump({"global_step": tag_step, "epoch": ep, "micro_step_in_epoch": micro,
-                       "history": history, "config": cfg.to_dict()},
-                      open(os.path.join(path, "trainer_state.json"), "w"))
+            acc.unwrap_model(trainee).routers.save(os.path.join(tmp, "routers.safetensors"))
+            ckpt.commit(tmp, {"global_step": tag_step, "epoch": ep, "micro_step_in_epoch": micro,
+                              "history": history, "window": window,
+                              "elapsed_s": round(time.time() - t0, 3), "config": cfg.to_dict()})
+        saved.add(tag_step)
         acc.wait_for_everyone()
 
     trainee.train()
     bar = tqdm(total=total, initial=step, desc=f"stage {cfg.stage}", disable=not (main and progress))
-    window, t0 = [], time.time()
+    t0 = time.time() - elapsed   # elapsed_s continues from the checkpoint's
     done = step >= total
+    micro = skip
     while not done:
         loader.set_epoch(epoch)
         it = acc.skip_first_batches(loader, skip) if skip else loader
@@ -258,15 +311,13 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, progress: bool = True,
         model.routers.save(os.path.join(cfg.output_dir, "routers.safetensors"))
         if cfg.stage == 3:
             save_llm(model.model, lm.tokenizer, cfg.output_dir)
-        if evaluate and cfg.eval_data:
+        if heldout is not None:
             from .evaluate import evaluate_stage
-            ev = read_jsonl(cfg.eval_data, KINDS[cfg.stage])
-            if cfg.eval_limit:
-                ev = ev[:cfg.eval_limit]
+            ev = heldout[:cfg.eval_limit] if cfg.eval_limit else heldout
             result["metrics"] = evaluate_stage(model, ev, cache, progress=progress)
-        json.dump({"stage": cfg.stage, "global_step": step, "metrics": result["metrics"],
-                   "config": cfg.to_dict()},
-                  open(os.path.join(cfg.output_dir, "metrics.json"), "w"), indent=2)
+        ckpt.write_json_atomic(os.path.join(cfg.output_dir, "metrics.json"),
+                               {"stage": cfg.stage, "global_step": step,
+                                "metrics": result["metrics"], "config": cfg.to_dict()}, indent=2)
     if trackers:
         acc.end_training()
     return result

@@ -61,10 +61,11 @@ def _add(table, keys, value):
 
 def eval_routing(vr, conversations: str, max_length: int = 1400, num_frames: int = 16,
                  max_new_tokens: int = 8, limit_videos: int = 0, answers: bool = True,
-                 progress: bool = False) -> dict:
+                 progress: bool = False, router_pool: Optional[int] = None) -> dict:
     """Metrics of ``vr`` on a synthetic conversations JSONL (``synthetic.generate``'s
     ``*_conversations.jsonl``: every line has category, phrasing, policy and, for Fragment
-    questions, frame labels)."""
+    questions, frame labels). ``router_pool``: the Image Router's window on Z_t (None: the
+    routers' configured one), to measure what a cheaper pool costs in accuracy."""
     from tqdm.auto import tqdm
     from .data import read_jsonl
 
@@ -78,13 +79,17 @@ def eval_routing(vr, conversations: str, max_length: int = 1400, num_frames: int
     aucs, absent_marked, kept_differ, rel_differ, samples = [], [], [], [], []
     kw = dict(num_frames=num_frames, max_length=max_length, max_new_tokens=max_new_tokens,
               cache_visual=True)
+    if router_pool is not None:
+        kw["router_pool"] = router_pool
     for video in tqdm(videos, desc="routing eval", disable=not progress, leave=False):
         probs, kept = {}, {}
         for ex in by_video[video]:
             cat, phr = ex.meta.get("category", "?"), ex.meta.get("phrasing", "?")
             keys = ("all", f"phrasing={phr}", f"category={cat}")
             if ex.frame_labels is not None:   # Fragment category: the Image Router's scores
+                # the routers read the bare question, as in training (Example.routed_question)
                 rep = vr.answer(video, ex.question, policy="fragment",
+                                router_question=ex.router_question,
                                 **dict(kw, max_new_tokens=1)).report
                 p = rep["frame_scores"]
                 probs[ex.question] = p
@@ -94,7 +99,8 @@ def eval_routing(vr, conversations: str, max_length: int = 1400, num_frames: int
                     absent_marked.append(sum(x > thr for x in p))
             if not answers:
                 continue
-            res = vr.answer(video, ex.question, policy="auto", **kw)
+            res = vr.answer(video, ex.question, policy="auto", router_question=ex.router_question,
+                            **kw)
             _add(sem, keys, int(res.report["policy"] == "fragment") == ex.policy)
             _add(ans_auto, keys, norm_answer(res.text) == norm_answer(ex.answer))
             kept[ex.question] = tuple(t for t, w in enumerate(res.report["scales"]) if w == 1)
@@ -106,7 +112,8 @@ def eval_routing(vr, conversations: str, max_length: int = 1400, num_frames: int
             if ex.policy == 1:
                 labels = ex.frame_labels or [0] * num_frames
                 forced = vr.answer(video, ex.question, policy="fragment",
-                                   relevant=[bool(y) for y in labels], **kw)
+                                   relevant=[bool(y) for y in labels],
+                                   **{k: v for k, v in kw.items() if k != "router_pool"})
             else:
                 forced = vr.answer(video, ex.question, policy="global", **kw)
             _add(ans_forced, keys, norm_answer(forced.text) == norm_answer(ex.answer))
@@ -130,6 +137,7 @@ def eval_routing(vr, conversations: str, max_length: int = 1400, num_frames: int
 
     out = {
         "videos": len(videos), "max_length": max_length, "num_frames": num_frames,
+        "router_pool": vr.routers.config.router_pool if router_pool is None else router_pool,
         "image_router_frame_accuracy": pack(frame_right),
         "auc_queried_vs_other_target": {"mean": _rate(aucs), "questions": len(aucs),
                                         "min": min(aucs) if aucs else None},
@@ -164,14 +172,15 @@ def check_targets(metrics: dict) -> dict:
 
 def run(model: str, routers: Optional[str], data: str, out: str, max_length: int = 1400,
         num_frames: int = 16, limit_videos: int = 0, answers: bool = True,
-        command: str = "") -> dict:
+        command: str = "", router_pool: Optional[int] = None) -> dict:
     """Load the model, evaluate, write ``out`` (JSON with device, date, versions, command)."""
-    from vr_runtime.eval.runner import environment
+    from vr_runtime.environment import environment
     from vr_runtime.runtime import VideoRouter
     t0 = time.time()
     vr = VideoRouter.from_pretrained(model, routers=routers)
     m = eval_routing(vr, data, max_length=max_length, num_frames=num_frames,
-                     limit_videos=limit_videos, answers=answers, progress=True)
+                     limit_videos=limit_videos, answers=answers, progress=True,
+                     router_pool=router_pool)
     res = {"what": "issue 8 held-out routing metrics (vr_runtime.training.routing_eval)",
            "command": command, **environment(), "model": model, "routers": routers,
            "data": data, "targets": check_targets(m), "metrics": m,

@@ -86,7 +86,8 @@ def answer_sequence(bb, question: str, answer: str, plan):
 
 class Trainee(nn.Module):
     """model + routers with the stage's forward. ``batch`` is a list of example dicts:
-    ``v`` (pre-projector features [T,256,4C], stages 1/3), ``q_ids`` (question ids [Lq]),
+    ``v`` (pre-projector features [T,256,4C], stages 1/3), ``q_ids`` (ids [Lq] of the routers'
+    text, the bare question: ``Example.routed_question``),
     ``labels`` ([T] float, optional in stage 3), ``policy`` (int, optional in stage 3),
     ``question``/``answer`` (stage 3)."""
 

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Every row of issue 21's table on one GPU (H100/H200), with the project's own commands.
+#
+#   bash bench/gpu_issue21.sh [STAGE ...]      (default: all stages, in this order)
+#
+# Stages and the rows they measure (InternVL3-8B shape, random weights, bf16, 64 frames,
+# budget 12,288 unless said):
+#   tests    pytest -m gpu of the new paths (graph decoding == eager, batched answers, ...)
+#   decode   bench_decode.py: ms a new token, dynamic / static / CUDA-graph decoding, batch 1
+#            and 4                                         -> row "decoding, wall time per token"
+#   e2e      bench_e2e.py main rows at router pool 1 and 2 -> rows "TTFT VideoRouter / Dense",
+#            "TTFT absolute", "router share of TTFT", "peak memory VideoRouter / Dense"
+#   frames   bench_e2e.py --sweep frames (16..256 frames)  -> row "TTFT ratio at 256 frames"
+#   batch    bench_e2e.py --sweep batch, batched prefill and one-by-one
+#                                                          -> row "4 videos / 1 video"
+#   kernels  bench_pool_pack.py at the paper shape, 3 processes -> row "pool_pack % of a copy"
+#
+# Results go to $OUT (the device tool's folder) or, without it, bench/results/gpu_issue21_<date>/;
+# each stage writes its files as soon as it ends, so a time limit keeps the finished ones.
+# The device tool allows 10 minutes a call: run the stages over two or three calls if needed,
+# e.g. `bash bench/gpu_issue21.sh tests decode` then `bash bench/gpu_issue21.sh e2e frames batch
+# kernels`. Copy the files into bench/results/ with a README (device, date, versions, command).
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=".:bench${PYTHONPATH:+:$PYTHONPATH}"
+DEST="${OUT:-bench/results/gpu_issue21_$(date -u +%Y-%m-%d)}"
+STAGES=("$@")
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(tests decode e2e frames batch kernels)
+for stage in "${STAGES[@]}"; do   # check every name before an expensive stage runs
+    case "$stage" in tests|decode|e2e|frames|batch|kernels) ;;
+    *) echo "unknown stage $stage: expected tests decode e2e frames batch kernels" >&2; exit 2 ;;
+    esac
+done
+mkdir -p "$DEST"
+LOG="$DEST/gpu_issue21.log"
+python3 - >>"$LOG" 2>&1 <<'EOF'
+import torch, transformers, triton
+print("torch", torch.__version__, "transformers", transformers.__version__, "triton",
+      triton.__version__, "device", torch.cuda.get_device_name(0) if torch.cuda.is_available()
+      else "no CUDA")
+EOF
+
+run() {   # run NAME CMD...: one command, its output in the log, its time and status noted
+    local name=$1; shift
+    echo "== $name: $*" | tee -a "$LOG"
+    local t0=$SECONDS
+    "$@" >>"$LOG" 2>&1
+    local rc=$?
+    echo "== $name: rc=$rc, $((SECONDS - t0)) s" | tee -a "$LOG"
+}
+
+for stage in "${STAGES[@]}"; do
+    case "$stage" in
+    tests)
+        run tests python3 -m pytest -m gpu -q tests/runtime/test_decode.py \
+            tests/runtime/test_runtime.py tests/runtime/test_qwen2_5_vl.py ;;
+    decode)
+        run decode python3 bench/bench_decode.py --runs 3 --warmup 1 \
+            --out "$DEST/decode_gpu_8b.json" ;;
+    e2e)
+        run e2e python3 bench/bench_e2e.py --runs 3 --warmup 1 --no-plot --decoding graph \
+            --out "$DEST/e2e_gpu_8b"
+        run e2e_rp2 python3 bench/bench_e2e.py --runs 3 --warmup 1 --no-plot --decoding graph \
+            --router-pool 2 \
+            --policies dense,vr24,vr48 --out "$DEST/e2e_gpu_8b_rp2" ;;
+    frames)
+        run frames python3 bench/bench_e2e.py --runs 2 --warmup 1 --no-plot --sweep frames \
+            --policies dense,vr24 --out "$DEST/e2e_gpu_8b_frames" ;;
+    batch)
+        run batch python3 bench/bench_e2e.py --runs 2 --warmup 1 --no-plot --sweep batch \
+            --batch-sizes 1,4 --policies dense,vr24 --out "$DEST/e2e_gpu_8b_batch"
+        run batch_sequential python3 bench/bench_e2e.py --runs 2 --warmup 1 --no-plot \
+            --sweep batch --batch-sizes 1,4 --policies vr24 --no-batch-prefill \
+            --out "$DEST/e2e_gpu_8b_batch_sequential" ;;
+    kernels)
+        for i in 1 2 3; do   # the spread across processes is part of the row
+            run "kernels_$i" python3 bench/bench_pool_pack.py --no-sweep --no-compile \
+                --out "$DEST/pool_pack_gpu_process$i.json"
+        done ;;
+    esac
+done
+echo "results in $DEST" | tee -a "$LOG"

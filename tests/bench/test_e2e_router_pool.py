@@ -1,0 +1,17 @@
+"""bench_e2e's VideoRouter rows give --router-pool to the Image Router they run (issue 21 item 1:
+FixedRelevance(run_routers=True) used to call frame_probs with no pool)."""
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+
+
+def test_bench_rows_pass_the_pool_to_the_scorer():
+    import argparse
+    import bench_e2e
+    args = argparse.Namespace(max_new_tokens=2, margin=10, router_pool=4)
+    kw = bench_e2e.answer_kwargs(args, 4, 4000, 600, {"policy": "fragment"},
+                                 relevant=[True, False, True, False])
+    assert kw["scorer"].run_routers and kw["scorer"].router_pool == 4 and "router_pool" not in kw
+    assert bench_e2e.used_router_pool([{"router_pool": 4}, {"router_pool": None}]) == 4
+    assert bench_e2e.used_router_pool([{"router_pool": None}]) is None

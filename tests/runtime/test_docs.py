@@ -1,0 +1,159 @@
+"""Docs that match the code (issue 24, item 4): the contract lives in the repository
+(docs/CONTRACT.md) and nothing points outside it; links between the markdown files resolve;
+the training README opens with a quick start whose commands name real configs and keys; and
+scripts/train_tiny.sh touches the shipped weights and bench/results only with --install."""
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CONTRACT = ROOT / "docs" / "CONTRACT.md"
+
+
+def _repo_files():
+    """Tracked files plus new ones git does not ignore: what a clone (or the next commit) has."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.split("\n")
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    return [ROOT / f for f in out if f and (ROOT / f).is_file()]
+
+
+def _text(path):
+    try:
+        return path.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError):
+        return None
+
+
+def test_nothing_points_outside_the_repository():
+    # The patterns are built so that this file does not match itself.
+    bad = [re.compile(p) for p in (r"\.\./" + "shared", "shared/" + "SPEC", "SPEC" + r"\.md",
+                                   r"\bSPEC" + r" (section )?\d", "seeds/" + "000_")]
+    hits = []
+    for f in _repo_files():
+        text = _text(f)
+        if text is None:
+            continue
+        for n, line in enumerate(text.splitlines(), 1):
+            if any(b.search(line) for b in bad):
+                hits.append(f"{f.relative_to(ROOT)}:{n}: {line.strip()[:100]}")
+    assert not hits, "\n".join(hits)
+
+
+def test_contract_sections_cited_exist():
+    headings = set(re.findall(r"^## (\d+)\. ", CONTRACT.read_text(), re.M))
+    assert headings >= {str(i) for i in range(8)}
+    cited = {}
+    for f in _repo_files():
+        text = _text(f)
+        for m in re.finditer(r"CONTRACT\.md sections? (\d+)(?: to (\d+))?", text or ""):
+            for n in filter(None, m.groups()):
+                cited.setdefault(n, str(f.relative_to(ROOT)))
+    assert cited, "nothing cites docs/CONTRACT.md"
+    missing = {n: f for n, f in cited.items() if n not in headings}
+    assert not missing, missing
+
+
+def test_eval_help_cites_no_outside_spec():
+    from vr_runtime.eval.cli import build_parser
+    text = build_parser().format_help()
+    assert "SPEC" not in text and "shared" not in text
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a markdown heading."""
+    s = heading.strip().lower()
+    s = re.sub(r"[^\w\- ]", "", s)
+    return s.replace(" ", "-")
+
+
+def test_markdown_links_resolve():
+    link = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+    bad = []
+    for f in _repo_files():
+        if f.suffix != ".md" or "egg-info" in str(f):
+            continue
+        for target in link.findall(_text(f) or ""):
+            if re.match(r"[a-z]+:", target):       # http:, https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (f.parent / path).resolve() if path else f
+            if not dest.exists():
+                bad.append(f"{f.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md":
+                slugs = {_slug(h) for h in re.findall(r"^#+ (.+)$", dest.read_text(), re.M)}
+                if anchor not in slugs:
+                    bad.append(f"{f.relative_to(ROOT)}: {target} (no such heading)")
+    assert not bad, "\n".join(bad)
+
+
+def test_training_readme_opens_with_a_quick_start():
+    text = (ROOT / "vr_runtime" / "training" / "README.md").read_text()
+    first = re.search(r"^## (.+)$", text, re.M).group(1)
+    assert first.startswith("Quick start")
+    quick = text[text.index("## Quick start"):text.index("\n## ", text.index("## Quick start") + 5)]
+    assert "--policy auto` needs Stages 1 and 2" in quick and "--routers" in quick
+    assert "synth --out" in quick and "videorouter ask" in quick
+    # every --config and --set key of the quick start is a real config and one of its keys
+    from vr_runtime.training.config import load_config
+    for cmd in re.findall(r"stage --config (\S+) --set((?:.|\\\n)*?)(?:\n(?!\s)|$)", quick):
+        name, sets = cmd
+        cfg = load_config(name)
+        keys = re.findall(r"'?([a-z_]+)=", sets)
+        assert keys, sets
+        for k in keys:
+            assert hasattr(cfg, k), (name, k)
+    assert len(text.splitlines()) < 260                  # the studies live in docs/
+    studies = (ROOT / "docs" / "TRAINING_STUDIES.md").read_text()
+    for h in ("Rule (a) on the synthetic task", "Stage 0: a tiny model that sees",
+              "Shipped tiny weights"):
+        assert f"## {h}" in studies and f"## {h}" not in text
+
+
+def _fake_python(tmp_path):
+    """A `python` on PATH that records its arguments instead of training."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "calls.jsonl"
+    py = bindir / "python"
+    py.write_text("#!/bin/sh\n"
+                  f"{json.dumps(sys.executable)} -c "
+                  "'import json, sys; print(json.dumps(sys.argv[1:]))' \"$@\" >> "
+                  f"{json.dumps(str(log))}\n")
+    py.chmod(0o755)
+    return bindir, log
+
+
+def _train_tiny(tmp_path, *args):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    bindir, log = _fake_python(tmp_path)
+    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    p = subprocess.run(["bash", str(ROOT / "scripts" / "train_tiny.sh"), *args], env=env,
+                       capture_output=True, text=True, timeout=60)
+    calls = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+    return p, calls
+
+
+def test_train_tiny_writes_the_checkout_only_with_install(tmp_path):
+    work = str(tmp_path / "work")
+    p, calls = _train_tiny(tmp_path / "plain", work)
+    assert p.returncode == 0, p.stderr
+    flat = [a for c in calls for a in c]
+    assert "--ship" not in flat and not any("bench/results" in a for a in flat)
+    assert calls[0][calls[0].index("--results") + 1] == f"{work}/results"
+    assert calls[0][calls[0].index("--work") + 1] == work
+
+    p, calls = _train_tiny(tmp_path / "install", "--install", work)
+    assert p.returncode == 0, p.stderr
+    assert "--ship" in calls[0] and calls[0][calls[0].index("--results") + 1] == "bench/results"
+    assert calls[1][:2] == ["-m", "vr_runtime.training"] and "routing-eval" in calls[1]
+
+    p, calls = _train_tiny(tmp_path / "typo", "--instal")
+    assert p.returncode == 2 and "unknown option --instal" in p.stderr and calls == []
