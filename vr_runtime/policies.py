@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import budget as B
 from .budget import BudgetError
@@ -104,6 +104,17 @@ def get_planner(name: str) -> Planner:
         raise ValueError(f"policy {name!r}: expected one of {', '.join(policy_names())}"
                          f"{did_you_mean(name, policy_names())}")
     return p
+
+
+def is_budgeted(policy: str, route_to: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether ``policy`` works under a visual budget, asked of the planners themselves (never
+    of their names): a planner says so; ``auto`` does when every planner it may route to does
+    (``route_to``: class -> planner, default each class's own planner)."""
+    if policy == AUTO:
+        routes = dict(zip(SEMANTIC_CLASSES, SEMANTIC_CLASSES))
+        routes.update(route_to or {})
+        return all(get_planner(p).budgeted for p in routes.values())
+    return get_planner(policy).budgeted
 
 
 # ----------------------------------------------------------------------------- decisions

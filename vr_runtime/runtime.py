@@ -38,7 +38,8 @@ from .backbones import Backbone, backbone_from_config, load_backbone
 from .backbones.base import output_cache
 from .decode import GreedyDecoder
 from .policies import (AUTO, SEMANTIC_CLASSES, UNTRAINED_AUTO_POLICY, FittedPlan, Windows,
-                       fit_plan, get_planner, kept_frames, policy_from_logits, policy_names)
+                       fit_plan, get_planner, is_budgeted, kept_frames, policy_from_logits,
+                       policy_names)
 from .reconstruct import reconstruct_embeds
 from .report import build_report
 from .routers import RouterConfig, Routers, embed_question
@@ -239,9 +240,9 @@ class VideoRouter:
             if isinstance(ttft_budget_s, bool) or not isinstance(ttft_budget_s, (int, float)) \
                     or not ttft_budget_s > 0:
                 raise ValueError(f"ttft_budget_s: expected seconds > 0, got {ttft_budget_s!r}")
-            if policy == "dense" or budget is not None:
-                raise ValueError("ttft_budget_s: chooses the visual budget, so it does not go "
-                                 "with policy 'dense' (no budget) or a fixed budget=")
+            if not is_budgeted(policy, routes) or budget is not None:
+                raise ValueError(f"ttft_budget_s: chooses the visual budget, so it does not go "
+                                 f"with policy {policy!r} (no budget) or a fixed budget=")
         return Request(video, question, num_frames, max_length, max_new_tokens, policy,
                        time_window, scorer, Windows(high, low, global_scale), margin, budget,
                        chunk_size, system, bool(cache_visual), routes, decoder,
@@ -252,7 +253,7 @@ class VideoRouter:
         """The budget depends only on the question and the frame count: refuse a hopeless one
         before decoding (``BudgetError``: one frame's line + one frame at the coarse window must
         fit ``max_length`` with the generation and the margin)."""
-        if req.policy == "dense" or req.budget is not None or num_frames < 1:
+        if not is_budgeted(req.policy, req.route_to) or req.budget is not None or num_frames < 1:
             return
         n_text = self.lm.text_tokens(req.question, num_frames, req.system, kept=[0])
         B.visual_budget(req.max_length, n_text, req.max_new_tokens, req.margin, grid=self.lm.grid,

@@ -34,7 +34,6 @@ class Method:
     name: str
     policy: str
     description: str
-    budgeted: bool = True                  # False: one row whatever the budget (dense)
     model: str = "main"                    # which model answers: "main" or a resource name
     route_to: Optional[Dict[str, str]] = None
     scorer: Optional[Callable] = None      # resources -> FrameScorer (e.g. CLIP)
@@ -51,6 +50,12 @@ class Method:
         if not self.frames_from_budget or budget is None:
             return frames
         return max(1, budget // frame_tokens)
+
+    @property
+    def budgeted(self) -> bool:
+        """False: one row whatever the budget (dense). Asked of the planners it uses."""
+        from ..policies import is_budgeted
+        return is_budgeted(self.policy, self.route_to)
 
     def answer_kwargs(self, resources: dict) -> dict:
         kw = {"policy": self.policy, **self.kwargs}
@@ -109,7 +114,7 @@ def _clip_matched(resources):
     return TokenMatchedScorer(resources["clip_scorer"])
 
 
-register_method("dense", "dense", "every frame at full resolution, no budget", budgeted=False)
+register_method("dense", "dense", "every frame at full resolution, no budget")
 register_method("budget", "budget", "InternVL3*: floor(B / frame tokens) full-resolution frames "
                 "sampled from the video by the context budget", frames_from_budget=True)
 register_method("budget-subset", "budget", "InternVL3* variant: as many full-resolution frames as "
