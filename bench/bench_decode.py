@@ -177,8 +177,7 @@ def main(argv=None) -> int:
                                          "warmup_s", "error"],
                                   ["Mode", "Batch", "ms/token", "ms/token (marginal)",
                                    "Tokens = dynamic", "Warm-up s", "Error"]))
-    common.write_results(out, doc, md)
-    print(f"wrote {out}")
+    common.finish(out, doc, md, show=False)
     return 0 if not any(r.get("error") or r.get("tokens_equal_dynamic") is False
                         for r in rows) else 1
 

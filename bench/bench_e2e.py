@@ -772,9 +772,10 @@ def main(argv=None) -> int:
         router_pool=used_router_pool(rows),
         router_mode=("Semantic + Image Router run, decisions imposed" if not trained else
                      "trained routers decide (policy 'auto')"),
-        router_mode_detail=("policy 'auto' inside e2e_override.forced_routing: both routers' full "
-                            "forward passes run on every VideoRouter call (timed in 'router'); "
-                            "their outputs are replaced by Fragment and the fixed pattern"
+        router_mode_detail=("policy 'fragment' with scorer FixedRelevance(pattern, run_routers=True): "
+                            "both routers' full forward passes run on every VideoRouter call "
+                            "(timed in 'router'); their outputs are discarded, Fragment and the "
+                            "fixed pattern decide"
                             if not trained else "policy 'auto' with the loaded router weights"),
         memory=("torch max_memory_allocated + NVML " + dev.nvml_scope) if not cpu else
                "process RSS peak (sampled every 2 ms), freed heap trimmed between rows",
@@ -786,9 +787,7 @@ def main(argv=None) -> int:
     title = f"{common.device_name(device)} | {shape_name(args)} | {args.frames} frames, budget {args.budget:,}"
 
     md = markdown_block(main_rows, rows, cpu, title, label, settings, env)
-    files = e2e_report.write_results(stem, meta, rows)
-    stem.with_suffix(".md").write_text(md + "\n")
-    files.append(stem.with_suffix(".md"))
+    files = e2e_report.write_results(stem, meta, rows, md)
     if not args.no_plot:
         p = e2e_report.plot(stem.with_suffix(".png"), rows, title, cpu)
         if p:

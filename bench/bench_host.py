@@ -125,7 +125,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
 
     sys.path.insert(0, ROOT)
     sys.path.insert(0, HERE)
-    from common import environment, markdown_table, write_results
+    from common import environment, environment_line, finish, markdown_table
     import torch
     torch.set_num_threads(1)
     env = environment(torch.device("cpu"))
@@ -150,13 +150,10 @@ def main(argv: Optional[List[str]] = None) -> Dict:
              f"calls per scenario); its tile cache keyed on dest, so its new_dest is a miss."]
     cols = ["T", "scenario", "out", "median_us", "q20_us", "q80_us", "before_us", "speedup", "target_us", "target_met"]
     md = ["# pool_pack host time before the launch (CPU, 1 thread)", "",
-          f"{env['device']}; torch {env['torch']}; {env['date_utc']}; command: `{env['command']}`; "
-          f"1-min load average {env.get('load_avg_1m')}", ""] + [f"> {n}" for n in notes] + [
+          environment_line(env), ""] + [f"> {n}" for n in notes] + [
           "", markdown_table(rows, cols), "", "## Targets (issue 12)", ""] + [f"- {v}" for v in verdict]
     payload = dict(environment=env, label="CPU", notes=notes, results=rows, before=before, targets=verdict)
-    write_results(args.out, payload, "\n".join(md))
-    print("\n".join(md))
-    print(f"wrote {args.out}")
+    finish(args.out, payload, "\n".join(md))
     return payload
 
 

@@ -38,7 +38,7 @@ from typing import Dict, List, Optional
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Timing, _quantile, environment, gbps, has_cuda, markdown_table, time_fn, write_results  # noqa: E402
+from common import Timing, _quantile, environment, environment_line, finish, gbps, has_cuda, markdown_table, time_fn, write_results  # noqa: E402
 
 from vr_kernels import pool_pack, pool_pack_reference, pooled_counts  # noqa: E402
 from vr_kernels.reference import pool_frame  # noqa: E402
@@ -358,15 +358,12 @@ def cpu_vs_compile(rep: int, out: Optional[str] = None, dtypes=("float32", "bflo
              "state; compile_s is its first call."]
     cols = ["dtype", "dir", "torch_path_ms", "compiled_ms", "speedup", "compile_s", "target_met"]
     md = ["# CPU path vs torch.compile of the reference (issue 12, item 8)", "",
-          f"{env['device']}; torch {env['torch']}; {env['date_utc']}; command: `{env['command']}`; "
-          f"1-min load average {env.get('load_avg_1m')}", ""] + [f"> {n}" for n in notes] + [
+          environment_line(env), ""] + [f"> {n}" for n in notes] + [
           "", markdown_table(rows, cols, ["dtype", "direction", "torch path ms", "torch.compile ms",
                                           "compiled / ours", "compile s", "ours <= compiled"])]
     payload = dict(environment=env, label="CPU", notes=notes, case=CPU_COMPARE, rep=rep, results=rows)
     out = out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "pool_pack_cpu_vs_compile.json")
-    write_results(out, payload, "\n".join(md))
-    print("\n".join(md))
-    print(f"wrote {out}")
+    finish(out, payload, "\n".join(md))
     return payload
 
 
@@ -446,16 +443,15 @@ def _report(out, env, notes, dtype, rows, gpu, t_start, done=None, show=False) -
                                    "vs_compiled", "vs_compiled_changing"])]
     md += ["", "## Targets", ""] + [f"- {v}" for v in verdict]
     markdown = "\n".join(md)
-    if show:
-        print(markdown)
 
     payload = dict(environment=env, notes=notes, dtype=str(dtype), grid=list(GRID), byte_counts=(
         "fwd = (kept_frames*N*D + out_rows*D) * elem_size; bwd = (out_rows*D + T*N*D) * elem_size; "
         "copy moves the same total (half read, half written)"),
         results=rows, speedups=sp, targets=verdict, elapsed_s=time.perf_counter() - t_start)
-    write_results(out, payload, markdown)
     if show:
-        print(f"wrote {out}")
+        finish(out, payload, markdown)
+    else:  # a partial file written mid-run: quietly
+        write_results(out, payload, markdown)
     return payload
 
 

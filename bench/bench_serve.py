@@ -434,7 +434,7 @@ def main(argv=None) -> int:
         stem = "serve_cpu_tiny" + ("_nocache" if args.visual_cache == 0 else "")
         args.out = str(ROOT / "bench" / "results" / f"{stem}.json")
     sys.path.insert(0, str(ROOT / "bench"))
-    from common import environment, write_results
+    from common import environment, finish
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         res = run_benchmark(pathlib.Path(tmp), args.requests, args.concurrency,
                             tuple(args.frames), args.time_limit, args.rss_slack_mb,
@@ -445,7 +445,7 @@ def main(argv=None) -> int:
         with contextlib.suppress(Exception):
             env[mod] = __import__(mod).__version__
     payload = {"environment": env, "results": res}
-    write_results(args.out, payload, _markdown(res, env))
+    finish(args.out, payload, _markdown(res, env), show=False)
     print(json.dumps({k: v for k, v in res.items() if k != "rss_mb"} | {
         "rss_mb": {k: v for k, v in res["rss_mb"].items() if k != "series"}}, indent=1))
     return 0 if res["passed"] else 1

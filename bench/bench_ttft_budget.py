@@ -107,8 +107,7 @@ def main(argv=None) -> int:
     for policy, p in per_policy.items():
         md.append(f"\n{policy}: full budget TTFT {p['full_budget_ttft_s']:.3f} s, smallest plan "
                   f"{p['smallest_plan_ttft_s']:.3f} s (medians of 3).")
-    common.write_results(args.out, payload, "\n".join(md))
-    print("\n".join(md))
+    common.finish(args.out, payload, "\n".join(md))
     return 0
 
 

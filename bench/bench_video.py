@@ -22,7 +22,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import environment, markdown_table, write_results  # noqa: E402
+from common import environment, finish, markdown_table  # noqa: E402
 
 SOURCES = {"448p": (800, 448), "1080p": (1920, 1080), "4K": (3840, 2160)}
 
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
         payload["environment"]["decord"] = decord.__version__
     md = markdown_table(rows, ["source", "decoder", "frames", "clip_mb",
                                "peak_above_imports_mb", "estimate_mb", "wall_s"])
-    print(write_results(args.out, payload, md))
+    finish(args.out, payload, md, show=False)
     return 0
 
 

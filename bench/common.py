@@ -1,6 +1,8 @@
 """Shared benchmark utilities: environment description, timing, byte-count bandwidth, results files.
 
-Used by ``bench_pool_pack.py`` and ``bench_e2e.py``. Nothing here is specific to one benchmark.
+Every script under ``bench/`` takes its environment, tables and results files from here (one
+``environment()``, one ``markdown_table``, one ``finish`` that writes and prints); nothing here is
+specific to one benchmark.
 
 Timing rules:
 * on CUDA, each sample is one call bracketed by CUDA events on the current stream, after
@@ -28,7 +30,7 @@ import torch
 
 __all__ = [
     "Timing", "device_name", "environment", "time_fn", "gbps", "write_results",
-    "markdown_table", "command_line", "has_cuda",
+    "markdown_table", "markdown_grid", "environment_line", "finish", "command_line", "has_cuda",
 ]
 
 
@@ -192,6 +194,14 @@ def gbps(num_bytes: int, seconds: float) -> float:
     return num_bytes / seconds / 1e9 if seconds > 0 else float("nan")
 
 
+def markdown_grid(headers: List[str], cells: List[List[str]], numbers_right: bool = False) -> str:
+    """A GitHub markdown table of already formatted ``cells``; ``numbers_right`` left-aligns the
+    first column and right-aligns the others (tables of figures)."""
+    rule = [(":--" if i == 0 else "--:") if numbers_right else "---" for i in range(len(headers))]
+    return "\n".join(["| " + " | ".join(headers) + " |", "|" + "|".join(rule) + "|"]
+                     + ["| " + " | ".join(row) + " |" for row in cells])
+
+
 def markdown_table(rows: List[Dict[str, object]], columns: List[str],
                    headers: Optional[List[str]] = None) -> str:
     """A GitHub markdown table of ``rows`` (dicts) restricted to ``columns``."""
@@ -206,10 +216,27 @@ def markdown_table(rows: List[Dict[str, object]], columns: List[str],
             return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
         return str(v)
 
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    for r in rows:
-        lines.append("| " + " | ".join(fmt(r.get(c)) for c in columns) + " |")
-    return "\n".join(lines)
+    return markdown_grid(headers, [[fmt(r.get(c)) for c in columns] for r in rows])
+
+
+def environment_line(env: Dict[str, object], versions: tuple = ("torch",), load: bool = True) -> str:
+    """The line under a results file's title: device, versions, date, command and (for CPU
+    figures on a shared machine) the load they ran under."""
+    parts = [str(env["device"])] + [f"{v} {env.get(v)}" for v in versions]
+    parts += [str(env["date_utc"]), f"command: `{env['command']}`"]
+    if load:
+        parts.append(f"1-min load average {env.get('load_avg_1m')}")
+    return "; ".join(parts)
+
+
+def _write_atomic(path: str, text: str) -> None:
+    # A results file is either the old one or the whole new one, never half written.
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def write_results(path: str, payload: Dict[str, object], markdown: Optional[str] = None) -> str:
@@ -218,10 +245,17 @@ def write_results(path: str, payload: Dict[str, object], markdown: Optional[str]
     When ``markdown`` is given and ``path`` ends in ``.json``, a sibling ``.md`` with the same
     stem is written too (the human-readable table). Returns ``path``."""
     os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(payload, f, indent=2, default=str)
-        f.write("\n")
+    _write_atomic(path, json.dumps(payload, indent=2, default=str) + "\n")
     if markdown is not None and path.endswith(".json"):
-        with open(path[:-5] + ".md", "w") as f:
-            f.write(markdown.rstrip() + "\n")
+        _write_atomic(path[:-5] + ".md", markdown.rstrip() + "\n")
+    return path
+
+
+def finish(path: str, payload: Dict[str, object], markdown: str, *, show: bool = True) -> str:
+    """The ending every benchmark shares: write the results (JSON + markdown), then print the
+    markdown (``show``) and where it went. Returns ``path``."""
+    write_results(path, payload, markdown)
+    if show:
+        print(markdown)
+    print(f"wrote {path}")
     return path

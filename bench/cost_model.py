@@ -33,7 +33,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
-from common import environment, markdown_table, write_results  # noqa: E402
+from common import environment, environment_line, finish, markdown_table  # noqa: E402
 from vr_runtime.cost_model import DEVICES, cpu_device, predict_ttft  # noqa: E402
 
 # The paper's Table (latency breakdown, InternVL3-8B, 64 frames): method, visual tokens, router s,
@@ -205,8 +205,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         "fused attention, text 180 tokens; the paper's own figures are beside them.",
     ]
     md = ["# TTFT cost model (vr_runtime/cost_model.py)", "",
-          f"{env['device']}; torch {env['torch']}; {env['date_utc']}; command: `{env['command']}`; "
-          f"1-min load average {env.get('load_avg_1m')}", "",
+          environment_line(env), "",
           f"CPU calibration: {dev.flops / 1e9:.1f} GFLOP/s fp32 matmul, {dev.bandwidth / 1e9:.1f} GB/s copy, "
           f"{dev.op_overhead_s * 1e6:.1f} us per operator, {dev.pack_call_s * 1e6:.1f} us per pool_pack call "
           f"(host), {dev.cache_bandwidth / 1e9:.1f} GB/s in cache", ""] + [f"> {n}" for n in notes]
@@ -234,9 +233,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     payload = dict(environment=env, label="model (H100/H200), CPU calibrated (validation)", notes=notes,
                    cpu_device=dev.to_dict(), devices={k: v.to_dict() for k, v in DEVICES.items()},
                    validation=val, causal_attention=causal, paper_table=table)
-    write_results(args.out, payload, "\n".join(md))
-    print("\n".join(md))
-    print(f"wrote {args.out}")
+    finish(args.out, payload, "\n".join(md))
     return payload
 
 

@@ -8,10 +8,11 @@ the Dense row of the same sweep point in the same run.
 from __future__ import annotations
 
 import csv
-import json
 import math
 import pathlib
 from typing import Iterable, List, Optional
+
+import common  # bench/common.py (bench/ is on sys.path for every bench script)
 
 # Table `latency_breakdown` of the paper: InternVL3-8B, 64 frames, visual budget 12,288, on the
 # paper's own hardware (not stated beyond "the same hardware as the main experiments").
@@ -94,11 +95,8 @@ def text_table(rows: List[dict], cpu: bool) -> str:
 
 def markdown_table(rows: List[dict], cpu: bool) -> str:
     cols = _columns(rows, cpu)
-    out = ["| " + " | ".join(h for _, h, _ in cols) + " |",
-           "|" + "|".join(":--" if i == 0 else "--:" for i in range(len(cols))) + "|"]
-    for r in rows:
-        out.append("| " + " | ".join(_fmt(r, k, f) for k, _, f in cols) + " |")
-    return "\n".join(out)
+    return common.markdown_grid([h for _, h, _ in cols],
+                                [[_fmt(r, k, f) for k, _, f in cols] for r in rows], numbers_right=True)
 
 
 def paper_table(markdown: bool = False) -> str:
@@ -111,9 +109,7 @@ def paper_table(markdown: bool = False) -> str:
                      f"{pre:.1f}", f"{ttft:.1f}", f"{mem:.1f}", f"{ttft / dense[5]:.2f}",
                      f"{mem / dense[6]:.2f}"])
     if markdown:
-        return "\n".join(["| " + " | ".join(head) + " |",
-                          "|" + "|".join(":--" if i == 0 else "--:" for i in range(len(head))) + "|"]
-                         + ["| " + " | ".join(r) + " |" for r in rows])
+        return common.markdown_grid(head, rows, numbers_right=True)
     widths = [max(len(x[i]) for x in [head] + rows) for i in range(len(head))]
     fmt = lambda r: "  ".join(s.ljust(w) if i == 0 else s.rjust(w)  # noqa: E731
                               for i, (s, w) in enumerate(zip(r, widths)))
@@ -125,11 +121,8 @@ def pending_markdown(device: str, reason: str) -> str:
     head = [h for _, h, _ in COLUMNS]
     labels = ["Dense", "Budget (InternVL3*)", "Uniform pooling", "VideoRouter (s=2,4) default",
               "VideoRouter (s=4,8)", "CLIP relevance pooling"]
-    out = [f"**{device}**: {reason}", "",
-           "| " + " | ".join(head) + " |",
-           "|" + "|".join(":--" if i == 0 else "--:" for i in range(len(head))) + "|"]
-    out += ["| " + " | ".join([lab] + ["pending"] * (len(head) - 1)) + " |" for lab in labels]
-    return "\n".join(out)
+    return f"**{device}**: {reason}\n\n" + common.markdown_grid(
+        head, [[lab] + ["pending"] * (len(head) - 1) for lab in labels], numbers_right=True)
 
 
 CSV_FIELDS = ["sweep", "policy", "label", "frames", "budget", "batch", "batch_mode", "relevant",
@@ -139,8 +132,10 @@ CSV_FIELDS = ["sweep", "policy", "label", "frames", "budget", "batch", "batch_mo
               "runs", "ttft_min_s", "ttft_max_s", "reused_from", "error"]
 
 
-def write_results(stem: pathlib.Path, meta: dict, rows: List[dict]) -> List[pathlib.Path]:
-    """``stem``.json (settings + rows + paper reference) and ``stem``.csv (rows)."""
+def write_results(stem: pathlib.Path, meta: dict, rows: List[dict],
+                  markdown: Optional[str] = None) -> List[pathlib.Path]:
+    """``stem``.json (settings + rows + paper reference), ``stem``.csv (rows) and, given
+    ``markdown``, ``stem``.md."""
     stem.parent.mkdir(parents=True, exist_ok=True)
     js, cs = stem.with_suffix(".json"), stem.with_suffix(".csv")
     doc = dict(meta)
@@ -150,13 +145,13 @@ def write_results(stem: pathlib.Path, meta: dict, rows: List[dict]) -> List[path
         "columns": ["label", "visual_tokens", "router_s", "vision_compress_s", "prefill_s",
                     "ttft_s", "peak_mem_gb"],
         "rows": [list(r) for r in PAPER]}
-    js.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    common.write_results(str(js), doc, markdown)
     with cs.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
         w.writeheader()
         for r in rows:
             w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in CSV_FIELDS})
-    return [js, cs]
+    return [js, cs] + ([stem.with_suffix(".md")] if markdown is not None else [])
 
 
 def plot(path: pathlib.Path, rows: Iterable[dict], title: str, cpu: bool) -> Optional[pathlib.Path]:

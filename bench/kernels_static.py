@@ -477,7 +477,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     p.add_argument("--workers", type=int, default=2)
     args = p.parse_args(argv)
     sys.path.insert(0, os.path.join(ROOT, "bench"))
-    from common import environment, markdown_table, write_results
+    from common import environment, environment_line, finish, markdown_table
 
     t0 = time.perf_counter()
     # A fresh Triton cache, so that compile_s is a cold compile (what a first request would pay).
@@ -510,7 +510,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
             "ldg128", "stg128", "ipe_1x1", "ipe_2x2", "ipe_4x4", "ipe_8x8", "ipe_generic", "div_full", "int_div",
             "compile_s"]
     md = ["# pool_pack kernels: static sm_90 figures", "",
-          f"{env['device']}; triton {env['triton']}; {env['date_utc']}; command: `{env['command']}`", ""]
+          environment_line(env, ("triton",), load=False), ""]
     ba = before_after(results, before)
     if ba:
         md += ["## Before / after (forward, bf16, instructions per loaded element)", "",
@@ -526,9 +526,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
                    before_after=ba,
                    violations=bad,
                    elapsed_s=time.perf_counter() - t0)
-    write_results(args.out, payload, "\n".join(md))
-    print("\n".join(md))
-    print(f"wrote {args.out}")
+    finish(args.out, payload, "\n".join(md))
     return payload
 
 

@@ -141,6 +141,28 @@ if HAS_TRITON:
     # in-frame span fits int32.
 
     @triton.jit
+    def _decode_tile(tiles, D: tl.constexpr, BLOCK_D: tl.constexpr):
+        # The opening both kernels share: program -> (tile, block of columns), and the tile's
+        # row of the table (layout in tiles.py): frame t, first row r0, row count nr, window
+        # sh x sw (sh == 0: a dropped frame's zero tile). Returns the row pointer too: the
+        # generic bodies read its output width (row + 5).
+        pid = tl.program_id(0)
+        n_d_blocks = tl.cdiv(D, BLOCK_D)
+        i_d = pid % n_d_blocks
+        row = tiles + (pid // n_d_blocks) * 8
+        t = tl.load(row + 0)
+        r0 = tl.load(row + 1)
+        nr = tl.load(row + 2)
+        sh = tl.load(row + 3)
+        sw = tl.load(row + 4)
+        o_d = i_d * BLOCK_D + tl.arange(0, BLOCK_D)
+        if D % BLOCK_D == 0:  # no column mask: every block is full
+            m_d = tl.full([BLOCK_D], 1, tl.int1)
+        else:
+            m_d = o_d < D
+        return row, t, r0, nr, sh, sw, o_d, m_d
+
+    @triton.jit
     def _fwd_window(x_frame, y_tile, r0, nr, xd, yd, m_d, stride_yr,
                     H: tl.constexpr, W: tl.constexpr, D: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
                     R: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -207,20 +229,7 @@ if HAS_TRITON:
         H: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
         BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
     ):
-        pid = tl.program_id(0)
-        n_d_blocks = tl.cdiv(D, BLOCK_D)
-        i_d = pid % n_d_blocks
-        row = tiles + (pid // n_d_blocks) * 8
-        t = tl.load(row + 0)
-        r0 = tl.load(row + 1)
-        nr = tl.load(row + 2)
-        sh = tl.load(row + 3)
-        sw = tl.load(row + 4)
-        o_d = i_d * BLOCK_D + tl.arange(0, BLOCK_D)
-        if D % BLOCK_D == 0:  # no column mask: every block is full
-            m_d = tl.full([BLOCK_D], 1, tl.int1)
-        else:
-            m_d = o_d < D
+        row, t, r0, nr, sh, sw, o_d, m_d = _decode_tile(tiles, D, BLOCK_D)
         # int64 at the bases only: T*N*D and L*D may pass 2**31.
         x_frame = x + t.to(tl.int64) * stride_xt
         y_tile = y + (tl.load(dest + t) + r0).to(tl.int64) * stride_yr
@@ -317,20 +326,7 @@ if HAS_TRITON:
         # token written once, no atomics. ZERO_DY: dy_kept (a copy of dy, the gradient w.r.t.
         # the original `out`) gets zeros in the rows the forward overwrote. Reads come from dy,
         # never from dy_kept, so the kernel is idempotent (autotuning may run it several times).
-        pid = tl.program_id(0)
-        n_d_blocks = tl.cdiv(D, BLOCK_D)
-        i_d = pid % n_d_blocks
-        row = tiles + (pid // n_d_blocks) * 8
-        t = tl.load(row + 0)
-        r0 = tl.load(row + 1)
-        nr = tl.load(row + 2)
-        sh = tl.load(row + 3)
-        sw = tl.load(row + 4)
-        o_d = i_d * BLOCK_D + tl.arange(0, BLOCK_D)
-        if D % BLOCK_D == 0:  # no column mask: every block is full
-            m_d = tl.full([BLOCK_D], 1, tl.int1)
-        else:
-            m_d = o_d < D
+        row, t, r0, nr, sh, sw, o_d, m_d = _decode_tile(tiles, D, BLOCK_D)
         dx_frame = dx + t.to(tl.int64) * stride_xt
         xd = o_d  # frames' rows are contiguous (the launcher sees to it): stride D, 1
         yd = o_d * stride_dyd

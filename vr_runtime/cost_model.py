@@ -7,9 +7,11 @@
 
 Stages, as the runtime times them (docs/CONTRACT.md section 3: TTFT = vision + router + compress + prefill):
 
-* ``vision``   the InternViT tower over every sampled frame (``image_size/patch`` squared patches
-               plus CLS, full attention) and the projector (pixel shuffle 0.5, LayerNorm, two
-               linears) -> 256 tokens of width D per frame;
+* ``vision``   the vision tower over every sampled frame and the projector -> 256 tokens of width
+               D per frame: InternViT (``image_size/patch`` squared patches plus CLS, full
+               attention; pixel shuffle 0.5, LayerNorm, two linears) or Qwen2.5-VL's tower
+               (32x32 patches, window attention but in a few full layers, SwiGLU; the 2x2
+               merger), as the backbone's :class:`~.backbones.base.CostShape` describes;
 * ``router``   the Shadow Stack (the first ``k`` decoder layers of the LLM) over each frame's
                ``[Z_t; question]`` (frames pooled by ``router_pool`` first) and over the question,
                plus the two small router heads; 0 for the baselines that route nothing;
@@ -45,6 +47,8 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from typing import Dict, Optional, Union
+
+from .backbones.base import CostShape
 
 
 @dataclass(frozen=True)
@@ -222,41 +226,20 @@ def _timed(fn) -> float:
 
 # ------------------------------------------------------------------------- shapes
 
-@dataclass(frozen=True)
-class Shape:
-    """The dimensions the model needs, read from an InternVL (HF) config."""
-    d_vis: int
-    vis_heads: int
-    vis_layers: int
-    vis_ff: int
-    vis_tokens: int         # patches + CLS per frame
-    tokens_per_frame: int   # after pixel shuffle (256 for 448 / 14 / 2)
-    d: int
-    layers: int
-    heads: int
-    kv_heads: int
-    ff: int
-    vocab: int
+# The dimensions come from the backbone (``Backbone.cost_shape``): each family reads its own
+# config.json, so the model covers every registered backbone.
+Shape = CostShape
 
 
 def load_shape(config: Union[str, dict]) -> Shape:
-    """``config``: a path to an HF ``config.json`` (or a directory holding one), or its dict."""
+    """``config``: a path to an HF ``config.json`` (or a directory holding one), or its dict;
+    its ``model_type`` picks the backbone that reads it (InternVL3, Qwen2.5-VL, ...)."""
+    from .backbones import backbone_class
     if isinstance(config, (str, os.PathLike)):
         path = os.path.join(config, "config.json") if os.path.isdir(config) else config
         with open(path) as f:
             config = json.load(f)
-    v, t = config["vision_config"], config["text_config"]
-    img = v.get("image_size", 448)
-    patch = v.get("patch_size", 14)
-    img = img[0] if isinstance(img, (list, tuple)) else img
-    patch = patch[0] if isinstance(patch, (list, tuple)) else patch
-    side = img // patch
-    ratio = config.get("downsample_ratio", 0.5)
-    return Shape(d_vis=v["hidden_size"], vis_heads=v.get("num_attention_heads", 16), vis_layers=v["num_hidden_layers"], vis_ff=v["intermediate_size"],
-                 vis_tokens=side * side + 1, tokens_per_frame=int(side * ratio) ** 2,
-                 d=t["hidden_size"], layers=t["num_hidden_layers"], heads=t["num_attention_heads"],
-                 kv_heads=t.get("num_key_value_heads", t["num_attention_heads"]), ff=t["intermediate_size"],
-                 vocab=t["vocab_size"])
+    return backbone_class(config.get("model_type", "internvl")).cost_shape(config)
 
 
 # ------------------------------------------------------------------------- costs
@@ -402,25 +385,36 @@ def stage_costs(shape: Shape, visual_tokens: int, text_tokens: int, num_frames: 
 
     vis = _Stage(device)
     n, T = s.vis_tokens, num_frames
-    vis.matmul(n * T, 3 * 14 * 14, s.d_vis)             # patch embedding
+    vis.matmul(n * T, s.patch_dim, s.d_vis)             # patch embedding
     heads = s.vis_heads
     hd = s.d_vis // heads
-    for _ in range(s.vis_layers):
-        vis.memory(n * T * s.d_vis)                     # LayerNorm
+    for i in range(s.vis_layers):
+        vis.memory(n * T * s.d_vis)                     # LayerNorm / RMSNorm
         vis.matmul(n * T, s.d_vis, 3 * s.d_vis)         # qkv
-        vis.attention(n, n, hd, T * heads, causal=False)
+        if s.vis_window_tokens and i >= s.vis_full_layers:   # window attention
+            w = s.vis_window_tokens
+            vis.attention(w, w, hd, T * heads * math.ceil(n / w), causal=False)
+        else:
+            vis.attention(n, n, hd, T * heads, causal=False)
         vis.matmul(n * T, s.d_vis, s.d_vis)             # proj
         vis.memory(n * T * s.d_vis, passes=3.0)         # layer scale + residual
-        vis.memory(n * T * s.d_vis)                     # LayerNorm
-        vis.matmul(n * T, s.d_vis, s.vis_ff)            # fc1
-        vis.memory(n * T * s.vis_ff)                    # GELU
-        vis.matmul(n * T, s.vis_ff, s.d_vis)            # fc2
+        vis.memory(n * T * s.d_vis)                     # LayerNorm / RMSNorm
+        if s.vis_gated_mlp:
+            vis.matmul(n * T, s.d_vis, s.vis_ff)        # gate
+            vis.matmul(n * T, s.d_vis, s.vis_ff)        # up
+            vis.memory(n * T * s.vis_ff)                # SiLU(gate)
+            vis.memory(n * T * s.vis_ff, passes=3.0)    # * up
+        else:
+            vis.matmul(n * T, s.d_vis, s.vis_ff)        # fc1
+            vis.memory(n * T * s.vis_ff)                # GELU
+        vis.matmul(n * T, s.vis_ff, s.d_vis)            # fc2 / down
         vis.memory(n * T * s.d_vis, passes=3.0)         # residual
     m = s.tokens_per_frame * T
-    vis.memory(m * 4 * s.d_vis)                         # pixel shuffle + LayerNorm
-    vis.matmul(m, 4 * s.d_vis, s.d)                     # projector fc1
-    vis.memory(m * s.d)                                 # GELU
-    vis.matmul(m, s.d, s.d)                             # projector fc2
+    mh = s.merge_hidden or s.d
+    vis.memory(m * 4 * s.d_vis)                         # pixel shuffle / 2x2 merge + norm
+    vis.matmul(m, 4 * s.d_vis, mh)                      # projector fc1
+    vis.memory(m * mh)                                  # GELU
+    vis.matmul(m, mh, s.d)                              # projector fc2
     out["vision"] = vis
 
     rt = _Stage(device)

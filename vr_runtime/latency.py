@@ -25,7 +25,7 @@ from typing import Callable, Dict, Optional
 
 import torch
 
-from .cost_model import DEVICES, DeviceSpec, cpu_device, load_shape, stage_costs
+from .cost_model import DEVICES, DeviceSpec, Shape, cpu_device, load_shape, stage_costs
 
 STAGES = ("vision", "router", "compress", "prefill")
 
@@ -33,8 +33,9 @@ STAGES = ("vision", "router", "compress", "prefill")
 class LatencyModel:
     """Predicted TTFT stages of one backbone on one device, corrected by measurements."""
 
-    def __init__(self, config: dict, device: DeviceSpec, window: int = 8):
-        self.shape = load_shape(config)
+    def __init__(self, config, device: DeviceSpec, window: int = 8):
+        """``config``: the backbone's cost shape, or a config.json dict (or path) to read it from."""
+        self.shape = config if isinstance(config, Shape) else load_shape(config)
         self.device = device
         self.ratios: Dict[str, collections.deque] = {s: collections.deque(maxlen=window)
                                                      for s in STAGES}
@@ -43,9 +44,7 @@ class LatencyModel:
     def for_backbone(cls, bb, device_spec: Optional[DeviceSpec] = None) -> "LatencyModel":
         from .errors import DeviceError
         bb = bb.lm if hasattr(bb, "lm") else bb
-        if bb.family != "internvl3":
-            raise ValueError(f"ttft_budget_s: the cost model covers InternVL3 shapes; backbone "
-                             f"{bb.family!r} has none yet")
+        shape = type(bb).cost_shape(bb.model.config.to_dict())   # first: a clear refusal
         if device_spec is None:
             if bb.device.type == "cpu":
                 device_spec = cpu_device(threads=torch.get_num_threads())
@@ -56,7 +55,7 @@ class LatencyModel:
                     raise DeviceError(f"ttft_budget_s: no cost-model spec for {name!r} (known: "
                                       f"{', '.join(DEVICES)})")
                 device_spec = DEVICES[key]
-        return cls(bb.model.config.to_dict(), device_spec)
+        return cls(shape, device_spec)
 
     def scale(self, stage: str) -> float:
         r = self.ratios[stage]

@@ -222,8 +222,28 @@ def fit_plan(plan_for: Callable[[int], list], text_for: Callable[[Sequence[int]]
     return best
 
 
+def plan_fitted(planner: "Planner", num_frames: int, grid: Grid,
+                relevant: Optional[Sequence[bool]], windows: Windows,
+                text_for: Callable[[Sequence[int]], int], max_length: int, gen_tokens: int,
+                margin: int, budget: Optional[int] = None) -> FittedPlan:
+    """``planner``'s plan of ``num_frames`` frames, fitted as inference fits it (the runtime and
+    Stage 3 training both call this, so training sees the plans inference makes): an unbudgeted
+    planner's plan as it is; a fixed ``budget`` bounds the visual tokens alone (the paper's
+    controlled protocol); otherwise ``fit_plan``, the largest budget whose plan plus its own
+    text fits ``max_length - gen_tokens - margin``."""
+    def plan_for(b):
+        return planner.plan(num_frames, b, grid, relevant, windows)
+
+    if not planner.budgeted or budget is not None:
+        b = budget if planner.budgeted else None
+        plan = plan_for(b)
+        return FittedPlan(plan, b, text_for(kept_frames(plan, grid)))
+    return fit_plan(plan_for, text_for, num_frames, max_length, gen_tokens, margin, grid,
+                    coarsest=windows.low)
+
+
 __all__ = ["AUTO", "SEMANTIC_CLASSES", "UNTRAINED_AUTO_POLICY", "DEFAULT_THRESHOLD", "Windows",
            "Planner", "PLANNERS", "register_planner", "policy_names", "get_planner",
            "policy_from_logits", "relevant_from_probs", "relevant_from_logits", "topk_relevant",
            "topk_of",
-           "FittedPlan", "fit_plan", "kept_frames"]
+           "FittedPlan", "fit_plan", "plan_fitted", "kept_frames"]

@@ -169,6 +169,9 @@ def test_cpu_mode_end_to_end(tmp_path):
     s = doc["settings"]
     T, B = 4, 4 * 192
     assert (s["frames"], s["budget"]) == (T, B) and s["router_layers"] == 1
+    # the label names the mechanism the rows really use (the scorer seam, policy fragment)
+    assert "FixedRelevance(pattern, run_routers=True)" in s["router_mode_detail"]
+    assert "policy 'fragment'" in s["router_mode_detail"]
     rel = bench_e2e.relevance_pattern(T, 28 / 64, "spread")
     expect = {"dense": plan_dense(T), "budget": plan_budget(T, B), "uniform": plan_uniform(T, B),
               "vr24": plan_fragment(rel, B, high=1, low=4, global_scale=2),

@@ -1,4 +1,5 @@
 """The TTFT cost model: shapes from the shipped configs, stage arithmetic, monotonicity."""
+import dataclasses
 import os
 
 import pytest
@@ -12,6 +13,25 @@ def test_shape_of_the_8b_config():
     s = load_shape(CFG)
     assert (s.d, s.layers, s.heads, s.kv_heads, s.ff) == (3584, 28, 28, 4, 18944)
     assert (s.d_vis, s.vis_layers, s.vis_tokens, s.tokens_per_frame) == (1024, 24, 1025, 256)
+
+
+def test_shape_of_the_qwen_7b_config():
+    # Qwen2.5-VL-7B's public config (flat layout): the backbone reads its own dimensions.
+    s = load_shape(os.path.join(os.path.dirname(CFG), "qwen2_5_vl_7b.json"))
+    assert (s.d, s.layers, s.heads, s.kv_heads, s.ff, s.vocab) == (3584, 28, 28, 4, 18944, 152064)
+    assert (s.d_vis, s.vis_heads, s.vis_layers, s.vis_ff) == (1280, 16, 32, 3420)
+    assert (s.vis_tokens, s.tokens_per_frame, s.patch_dim) == (1024, 256, 3 * 2 * 14 * 14)
+    assert (s.vis_gated_mlp, s.vis_window_tokens, s.vis_full_layers, s.merge_hidden) == \
+        (True, 64, 4, 4 * 1280)
+    # window attention: the tower's attention FLOPs are those of 4 full + 28 windowed layers
+    dev = DeviceSpec("unit", 1e15, 1e15)
+    full = stage_costs(dataclasses.replace(s, vis_window_tokens=0), 256, 10, 1, dev, routers=False)
+    win = stage_costs(s, 256, 10, 1, dev, routers=False)
+    hd, n = s.d_vis // s.vis_heads, s.vis_tokens
+    per_layer_full = 2 * 2 * n * n * hd * s.vis_heads
+    per_layer_win = 2 * 2 * n * 64 * hd * s.vis_heads
+    assert full["vision"]["flops"] - win["vision"]["flops"] == pytest.approx(
+        28 * (per_layer_full - per_layer_win), rel=1e-9)
 
 
 def test_prefill_flops_match_the_closed_form():

@@ -60,10 +60,28 @@ def test_answer_with_a_ttft_budget(tiny_vr, frames):
         tiny_vr.answer(pv, Q, num_frames=6, ttft_budget_s=-2)
 
 
-def test_no_cost_model_for_qwen_yet():
+def test_answer_with_a_ttft_budget_on_qwen(frames):
+    # The backbone gives its own cost shape, so --ttft-budget is not InternVL3's alone.
     from vr_runtime.backbones import load_backbone
-    with pytest.raises(ValueError, match="cost model covers InternVL3"):
-        LatencyModel.for_backbone(load_backbone("tiny-qwen2.5-vl"))
+    from vr_runtime.backbones.base import Backbone
+    from vr_runtime.runtime import VideoRouter
+    lm = load_backbone("tiny-qwen2.5-vl")
+    shape = type(lm).cost_shape(lm.model.config.to_dict())
+    assert shape.vis_window_tokens == 64 and shape.tokens_per_frame == 256
+    vr = VideoRouter(lm, warmup_frames=0)
+    pv = frames(4, seed=3)
+    kw = dict(num_frames=4, max_length=4000, max_new_tokens=1, policy="global")
+    r = vr.answer(pv, Q, **kw, ttft_budget_s=1e6).report
+    assert r["ttft_budget_s"] == 1e6 and r["ttft_predicted_s"] > 0
+    assert set(r["ttft_predicted_stages_s"]) == {"vision", "router", "compress", "prefill"}
+    tight = vr.answer(pv, Q, **kw, ttft_budget_s=1e-6).report
+    assert any("even the smallest plan" in n for n in tight["notes"])
+    assert tight["visual_tokens"] < r["visual_tokens"]
+
+    class NoShape(Backbone):   # a backbone that gives no cost shape is refused in one line
+        family = "toy"
+    with pytest.raises(ValueError, match="gives no cost shape"):
+        NoShape.cost_shape({})
 
 
 def test_kernel_warmup_runs_at_load_and_is_a_no_op_on_cpu(tiny_lm):

@@ -14,6 +14,7 @@ The pipeline (``vr_runtime.runtime``) only talks to a :class:`Backbone`:
     decoder / text_config         the decoder layers + rotary embedding the shadow stack copies
     forward                       prefill / decode step returning last-row logits and the cache
     stop_token_ids                generation stops
+    cost_shape                    the dimensions the TTFT cost model needs (``--ttft-budget``)
 
 A subclass sets the class attributes, implements the abstract methods, and registers itself in
 ``vr_runtime.backbones`` (model_type -> class, preset name -> loader).
@@ -79,6 +80,13 @@ class Backbone(abc.ABC):
     def spec_from_config(cls, config: dict) -> FrameSpec:
         """The frame spec from a config.json dict: known before the weights load, so decoding
         can start while the model loads (the CLI's prefetch)."""
+
+    @classmethod
+    def cost_shape(cls, config: dict) -> CostShape:
+        """The cost model's dimensions from a config.json dict (``--ttft-budget`` needs them).
+        A backbone without one cannot take a latency budget."""
+        raise ValueError(f"ttft_budget_s: backbone {cls.family!r} gives no cost shape "
+                         f"({cls.__name__}.cost_shape); run without --ttft-budget")
 
     @property
     def text_config(self):
@@ -234,6 +242,30 @@ def cache_kwargs(module: torch.nn.Module, cache) -> dict:
 _CACHE_NAMES: dict = {}
 
 
+@dataclass(frozen=True)
+class CostShape:
+    """The dimensions ``vr_runtime.cost_model`` needs, given by each backbone from its
+    config.json (:meth:`Backbone.cost_shape`). The defaults describe InternViT + its MLP
+    projector; a tower that differs says so in the last five fields."""
+    d_vis: int              # vision tower width
+    vis_heads: int
+    vis_layers: int
+    vis_ff: int             # vision MLP width
+    vis_tokens: int         # tokens the tower sees per frame (patches, + CLS for InternViT)
+    tokens_per_frame: int   # after the merge (pixel shuffle / 2x2 merger): 256 for 448 / 14 / 2
+    d: int                  # LLM hidden size
+    layers: int
+    heads: int
+    kv_heads: int
+    ff: int                 # LLM MLP width
+    vocab: int
+    patch_dim: int = 3 * 14 * 14    # inputs of one patch embedding (x temporal patch for Qwen)
+    vis_gated_mlp: bool = False     # gate / up / down (SwiGLU) instead of fc1 / GELU / fc2
+    vis_window_tokens: int = 0      # tokens per attention window (0: full attention everywhere)
+    vis_full_layers: int = 0        # with windows: the layers that still attend over the frame
+    merge_hidden: int = 0           # projector's hidden width (0: the LLM's, as InternVL's)
+
+
 def output_cache(out):
     """The KV cache of a transformers model output, by its current field name (reading the old
     ``past_key_values`` alias of a renamed field warns)."""
@@ -269,5 +301,5 @@ def check_pixels(pixel_values: torch.Tensor, chunk_size: int) -> None:
         raise ValueError(f"chunk_size: expected an int >= 1, got {chunk_size!r}")
 
 
-__all__ = ["Backbone", "FrameSpec", "VisionTokens", "no_init_weights", "build_model",
+__all__ = ["Backbone", "CostShape", "FrameSpec", "VisionTokens", "no_init_weights", "build_model",
            "check_pixels", "cache_kwargs", "output_cache"]

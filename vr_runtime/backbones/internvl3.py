@@ -22,7 +22,7 @@ import torch
 from ..devices import pick_attn_implementation, resolve_device, resolve_dtype
 from ..errors import ModelFilesError
 from ..prompt import INTERNVL_TOKENS
-from .base import Backbone, FrameSpec, build_model, check_pixels
+from .base import Backbone, CostShape, FrameSpec, build_model, check_pixels
 from .files import check_weights_dir, load_dir_tokenizer
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -65,6 +65,24 @@ class InternVL3Backbone(Backbone):
     def spec_from_config(cls, config: dict) -> FrameSpec:
         size = (config.get("vision_config") or {}).get("image_size", 448)
         return FrameSpec(size=_pair(size), mean=IMAGENET_MEAN, std=IMAGENET_STD)
+
+    @classmethod
+    def cost_shape(cls, config: dict) -> CostShape:
+        """InternViT (patches + CLS, full attention, fc1 / GELU / fc2) and the pixel-shuffle
+        projector (4 tokens merged, two linears at the LLM's width) before the Qwen2 LLM."""
+        v, t = config["vision_config"], config["text_config"]
+        img = _pair(v.get("image_size", 448))[0]
+        patch = _pair(v.get("patch_size", 14))[0]
+        side = img // patch
+        ratio = config.get("downsample_ratio", 0.5)
+        return CostShape(d_vis=v["hidden_size"], vis_heads=v.get("num_attention_heads", 16),
+                         vis_layers=v["num_hidden_layers"], vis_ff=v["intermediate_size"],
+                         vis_tokens=side * side + 1, tokens_per_frame=int(side * ratio) ** 2,
+                         d=t["hidden_size"], layers=t["num_hidden_layers"],
+                         heads=t["num_attention_heads"],
+                         kv_heads=t.get("num_key_value_heads", t["num_attention_heads"]),
+                         ff=t["intermediate_size"], vocab=t["vocab_size"],
+                         patch_dim=3 * patch * patch)
 
     def decoder(self):
         return self._hf.language_model

@@ -75,7 +75,7 @@ import torch.nn as nn
 
 from ..errors import ModelFilesError
 from ..devices import pick_attn_implementation, resolve_device, resolve_dtype
-from .base import (Backbone, FrameSpec, VisionTokens, build_model, cache_kwargs,
+from .base import (Backbone, CostShape, FrameSpec, VisionTokens, build_model, cache_kwargs,
                    check_pixels)
 from .files import check_weights_dir, load_dir_tokenizer
 
@@ -201,6 +201,30 @@ class Qwen25VLBackbone(Backbone):
     @classmethod
     def spec_from_config(cls, config: dict) -> FrameSpec:
         return FrameSpec(size=FRAME_SIZE, mean=CLIP_MEAN, std=CLIP_STD)  # fixed, as in the paper
+
+    @classmethod
+    def cost_shape(cls, config: dict) -> CostShape:
+        """Qwen2.5-VL's tower on one 448x448 frame (the frame repeated over the temporal patch,
+        see the module docstring): 32x32 patches, no CLS, window attention except in
+        ``fullatt_block_indexes``, SwiGLU MLPs; the merger (2x2 patches, RMSNorm, two linears at
+        4x the tower's width); then the Qwen2 LLM (flat or nested ``text_config`` layout)."""
+        v = config["vision_config"]
+        t = dict(config, **(config.get("text_config") or {}))
+        patch, merge = int(v.get("patch_size", 14)), int(v.get("spatial_merge_size", 2))
+        side = FRAME_SIZE[0] // patch
+        window = int(v.get("window_size", 112)) // patch
+        d_vis = v["hidden_size"]
+        return CostShape(d_vis=d_vis, vis_heads=v["num_heads"], vis_layers=v["depth"],
+                         vis_ff=v["intermediate_size"], vis_tokens=side * side,
+                         tokens_per_frame=(side // merge) ** 2,
+                         d=t["hidden_size"], layers=t["num_hidden_layers"],
+                         heads=t["num_attention_heads"],
+                         kv_heads=t.get("num_key_value_heads", t["num_attention_heads"]),
+                         ff=t["intermediate_size"], vocab=t["vocab_size"],
+                         patch_dim=3 * int(v.get("temporal_patch_size", 2)) * patch * patch,
+                         vis_gated_mlp=True, vis_window_tokens=window * window,
+                         vis_full_layers=len(v.get("fullatt_block_indexes") or ()),
+                         merge_hidden=merge * merge * d_vis)
 
     def decoder(self) -> nn.Module:
         return self.model.model.language_model  # Qwen2_5_VLTextModel

@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from vr_runtime.policies import Windows, fit_plan, get_planner, relevant_from_logits
+from vr_runtime.policies import Windows, get_planner, plan_fitted, relevant_from_logits
 
 GROUPS = ("vision", "projector", "language", "extractor", "semantic", "image")
 
@@ -193,11 +193,9 @@ class Trainee(nn.Module):
         T = frame_logits.shape[0]
         s1, s0 = c.fragment_scales
         w = Windows(high=s1, low=s0, global_scale=c.global_scale)
-        planner = get_planner(name)
-        fitted = fit_plan(lambda b: planner.plan(T, b, self.grid, relevant, w),
-                          lambda kept: self.bb.text_tokens(ex["question"], T, kept=kept), T,
-                          max_length or c.model_max_length, c.gen_tokens, c.margin, self.grid,
-                          coarsest=s0)
+        fitted = plan_fitted(get_planner(name), T, self.grid, relevant, w,
+                             lambda kept: self.bb.text_tokens(ex["question"], T, kept=kept),
+                             max_length or c.model_max_length, c.gen_tokens, c.margin)
         return fitted.plan, fragment
 
     def training_plan(self, policy_logits, frame_logits, ex):

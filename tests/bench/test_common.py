@@ -1,0 +1,32 @@
+"""bench/common.py: the one ending (write + print) and the tables every bench script uses."""
+import json
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+
+import common  # noqa: E402
+
+
+def test_finish_writes_json_and_markdown_and_prints(tmp_path, capsys):
+    out = tmp_path / "sub" / "r.json"
+    env = common.environment()
+    md = "# title\n\n" + common.environment_line(env) + "\n\n" + common.markdown_table(
+        [{"a": 1.23456, "b": None}], ["a", "b"])
+    assert common.finish(str(out), {"environment": env}, md) == str(out)
+    assert json.loads(out.read_text())["environment"]["device"] == env["device"]
+    assert (tmp_path / "sub" / "r.md").read_text() == md + "\n"
+    printed = capsys.readouterr().out
+    assert "| 1.23 | - |" in printed and printed.rstrip().endswith(f"wrote {out}")
+    assert not [p for p in (tmp_path / "sub").iterdir() if ".tmp" in p.name]  # no temp file left
+    common.finish(str(out), {"x": 1}, md, show=False)
+    assert capsys.readouterr().out == f"wrote {out}\n"
+
+
+def test_markdown_grid_alignment_and_environment_line():
+    assert common.markdown_grid(["m", "s"], [["x", "1"]], numbers_right=True) == \
+        "| m | s |\n|:--|--:|\n| x | 1 |"
+    assert common.markdown_grid(["m"], []) == "| m |\n|---|"
+    env = dict(device="D", torch="2", triton="3", date_utc="T", command="c", load_avg_1m=0.5)
+    assert common.environment_line(env) == "D; torch 2; T; command: `c`; 1-min load average 0.5"
+    assert common.environment_line(env, ("triton",), load=False) == "D; triton 3; T; command: `c`"
