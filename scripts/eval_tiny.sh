@@ -27,7 +27,7 @@ for style in bare mc; do
     out=bench/results/eval_synthetic_tiny; [ "$style" = mc ] && out=bench/results/eval_synthetic_tiny_mc
     python -m vr_runtime.eval --benchmark videomme --data "$W/videomme_syn/videomme" \
         --videos "$W/videomme_syn/data" \
-        --methods dense,budget,uniform,global,fragment,auto,clip,no-image-router,no-semantic-router,data-ft \
+        --methods dense,budget,budget-subset,uniform,global,fragment,auto,auto-literal,clip,clip-fill,no-image-router,no-image-router-routed,no-semantic-router,data-ft \
         --budgets 1024,2048 --frames 16 --clip "$W/clip_random" --data-ft-model "$W/data_ft/hf" \
         --prompt-style "$style" --answer-mode option-text --max-new-tokens 8 --out "$out" \
         --title "Synthetic Video-MME layout, tiny model, CPU, prompt $style: accuracy vs visual tokens"

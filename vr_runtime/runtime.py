@@ -38,7 +38,7 @@ from .backbones import Backbone, backbone_from_config, load_backbone
 from .backbones.base import output_cache
 from .decode import GreedyDecoder
 from .policies import (AUTO, SEMANTIC_CLASSES, UNTRAINED_AUTO_POLICY, FittedPlan, Windows,
-                       fit_plan, get_planner, is_budgeted, kept_frames, policy_from_logits,
+                       get_planner, is_budgeted, kept_frames, plan_fitted, policy_from_logits,
                        policy_names)
 from .reconstruct import reconstruct_embeds
 from .report import build_report
@@ -390,16 +390,8 @@ class VideoRouter:
         def text_for(kept):
             return self.lm.text_tokens(req.question, T, req.system, kept=kept)
 
-        if not planner.budgeted:
-            plan = planner.plan(T, None, grid, relevant, w)
-            fitted = FittedPlan(plan, None, text_for(kept_frames(plan, grid)))
-        elif req.budget is not None:
-            plan = planner.plan(T, req.budget, grid, relevant, w)
-            fitted = FittedPlan(plan, req.budget, text_for(kept_frames(plan, grid)))
-        else:
-            fitted = fit_plan(lambda b: planner.plan(T, b, grid, relevant, w), text_for, T,
-                              req.max_length, req.max_new_tokens, req.margin, grid,
-                              coarsest=w.low)
+        fitted = plan_fitted(planner, T, grid, relevant, w, text_for, req.max_length,
+                             req.max_new_tokens, req.margin, budget=req.budget)
         if req.ttft_budget_s is not None and planner.budgeted:
             fitted = self._fit_latency(req, planner, T, relevant, fitted, text_for)
         if sum(pooled_counts(fitted.plan, grid)) == 0:
@@ -710,9 +702,13 @@ class VideoRouter:
             report.update(extra)
         return Answer(text=text, report=report)
 
+    @torch.inference_mode()   # as answer: no autograd graph (cached state is deep-copied)
     def answer_batch(self, videos: Sequence, questions, num_frames: int = 64, time_window=None,
-                     decoder: str = "auto", batch_prefill: bool = True, **kw) -> List[Answer]:
+                     decoder: str = "auto", batch_prefill: bool = True,
+                     options: Optional[Sequence[dict]] = None, **kw) -> List[Answer]:
         """``answer`` for several videos (``questions``: one string for all, or one per video).
+        ``options``: one dict of ``answer`` options per video, over ``kw`` (e.g. each question's
+        ``router_question`` and its own ``scorer``).
 
         Every stage before the prefill runs per video, decoding the next video file in the
         background while the model works on the current one. With ``batch_prefill`` (the
@@ -724,6 +720,10 @@ class VideoRouter:
         qs = [questions] * len(videos) if isinstance(questions, str) else list(questions)
         if len(qs) != len(videos):
             raise ValueError(f"questions: expected 1 or {len(videos)} questions, got {len(qs)}")
+        per = [{}] * len(videos) if options is None else list(options)
+        if len(per) != len(videos):
+            raise ValueError(f"options: expected {len(videos)} dicts (one per video), got "
+                             f"{len(per)}")
         spec = self.lm.frame_spec
 
         def start(v):
@@ -742,7 +742,7 @@ class VideoRouter:
             pending = start(videos[i + 1]) if i + 1 < len(videos) else None
             done.append(run(cur, q, num_frames=num_frames,
                             time_window=None if isinstance(cur, cf.Future) else time_window,
-                            decoder=decoder, **kw))
+                            decoder=decoder, **{**kw, **per[i]}))
         if not batch_prefill or not done:
             return done
         timer = StageTimer(self.lm.device)

@@ -9,11 +9,17 @@ Questions are therefore processed grouped by video.
 Data-parallel: under ``accelerate launch --num_processes N`` videos are sharded round-robin
 over ranks (sorted by path, so the split does not depend on the order in the file); each rank
 appends its predictions to ``OUT/predictions.part<rank>.jsonl`` as it goes (a killed run loses
-at most the question in flight); at the end every rank's new predictions are gathered on rank 0,
+at most the question in flight, or the batch in flight with ``batch_size`` > 1); at the end every rank's new predictions are gathered on rank 0,
 which writes ``predictions.jsonl`` (sorted) and the tables. A rerun with the same OUT skips the
 (question, method, budget, frames) combinations already in ``predictions.jsonl`` or a part file
 (and says "resuming: N of M done"); it refuses to reuse them when ``settings.json`` differs
 from the run's settings, or is missing or unreadable.
+
+Batches (``batch_size`` > 1, beyond the paper's single-sample protocol): up to that many
+questions of one video, frame count, method and budget go through ``VideoRouter.answer_batch``,
+prefilled and decoded together; the predictions are those of the one-by-one path. Each row then
+says ``"batch": n``, and its ``ttft_s`` holds the batch's prefill (all n prompts) in place of
+its own, so the paper's per-sample TTFT needs the default batch size 1.
 
 Faults: a video that cannot be decoded does not stop the run; its questions are recorded with
 the reason (``"failed"``), counted apart from wrong answers, and retried by the next run. A write
@@ -64,6 +70,7 @@ class EvalConfig:
     command: str = ""
     title: str = ""
     scales: object = (2, 1, 4)   # (s_g, s_1, s_0) or "auto" (vr_runtime.scales)
+    batch_size: int = 1   # questions of one video, method and budget prefilled together
 
 
 Key = Tuple[str, str, Optional[int], int]   # (id, method, budget, frames)
@@ -150,7 +157,8 @@ class Evaluator:
     def main(self):
         return next(iter(self._models.values()))
 
-    def answer(self, clip, q: Question, m: Method, budget: Optional[int], frames: int) -> dict:
+    def _call(self, clip, q: Question, m: Method, budget: Optional[int], frames: int):
+        """(model, positional args, keyword args) of the ``answer`` call for one job."""
         vr = self._models[m.model]
         cfg = self.cfg
         prompt = mc_prompt(q.question, q.options, cfg.prompt)
@@ -173,11 +181,40 @@ class Evaluator:
         n = m.num_frames(budget, frames, vr.lm.grid[0] * vr.lm.grid[1])
         if n != frames:   # decoded on its own, uncached: it would evict the shared visual state
             clip = q.video
-        res = vr.answer(clip, prompt, num_frames=n, max_length=max_length,
-                        max_new_tokens=cfg.max_new_tokens, budget=budget, cache_visual=n == frames,
-                        router_question=q.question, **kw)
+        kw.update(num_frames=n, max_length=max_length, max_new_tokens=cfg.max_new_tokens,
+                  budget=budget, cache_visual=n == frames, router_question=q.question)
+        return vr, (clip, prompt), kw
+
+    def answer(self, clip, q: Question, m: Method, budget: Optional[int], frames: int) -> dict:
+        vr, args, kw = self._call(clip, q, m, budget, frames)
+        return self._row(vr, vr.answer(*args, **kw), kw, q, m, budget, frames)
+
+    def answer_batch(self, clip, qs: Sequence[Question], m: Method, budget: Optional[int],
+                     frames: int) -> List[dict]:
+        """The questions of one video, method, budget and frame count, prefilled and decoded
+        in one batch (``VideoRouter.answer_batch``): the same predictions as ``answer`` one by
+        one; every timing but the prefill's and generation's is the question's own."""
+        if len(qs) == 1:
+            return [self.answer(clip, qs[0], m, budget, frames)]
+        calls = [self._call(clip, q, m, budget, frames) for q in qs]
+        vr = calls[0][0]
+        shared = ("num_frames", "max_length", "max_new_tokens", "budget", "cache_visual")
+        common = {k: calls[0][2][k] for k in shared}
+        per = [{k: v for k, v in kw.items() if k not in shared} for _, _, kw in calls]
+        answers = vr.answer_batch([a[0] for _, a, _ in calls], [a[1] for _, a, _ in calls],
+                                  options=per, **common)
+        rows = [self._row(vr, res, kw, q, m, budget, frames)
+                for res, (_, _, kw), q in zip(answers, calls, qs)]
+        for r in rows:
+            r["batch"] = len(qs)
+        return rows
+
+    def _row(self, vr, res, kw: dict, q: Question, m: Method, budget: Optional[int],
+             frames: int) -> dict:
+        cfg = self.cfg
         r = res.report
-        ttft, added = self._cold.add_back((id(vr), q.video, n), r, kw.get("scorer"))
+        ttft, added = self._cold.add_back((id(vr), q.video, kw["num_frames"]), r,
+                                          kw.get("scorer"))
         pred = extract_answer(res.text, q.options, cfg.prompt.answer_mode)
         return {"id": q.id, "method": m.name, "budget": budget, "frames": frames,
                 "prediction": pred, "response": res.text, "answer": q.answer,
@@ -228,7 +265,7 @@ def run_eval(cfg: EvalConfig) -> Optional[dict]:
         ev.load(methods)
         new = _answer_all(ev, todo, out / f"predictions.part{rank}.jsonl",
                           progress=cfg.progress and rank == 0, world=world,
-                          done_before=len(ours) - len(todo))
+                          done_before=len(ours) - len(todo), batch_size=cfg.batch_size)
     if state is not None:
         from accelerate.utils import gather_object
         state.wait_for_everyone()
@@ -334,8 +371,23 @@ def _ends_mid_line(path: pathlib.Path) -> bool:
         return False
 
 
+def batches(todo, batch_size: int) -> List[list]:
+    """Consecutive jobs of one video, frame count, method and budget, at most ``batch_size``
+    a batch (``todo`` is in ``jobs_for``'s order, so such jobs are adjacent)."""
+    out: List[list] = []
+    for j in todo:
+        q, m, b, F = j
+        if out and len(out[-1]) < batch_size:
+            q0, m0, b0, F0 = out[-1][0]
+            if (q0.video, F0, m0.name, b0) == (q.video, F, m.name, b):
+                out[-1].append(j)
+                continue
+        out.append([j])
+    return out
+
+
 def _answer_all(ev: Evaluator, todo, part: pathlib.Path, progress: bool, world: int,
-                done_before: int = 0) -> List[dict]:
+                done_before: int = 0, batch_size: int = 1) -> List[dict]:
     import concurrent.futures as cf
 
     from tqdm.auto import tqdm
@@ -372,7 +424,8 @@ def _answer_all(ev: Evaluator, todo, part: pathlib.Path, progress: bool, world: 
     except OSError as e:
         raise _no_space(e, part) from e
     with fh:
-        for q, m, b, F in todo:
+        for group in batches(todo, batch_size):
+            q, m, b, F = group[0]
             if (q.video, F) != cur:
                 if cur is not None:
                     futures.pop(cur, None)
@@ -390,19 +443,23 @@ def _answer_all(ev: Evaluator, todo, part: pathlib.Path, progress: bool, world: 
                     tqdm.write(f"eval: {q.video} ({F} frames) failed, {n} answer(s) recorded "
                                f"as failed, going on: {failure}", file=sys.stderr)
                 start(idx + 1)                        # decode the next video meanwhile
+            qs = [j[0] for j in group]
             if failure is not None:
-                p = failed_prediction(q, m, b, F, failure)
-            else:
-                p = ev.answer(clip, q, m, b, F)
-            try:
-                fh.write(json.dumps(p) + "\n")
-                fh.flush()
-            except OSError as e:
-                with contextlib.suppress(OSError):   # its buffer would fail again on close
-                    fh.close()
-                raise _no_space(e, part) from e
-            new.append(p)
-            bar.update(1)
+                ps = [failed_prediction(qi, m, b, F, failure) for qi in qs]
+            elif len(qs) == 1:
+                ps = [ev.answer(clip, q, m, b, F)]
+            else:   # a kill loses at most this batch
+                ps = ev.answer_batch(clip, qs, m, b, F)
+            for p in ps:
+                try:
+                    fh.write(json.dumps(p) + "\n")
+                    fh.flush()
+                except OSError as e:
+                    with contextlib.suppress(OSError):   # its buffer would fail again on close
+                        fh.close()
+                    raise _no_space(e, part) from e
+                new.append(p)
+                bar.update(1)
             bar.set_postfix_str(f"{m.name} B={b} T={F}", refresh=False)
     bar.close()
     return new

@@ -45,6 +45,11 @@ def add_serve_parser(sub, positive_int, policy_help: str, dtypes) -> argparse.Ar
     p.add_argument("--max-queue", type=_non_negative_int, default=64,
                    help="requests that may wait behind the running one; more get 429 "
                         "(default: 64)")
+    p.add_argument("--max-batch", type=positive_int("--max-batch"), default=1, metavar="N",
+                   help="answer up to N waiting requests with the same settings together "
+                        "(VideoRouter.answer_batch: one prefill and decode, each answer as "
+                        "alone; streaming requests are never batched; default: 1, one at a "
+                        "time)")
     p.add_argument("--timeout", type=_positive_float, default=300.0, metavar="SECONDS",
                    help="per-request time limit, from arrival to answer; 504 after it "
                         "(default: 300)")
@@ -76,15 +81,8 @@ def add_serve_parser(sub, positive_int, policy_help: str, dtypes) -> argparse.Ar
                    help="max_tokens of a request that gives none (default: 64, as ask)")
     p.add_argument("--policy", default="auto", metavar=policy_help,
                    help="policy of a request that gives none (default: auto, as ask)")
-    from ..scales import SCALES_HELP, parse_scales
-
-    def scales(text):
-        try:
-            return parse_scales(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e).replace("--scales ", "", 1))
-    scales.__name__ = "--scales"
-    p.add_argument("--scales", type=scales, default=(2, 1, 4), metavar="S_G,S_1,S_0|auto",
+    from ..cli_common import SCALES_HELP, scales_arg
+    p.add_argument("--scales", type=scales_arg, default=(2, 1, 4), metavar="S_G,S_1,S_0|auto",
                    help="scales of a request that gives none (its 'scales' field, or "
                         "mm_processor_kwargs.scales); " + SCALES_HELP)
     p.add_argument("--visual-cache", type=_non_negative_int, default=4, metavar="N",
@@ -117,7 +115,8 @@ def configs(args):
     from .schema import Limits
     engine = EngineConfig(model=args.model, routers=args.routers, device=args.device,
                           dtype=args.dtype, visual_cache=args.visual_cache,
-                          max_queue=args.max_queue, timeout_s=args.timeout)
+                          max_queue=args.max_queue, timeout_s=args.timeout,
+                          max_batch=getattr(args, "max_batch", 1))
     media = MediaConfig(media_dir=pathlib.Path(args.media_dir),
                         max_video_bytes=int(args.max_video_mb * 2**20),
                         max_video_seconds=args.max_video_seconds,

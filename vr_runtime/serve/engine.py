@@ -22,6 +22,13 @@ the model's lock -- and a prompt over ``max_prompt_tokens`` is refused before it
 touched. (The app has already refused one over its character cap, before any tokenizing.) A
 request whose client disconnects while it waits is dropped before the model runs it.
 
+Batches (``max_batch`` > 1, ``--max-batch``): when the model frees up, the oldest waiting
+non-streaming request is answered together with up to ``max_batch - 1`` other waiting ones with
+the same settings (all but the video and the question) through ``VideoRouter.answer_batch``: one
+prefill and decode for all, each answer the one it gets alone, each request its own response. A
+batch that fails is answered one request at a time, so each gets its own error. Streaming
+requests are never batched.
+
 Draining (:meth:`Engine.drain`, on SIGTERM): no new request is admitted (503 + Retry-After), every
 request not yet on the model is answered 503 + Retry-After at once, and the one running gets until
 the drain timeout to finish; after that it too is answered 503.
@@ -52,6 +59,7 @@ class EngineConfig:
     max_queue: int = 64
     timeout_s: float = 300.0
     media_threads: int = 2
+    max_batch: int = 1                    # >1: answer up to this many waiting requests together
 
 
 # Retry-After (seconds) on a 429 (busy) or a 503 (shutting down): long enough for a restarted
@@ -140,6 +148,8 @@ class Engine:
         self.outcomes: Counter = Counter()   # engine-side endings: cancelled, timeout, drained
         self.draining = False
         self._slots: set = set()             # admitted, not yet answered (event loop only)
+        self._batchable: list = []           # (slot, video, settings, future): max_batch > 1
+        self._batchable_lock = threading.Lock()
 
     @classmethod
     def load(cls, config: EngineConfig, media: MediaStore) -> "Engine":
@@ -269,7 +279,13 @@ class Engine:
             checking.add_done_callback(lambda f: slot.abandoned and not f.cancelled()
                                        and f.exception() is None and self.media.release(f.result()))
             video = await self._wait(checking, deadline, slot, gone)
-            job = self._model_pool.submit(self._run, slot, video, settings, on_token)
+            if self.config.max_batch > 1 and on_token is None:
+                job = cf.Future()
+                with self._batchable_lock:
+                    self._batchable.append((slot, video, settings, job))
+                self._model_pool.submit(self._run_batch)   # takes the oldest waiting + mates
+            else:
+                job = self._model_pool.submit(self._run, slot, video, settings, on_token)
             handed_over = True   # from here the job releases the slot and the video
             return await self._wait(asyncio.wrap_future(job), deadline, slot, gone)
         finally:
@@ -330,6 +346,81 @@ class Engine:
         finally:
             self.media.release(video)
             slot.release()
+
+    @staticmethod
+    def _batch_key(s: Settings) -> tuple:
+        """Requests with equal keys can share one ``answer_batch`` call (all but the video and
+        the question)."""
+        return (s.system, s.num_frames, s.max_length, s.max_new_tokens, s.policy, str(s.scales))
+
+    def _run_batch(self) -> None:
+        """One model-pool job per batchable request: takes the oldest one still waiting (if an
+        earlier job has not already answered it) and up to ``max_batch - 1`` waiting mates."""
+        with self._model_lock:
+            with self._batchable_lock:
+                if not self._batchable:
+                    return
+                head = self._batchable.pop(0)
+                key = self._batch_key(head[2])
+                batch = [head]
+                for item in list(self._batchable):
+                    if len(batch) >= self.config.max_batch:
+                        break
+                    if self._batch_key(item[2]) == key:
+                        self._batchable.remove(item)
+                        batch.append(item)
+            live = []
+            for slot, video, s, fut in batch:
+                if slot.start():
+                    live.append((slot, video, s, fut))
+                else:   # given up while it waited (deadline, client, drain)
+                    fut.set_exception(_Skipped(504, "the request was given up while waiting "
+                                                    "for the model"))
+                    self.media.release(video)
+                    slot.release()
+            if not live:
+                return
+            with self._count_lock:
+                self._running += len(live)
+            results = [APIError(500, "the batch was interrupted")] * len(live)
+            try:
+                results = self._answer_many([(v, s) for _, v, s, _ in live])
+            finally:
+                with self._count_lock:
+                    self._running -= len(live)
+                    self.served += len(live)
+                for (slot, video, _, fut), res in zip(live, results):
+                    self.media.release(video)
+                    slot.release()
+                    if isinstance(res, BaseException):
+                        fut.set_exception(res)
+                    else:
+                        fut.set_result(res)
+
+    def _answer_many(self, items) -> list:
+        """Answers (or their APIErrors) of several (video, settings) with one batch key."""
+        if len(items) > 1:
+            s = items[0][1]
+            try:
+                from ..scales import answer_kwargs as scale_kwargs
+                per = [scale_kwargs(x.scales, self.vr, question=x.question,
+                                    num_frames=x.num_frames, max_length=x.max_length,
+                                    max_new_tokens=x.max_new_tokens, system=x.system)
+                       for _, x in items]
+                return self.vr.answer_batch(
+                    [v.path for v, _ in items], [x.question for _, x in items],
+                    num_frames=s.num_frames, max_length=s.max_length,
+                    max_new_tokens=s.max_new_tokens, policy=s.policy, system=s.system,
+                    cache_visual=self.config.visual_cache > 0, options=per)
+            except Exception:   # noqa: BLE001 - one by one below: each request its own error
+                pass
+        out = []
+        for v, x in items:
+            try:
+                out.append(self._answer(v, x))
+            except BaseException as e:  # noqa: BLE001 - handed to that request's future
+                out.append(e)
+        return out
 
     def _answer(self, video: Video, s: Settings, on_token=None):
         """The same ``VideoRouter.answer`` call ``videorouter ask`` makes, on the checked file."""
