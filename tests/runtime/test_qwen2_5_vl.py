@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from vr_kernels import pool_pack, pooled_counts
+from vr_runtime.backbones.base import cache_kwargs, output_cache
 from vr_runtime.backbones.qwen2_5_vl import (CLIP_MEAN, CLIP_STD, QWEN_SPECIAL_TOKENS,
                                              Qwen25VLBackbone, frame_patches, plan_grids)
 from vr_runtime.errors import ModelFilesError
@@ -353,11 +354,11 @@ def test_cached_decode_equals_full_forward(bb):
                           position_ids=full_pos, logits_to_keep=4).logits
         out = bb.forward(inputs_embeds=E, position_ids=pos)
         steps = [out.logits[:, -1]]
-        cache = out.past_key_values
+        cache = output_cache(out)
         for i in range(2):
             out = bb.forward(inputs_embeds=bb.embed_tokens(gen[:, i:i + 1]),
                              position_ids=bb.step_position_ids(p0 + i), past_key_values=cache)
-            cache = out.past_key_values
+            cache = output_cache(out)
             steps.append(out.logits[:, -1])
         torch.testing.assert_close(torch.stack(steps, 1), full[:, :3], rtol=1e-5, atol=1e-5)
 
@@ -372,11 +373,11 @@ def test_decode_step_equals_hf_generation_positions(bb):
         ids, E, pos = _compressed_embeds(bb, Z, [1] * T)
         hf = bb.model(**bb.reference_inputs(ids, pv), use_cache=True)
         nxt = torch.tensor([[42]])
-        hf_step = bb.model(input_ids=nxt, past_key_values=hf.past_key_values, use_cache=True,
-                           mm_token_type_ids=torch.zeros_like(nxt)).logits[:, -1]
+        hf_step = bb.model(input_ids=nxt, use_cache=True, mm_token_type_ids=torch.zeros_like(nxt),
+                           **cache_kwargs(bb.model, output_cache(hf))).logits[:, -1]
         bb.model.model.rope_deltas = None
         out = bb.forward(inputs_embeds=E, position_ids=pos)
-        ours = bb.forward(inputs_embeds=bb.embed_tokens(nxt), past_key_values=out.past_key_values,
+        ours = bb.forward(inputs_embeds=bb.embed_tokens(nxt), past_key_values=output_cache(out),
                           position_ids=bb.step_position_ids(bb.next_position(pos, ids.numel())))
     torch.testing.assert_close(ours.logits[:, -1], hf_step, rtol=1e-5, atol=1e-5)
     # a text-only prompt without positions gets 1-D positions, not HF's stale rope_deltas
