@@ -112,3 +112,19 @@ def _no_cv2(tmp_path):
     d.mkdir(exist_ok=True)
     (d / "cv2.py").write_text("raise ImportError(\"No module named 'cv2'\")\n")
     return d
+
+
+def test_clip_mode_follows_evals_clip_methods(tmp_path):
+    """model_args clip=PATH is token-matched CLIP by default (eval's `clip`, the paper's
+    protocol); clip_mode=fill is eval's `clip-fill`; a bad mode fails before the model loads."""
+    from vr_runtime.eval.lmms_model import VideoRouterLMM
+    from vr_runtime.eval.synthetic import make_random_clip
+    from vr_runtime.scorers import CLIPScorer, TokenMatchedScorer
+    clip = make_random_clip(tmp_path / "clip")
+    with pytest.raises(ValueError, match="clip_mode 'top'"):
+        VideoRouterLMM(pretrained="no-such-model", clip=clip, clip_mode="top", device="cpu")
+    matched = VideoRouterLMM(pretrained="tiny", clip=clip, device="cpu")
+    assert isinstance(matched.scorer, TokenMatchedScorer)
+    assert isinstance(matched.scorer.inner, CLIPScorer)
+    fill = VideoRouterLMM(pretrained="tiny", clip=clip, clip_mode="fill", device="cpu")
+    assert type(fill.scorer) is CLIPScorer

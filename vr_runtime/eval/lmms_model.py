@@ -20,6 +20,11 @@ def _opt_int(v) -> Optional[int]:
     return None if v in (None, "", "None", "none") else int(v)
 
 
+# clip=PATH's protocol (model_args clip_mode=): "matched" = eval's `clip` (token-matched to the
+# Image Router, the paper's Table 2), "fill" = eval's `clip-fill` (fills the budget).
+CLIP_MODES = ("matched", "fill")
+
+
 class VideoRouterLMM(lmms):
     is_simple = False
 
@@ -27,7 +32,8 @@ class VideoRouterLMM(lmms):
                  policy: str = "auto", max_length=12288, num_frames=64, budget=None,
                  clip: Optional[str] = None, device: Optional[str] = None,
                  dtype: Optional[str] = None, max_new_tokens=None, batch_size=1,
-                 visual_tokens_log: Optional[str] = None, scales=None, **kwargs) -> None:
+                 visual_tokens_log: Optional[str] = None, scales=None, clip_mode: str = "matched",
+                 **kwargs) -> None:
         super().__init__()
         import torch
 
@@ -43,6 +49,11 @@ class VideoRouterLMM(lmms):
             from ..errors import did_you_mean
             raise ValueError(f"videorouter: policy {policy!r}: expected one of "
                              f"{', '.join(policy_names())}{did_you_mean(policy, policy_names())}")
+        if clip_mode not in CLIP_MODES:
+            raise ValueError(f"videorouter: clip_mode {clip_mode!r}: expected one of "
+                             f"{', '.join(CLIP_MODES)} (matched: as many frames at s1 as the "
+                             f"Image Router marks relevant, the paper's protocol; fill: top CLIP "
+                             f"frames until the budget is full)")
         from ..scales import parse_scales
         # model_args are split at commas, so scales are written 4:1:8 (or "auto")
         self.scales = parse_scales(scales, "videorouter: scales")
@@ -62,9 +73,10 @@ class VideoRouterLMM(lmms):
         self.budget = _opt_int(budget)
         self.max_new_tokens = _opt_int(max_new_tokens)
         self.scorer = None
-        if clip:
-            from ..scorers import CLIPScorer
-            self.scorer = CLIPScorer.from_pretrained(clip, device=dev)
+        if clip:   # as `videorouter eval`'s clip / clip-fill methods
+            from ..scorers import CLIPScorer, TokenMatchedScorer
+            inner = CLIPScorer.from_pretrained(clip, device=dev)
+            self.scorer = TokenMatchedScorer(inner) if clip_mode == "matched" else inner
         self.visual_tokens_log = visual_tokens_log
         self.batch_size_per_gpu = 1
         self._device = dev

@@ -17,7 +17,9 @@ Model arguments: ``pretrained`` (a local InternVL3-*-hf / Qwen2.5-VL directory, 
 id in the local cache, or ``tiny``),
 ``routers``, ``policy`` (any ``VideoRouter.answer`` policy), ``max_length``, ``num_frames``
 (64), ``budget`` (a fixed B_img instead of one derived from ``max_length``), ``clip`` (a local
-CLIP dir: CLIP relevance pooling), ``device``, ``dtype``, ``max_new_tokens`` (default: the
+CLIP dir: CLIP relevance pooling) with ``clip_mode`` (``matched``, the default: as many frames
+at s_1 as the Image Router marks relevant, as eval's ``clip`` and the paper's Table 2; ``fill``:
+top CLIP frames until the budget is full, eval's ``clip-fill``), ``device``, ``dtype``, ``max_new_tokens`` (default: the
 task's), ``scales`` (s_g:s_1:s_0 such as ``4:1:8``, or ``auto``: as ``--scales``, written with
 colons because model arguments are split at commas), ``visual_tokens_log`` (a JSONL file: one line per sample with the visual tokens, the
 policy and the frame scales). Every sample's visual tokens are also logged (INFO) and its prompt
