@@ -22,12 +22,6 @@ SET = dict(num_frames=8, max_length=1400, max_tokens=16)
 
 
 @pytest.fixture(scope="module")
-def vr():
-    from vr_runtime.runtime import VideoRouter
-    return VideoRouter.from_pretrained("tiny", device="cpu", visual_cache_size=4)
-
-
-@pytest.fixture(scope="module")
 def media(tmp_path_factory):
     root = tmp_path_factory.mktemp("serve")
     root = type(root)(os.path.realpath(root))

@@ -2,32 +2,17 @@
 settings are answered in one ``VideoRouter.answer_batch`` call, each with its own response, the
 answer it gets alone; given-up requests in a batch are never run; --max-batch 1 never batches."""
 import asyncio
-import os
 
 import pytest
 
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from serve_helpers import SAMPLE, video_body  # noqa: E402
+from serve_helpers import video_body  # noqa: E402
 
 QUESTIONS = ("What shape is the red object?", "What color is the circle?",
              "Is there a square in the video?")
 SET = dict(num_frames=8, max_length=1400, max_tokens=8)
-
-
-@pytest.fixture(scope="module")
-def vr():
-    from vr_runtime.runtime import VideoRouter
-    return VideoRouter.from_pretrained("tiny", device="cpu", visual_cache_size=4)
-
-
-@pytest.fixture(scope="module")
-def media(tmp_path_factory):
-    m = tmp_path_factory.mktemp("batch")
-    m = type(m)(os.path.realpath(m))
-    (m / "sample.mp4").write_bytes(SAMPLE.read_bytes())
-    return m
 
 
 class Spy:

@@ -12,7 +12,6 @@ answer, the process exits 0.
 """
 import asyncio
 import json
-import os
 import select
 import signal
 import socket
@@ -25,25 +24,11 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-from serve_helpers import SAMPLE, video_body  # noqa: E402  (also puts bench/ on sys.path)
+from serve_helpers import video_body  # noqa: E402  (also puts bench/ on sys.path)
 import bench_serve  # noqa: E402,I100
 
 Q = "What shape is the red object?"
 SET = dict(num_frames=8, max_length=1400, max_tokens=16)
-
-
-@pytest.fixture(scope="module")
-def vr():
-    from vr_runtime.runtime import VideoRouter
-    return VideoRouter.from_pretrained("tiny", device="cpu", visual_cache_size=4)
-
-
-@pytest.fixture(scope="module")
-def media(tmp_path_factory):
-    m = tmp_path_factory.mktemp("faults")
-    m = type(m)(os.path.realpath(m))
-    (m / "sample.mp4").write_bytes(SAMPLE.read_bytes())
-    return m
 
 
 class Counting:
