@@ -28,6 +28,8 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from vr_runtime.atomic import write_files_atomically
+
 __all__ = [
     "Timing", "device_name", "environment", "time_fn", "gbps", "write_results",
     "markdown_table", "markdown_grid", "environment_line", "finish", "command_line", "has_cuda",
@@ -229,25 +231,18 @@ def environment_line(env: Dict[str, object], versions: tuple = ("torch",), load:
     return "; ".join(parts)
 
 
-def _write_atomic(path: str, text: str) -> None:
-    # A results file is either the old one or the whole new one, never half written.
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_results(path: str, payload: Dict[str, object], markdown: Optional[str] = None) -> str:
     """Write ``payload`` (which should contain ``environment()``) as JSON to ``path``.
 
     When ``markdown`` is given and ``path`` ends in ``.json``, a sibling ``.md`` with the same
     stem is written too (the human-readable table). Returns ``path``."""
     os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
-    _write_atomic(path, json.dumps(payload, indent=2, default=str) + "\n")
+    # A results file is either the old one or the whole new one, never half written; the JSON
+    # and its markdown are replaced together.
+    files = {path: json.dumps(payload, indent=2, default=str) + "\n"}
     if markdown is not None and path.endswith(".json"):
-        _write_atomic(path[:-5] + ".md", markdown.rstrip() + "\n")
+        files[path[:-5] + ".md"] = markdown.rstrip() + "\n"
+    write_files_atomically(files)
     return path
 
 

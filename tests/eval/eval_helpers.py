@@ -11,3 +11,36 @@ def run_cli(argv, capsys):
         status = e.code
     out, err = capsys.readouterr()
     return status, out, err
+
+
+def counting_answers(monkeypatch):
+    """Record every question the evaluator answers -> the list of (question id, method,
+    budget), filled as the run goes."""
+    from vr_runtime.eval import runner
+    calls = []
+    real = runner.Evaluator.answer
+
+    def counting(self, clip, q, m, b, F):
+        calls.append((q.id, m.name, b))
+        return real(self, clip, q, m, b, F)
+
+    monkeypatch.setattr(runner.Evaluator, "answer", counting)
+    return calls
+
+
+def failing_prefetch(bad_name: str):
+    """A ``vr_runtime.video.prefetch_video`` whose future fails for the file ``bad_name`` (the
+    cheap checks pass, the background decode raises) and decodes every other file."""
+    import concurrent.futures as cf
+    import pathlib
+
+    from vr_runtime import video
+    real = video.prefetch_video
+
+    def prefetch(path, *a, **kw):
+        if pathlib.Path(path).name == bad_name:
+            f = cf.Future()
+            f.set_exception(RuntimeError("decoder crashed at frame 7"))
+            return f
+        return real(path, *a, **kw)
+    return prefetch

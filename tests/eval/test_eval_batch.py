@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from eval_helpers import run_cli
+from eval_helpers import failing_prefetch, run_cli
 
 METHODS = "dense,uniform,auto"
 FIELDS = ("answer", "prediction", "response", "visual_tokens", "policy", "frames_used",
@@ -88,19 +88,11 @@ def test_batches_never_mix_methods_budgets_or_videos():
 
 def test_a_bad_video_is_recorded_as_failed_and_retried(synth_bench, sequential, tmp_path,
                                                        capsys, monkeypatch):
-    import concurrent.futures as cf
     import pathlib
 
     from vr_runtime import video
     bad_name = sorted(pathlib.Path(synth_bench["videos"]).iterdir())[1].name
-    real = video.prefetch_video
-
-    def prefetch(path, *a, **kw):
-        if pathlib.Path(path).name == bad_name:
-            f = cf.Future()
-            f.set_exception(RuntimeError("decoder crashed at frame 7"))
-            return f
-        return real(path, *a, **kw)
+    prefetch = failing_prefetch(bad_name)
 
     out = tmp_path / "o"
     argv = argv_for(synth_bench, out, 8)

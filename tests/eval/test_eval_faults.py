@@ -20,7 +20,7 @@ import time
 import pytest
 import torch
 
-from eval_helpers import run_cli
+from eval_helpers import counting_answers, failing_prefetch, run_cli
 
 METHODS = "uniform,auto"
 
@@ -66,19 +66,6 @@ def copy_of(reference, tmp_path):
     out = tmp_path / "out"
     shutil.copytree(reference[0], out)
     return out
-
-
-def counting_answers(monkeypatch):
-    from vr_runtime.eval import runner
-    calls = []
-    real = runner.Evaluator.answer
-
-    def counting(self, clip, q, m, b, F):
-        calls.append((q.id, m.name, b))
-        return real(self, clip, q, m, b, F)
-
-    monkeypatch.setattr(runner.Evaluator, "answer", counting)
-    return calls
 
 
 # ------------------------------------------------------------------ a bad video among good ones
@@ -131,20 +118,9 @@ def test_a_truncated_video_does_not_stop_the_run(synth_bench, reference, tmp_pat
 def test_a_video_failing_while_decoding_in_the_background(synth_bench, tmp_path, capsys,
                                                           monkeypatch):
     """The other way a video fails: the cheap checks pass, the background decode raises."""
-    import concurrent.futures as cf
-
     from vr_runtime import video
     bad_name = sorted(pathlib.Path(synth_bench["videos"]).iterdir())[0].name
-    real = video.prefetch_video
-
-    def prefetch(path, *a, **kw):
-        if pathlib.Path(path).name == bad_name:
-            f = cf.Future()
-            f.set_exception(RuntimeError("decoder crashed at frame 7"))
-            return f
-        return real(path, *a, **kw)
-
-    monkeypatch.setattr(video, "prefetch_video", prefetch)
+    monkeypatch.setattr(video, "prefetch_video", failing_prefetch(bad_name))
     status, stdout, err = run_cli(argv_for(synth_bench, tmp_path / "o"), capsys)
     assert status == 0, err
     res = json.loads((tmp_path / "o" / "results.json").read_text())
@@ -230,7 +206,7 @@ def test_full_disk_names_the_file_and_keeps_a_consistent_set(reference, synth_be
 
 
 def test_write_files_atomically_is_all_or_nothing(tmp_path, monkeypatch):
-    from vr_runtime.eval.atomic import write_files_atomically
+    from vr_runtime.atomic import write_files_atomically
     a, b = tmp_path / "a.txt", tmp_path / "b.txt"
     write_files_atomically({a: "old a", b: b"old b"})
     with monkeypatch.context() as m:

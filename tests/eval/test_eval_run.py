@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from eval_helpers import run_cli
+from eval_helpers import counting_answers, run_cli
 
 METHODS = ("dense,budget,uniform,global,fragment,auto,clip,no-image-router,no-semantic-router,"
            "data-ft")
@@ -88,20 +88,12 @@ def test_every_method_two_budgets(run, synth_bench, capsys):
 
 def test_rerun_resumes(run, monkeypatch, capsys):
     """A rerun makes only the predictions that are missing."""
-    from vr_runtime.eval import runner
     out, argv = run
     lines = (out / "predictions.jsonl").read_text().splitlines()
     assert lines, "runs after test_every_method_two_budgets"
     dropped = json.loads(lines[3])
     (out / "predictions.jsonl").write_text("\n".join(lines[:3] + lines[4:]) + "\n")
-    calls = []
-    real = runner.Evaluator.answer
-
-    def counting(self, clip, q, m, b, F):
-        calls.append((q.id, m.name, b))
-        return real(self, clip, q, m, b, F)
-
-    monkeypatch.setattr(runner.Evaluator, "answer", counting)
+    calls = counting_answers(monkeypatch)
     status, _, err = run_cli(argv, capsys)
     assert status == 0, err
     assert calls == [(dropped["id"], dropped["method"], dropped["budget"])]

@@ -2,31 +2,27 @@
 status, failed ones included; GET /metrics in Prometheus' format; an access log line per request
 at info."""
 import logging
-import os
 
 import pytest
 
 pytest.importorskip("fastapi")
 pytest.importorskip("prometheus_client")
 
-from serve_helpers import SAMPLE, video_body  # noqa: E402
+from serve_helpers import video_body  # noqa: E402
 
 Q = "What shape is the red object?"
 SET = dict(num_frames=8, max_length=1400, max_tokens=16)
 
 
 @pytest.fixture(scope="module")
-def app_and_engine(tmp_path_factory):
+def app_and_engine(media):
     from vr_runtime.runtime import VideoRouter
     from vr_runtime.serve.app import create_app
     from vr_runtime.serve.engine import Engine, EngineConfig
     from vr_runtime.serve.media import MediaConfig, MediaStore
-    m = tmp_path_factory.mktemp("observe")
-    m = type(m)(os.path.realpath(m))
-    (m / "sample.mp4").write_bytes(SAMPLE.read_bytes())
-    vr = VideoRouter.from_pretrained("tiny", device="cpu")
-    engine = Engine(vr, MediaStore(MediaConfig(media_dir=m)), EngineConfig())
-    return create_app(engine, max_body_bytes=20_000), engine, m
+    vr = VideoRouter.from_pretrained("tiny", device="cpu")   # no visual cache: every stage runs
+    engine = Engine(vr, MediaStore(MediaConfig(media_dir=media)), EngineConfig())
+    return create_app(engine, max_body_bytes=20_000), engine, media
 
 
 def parse_metrics(text: str) -> dict:

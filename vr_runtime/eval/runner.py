@@ -309,7 +309,8 @@ SETTINGS_BEFORE = {"scales": "2,1,4"}
 
 def check_settings(out: pathlib.Path, cfg: EvalConfig, write: bool) -> None:
     """A rerun resumes only with the settings the predictions in OUT were made with."""
-    from .atomic import write_files_atomically
+    from ..atomic import write_files_atomically
+    from .tables import WRITE_HINT
     from .benchmarks import BenchmarkError
     f = out / "settings.json"
     now = settings_of(cfg)
@@ -336,7 +337,7 @@ def check_settings(out: pathlib.Path, cfg: EvalConfig, write: bool) -> None:
                              f"another --out, or delete {out / 'predictions*.jsonl'} to start "
                              f"over")
     if write:
-        write_files_atomically({f: json.dumps(now, indent=1) + "\n"})
+        write_files_atomically({f: json.dumps(now, indent=1) + "\n"}, WRITE_HINT)
 
 
 def _sort_key(k: Key):

@@ -19,7 +19,11 @@ import pathlib
 from collections import Counter, defaultdict
 from typing import Dict, List, Optional, Sequence
 
-from .atomic import write_files_atomically
+from ..atomic import write_files_atomically
+
+# What a failed write of an evaluation's files tells the user (runner.py's settings.json too).
+WRITE_HINT = ("nothing there was replaced (free space and rerun the same command: finished "
+              "predictions are kept)")
 
 DURATION_ORDER = ("short", "medium", "long")
 
@@ -215,7 +219,7 @@ def write_outputs(out: pathlib.Path, preds: List[dict], bench, methods, cfg, wor
         title = cfg.title or f"{bench.name}: accuracy vs visual tokens ({cfg.model})"
         files[out / "accuracy_vs_tokens.png"] = lambda path: plot(rows, path, title)
     # All or nothing: a full disk leaves the previous set of files as it was (atomic.py).
-    write_files_atomically(files)
+    write_files_atomically(files, WRITE_HINT)
     return results
 
 

@@ -21,6 +21,8 @@ import re
 import shutil
 from typing import List, Optional, Tuple
 
+from ..atomic import fsync_path, write_atomic
+
 STATE = "trainer_state.json"
 PREFIX = "checkpoint-"
 TMP = ".tmp"     # a checkpoint being written (removed at the next start)
@@ -37,22 +39,6 @@ def checkpoint_dir(output_dir: str, step: int) -> str:
     return os.path.join(output_dir, f"{PREFIX}{step}")
 
 
-def _fsync(path: str, directory: bool = False) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
-    except OSError:
-        if directory:   # a platform where folders cannot be opened: nothing to sync
-            return
-        raise
-    try:
-        os.fsync(fd)
-    except OSError:
-        if not directory:
-            raise
-    finally:
-        os.close(fd)
-
-
 def _files(folder: str) -> List[str]:
     """Every file under ``folder``, relative, sorted."""
     out = []
@@ -63,23 +49,11 @@ def _files(folder: str) -> List[str]:
 
 def write_json_atomic(path: str, obj, indent: Optional[int] = None) -> None:
     """``path`` replaced whole by ``obj`` as JSON: a temporary file beside it, fsync, rename."""
-    tmp = path + TMP
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=indent)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync(os.path.dirname(os.path.abspath(path)), directory=True)
+    write_atomic(path, json.dumps(obj, indent=indent))
 
 
 def write_lines_atomic(path: str, lines: List[str]) -> None:
-    tmp = path + TMP
-    with open(tmp, "w") as f:
-        f.writelines(lines)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync(os.path.dirname(os.path.abspath(path)), directory=True)
+    write_atomic(path, "".join(lines))
 
 
 def begin(output_dir: str, step: int) -> str:
@@ -100,11 +74,11 @@ def commit(tmp: str, state: dict) -> str:
     with open(os.path.join(tmp, STATE), "w") as f:
         json.dump(state, f)
     for f in _files(tmp):
-        _fsync(os.path.join(tmp, f))
+        fsync_path(os.path.join(tmp, f))
     for root, dirs, _ in os.walk(tmp, topdown=False):
         for d in dirs:
-            _fsync(os.path.join(root, d), directory=True)
-    _fsync(tmp, directory=True)
+            fsync_path(os.path.join(root, d), directory=True)
+    fsync_path(tmp, directory=True)
     parent = os.path.dirname(os.path.abspath(final))
     if os.path.exists(final):
         # Never rewritten in place: the complete one steps aside, the new one takes its name,
@@ -114,11 +88,11 @@ def commit(tmp: str, state: dict) -> str:
             shutil.rmtree(old)
         os.rename(final, old)
         os.rename(tmp, final)
-        _fsync(parent, directory=True)
+        fsync_path(parent, directory=True)
         shutil.rmtree(old)
     else:
         os.rename(tmp, final)
-    _fsync(parent, directory=True)
+    fsync_path(parent, directory=True)
     return final
 
 
