@@ -15,6 +15,8 @@ The pipeline (``vr_runtime.runtime``) only talks to a :class:`Backbone`:
     forward                       prefill / decode step returning last-row logits and the cache
     stop_token_ids                generation stops
     cost_shape                    the dimensions the TTFT cost model needs (``--ttft-budget``)
+    at_resolution / budget_frame_size   a view at another frame size and the family's budget
+                                  rule for it (Qwen2.5-VL only; the default refuses)
 
 A subclass sets the class attributes, implements the abstract methods, and registers itself in
 ``vr_runtime.backbones`` (model_type -> class, preset name -> loader).
@@ -74,6 +76,23 @@ class Backbone(abc.ABC):
     @property
     def frame_spec(self) -> FrameSpec:
         return type(self).spec_from_config(self.model.config.to_dict())
+
+    def at_resolution(self, height: int, width: int) -> "Backbone":
+        """A view of the same weights whose frames are ``height`` x ``width`` (frame spec, grid,
+        vision call, prompt counts and positions follow). Only a family whose vision tower
+        takes other sizes implements it (Qwen2.5-VL); the default refuses."""
+        raise ValueError(f"backbone {self.family!r} ({self.name}) cannot run at {height}x{width}: "
+                         f"its vision tower takes {self.frame_spec.size[0]}x"
+                         f"{self.frame_spec.size[1]} frames only; a reduced-resolution baseline "
+                         f"(budget-resize) needs a Qwen2.5-VL model")
+
+    def budget_frame_size(self, frames: int, budget: int) -> Tuple[int, int]:
+        """The largest frame size (this family's own resize rule) at which ``frames`` frames fit
+        ``budget`` visual tokens; families that cannot resize refuse (see ``at_resolution``)."""
+        raise ValueError(f"backbone {self.family!r} ({self.name}) has no reduced-resolution "
+                         f"budget rule: its vision tower takes {self.frame_spec.size[0]}x"
+                         f"{self.frame_spec.size[1]} frames only; budget-resize needs a "
+                         f"Qwen2.5-VL model (InternVL3's budget baseline is `budget`)")
 
     @classmethod
     @abc.abstractmethod

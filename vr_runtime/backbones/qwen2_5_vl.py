@@ -28,6 +28,14 @@ Frames and Qwen's temporal patches (the decision)
     patch, Qwen's video mode -- halves the tokens per frame and makes a "frame" an unroutable
     half of a patch; it is not offered.)
 
+Reduced resolution (the paper's "Qwen2.5-VL Budget" baseline)
+    :meth:`Qwen25VLBackbone.at_resolution` gives a view of the same weights whose frames are
+    h x w (multiples of 28) instead of 448x448: ``grid_thw = [1, h/14, w/14]`` per frame in the
+    tower, an (h/28) x (w/28) merged grid per frame in Z, the prompt and the M-RoPE positions,
+    still one still image per sampled frame (no temporal merge). :func:`budget_frame_size` is the
+    baseline's rule: the largest ``smart_resize`` size of the full frame whose F frames fit the
+    visual budget (``videorouter eval --methods budget-resize``; docs/PAPER.md, Qwen Budget row).
+
 Prompt
     The same "FrameN:" layout as InternVL3, one image block per kept frame::
 
@@ -86,7 +94,8 @@ QWEN_SPECIAL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<
 # Qwen2VLImageProcessor's image_mean / image_std (OpenAI CLIP).
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-FRAME_SIZE = (448, 448)  # fixed, as in the paper: 32x32 patches of 14 -> 16x16 merged tokens
+FRAME_SIZE = (448, 448)  # full resolution, as in the paper: 32x32 patches of 14 -> 16x16 merged
+# tokens (a view from at_resolution runs at a reduced size)
 
 
 # ----------------------------------------------------------------------------- pixels
@@ -170,6 +179,55 @@ def plan_grids(plan: Sequence, grid: Tuple[int, int]) -> List[Optional[Tuple[int
     return out
 
 
+# ----------------------------------------------------------------------------- budget resolution
+# Qwen2VLImageProcessor's min_pixels (preprocessor_config.json of Qwen2.5-VL-*-Instruct): 2x2
+# merged tokens at least.
+QWEN_MIN_PIXELS = 56 * 56
+
+
+def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = QWEN_MIN_PIXELS,
+                 max_pixels: int = 14 * 14 * 4 * 1280) -> Tuple[int, int]:
+    """Qwen's own resize rule, transformers' ``qwen2_vl`` ``smart_resize`` (the PIL processor's
+    module: the default one imports torchvision, which this project does not install)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as rule
+    return rule(height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+
+
+def budget_frame_size(frames: int, budget: int, size: Tuple[int, int] = FRAME_SIZE,
+                      factor: int = 28, min_pixels: int = QWEN_MIN_PIXELS) -> Tuple[int, int]:
+    """The Qwen2.5-VL Budget baseline's frame size: the largest ``smart_resize(H, W,
+    max_pixels=m)`` of the full frame ``size`` = (H, W) (aspect kept as Qwen keeps it), over
+    every pixel cap ``min_pixels <= m <= H*W`` (never above full resolution), whose ``frames``
+    frames fit ``budget`` visual tokens: ``frames * (h/factor) * (w/factor) <= budget``. Each
+    sampled frame is one still image (the module docstring), so Qwen's temporal merge does not
+    apply. The token count of ``smart_resize(H, W, max_pixels=m)`` never decreases as m grows
+    (below the rounded size both sides are floors of H, W * sqrt(m/HW); at it, the rounded size,
+    larger than every capped one), so the largest fitting m is found by bisection.
+    ``budget_frame_size(64, 12288)`` = (364, 364): 13x13 = 169 tokens a frame, 10,816 in all."""
+    H, W = (int(v) for v in size)
+    for name, v in (("frames", frames), ("budget", budget)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
+
+    def tokens(m: int) -> Tuple[int, Tuple[int, int]]:
+        h, w = smart_resize(H, W, factor, min_pixels, m)
+        return frames * (h // factor) * (w // factor), (h, w)
+
+    lo, hi = min_pixels, max(min_pixels, H * W)
+    n, hw = tokens(lo)
+    if n > budget:
+        raise ValueError(f"budget: {budget} visual tokens cannot hold {frames} frames even at "
+                         f"Qwen's smallest size {hw[0]}x{hw[1]} ({n // frames} tokens a frame); "
+                         f"raise the budget or lower --frames")
+    while lo < hi:   # invariant: m = lo fits; find the largest m that fits
+        mid = (lo + hi + 1) // 2
+        if tokens(mid)[0] <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return tokens(lo)[1]
+
+
 # ----------------------------------------------------------------------------- the backbone
 class Qwen25VLBackbone(Backbone):
     family = "qwen2_5_vl"
@@ -187,6 +245,8 @@ class Qwen25VLBackbone(Backbone):
         if FRAME_SIZE[0] % unit or FRAME_SIZE[1] % unit:
             raise ModelFilesError(f"model {name!r}: patch {self.patch_size} x merge "
                                   f"{self.merge_size} does not tile {FRAME_SIZE} frames")
+        # (H, W) of every frame: FRAME_SIZE, or a view's own size (at_resolution)
+        self.frame_size: Tuple[int, int] = FRAME_SIZE
         self._merger = visual.merger
         self._trunk = VisionTrunk(visual)
         self._group = _MergeGroups(self.merge_size ** 2)
@@ -196,7 +256,36 @@ class Qwen25VLBackbone(Backbone):
     @property
     def grid(self) -> Tuple[int, int]:
         u = self.patch_size * self.merge_size
-        return FRAME_SIZE[0] // u, FRAME_SIZE[1] // u
+        return self.frame_size[0] // u, self.frame_size[1] // u
+
+    @property
+    def frame_spec(self) -> FrameSpec:
+        return FrameSpec(size=self.frame_size, mean=CLIP_MEAN, std=CLIP_STD)
+
+    def at_resolution(self, height: int, width: int) -> "Qwen25VLBackbone":
+        """A view of this model (the same weights, tokenizer and merger-swap lock) whose frames
+        are ``height`` x ``width`` (multiples of patch x merge = 28): its frame spec, token
+        grid (h/28, w/28), vision call (``grid_thw`` [1, h/14, w/14] per frame), prompt counts
+        and M-RoPE positions all follow, as Qwen's processor would run the model on images of
+        that size (the Qwen2.5-VL Budget baseline; :func:`budget_frame_size` picks the size)."""
+        unit = self.patch_size * self.merge_size
+        size = (height, width)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= unit and v % unit == 0
+                   for v in size):
+            raise ValueError(f"at_resolution: {height}x{width} is not a frame size of this model; "
+                             f"height and width must be positive multiples of {unit} "
+                             f"(patch {self.patch_size} x merge {self.merge_size})")
+        if size == tuple(self.frame_size):
+            return self
+        view = copy.copy(self)   # shallow: shares model, tokenizer, trunk, merger and _swap
+        view.frame_size = size
+        return view
+
+    def budget_frame_size(self, frames: int, budget: int) -> Tuple[int, int]:
+        """The Qwen2.5-VL Budget rule (:func:`budget_frame_size`) for this model's full frame
+        size, patch and merge."""
+        return budget_frame_size(frames, budget, size=FRAME_SIZE,
+                                 factor=self.patch_size * self.merge_size)
 
     @classmethod
     def spec_from_config(cls, config: dict) -> FrameSpec:
@@ -241,15 +330,17 @@ class Qwen25VLBackbone(Backbone):
     # ------------------------------------------------------------------ vision
     def vision_features(self, pixel_values: torch.Tensor,
                         chunk_size: int = 16) -> Iterator[Tuple[int, torch.Tensor]]:
-        """Per chunk of frames [b, 3, 448, 448]: the tower up to the merger -> [b, 256, 4C]
-        (row k: merged cell k of the row-major 16x16 grid, its 2x2 patches concatenated)."""
+        """Per chunk of frames [b, 3, 448, 448] (a view's ``frame_size``): the tower up to the
+        merger -> [b, 256, 4C] (row k: merged cell k of the row-major 16x16 grid -- ``grid`` --
+        its 2x2 patches concatenated)."""
         check_pixels(pixel_values, chunk_size)
-        if tuple(pixel_values.shape[-2:]) != FRAME_SIZE:
-            raise ValueError(f"pixel_values: Qwen2.5-VL frames must be {FRAME_SIZE[0]}x"
-                             f"{FRAME_SIZE[1]}, got {tuple(pixel_values.shape[-2:])}")
+        H, W = self.frame_size
+        if tuple(pixel_values.shape[-2:]) != (H, W):
+            raise ValueError(f"pixel_values: this Qwen2.5-VL model takes frames of {H}x{W}, got "
+                             f"{tuple(pixel_values.shape[-2:])}")
         visual = self.model.model.visual
         p = next(self._trunk.parameters())
-        gh, gw = FRAME_SIZE[0] // self.patch_size, FRAME_SIZE[1] // self.patch_size
+        gh, gw = H // self.patch_size, W // self.patch_size
         n = self.grid[0] * self.grid[1]
         for i in range(0, pixel_values.shape[0], chunk_size):
             pv = pixel_values[i:i + chunk_size].to(device=p.device, dtype=p.dtype, non_blocking=True)
@@ -279,11 +370,11 @@ class Qwen25VLBackbone(Backbone):
 
     def reference_inputs(self, ids: torch.Tensor, pixel_values: torch.Tensor) -> dict:
         """Keyword arguments of HF's own ``model(...)`` for prompt ``ids`` [L] that holds every
-        frame of ``pixel_values`` [T, 3, 448, 448] at window 1: the dense reference the
-        compressed path must equal (Qwen derives M-RoPE itself only when given
-        ``mm_token_type_ids``)."""
+        frame of ``pixel_values`` [T, 3, 448, 448] (a view's ``frame_size``) at window 1: the
+        dense reference the compressed path must equal (Qwen derives M-RoPE itself only when
+        given ``mm_token_type_ids``)."""
         ids = ids.reshape(1, -1).to(self.device)
-        gh, gw = FRAME_SIZE[0] // self.patch_size, FRAME_SIZE[1] // self.patch_size
+        gh, gw = self.frame_size[0] // self.patch_size, self.frame_size[1] // self.patch_size
         return {"input_ids": ids,
                 "pixel_values": frame_patches(pixel_values, self.patch_size, self.merge_size,
                                               self.temporal_patch_size).to(self.device),
@@ -498,5 +589,5 @@ def with_token_ids(config: dict, ids: Dict[str, int], vocab_needed: int) -> dict
 
 
 __all__ = ["Qwen25VLBackbone", "QWEN_TOKENS", "QWEN_SPECIAL_TOKENS", "CLIP_MEAN", "CLIP_STD",
-           "FRAME_SIZE", "VisionTrunk", "frame_patches", "mrope_position_ids", "plan_grids",
+           "FRAME_SIZE", "QWEN_MIN_PIXELS", "VisionTrunk", "budget_frame_size", "smart_resize", "frame_patches", "mrope_position_ids", "plan_grids",
            "tiny_tokenizer", "tiny_config_dict", "special_ids", "with_token_ids"]

@@ -6,6 +6,7 @@ call; nothing branches on method names in the runtime.
 |---|---|---|
 | ``dense`` | every frame at full resolution, no budget | ``policy="dense"`` |
 | ``budget`` | InternVL3* (paper: "dynamically samples frames according to the same context budget"): floor(B / tokens per frame) frames sampled from the video with InternVL's segment rule | ``policy="budget"``, ``num_frames=floor(B/frame tokens)`` |
+| ``budget-resize`` | Qwen2.5-VL Budget (paper Appendix E): all F frames at the largest resolution of Qwen's ``smart_resize`` whose F x tokens per frame fit B (``qwen2_5_vl.budget_frame_size``), on a view of the same weights at that size | ``policy="budget"`` on :func:`resized_router` |
 | ``budget-subset`` | as many full-resolution frames as fit, a uniform subset of the F already sampled | ``policy="budget"`` |
 | ``uniform`` | one window for every frame, the finest that fits | ``policy="uniform"`` |
 | ``global`` | Global policy only | ``policy="global"`` |
@@ -21,6 +22,7 @@ call; nothing branches on method names in the runtime.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional, Tuple
 
@@ -51,6 +53,27 @@ class Method:
             return frames
         return max(1, budget // frame_tokens)
 
+    # Qwen2.5-VL Budget as the paper ran it: all F frames at the largest resolution (the
+    # backbone's own resize rule) whose tokens fit B, on a view of the same weights
+    resize_to_budget: bool = False
+
+    def check_backbone(self, lm) -> None:
+        """Refuse, right after loading, a method the loaded backbone cannot run (budget-resize
+        on InternVL3, whose tower takes 448x448 frames only)."""
+        if self.resize_to_budget:
+            try:
+                lm.budget_frame_size(1, 1 << 30)
+            except ValueError as e:
+                raise MethodError(f"--methods: {self.name!r} cannot run on this model: {e}") \
+                    from None
+
+    def router_for(self, vr, budget: Optional[int], frames: int):
+        """The VideoRouter that answers this row: ``vr`` itself, or for ``resize_to_budget`` its
+        sibling at ``vr.lm.budget_frame_size(frames, budget)`` (:func:`resized_router`)."""
+        if not self.resize_to_budget or budget is None:
+            return vr
+        return resized_router(vr, vr.lm.budget_frame_size(frames, budget))
+
     @property
     def budgeted(self) -> bool:
         """False: one row whatever the budget (dense). Asked of the planners it uses."""
@@ -67,6 +90,25 @@ class Method:
 
 
 METHODS: Dict[str, Method] = {}
+
+# base VideoRouter -> {(h, w): its sibling at that frame size}; dies with the base model
+_RESIZED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def resized_router(vr, size: Tuple[int, int]):
+    """A VideoRouter over ``vr.lm.at_resolution(*size)`` -- the same weights and routers, its
+    own visual cache -- built once per (model, size); ``vr`` itself at its own frame size. The
+    sibling decodes videos at ``size`` itself (its frame spec), so the runtime core never sees a
+    second resolution."""
+    size = (int(size[0]), int(size[1]))
+    if size == tuple(vr.lm.frame_spec.size):
+        return vr
+    per = _RESIZED.setdefault(vr, {})
+    if size not in per:
+        from ..runtime import VideoRouter
+        per[size] = VideoRouter(vr.lm.at_resolution(*size), routers=vr.routers,
+                                visual_cache_size=vr.visual_cache_size, decoding=vr.greedy.mode)
+    return per[size]
 
 # What each resource is, for the error when it is missing.
 RESOURCE_FLAGS = {"clip": "--clip PATH (a local CLIPModel / SiglipModel directory)",
@@ -117,6 +159,9 @@ def _clip_matched(resources):
 register_method("dense", "dense", "every frame at full resolution, no budget")
 register_method("budget", "budget", "InternVL3*: floor(B / frame tokens) full-resolution frames "
                 "sampled from the video by the context budget", frames_from_budget=True)
+register_method("budget-resize", "budget", "Qwen2.5-VL Budget (paper Appendix E): all F frames "
+                "at the largest Qwen smart_resize resolution whose tokens fit B",
+                resize_to_budget=True)
 register_method("budget-subset", "budget", "InternVL3* variant: as many full-resolution frames as "
                 "fit, a uniform subset of the F frames sampled")
 register_method("uniform", "uniform", "one window for every frame, the finest that fits")
@@ -143,4 +188,4 @@ DEFAULT_METHODS = ("dense,budget,uniform,global,fragment,auto,no-image-router,"
                    "no-semantic-router")
 
 __all__ = ["Method", "METHODS", "MethodError", "register_method", "get_method", "parse_methods",
-           "DEFAULT_METHODS"]
+           "DEFAULT_METHODS", "resized_router"]

@@ -148,6 +148,8 @@ class Evaluator:
             routers = self.cfg.routers if m.model == "main" else None
             self._models[m.model] = VideoRouter.from_pretrained(
                 path, routers=routers, device=dev, dtype=dtype, visual_cache_size=1)
+        for m in methods:   # budget-resize on InternVL3: refused before the first answer
+            m.check_backbone(self._models[m.model].lm)
         if any("clip" in m.needs for m in methods) and self._clip is None:
             from ..scorers import CLIPScorer
             self._clip = CLIPScorer.from_pretrained(self.cfg.clip, device=dev,
@@ -159,7 +161,8 @@ class Evaluator:
 
     def _call(self, clip, q: Question, m: Method, budget: Optional[int], frames: int):
         """(model, positional args, keyword args) of the ``answer`` call for one job."""
-        vr = self._models[m.model]
+        # budget-resize: a sibling over the same weights at its own frame size (methods.py)
+        vr = m.router_for(self._models[m.model], budget, frames)
         cfg = self.cfg
         prompt = mc_prompt(q.question, q.options, cfg.prompt)
         if budget is None:   # no budget (dense): max_length only bounds the note in the report
@@ -180,6 +183,8 @@ class Evaluator:
         # InternVL3* samples its own frame count from the video (methods.Method.num_frames)
         n = m.num_frames(budget, frames, vr.lm.grid[0] * vr.lm.grid[1])
         if n != frames:   # decoded on its own, uncached: it would evict the shared visual state
+            clip = q.video
+        elif vr is not self._models[m.model]:   # decoded at the sibling's size, in its own cache
             clip = q.video
         kw.update(num_frames=n, max_length=max_length, max_new_tokens=cfg.max_new_tokens,
                   budget=budget, cache_visual=n == frames, router_question=q.question)
