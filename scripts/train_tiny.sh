@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Train the `tiny` preset from scratch on the synthetic evidence task: Stage 0 (tiny-only
 # pretraining, vr_runtime/training/pretrain.py) -> Stages 1, 2, 3, 3b. About 20 minutes on 2 CPU
-# cores (see the wall times in training_metrics.json).
+# cores (see the wall times in training_metrics.json); with --task v2 an estimated 40 minutes
+# (Stages 3 and 3b cost 2-6x more a step at 32-64 frames; 1,045 videos to write and encode).
 #
-#   scripts/train_tiny.sh [WORK_DIR]            (default runs/tiny)
-#       everything goes under WORK_DIR: data, checkpoints, logs, the final weights
+#   scripts/train_tiny.sh [--task v1|v2] [WORK_DIR]   (default v1, runs/tiny; v2: runs/tiny_v2)
+#       --task v2: issue 23's wider task (aspect ratios, lossy codecs and noise, moving targets,
+#       1-3 targets, 8-64 of 16-256 frames, look-alike distractors): 960 training videos with
+#       every factor random, a held-out split of 85 that varies one factor at a time.
+#       Everything goes under WORK_DIR: data, checkpoints, logs, the final weights
 #       (WORK_DIR/stage3b/{model,routers}.safetensors) and the curves and metrics
 #       (WORK_DIR/results/training_curves.png, training_metrics.json). Nothing in the checkout
 #       changes.
@@ -12,16 +16,33 @@
 #       the same, then replace the shipped weights (vr_runtime/assets/tiny/{model,routers}
 #       .safetensors) and the committed results (bench/results/training_curves.png,
 #       training_metrics.json), and measure the held-out routing metrics of the new shipped
-#       weights (bench/results/routing_heldout.json).
+#       weights (bench/results/routing_heldout.json; with --task v2
+#       bench/results/routing_heldout_v2.json, per factor).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 INSTALL=0
 WORK=""
+TASK=v1
+EXPECT_TASK=0
 for arg in "$@"; do
+    if [ "$EXPECT_TASK" = 1 ]; then
+        case "$arg" in
+            v1|v2) TASK="$arg" ;;
+            *) echo "train_tiny.sh: error: --task expects v1 or v2, got '$arg'" >&2; exit 2 ;;
+        esac
+        EXPECT_TASK=0
+        continue
+    fi
     case "$arg" in
         --install) INSTALL=1 ;;
-        -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        -*) echo "train_tiny.sh: error: unknown option $arg (expected --install or WORK_DIR)" >&2
+        --task) EXPECT_TASK=1 ;;
+        --task=v1|--task=v2) TASK="${arg#--task=}" ;;
+        --task=*) echo "train_tiny.sh: error: --task expects v1 or v2, got '${arg#--task=}'" >&2
+            exit 2 ;;
+        -h|--help) awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0" \
+                       | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -*) echo "train_tiny.sh: error: unknown option $arg (expected --install, --task or" \
+                 "WORK_DIR)" >&2
             exit 2 ;;
         *) if [ -n "$WORK" ]; then
                echo "train_tiny.sh: error: one WORK_DIR only, got '$WORK' and '$arg'" >&2
@@ -30,15 +51,27 @@ for arg in "$@"; do
            WORK="$arg" ;;
     esac
 done
-WORK="${WORK:-runs/tiny}"
+if [ "$EXPECT_TASK" = 1 ]; then
+    echo "train_tiny.sh: error: --task expects v1 or v2" >&2
+    exit 2
+fi
+if [ "$TASK" = v2 ]; then
+    WORK="${WORK:-runs/tiny_v2}"
+    SIZES=(--task v2 --train 960 --heldout 85)   # 85 held-out: 5 per setting (17 settings)
+    ROUTING=bench/results/routing_heldout_v2.json
+else
+    WORK="${WORK:-runs/tiny}"
+    SIZES=(--train 480 --heldout 60)
+    ROUTING=bench/results/routing_heldout.json
+fi
 unset TRITON_INTERPRET   # CPU training uses the vectorised PyTorch pool_pack, not the interpreter
 if [ "$INSTALL" = 1 ]; then
-    python -m vr_runtime.training tiny --work "$WORK" --ship --train 480 --heldout 60 \
+    python -m vr_runtime.training tiny --work "$WORK" --ship "${SIZES[@]}" \
         --results bench/results
     python -m vr_runtime.training routing-eval --data "$WORK/data/heldout_conversations.jsonl" \
-        --out bench/results/routing_heldout.json
+        --out "$ROUTING"
 else
-    python -m vr_runtime.training tiny --work "$WORK" --train 480 --heldout 60 \
+    python -m vr_runtime.training tiny --work "$WORK" "${SIZES[@]}" \
         --results "$WORK/results"
     echo "trained weights: $WORK/stage3b/{model,routers}.safetensors; results: $WORK/results" \
          "(the shipped weights are unchanged; rerun with --install to replace them)" >&2

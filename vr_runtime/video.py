@@ -185,6 +185,10 @@ def preprocess_frames(frames: np.ndarray, size: int = 448, mean: Sequence[float]
     """uint8 RGB ``[T, H, W, 3]`` -> float32 ``[T, 3, size, size]``, normalised with
     ``mean`` / ``std`` (per channel, on the 0..1 scale; ImageNet's by default).
 
+    A non-square frame (16:9, 4:3, 9:16 footage) is *squeezed* to size x size, the whole frame
+    kept and each axis scaled on its own, as InternVL's single-tile video transform does: no
+    crop, no letterbox (the synthetic task v2 trains and measures routing on exactly this).
+
     This is InternVL's transform (PIL bicubic resize to size x size, ToTensor, Normalize) with
     PIL itself doing the resize: torch's bicubic ``F.interpolate`` (even with ``antialias``)
     differs from PIL by up to ~20 grey levels on detailed content when upsampling, and the

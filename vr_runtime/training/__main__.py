@@ -1,6 +1,8 @@
 r"""``python -m vr_runtime.training``: data generation, the three stages, the tiny demo.
 
     python -m vr_runtime.training synth --out runs/tiny/data --train 240 --heldout 60
+    python -m vr_runtime.training synth --task v2 --out runs/tiny_v2/data --train 40 --heldout 85
+        # issue 23's factors: aspect, codec, noise, motion, targets, frames, distractors
     python -m vr_runtime.training stage --config stage1 [--resume latest] [--set key=value ...]
     accelerate launch --num_processes 4 --use_deepspeed \
         --deepspeed_config_file vr_runtime/configs/ds_zero2.json \
@@ -18,6 +20,7 @@ r"""``python -m vr_runtime.training``: data generation, the three stages, the ti
     python -m vr_runtime.training tiny [--work runs/tiny] [--ship]   # the whole tiny demo
     python -m vr_runtime.training routing-eval --data runs/tiny/data/heldout_conversations.jsonl \
         --out bench/results/routing_heldout.json      # held-out routing metrics
+        # on task v2 data also per factor value, answers at a quarter of the dense tokens
     python -m vr_runtime.training curves --runs runs/tiny --out bench/results/training_curves.png
 """
 from __future__ import annotations
@@ -56,8 +59,13 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True)
     s.add_argument("--train", type=int, default=240)
     s.add_argument("--heldout", type=int, default=60)
-    s.add_argument("--frames", type=int, default=16)
+    s.add_argument("--frames", type=int, default=16, help="task v1's frames a video")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--task", default="v1", choices=("v1", "v2"),
+                   help="v1: the original task (square, near-lossless H.264, static, 2 targets, "
+                        "16 frames); v2: issue 23's factors drawn at random in --train, one "
+                        "factor varied at a time in --heldout (--heldout 85: 5 videos for each "
+                        "of its 17 settings)")
     s = sub.add_parser("stage", help="run one training stage from a config")
     s.add_argument("--config", required=True, help="JSON file or stage1..3 / tiny_stage1..3")
     s.add_argument("--resume", default=None, help="a checkpoint folder, or 'latest'")
@@ -131,6 +139,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--train", type=int, default=160)
     s.add_argument("--heldout", type=int, default=40)
     s.add_argument("--results", default="bench/results")
+    s.add_argument("--task", default="v1", choices=("v1", "v2"),
+                   help="the synthetic task to train on (see synth --task)")
     s = sub.add_parser("routing-eval", help="held-out routing metrics and their targets")
     s.add_argument("--data", required=True, help="a synthetic *_conversations.jsonl")
     s.add_argument("--model", default="tiny")
@@ -141,6 +151,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--no-answers", action="store_true", help="router metrics only (fast)")
     s.add_argument("--router-pool", type=int, default=None,
                    help="the Image Router's window on Z_t (default: the routers' own setting)")
+    s.add_argument("--budget-fraction", type=float, default=None,
+                   help="answer at this fraction of each video's dense visual tokens instead "
+                        "of at --max-length (default: 0.25 on task-v2 data, issue 23's goal; "
+                        "--max-length on task-v1 data)")
     s.add_argument("--out", required=True)
     s = sub.add_parser("curves", help="plot the training curves of a tiny run")
     s.add_argument("--runs", default="runs/tiny")
@@ -166,7 +180,7 @@ def _synth(a, argv) -> None:
     for split, n in splits:
         if not n:
             continue
-        paths = generate(a.out, n, seed=a.seed, num_frames=a.frames, split=split)
+        paths = generate(a.out, n, seed=a.seed, num_frames=a.frames, split=split, task=a.task)
         print(json.dumps(paths))
 
 
@@ -199,7 +213,12 @@ def _policy_labels(a, argv) -> None:
 
 def _tiny(a, argv) -> None:
     from .tiny_demo import run_tiny
-    run_tiny(a.work, ship=a.ship, n_train=a.train, n_heldout=a.heldout, results=a.results)
+    for name in ("train", "heldout"):
+        if getattr(a, name) < 1:
+            raise ConfigError(f"--{name}: expected a number of videos >= 1, "
+                              f"got {getattr(a, name)}")
+    run_tiny(a.work, ship=a.ship, n_train=a.train, n_heldout=a.heldout, results=a.results,
+             task=a.task)
 
 
 def _routing_eval(a, argv) -> None:
@@ -211,10 +230,18 @@ def _routing_eval(a, argv) -> None:
         if getattr(a, name) is not None and getattr(a, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')}: expected >= 1, "
                               f"got {getattr(a, name)}")
-    from .routing_eval import run
+    if a.budget_fraction is not None and not 0 < a.budget_fraction <= 1:
+        raise ConfigError(f"--budget-fraction: expected a fraction in (0, 1], "
+                          f"got {a.budget_fraction}")
+    from .routing_eval import QUARTER, is_task_v2, run
+    fraction = a.budget_fraction
+    if fraction is None and is_task_v2(a.data):
+        fraction = QUARTER
     res = run(a.model, a.routers, a.data, a.out, a.max_length, a.frames, a.limit_videos,
-              answers=not a.no_answers, command=_command(argv), router_pool=a.router_pool)
+              answers=not a.no_answers, command=_command(argv), router_pool=a.router_pool,
+              budget_fraction=fraction)
     print(json.dumps(res["targets"], indent=2))
+    print(res["table_markdown"])
 
 
 def _curves(a, argv) -> None:

@@ -66,6 +66,12 @@ class TrainConfig:
                                         # [lo, hi]: Stage 3 training draws each example's
                                         # L_max uniformly from [lo, hi] (tight budgets drop
                                         # frames, as at inference); [] = model_max_length
+    train_budget_fraction: List[float] = field(default_factory=list)
+                                        # [lo, hi]: instead, a fixed visual budget of a fraction
+                                        # drawn uniformly from [lo, hi] of the example's dense
+                                        # tokens (T x tokens per frame): the same compression
+                                        # for 8 and 64 frames (synthetic task v2; routing-eval
+                                        # measures at a quarter); [] = off
     false_positive_prob: float = 0.0    # Stage 3 training, Fragment plans: probability of
                                         # marking one random irrelevant frame relevant (the
                                         # router's typical error at inference)
@@ -157,6 +163,14 @@ class TrainConfig:
                                       not 1 <= self.train_max_length[0] <= self.train_max_length[1]):
             raise ConfigError(f"train_max_length: expected [] or [lo, hi] with 1 <= lo <= hi, "
                               f"got {self.train_max_length!r}")
+        if self.train_budget_fraction and (
+                len(self.train_budget_fraction) != 2 or
+                not 0 < self.train_budget_fraction[0] <= self.train_budget_fraction[1] <= 1):
+            raise ConfigError(f"train_budget_fraction: expected [] or [lo, hi] with "
+                              f"0 < lo <= hi <= 1, got {self.train_budget_fraction!r}")
+        if self.train_budget_fraction and self.train_max_length:
+            raise ConfigError("train_budget_fraction and train_max_length: set one of them "
+                              "(both choose Stage 3's training budget)")
         if not 0.0 <= self.false_positive_prob <= 1.0:
             raise ConfigError(f"false_positive_prob: expected in [0, 1], "
                               f"got {self.false_positive_prob!r}")

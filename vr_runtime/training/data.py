@@ -9,6 +9,11 @@ Frame relevance (Stage 1, as in Video-FLR)::
 ``len(frame_labels)`` frames with InternVL's rule (the middle frame of each of T equal
 segments), so label t belongs to the t-th sampled frame.
 
+Any line may also give its own frame count, ``"num_frames": T`` (the synthetic task v2 does,
+with videos of 8 to 64 sampled frames in one file): its video is sampled at T frames, and its
+``frame_labels``, if any, must have T entries. Lines without it use the stage's ``num_frames``
+(or ``len(frame_labels)``), as before.
+
 Allocation policy (Stage 2, as in Video-QTR)::
 
     {"video": "clips/v0001.mp4", "question": "What is the background color?",
@@ -58,6 +63,7 @@ class Example:
     policy: Optional[int] = None
     meta: dict = field(default_factory=dict)
     router_question: Optional[str] = None   # what the routers read (None: ``question``)
+    frames: Optional[int] = None            # the line's own "num_frames" T, if it gives one
 
     @property
     def routed_question(self) -> str:
@@ -66,6 +72,9 @@ class Example:
 
     @property
     def num_frames(self) -> Optional[int]:
+        """Frames to sample for this line: its own ``num_frames``, else one per label."""
+        if self.frames is not None:
+            return self.frames
         return None if self.frame_labels is None else len(self.frame_labels)
 
 
@@ -159,7 +168,16 @@ def parse_record(rec, kind: str, where: str, root: str = ".", check_files: bool 
     video = _video(rec, where, root, check_files)
     labels = _labels(rec["frame_labels"], where) if rec.get("frame_labels") is not None else None
     policy = _policy(rec["policy"], where) if rec.get("policy") is not None else None
-    meta = {k: v for k, v in rec.items() if k in ("id", "category", "split", "kind", "phrasing")}
+    meta = {k: v for k, v in rec.items() if k in ("id", "category", "split", "kind", "phrasing",
+                                                   "task", "factors", "varies", "source_frames")}
+    frames = rec.get("num_frames")
+    if frames is not None:
+        if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1:
+            raise DataFormatError(f"{where}: 'num_frames' must be an integer >= 1, "
+                                  f"got {frames!r}")
+        if labels is not None and len(labels) != frames:
+            raise DataFormatError(f"{where}: {len(labels)} frame_labels but num_frames is "
+                                  f"{frames}; give one label per sampled frame")
     router_q = None
     if kind == "conversation" and "conversations" in rec:
         q, a = _conversation(rec, where)
@@ -178,7 +196,7 @@ def parse_record(rec, kind: str, where: str, root: str = ".", check_files: bool 
         raise DataFormatError(f"{where}: a policy line needs 'policy' "
                               f"(0/'global' or 1/'fragment')")
     return Example(video=video, question=q, answer=a, frame_labels=labels, policy=policy,
-                   meta=meta, router_question=router_q)
+                   meta=meta, router_question=router_q, frames=frames)
 
 
 def iter_jsonl(path: str, what: str = "data"):

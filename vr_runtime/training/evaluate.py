@@ -29,7 +29,7 @@ def _q(trainee, ex: Example):
 def eval_relevance(trainee, examples: List[Example], cache, progress=False) -> dict:
     tp = fp = fn = tn = 0
     for ex in tqdm(examples, desc="eval frames", disable=not progress, leave=False):
-        Z = trainee.project(cache.get(ex.video))
+        Z = trainee.project(cache.get(ex.video, ex.frames))
         pred = trainee.routers.frame_logits(Z, trainee.embed(_q(trainee, ex))) > 0
         y = torch.tensor(ex.frame_labels, dtype=torch.bool, device=pred.device)
         tp += int((pred & y).sum()); fp += int((pred & ~y).sum())
@@ -103,7 +103,8 @@ def eval_answers(trainee, examples: List[Example], cache, progress=False,
     routed = [0, 0]
     samples = []
     for ex in tqdm(examples, desc="eval answers", disable=not progress, leave=False):
-        text, plan, fragment = generate(trainee, ex, cache.get(ex.video), max_length=max_length)
+        v = cache.get(ex.video, ex.frames)
+        text, plan, fragment = generate(trainee, ex, v, max_length=max_length)
         key = "fragment" if ex.policy else "global"
         answers[key].add(ex.answer.lower())
         ok = text.lower() == ex.answer.lower()

@@ -32,47 +32,65 @@ def fingerprint(module: torch.nn.Module) -> str:
 
 
 class FeatureCache:
-    """video path -> V [T, 256, 4C] (fp16 in RAM, fp16 safetensors on disk when ``cache_dir``)."""
+    """(video path, T) -> V [T, 256, 4C] (fp16 in RAM, fp16 safetensors on disk when
+    ``cache_dir``). ``num_frames`` is the default T; a line with its own frame count (the
+    synthetic task v2's ``"num_frames"``) asks for it with ``get(video, T)``."""
 
     def __init__(self, bb, num_frames: int, cache_dir: Optional[str] = None):
         self.bb = bb
         self.num_frames = num_frames
-        self.cache_dir = None
+        self.root = None
         if cache_dir:
-            self.cache_dir = os.path.join(cache_dir, f"{fingerprint(bb.vision_tower())}"
-                                                     f"_T{num_frames}")
-            os.makedirs(self.cache_dir, exist_ok=True)
-        self.mem: Dict[str, torch.Tensor] = {}
+            self.root = os.path.join(cache_dir, fingerprint(bb.vision_tower()))
+        self.mem: Dict[tuple, torch.Tensor] = {}
 
-    def _file(self, video: str) -> Optional[str]:
-        if not self.cache_dir:
+    @property
+    def cache_dir(self) -> Optional[str]:
+        """The on-disk folder of the default T (``{fingerprint}_T{num_frames}``)."""
+        return self._dir(self.num_frames)
+
+    def _dir(self, T: int) -> Optional[str]:
+        if not self.root:
+            return None
+        d = f"{self.root}_T{T}"
+        os.makedirs(d, exist_ok=True)
+        return d
+
+    def _file(self, video: str, T: int) -> Optional[str]:
+        d = self._dir(T)
+        if not d:
             return None
         st = os.stat(video)  # a regenerated file at the same path gets a new entry
         key = hashlib.sha1(f"{os.path.abspath(video)}|{st.st_size}|{st.st_mtime_ns}".encode()
                            ).hexdigest()[:16]
-        return os.path.join(self.cache_dir, key + ".safetensors")
+        return os.path.join(d, key + ".safetensors")
 
-    def get(self, video: str) -> torch.Tensor:
-        v = self.mem.get(video)
+    def get(self, video: str, num_frames: Optional[int] = None) -> torch.Tensor:
+        T = int(num_frames or self.num_frames)
+        v = self.mem.get((video, T))
         if v is not None:
             return v
         from safetensors.torch import load_file, save_file
-        f = self._file(video)
+        f = self._file(video, T)
         if f and os.path.isfile(f):
             v = load_file(f)["v"]
         else:
             from vr_runtime.video import load_video
             spec = self.bb.frame_spec
-            clip = load_video(video, num_frames=self.num_frames, size=spec.size[0], mean=spec.mean,
+            # non-square frames are squeezed to size x size (InternVL's resize, no crop)
+            clip = load_video(video, num_frames=T, size=spec.size[0], mean=spec.mean,
                               std=spec.std)
             v = vision_features(self.bb, clip.pixel_values).half().cpu()
             if f:
                 save_file({"v": v.contiguous()}, f + ".tmp")
                 os.replace(f + ".tmp", f)
-        self.mem[video] = v
+        self.mem[(video, T)] = v
         return v
 
-    def fill(self, videos: Iterable[str], progress: bool = True) -> None:
-        vids = sorted(set(videos))
-        for v in tqdm(vids, desc="vision features", disable=not progress, leave=False):
-            self.get(v)
+    def fill(self, videos: Iterable, progress: bool = True) -> None:
+        """Compute every video's features: ``videos`` holds paths (the default T) or
+        (path, T) pairs."""
+        items = sorted({(v, None) if isinstance(v, str) else (v[0], v[1]) for v in videos},
+                       key=lambda x: (x[0], x[1] or 0))
+        for v, T in tqdm(items, desc="vision features", disable=not progress, leave=False):
+            self.get(v, T)

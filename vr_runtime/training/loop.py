@@ -40,9 +40,9 @@ class StageDataset(Dataset):
             ids = tokenizer(ex.routed_question, add_special_tokens=False)["input_ids"]
             self.q_ids.append(torch.tensor(ids, dtype=torch.long))
         if stage != 2 and cache is not None:
-            cache.fill([ex.video for ex in examples])
+            cache.fill([(ex.video, ex.frames) for ex in examples])
             for ex in examples:  # the labels index the sampled frames: their counts must agree
-                T = cache.get(ex.video).shape[0]
+                T = cache.get(ex.video, ex.frames).shape[0]
                 if ex.frame_labels is not None and len(ex.frame_labels) != T:
                     from .data import DataFormatError
                     raise DataFormatError(
@@ -60,7 +60,7 @@ class StageDataset(Dataset):
         if ex.frame_labels is not None:
             d["labels"] = torch.tensor(ex.frame_labels, dtype=torch.float32)
         if self.stage != 2:
-            d["v"] = self.cache.get(ex.video)
+            d["v"] = self.cache.get(ex.video, ex.frames)   # the line's own T, if it has one
         return d
 
 
@@ -74,7 +74,9 @@ def to_device(batch, device):
 
 
 def _num_frames(cfg: TrainConfig, examples: List[Example]) -> int:
-    ns = {ex.num_frames for ex in examples if ex.num_frames}
+    """The default T of a file: the one label length of its lines without their own
+    ``num_frames`` (lines with it, e.g. the synthetic task v2, are sampled at their own T)."""
+    ns = {ex.num_frames for ex in examples if ex.num_frames and ex.frames is None}
     if len(ns) > 1:
         from .data import DataFormatError
         raise DataFormatError(f"frame_labels of different lengths {sorted(ns)} in one file; "

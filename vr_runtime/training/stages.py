@@ -174,10 +174,12 @@ class Trainee(nn.Module):
 
     # -- stage 3
     @torch.no_grad()
-    def plan(self, policy_logits, frame_logits, ex, max_length: Optional[int] = None):
+    def plan(self, policy_logits, frame_logits, ex, max_length: Optional[int] = None,
+             budget: Optional[int] = None):
         """The routing decision (no gradient), made as the runtime makes it: the Semantic
         Router's class, the Image Router's threshold, the policy's planner fitted exactly into
-        the context budget (``max_length``, default ``model_max_length``) with its own text."""
+        the context budget (``max_length``, default ``model_max_length``) with its own text, or
+        into a fixed visual ``budget`` (the runtime's ``answer(budget=...)``)."""
         c = self.cfg
         if c.plan_policy != "routers":  # a fixed planner, no routing (Data FT + Uniform Pooling)
             fragment, relevant, name = False, None, c.plan_policy
@@ -195,7 +197,8 @@ class Trainee(nn.Module):
         w = Windows(high=s1, low=s0, global_scale=c.global_scale)
         fitted = plan_fitted(get_planner(name), T, self.grid, relevant, w,
                              lambda kept: self.bb.text_tokens(ex["question"], T, kept=kept),
-                             max_length or c.model_max_length, c.gen_tokens, c.margin)
+                             max_length or c.model_max_length, c.gen_tokens, c.margin,
+                             budget=budget)
         return fitted.plan, fragment
 
     def training_plan(self, policy_logits, frame_logits, ex):
@@ -209,10 +212,14 @@ class Trainee(nn.Module):
             plan = self.random_plan(frame_logits.shape[0], ex)
             if plan is not None:
                 return plan, None
-        max_length = None
+        max_length = budget = None
         if c.train_max_length:
             lo, hi = c.train_max_length
             max_length = int(torch.randint(lo, hi + 1, ()).item())
+        if c.train_budget_fraction:   # a fraction of this example's dense visual tokens
+            lo, hi = c.train_budget_fraction
+            dense = frame_logits.shape[0] * self.grid[0] * self.grid[1]
+            budget = max(1, round((lo + (hi - lo) * torch.rand(()).item()) * dense))
         frame_logits = frame_logits.clone()
         ex = dict(ex)
         if c.false_positive_prob and torch.rand(()).item() < c.false_positive_prob:
@@ -227,7 +234,7 @@ class Trainee(nn.Module):
                     ex["labels"] = ex["labels"].clone()
                     ex["labels"][t] = 1.0
                 frame_logits[t] = 10.0  # relevant under any threshold
-        return self.plan(policy_logits, frame_logits, ex, max_length)
+        return self.plan(policy_logits, frame_logits, ex, max_length, budget)
 
     def random_plan(self, T: int, ex) -> Optional[List[int]]:
         """A plan that says nothing about the question: one window from ``random_plan_windows``

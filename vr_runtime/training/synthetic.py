@@ -13,6 +13,16 @@ and small distractors of other colors in 3-6 other frames; at least one color is
 
 Question wording comes from a template grammar with a held-out split (below). Everything is
 deterministic given the seed.
+
+That is task v1, the default. Task v2 (``generate(task="v2")``, issue 23) widens it to what real
+footage varies, one recorded value of each factor a video (``FACTORS``; ``sample_spec_v2``):
+aspect ratio (written at 448x336, 640x360, 360x640 and squeezed to the square model input by the
+loader), codec (H.264, VP9, AV1 at a high CRF) and sensor noise, moving and resizing objects,
+one to three targets, 8 to 64 sampled of 16 to 256 source frames (labels per *sampled* frame,
+from the runtime's own ``sample_indices``), and distractors that share a target's color (small,
+another shape, never labelled; the questions then say "large"/"big") or its shape (target-sized,
+another color). Its training split draws every factor at random; its held-out split varies one
+factor at a time around a base setting (``heldout_settings``).
 """
 from __future__ import annotations
 
@@ -119,18 +129,44 @@ class Shape:
     cx: int
     cy: int
     r: int            # half the side / the radius, in pixels
+    role: str = ""    # task v2: "target" or "distractor" (v1 shapes leave it empty)
 
 
 @dataclass
 class VideoSpec:
-    num_frames: int = 16
-    size: int = 448
+    num_frames: int = 16          # frames in the file (v2: the *source* frames)
+    size: int = 448               # the side of a square frame (v1); v2 sets width and height
     fps: float = 2.0
     background: str = "black"
     shapes: List[Shape] = field(default_factory=list)
     target_color: Optional[str] = None    # the first target (kept for one-target callers)
     target_shape: Optional[str] = None
     targets: List[List[str]] = field(default_factory=list)   # [[color, shape], ...], big shapes
+    # task v2 (the defaults are task v1's video: square, near-lossless H.264, clean, T = S)
+    width: int = 0                # 0: ``size``
+    height: int = 0               # 0: ``size``
+    codec: str = "h264"           # a key of CODECS
+    crf: int = 12
+    noise: float = 0.0            # Gaussian sensor noise, std in grey levels (0: none)
+    noise_seed: int = 0
+    sampled_frames: int = 0       # T the runtime samples (labels index these); 0: num_frames
+    factors: dict = field(default_factory=dict)   # v2: the factor values it was drawn with
+    size_word: str = ""           # v2 same-colour distractors: "large"/"big" in object questions
+
+    @property
+    def frame_size(self):
+        """(width, height) of the written frames."""
+        return (self.width or self.size, self.height or self.size)
+
+    @property
+    def frames_sampled(self) -> int:
+        return self.sampled_frames or self.num_frames
+
+    def sampled_indices(self) -> List[int]:
+        """The source frames the runtime decodes for ``frames_sampled`` frames: the runtime's
+        own sampling function (InternVL's segment middles), so labels index what it sees."""
+        from vr_runtime.video import sample_indices
+        return sample_indices(self.num_frames, self.frames_sampled, self.fps)
 
     def colors(self) -> List[str]:
         return sorted({s.color for s in self.shapes})
@@ -140,6 +176,16 @@ class VideoSpec:
 
     def frames_with(self, color: str) -> List[int]:
         return sorted({s.frame for s in self.shapes if s.color == color})
+
+    def target_labels(self, color: str) -> List[int]:
+        """0/1 per *sampled* frame: 1 where the target of ``color`` is on screen in the source
+        frame the runtime samples there. v1 (no roles): any shape of that color, every frame
+        sampled; v2: only shapes with role "target" (a same-color distractor is not evidence
+        for "the large red object")."""
+        roles = any(s.role for s in self.shapes)
+        on = {s.frame for s in self.shapes
+              if s.color == color and (not roles or s.role == "target")}
+        return [int(t in on) for t in self.sampled_indices()]
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -151,9 +197,11 @@ class VideoSpec:
         return cls(**d)
 
 
-def shape_mask(shape: str, cx: int, cy: int, r: int, size: int) -> np.ndarray:
-    """Boolean [size, size] mask of one shape (what ``render_frame`` paints)."""
-    yy, xx = np.mgrid[0:size, 0:size]
+def shape_mask(shape: str, cx: int, cy: int, r: int, size: int,
+               height: Optional[int] = None) -> np.ndarray:
+    """Boolean [height, size] mask of one shape (what ``render_frame`` paints); ``height``
+    defaults to ``size`` (a square frame)."""
+    yy, xx = np.mgrid[0:size if height is None else height, 0:size]
     if shape == "circle":
         return (xx - cx) ** 2 + (yy - cy) ** 2 <= r * r
     if shape == "square":
@@ -166,27 +214,62 @@ def shape_mask(shape: str, cx: int, cy: int, r: int, size: int) -> np.ndarray:
 
 
 def render_frame(spec: VideoSpec, t: int) -> np.ndarray:
-    """Frame t as uint8 [size, size, 3] RGB."""
-    img = np.empty((spec.size, spec.size, 3), np.uint8)
+    """Frame t as uint8 [height, width, 3] RGB (square [size, size, 3] for task v1), with the
+    spec's sensor noise (deterministic: seeded by ``noise_seed`` and t)."""
+    w, h = spec.frame_size
+    img = np.empty((h, w, 3), np.uint8)
     img[:] = BACKGROUNDS[spec.background]
     for s in spec.shapes:
         if s.frame == t:
-            img[shape_mask(s.shape, s.cx, s.cy, s.r, spec.size)] = COLORS[s.color]
+            # the mask within the shape's bounding box (the same pixels as shape_mask on the
+            # whole frame, without building a full-frame grid per shape)
+            x0, y0 = max(s.cx - s.r, 0), max(s.cy - s.r, 0)
+            x1, y1 = min(s.cx + s.r + 1, w), min(s.cy + s.r + 1, h)
+            if x1 > x0 and y1 > y0:
+                box = shape_mask(s.shape, s.cx - x0, s.cy - y0, s.r, x1 - x0, y1 - y0)
+                img[y0:y1, x0:x1][box] = COLORS[s.color]
+    if spec.noise > 0:
+        # float32 draws: a 640x360 frame's noise in a few ms (float64 normal() took 3x that)
+        noise = np.random.default_rng([spec.noise_seed, t]).standard_normal(img.shape,
+                                                                           dtype=np.float32)
+        noisy = img.astype(np.float32) + noise * np.float32(spec.noise)
+        img = np.clip(np.rint(noisy), 0, 255).astype(np.uint8)
     return img
 
 
+# codec name -> (PyAV encoder, options besides the CRF). Task v1 writes near-lossless H.264
+# (crf 12); task v2 writes each codec at a high CRF (CODEC_CRF), as footage arrives.
+CODECS = {"h264": ("libx264", {"preset": "veryfast"}),
+          "vp9": ("libvpx-vp9", {"b": "0", "deadline": "realtime", "cpu-used": "8"}),
+          "av1": ("libsvtav1", {"preset": "12"})}
+CODEC_CRF = {"h264": 30, "vp9": 48, "av1": 48}
+
+
 def make_video(path: str, spec: VideoSpec) -> str:
-    """Write ``spec`` as an H.264 mp4 with PyAV (flat frames compress to a few kB)."""
+    """Write ``spec`` as an mp4 with PyAV: H.264 (task v1: near-lossless, flat frames compress
+    to a few kB), VP9 or AV1 (``spec.codec``, at ``spec.crf``). Width and height must be even
+    (4:2:0 chroma)."""
     import av
 
+    if spec.codec not in CODECS:
+        raise ValueError(f"codec: expected one of {sorted(CODECS)}, got {spec.codec!r}")
+    w, h = spec.frame_size
+    if w % 2 or h % 2:
+        raise ValueError(f"frame size {w}x{h}: yuv420p needs even width and height")
+    encoder, options = CODECS[spec.codec]
+    if encoder not in av.codecs_available:
+        raise ValueError(f"codec {spec.codec}: this PyAV build has no {encoder} encoder; install "
+                         f"PyAV's binary wheels (they bundle libx264, libvpx and SVT-AV1)")
+    if spec.codec == "av1":
+        os.environ.setdefault("SVT_LOG", "1")   # SVT-AV1 prints its config banner otherwise
     os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
     rate = Fraction(spec.fps).limit_denominator(1000)
     with av.open(path, mode="w") as container:
-        stream = container.add_stream("libx264", rate=rate)
-        stream.width = stream.height = spec.size
+        stream = container.add_stream(encoder, rate=rate)
+        stream.width, stream.height = w, h
         stream.pix_fmt = "yuv420p"
-        # Near-lossless: colors must survive 4:2:0 encoding, and flat frames stay tiny anyway.
-        stream.options = {"crf": "12", "preset": "veryfast"}
+        # v1: near-lossless, colors must survive 4:2:0 encoding, and flat frames stay tiny.
+        stream.options = {"crf": str(spec.crf), **options}
         for t in range(spec.num_frames):
             frame = av.VideoFrame.from_ndarray(render_frame(spec, t), format="rgb24")
             for packet in stream.encode(frame):
@@ -241,11 +324,199 @@ def sample_spec(rng: random.Random, num_frames: int = 16, size: int = 448, fps: 
     return spec
 
 
+# --- task v2: the factors real footage varies (issue 23) ------------------------------------
+# Every v2 video is drawn from one value of each factor; the values are recorded on every JSONL
+# line ("factors"). The training split draws every factor at random; the held-out split
+# (``heldout_settings``) keeps all factors at BASE and varies one factor at a time.
+ASPECTS = {"1:1": (448, 448), "4:3": (448, 336), "16:9": (640, 360), "9:16": (360, 640)}
+NOISE_LEVELS = (0, 4, 10)                 # Gaussian std in grey levels
+SOURCE_FRAMES = (16, 32, 64, 128, 256)
+SAMPLED_FRAMES = (8, 16, 32, 64)
+FACTORS = {
+    "aspect": tuple(ASPECTS),
+    "codec": tuple(CODECS),
+    "noise": NOISE_LEVELS,
+    "motion": ("static", "moving"),
+    "n_targets": (1, 2, 3),
+    # "source/sampled" frames; training draws any T <= S of SOURCE_FRAMES x SAMPLED_FRAMES
+    "frames": ("16/16", "16/8", "64/32", "256/8", "256/64"),
+    "distractors": ("plain", "same_color", "same_shape"),
+}
+BASE = {"aspect": "1:1", "codec": "h264", "noise": 0, "motion": "static", "n_targets": 2,
+        "frames": "16/16", "distractors": "plain"}
+# per sampled-frame count T: sampled frames a target spans, and the number of distractors
+TARGET_SPAN = {8: (1, 2), 16: (2, 3), 32: (2, 4), 64: (3, 6)}
+DISTRACTORS = {8: (1, 2), 16: (3, 6), 32: (4, 8), 64: (6, 12)}
+TARGET_R = (0.22, 0.30)        # radius as a fraction of the frame's shorter side
+DISTRACTOR_R = (0.08, 0.125)
+SIZE_WORDS = ("large", "big")
+
+
+def frames_value(source: int, sampled: int) -> str:
+    return f"{source}/{sampled}"
+
+
+def parse_frames(value: str):
+    """"S/T" -> (source frames S, sampled frames T)."""
+    s, t = (int(x) for x in str(value).split("/"))
+    return s, t
+
+
+def random_factors(rng: random.Random) -> dict:
+    """A training video's factors: every factor at random (frames: any T <= S)."""
+    f = {k: rng.choice(v) for k, v in FACTORS.items() if k != "frames"}
+    pairs = [(s, t) for s in SOURCE_FRAMES for t in SAMPLED_FRAMES if t <= s]
+    f["frames"] = frames_value(*rng.choice(pairs))
+    return f
+
+
+def heldout_settings() -> List[tuple]:
+    """The held-out layout: [(varies, factors)], first the base setting ("base", BASE), then
+    for each factor each of its non-base values with every other factor at BASE."""
+    out = [("base", dict(BASE))]
+    for name, values in FACTORS.items():
+        for v in values:
+            if v != BASE[name]:
+                out.append((name, dict(BASE, **{name: v})))
+    return out
+
+
+def _runs(rng: random.Random, lengths: List[int], T: int) -> List[tuple]:
+    """Place runs of consecutive sampled frames (``lengths``, in random order) disjointly in
+    [0, T) with random gaps; returns [(first, last)] in the order of ``lengths``."""
+    free = T - sum(lengths)
+    if free < 0:
+        raise ValueError(f"runs of {sum(lengths)} frames do not fit in {T}")
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    cuts = sorted(rng.randint(0, free) for _ in order)   # gap sizes by stars and bars
+    gaps = [b - a for a, b in zip([0] + cuts, cuts)]
+    out, pos = [None] * len(lengths), 0
+    for i, g in zip(order, gaps):
+        pos += g
+        out[i] = (pos, pos + lengths[i] - 1)
+        pos += lengths[i]
+    return out
+
+
+def _segments(rng: random.Random, idx: List[int], S: int) -> List[tuple]:
+    """The source frames that belong to each sampled frame: a random cut between consecutive
+    sampled indices, so sampled frame i owns [start_i, end_i] and owns idx[i]. An object on
+    screen over whole segments is in exactly the sampled frames it was placed in, and also in
+    unsampled frames around them (as a real object is)."""
+    cuts = [rng.randint(a + 1, b) for a, b in zip(idx, idx[1:])]
+    starts = [0] + cuts
+    ends = [c - 1 for c in cuts] + [S - 1]
+    return list(zip(starts, ends))
+
+
+def sample_spec_v2(rng: random.Random, factors: Optional[dict] = None,
+                   fps: float = 2.0) -> VideoSpec:
+    """A task-v2 video with the given factor values (default: ``random_factors``).
+
+    Layout in *sampled* frames: each target spans TARGET_SPAN[T] consecutive sampled frames,
+    each distractor one, all disjoint (one object on screen at a time, as in v1); each object
+    is on screen over the whole source segments of its sampled frames (``_segments``), so the
+    labels, computed with the runtime's sampling, mark exactly those frames.
+
+    - motion "moving": every object goes from one centre and radius to another across its
+      source frames (linear, at least a fifth of the shorter side apart, radius changed by
+      >= 15%); "static": one centre and radius.
+    - distractors "plain": small, of 1-3 colors no target uses (v1); "same_color": small, each
+      with a target's color and another shape (questions then say "large"/"big", and labels
+      mark only the target's frames); "same_shape": target-sized, a target's shape, a color no
+      target uses. At least one color stays absent from the video."""
+    f = dict(factors or random_factors(rng))
+    unknown = set(f) ^ set(FACTORS)
+    if unknown:
+        raise ValueError(f"factors: expected exactly {sorted(FACTORS)}, got {sorted(f)}")
+    for k, v in f.items():
+        if k == "frames":
+            S, T = parse_frames(v)
+            if T not in TARGET_SPAN or T > S or S < 2:
+                raise ValueError(f"frames {v!r}: expected S/T with T in {sorted(TARGET_SPAN)}, "
+                                 f"T <= S")
+        elif v not in FACTORS[k]:
+            raise ValueError(f"factor {k}: expected one of {FACTORS[k]}, got {v!r}")
+    w, h = ASPECTS[f["aspect"]]
+    side = min(w, h)
+    spec = VideoSpec(num_frames=S, size=max(w, h), fps=fps, width=w, height=h,
+                     background=rng.choice(sorted(BACKGROUNDS)), codec=f["codec"],
+                     crf=CODEC_CRF[f["codec"]], noise=float(f["noise"]),
+                     noise_seed=rng.randrange(2 ** 31), sampled_frames=T, factors=f)
+    n = f["n_targets"]
+    colors = sorted(COLORS)
+    tcolors = rng.sample(colors, n)
+    spec.targets = [[c, rng.choice(SHAPES)] for c in tcolors]
+    spec.target_color, spec.target_shape = spec.targets[0]
+    others = [c for c in colors if c not in tcolors]
+    kind = f["distractors"]
+    if kind == "same_color":
+        spec.size_word = rng.choice(SIZE_WORDS)
+    spans = [rng.randint(*TARGET_SPAN[T]) for _ in range(n)]
+    m = min(rng.randint(*DISTRACTORS[T]), T - sum(spans))
+    palette = rng.sample(others, min(rng.randint(1, 3), len(others) - 1))
+    objects = [(shape, color, TARGET_R, "target") for color, shape in spec.targets]
+    for _ in range(m):
+        tc, ts = rng.choice(spec.targets)
+        if kind == "same_color":
+            objects.append((rng.choice([x for x in SHAPES if x != ts]), tc, DISTRACTOR_R,
+                            "distractor"))
+        elif kind == "same_shape":
+            objects.append((ts, rng.choice(palette), TARGET_R, "distractor"))
+        else:
+            objects.append((rng.choice(SHAPES), rng.choice(palette), DISTRACTOR_R, "distractor"))
+    runs = _runs(rng, spans + [1] * m, T)
+    seg = _segments(rng, spec.sampled_indices(), S)
+    for (shape, color, rr, role), (a, b) in zip(objects, runs):
+        first, last = seg[a][0], seg[b][1]
+        (x0, y0, r0), (x1, y1, r1) = _track(rng, rr, w, h, side, f["motion"] == "moving")
+        for t in range(first, last + 1):
+            u = (t - first) / max(last - first, 1)
+            spec.shapes.append(Shape(t, shape, color, round(x0 + u * (x1 - x0)),
+                                     round(y0 + u * (y1 - y0)), round(r0 + u * (r1 - r0)),
+                                     role))
+    spec.shapes.sort(key=lambda s: s.frame)
+    return spec
+
+
+def _track(rng: random.Random, rr, w: int, h: int, side: int, moving: bool):
+    """Start and end (cx, cy, r) of one object, inside the frame at both ends."""
+    lo, hi = math.ceil(rr[0] * side), int(rr[1] * side)
+
+    def point(r):
+        return rng.randint(r + 4, w - r - 5), rng.randint(r + 4, h - r - 5), r
+
+    r0 = rng.randint(lo, hi)
+    start = point(r0)
+    if not moving:
+        return start, start
+    for _ in range(100):
+        r1 = rng.randint(lo, hi)
+        end = point(r1)
+        if abs(r1 - r0) >= 0.15 * r0 and math.dist(start[:2], end[:2]) >= side / 5:
+            return start, end
+    # rare: keep the last draw but force the size change
+    r1 = lo if r0 - lo > hi - r0 else hi
+    return start, point(r1)
+
+
 def phrasings(split: str):
     """(Fragment templates, Global templates) of a phrasing split: 'train' or 'heldout'."""
     if split not in FRAGMENT_PHRASINGS:
         raise ValueError(f"phrasing split: expected 'train' or 'heldout', got {split!r}")
     return FRAGMENT_PHRASINGS[split], GLOBAL_PHRASINGS[split]
+
+
+def _object_question(template: str, color: str, size_word: str = "") -> str:
+    """A Fragment template filled with a color; with ``size_word`` (v2 videos whose small
+    distractors share a target's color) the question names the big object: "What shape is the
+    large red object?"."""
+    if not size_word:
+        return template.format(color=color)
+    if template == "Which shape has the color {color}?":   # the one template without a noun
+        return f"Which {size_word} shape has the color {color}?"
+    return template.format(color=f"{size_word} {color}")
 
 
 def questions(spec: VideoSpec, rng: random.Random, phrasing: str = "train") -> List[dict]:
@@ -261,7 +532,7 @@ def questions(spec: VideoSpec, rng: random.Random, phrasing: str = "train") -> L
     ones, 'mixed' picks one of the two per question (recorded in each question's ``phrasing``)."""
     if phrasing not in ("train", "heldout", "mixed"):
         raise ValueError(f"phrasing: expected 'train', 'heldout' or 'mixed', got {phrasing!r}")
-    T = spec.num_frames
+    T = spec.frames_sampled
     out = []
 
     def words():
@@ -269,16 +540,16 @@ def questions(spec: VideoSpec, rng: random.Random, phrasing: str = "train") -> L
         return split, phrasings(split)
 
     for color, shape in (spec.targets or [[spec.target_color, spec.target_shape]]):
-        rel = set(spec.frames_with(color))
         split, (frag, _) = words()
-        out.append({"question": rng.choice(frag).format(color=color), "answer": shape,
-                    "frame_labels": [int(t in rel) for t in range(T)], "policy": 1,
+        out.append({"question": _object_question(rng.choice(frag), color, spec.size_word),
+                    "answer": shape, "frame_labels": spec.target_labels(color), "policy": 1,
                     "category": "object_shape", "phrasing": split, "color": color})
     absent = spec.absent_colors()
     if absent:
         color = rng.choice(absent)
         split, (frag, _) = words()
-        out.append({"question": rng.choice(frag).format(color=color), "answer": ABSENT_ANSWER,
+        out.append({"question": _object_question(rng.choice(frag), color, spec.size_word),
+                    "answer": ABSENT_ANSWER,
                     "frame_labels": [0] * T, "policy": 1, "category": "absent_color",
                     "phrasing": split, "color": color})
     split, (_, glob) = words()
@@ -320,40 +591,88 @@ DEMO_QUESTIONS = {"fragment": "What shape is the red object?",
 DEMO_ANSWERS = {"fragment": "circle", "fragment_2": "square", "global": "black"}
 
 
+TASKS = ("v1", "v2")
+
+
+def _write_videos(todo) -> None:
+    """Render and encode [(path, spec)] on up to two threads (numpy and the encoders release
+    the GIL); the specs were all drawn first, so the files do not depend on the order. A
+    file is written under a temporary name and renamed, so a killed run leaves no torn video
+    that a rerun would keep."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(item):
+        path, spec = item
+        root, ext = os.path.splitext(path)
+        tmp = f"{root}.tmp{ext}"
+        make_video(tmp, spec)
+        os.replace(tmp, path)
+
+    if len(todo) < 2:
+        for item in todo:
+            one(item)
+        return
+    with ThreadPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
+        list(pool.map(one, todo))
+
+
 def generate(out_dir: str, num_videos: int, seed: int = 0, num_frames: int = 16,
              size: int = 448, fps: float = 2.0, split: str = "train",
-             phrasing: Optional[str] = None) -> Dict[str, str]:
+             phrasing: Optional[str] = None, task: str = "v1") -> Dict[str, str]:
     """Write ``num_videos`` videos and the three JSONL files; returns their paths.
 
     Files: ``{split}_relevance.jsonl`` (Fragment questions, absent colors included; Stage 1),
     ``{split}_policy.jsonl`` (all questions; Stage 2) and ``{split}_conversations.jsonl``
     (all questions, InternVL conversation format with labels; Stage 3). Every line carries its
     ``category`` and ``phrasing`` ('train' or 'heldout' wording). ``phrasing`` defaults to
-    'train' for the train split and 'mixed' (half held-out wordings) for any other split."""
+    'train' for the train split and 'mixed' (half held-out wordings) for any other split.
+
+    ``task``: 'v1' (the default: square 448x448, near-lossless H.264, ``num_frames`` frames all
+    sampled, static targets) or 'v2' (issue 23's factors, ``sample_spec_v2``; ``num_frames`` and
+    ``size`` do not apply). v2 videos are named ``{split}_v2_NNNNN.mp4`` (never a v1 file), and
+    every v2 line also carries ``task``, its ``num_frames`` T (the frames to sample; labels index
+    them), ``source_frames`` S and the video's ``factors``. The v2 train split draws every factor
+    at random; any other v2 split is the one-factor-at-a-time layout (``heldout_settings``,
+    video i takes setting i mod its length) and its lines say which factor they vary
+    (``varies``: a factor name, or "base")."""
     if num_videos < 1:
         raise ValueError(f"num_videos: expected >= 1, got {num_videos}")
+    if task not in TASKS:
+        raise ValueError(f"task: expected one of {TASKS}, got {task!r}")
     if phrasing is None:
         phrasing = "train" if split == "train" else "mixed"
-    rng = random.Random(f"{seed}-{split}")
-    rel, pol, conv = [], [], []
+    v2 = task == "v2"
+    rng = random.Random(f"{seed}-{split}" + ("-v2" if v2 else ""))
+    settings = heldout_settings() if v2 and split != "train" else None
+    rel, pol, conv, todo = [], [], [], []
     vdir = os.path.join(out_dir, split)
     for i in range(num_videos):
-        spec = sample_spec(rng, num_frames=num_frames, size=size, fps=fps)
-        name = f"{split}/{split}_{i:05d}.mp4"
+        extra = {}
+        if v2:
+            varies, factors = settings[i % len(settings)] if settings else (None, None)
+            spec = sample_spec_v2(rng, factors, fps=fps)
+            extra = {"task": "v2", "num_frames": spec.frames_sampled,
+                     "source_frames": spec.num_frames, "factors": spec.factors}
+            if varies:
+                extra["varies"] = varies
+            name = f"{split}/{split}_v2_{i:05d}.mp4"
+        else:
+            spec = sample_spec(rng, num_frames=num_frames, size=size, fps=fps)
+            name = f"{split}/{split}_{i:05d}.mp4"
         path = os.path.join(out_dir, name)
         if not os.path.isfile(path):  # same seed -> same spec: keep the file (and its mtime,
-            make_video(path, spec)    # which keys the feature cache) when growing a split
+            todo.append((path, spec))  # which keys the feature cache) when growing a split
         for j, q in enumerate(questions(spec, rng, phrasing)):
-            ex_id = f"{split}_{i:05d}_{j}"
+            ex_id = f"{split}_{'v2_' if v2 else ''}{i:05d}_{j}"
             base = {"id": ex_id, "video": name, "question": q["question"], "answer": q["answer"],
-                    "category": q["category"], "phrasing": q["phrasing"]}
+                    "category": q["category"], "phrasing": q["phrasing"], **extra}
             if q["policy"] == 1:
                 rel.append({**base, "frame_labels": q["frame_labels"]})
             pol.append({**base, "policy": "fragment" if q["policy"] else "global"})
             line = {"id": ex_id, "video": name, "conversations": [
                 {"from": "human", "value": "<video>\n" + q["question"]},
                 {"from": "gpt", "value": q["answer"]}], "policy": q["policy"],
-                "category": q["category"], "phrasing": q["phrasing"]}
+                "category": q["category"], "phrasing": q["phrasing"], **extra}
             if q["policy"] == 1:
                 # Only Fragment questions carry frame labels (L_img): the Image Router is only
                 # consulted under the Fragment policy, and an all-zero target for Global
@@ -361,6 +680,7 @@ def generate(out_dir: str, num_videos: int, seed: int = 0, num_frames: int = 16,
                 # questions are Fragment with all-zero labels: nothing is relevant.)
                 line["frame_labels"] = q["frame_labels"]
             conv.append(line)
+    _write_videos(todo)
     os.makedirs(vdir, exist_ok=True)
     paths = {k: os.path.join(out_dir, f"{split}_{k}.jsonl")
              for k in ("relevance", "policy", "conversations")}

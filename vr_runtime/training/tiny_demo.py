@@ -16,12 +16,21 @@ import time
 from .config import load_config
 from .synthetic import generate
 
+# Task v2 trains Stage 3b's tight budgets as a fraction of each video's dense tokens (8 to 64
+# frames) instead of tiny_stage3b's absolute train_max_length [1000, 2200], which is this same
+# range of compression at 16 frames (a visual budget of ~750-1950 of 4,096 tokens).
+V2_TRAIN_BUDGET_FRACTION = [0.18, 0.48]
+
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "tiny")
 
 
-def _num_videos(path: str) -> int:
+def _num_videos(path: str, task: str = "v1") -> int:
+    """Videos in a split's JSONL, or 0 when the file is another task's (it is rewritten)."""
     with open(path) as f:
-        return len({json.loads(line)["video"] for line in f if line.strip()})
+        lines = [json.loads(line) for line in f if line.strip()]
+    if any(x.get("task", "v1") != task for x in lines):
+        return 0
+    return len({x["video"] for x in lines})
 
 
 def _stage0(work: str, summary: dict) -> str:
@@ -43,15 +52,20 @@ def _stage0(work: str, summary: dict) -> str:
 
 
 def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
-             n_heldout: int = 40, results: str = "bench/results", seed: int = 0) -> dict:
+             n_heldout: int = 40, results: str = "bench/results", seed: int = 0,
+             task: str = "v1") -> dict:
+    """``task``: the synthetic task (``synthetic.generate``'s 'v1', the default, or 'v2': issue
+    23's factors; its lines carry their own frame counts, which every stage samples)."""
     data = os.path.join(work, "data")
     for split, n in (("train", n_train), ("heldout", n_heldout)):
-        # (re)write a split whose size differs; existing videos are kept (same seed, same specs)
+        # (re)write a split whose size or task differs; existing videos are kept (same seed,
+        # same specs)
         f = os.path.join(data, f"{split}_policy.jsonl")
-        if not os.path.isfile(f) or _num_videos(f) != n:
-            generate(data, n, seed=seed, split=split)
+        if not os.path.isfile(f) or _num_videos(f, task) != n:
+            generate(data, n, seed=seed, split=split, task=task)
     from .loop import build, train
-    summary = {"work": work, "train_videos": n_train, "heldout_videos": n_heldout, "stages": {}}
+    summary = {"work": work, "task": task, "train_videos": n_train, "heldout_videos": n_heldout,
+               "stages": {}}
     base = _stage0(work, summary)   # every stage starts from Stage 0's model, never the shipped one
     prev = None
     names = {1: "relevance", 2: "policy", 3: "conversations", "3b": "conversations"}
@@ -62,6 +76,8 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
         cfg.output_dir = os.path.join(work, f"stage{stage}")
         cfg.routers = prev
         cfg.model = base
+        if task == "v2" and cfg.train_max_length:
+            cfg.train_max_length, cfg.train_budget_fraction = [], list(V2_TRAIN_BUDGET_FRACTION)
         if stage == "3b":  # Stage 3 continued from Stage 3's model, inference-matched plans
             cfg.model = os.path.join(work, "stage3", "hf")
         done = os.path.join(cfg.output_dir, "metrics.json")
@@ -82,6 +98,8 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
             "metrics": res["metrics"], "global_step": res["global_step"],
             "wall_s": round(time.time() - t0, 1), "trainable": cfg.trainable_groups,
             "config": f"vr_runtime/training/configs/tiny_stage{stage}.json"}
+        if cfg.train_budget_fraction:
+            summary["stages"][f"stage{stage}"]["train_budget_fraction"] = cfg.train_budget_fraction
         print(json.dumps({f"stage{stage}": res["metrics"]}, indent=2))
     # the shipped routers (after Stage 3b) on the Stage 1/2 held-out sets
     from .data import read_jsonl

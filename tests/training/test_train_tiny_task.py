@@ -1,0 +1,83 @@
+"""scripts/train_tiny.sh --task: v1 stays the default; v2 trains on the wider task (issue 23) in
+its own work folder and, with --install, measures routing per factor into its own results file.
+A fake ``python`` on PATH records the calls (nothing is trained)."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def run_script(tmp_path, *args):
+    bindir = tmp_path / "bin"
+    bindir.mkdir(parents=True)
+    log = tmp_path / "calls.jsonl"
+    py = bindir / "python"
+    py.write_text("#!/bin/sh\n"
+                  f"{json.dumps(sys.executable)} -c "
+                  "'import json, sys; print(json.dumps(sys.argv[1:]))' \"$@\" >> "
+                  f"{json.dumps(str(log))}\n")
+    py.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    p = subprocess.run(["bash", str(ROOT / "scripts" / "train_tiny.sh"), *args], env=env,
+                       capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+    calls = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+    return p, calls
+
+
+def arg(call, name):
+    return call[call.index(name) + 1]
+
+
+def test_default_is_task_v1_with_todays_sizes(tmp_path):
+    p, calls = run_script(tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "--task" not in calls[0]
+    assert (arg(calls[0], "--train"), arg(calls[0], "--heldout")) == ("480", "60")
+    assert arg(calls[0], "--work") == "runs/tiny"
+
+
+def test_task_v2_trains_in_its_own_folder_and_installs_per_factor_results(tmp_path):
+    for form in (["--task", "v2"], ["--task=v2"]):
+        p, calls = run_script(tmp_path / form[0].replace("=", "_"), *form)
+        assert p.returncode == 0, p.stderr
+        assert arg(calls[0], "--task") == "v2" and arg(calls[0], "--work") == "runs/tiny_v2"
+        assert (arg(calls[0], "--train"), arg(calls[0], "--heldout")) == ("960", "85")
+        assert "--ship" not in calls[0] and len(calls) == 1
+    p, calls = run_script(tmp_path / "install", "--install", "--task", "v2", "w")
+    assert p.returncode == 0, p.stderr
+    assert "--ship" in calls[0] and arg(calls[0], "--work") == "w"
+    assert arg(calls[1], "--out") == "bench/results/routing_heldout_v2.json"
+    assert arg(calls[1], "--data") == "w/data/heldout_conversations.jsonl"
+
+
+def test_bad_task_is_one_line_and_exit_2(tmp_path):
+    for i, args in enumerate((["--task", "v3"], ["--task"], ["--task=x"])):
+        p, calls = run_script(tmp_path / str(i), *args)
+        assert p.returncode == 2 and calls == []
+        assert len(p.stderr.strip().splitlines()) == 1 and "--task" in p.stderr
+
+
+def test_tiny_demo_rewrites_a_split_of_the_other_task(tmp_path):
+    from vr_runtime.training.config import load_config
+    from vr_runtime.training.tiny_demo import V2_TRAIN_BUDGET_FRACTION, _num_videos
+    f = tmp_path / "heldout_policy.jsonl"
+    f.write_text("".join(json.dumps({"video": f"v{i % 3}.mp4", "question": "q"}) + "\n"
+                         for i in range(6)))
+    assert _num_videos(str(f)) == 3 and _num_videos(str(f), "v2") == 0   # v1 lines: rewritten
+    f.write_text("".join(json.dumps({"video": f"v{i % 2}.mp4", "task": "v2"}) + "\n"
+                         for i in range(4)))
+    assert _num_videos(str(f), "v2") == 2 and _num_videos(str(f), "v1") == 0
+    # Stage 3b's v2 budgets are a valid config
+    cfg = load_config("tiny_stage3b", train_max_length=[],
+                      train_budget_fraction=V2_TRAIN_BUDGET_FRACTION)
+    assert cfg.train_budget_fraction == [0.18, 0.48]
+
+
+def test_cli_refuses_a_tiny_run_without_videos(capsys):
+    from vr_runtime.training.__main__ import main
+    assert main(["tiny", "--task", "v2", "--train", "0", "--work", "/nonexistent/w"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--train" in err[0]
