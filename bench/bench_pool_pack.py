@@ -38,7 +38,8 @@ from typing import Dict, List, Optional
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Timing, _quantile, environment, environment_line, finish, gbps, has_cuda, markdown_table, time_fn, write_results  # noqa: E402
+from common import (Timing, _quantile, environment, environment_line, finish, gbps, has_cuda,  # noqa: E402
+                    markdown_table, rotation_count, spread, time_fn, time_kernel, write_results)
 
 from vr_kernels import pool_pack, pool_pack_reference, pooled_counts  # noqa: E402
 from vr_kernels.reference import pool_frame  # noqa: E402
@@ -53,7 +54,10 @@ MIXES = {
     "one_kept": None,  # all dropped but one (built in scales_for)
     "all8x8": [8],
 }
-TARGETS = {"copy_fraction": 0.90, "vs_llava": 20.0, "vs_compiled_fixed": 1.3, "vs_compiled_changing": 3.0}
+METHODS = ("kernel", "copy", "llava", "grouped", "compiled")
+# Issue 21's goals: forward >= 90% and backward >= 85% of a same-bytes copy, <= 10% spread over
+# 3 processes.
+TARGETS = {"copy_fraction": 0.90, "copy_fraction_bwd": 0.85, "process_spread": 0.10, "vs_llava": 20.0, "vs_compiled_fixed": 1.3, "vs_compiled_changing": 3.0}
 
 
 def scales_for(mix: str, T: int, shift: int = 0) -> List:
@@ -100,6 +104,16 @@ class Case:
         self.mask = m.to(self.device)
         self.embeds = torch.randn(1, self.L, self.D).to(device=self.device, dtype=self.dtype)
 
+    def rotation(self, n: int):
+        """``n`` input sets ``(frames, embeds [1, L, D])``: set 0 is this case's; the others are
+        fresh draws of the same shape, so consecutive timed calls read different memory."""
+        g = torch.Generator(device=self.device).manual_seed(1234)
+        sets = [(self.frames, self.embeds)]
+        for _ in range(n - 1):
+            sets.append((torch.randn(self.frames.shape, generator=g, device=self.device, dtype=self.dtype),
+                         torch.randn(self.embeds.shape, generator=g, device=self.device, dtype=self.dtype)))
+        return sets
+
     @property
     def kept(self) -> int:
         return sum(1 for c in self.counts if c)
@@ -136,9 +150,14 @@ def _reference_packed(frames, scales):
 
 def _copy_fn(nbytes: int, device):
     n = max(1, nbytes // 2)
-    src = torch.empty(n, dtype=torch.uint8, device=device)
+    # Random bytes, never zeros or uninitialised memory (zeros can run faster than data).
+    src = torch.randint(0, 256, (n,), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     return lambda: dst.copy_(src)
+
+
+def _copy_fns(nbytes: int, device, n_sets: int):
+    return [_copy_fn(nbytes, device) for _ in range(n_sets)]
 
 
 def _record(rows, case, direction, method, timing, nbytes, copy_gbps=None, **extra):
@@ -146,6 +165,9 @@ def _record(rows, case, direction, method, timing, nbytes, copy_gbps=None, **ext
     row = dict(T=case.T, D=case.D, mix=case.mix, dir=direction, method=method,
                median_ms=timing.median * 1e3, q20_ms=timing.q20 * 1e3, q80_ms=timing.q80 * 1e3,
                gbps=bw, bytes=nbytes, first_call_s=timing.first_call)
+    for k in ("timed_by", "host_ms", "events_ms", "graph_ms", "graph_note", "rotation", "warm"):
+        if k in timing.extra:
+            row[k] = timing.extra[k]
     if copy_gbps:
         row["copy_frac"] = bw / copy_gbps
     row.update(extra)
@@ -153,29 +175,52 @@ def _record(rows, case, direction, method, timing, nbytes, copy_gbps=None, **ext
     return row
 
 
-def bench_case(case: Case, *, kernel: bool, compile_: bool, rep: int, warmup: int) -> List[Dict]:
+def bench_case(case: Case, *, kernel: bool, compile_: bool, rep: int, warmup: int,
+               warm_s: float = 0.2, methods=METHODS) -> List[Dict]:
+    """Every method of ``methods`` on ``case``, forward and backward.
+
+    Kernel, copy and the PyTorch paths are timed by ``common.time_kernel``: clocks warmed for
+    ``warm_s``, inputs rotated over ``rotation_count`` sets (each call reads memory the cache no
+    longer holds), CUDA-graph replays for the device time, host time apart. The backward of the
+    kernel is its launcher (``pool_pack_bwd``, what autograd's backward calls) into a
+    preallocated gradient, so it can be captured; the PyTorch paths' backward goes through
+    autograd (rebuilt before every call, so eager). ``compiled`` keeps ``time_fn``."""
+    from vr_kernels.checks import KERNEL_DTYPES, check_args
+    from vr_kernels.pool_pack import TOKENS_PER_TILE, pool_pack_bwd
+    from vr_kernels.tiles import build_dest, build_tiles
     rows: List[Dict] = []
     dev = case.device
-    f, sc, dest = case.frames, case.scales, case.dest
-    emb2d = case.embeds.view(-1, case.D)
+    sc, dest = case.scales, case.dest
+    tk = dict(device=dev, rep=rep, warm_s=warm_s)
+    n_fwd_sets = rotation_count(case.fwd_bytes() + case.embeds.numel() * case.embeds.element_size(), dev)
+    n_bwd_sets = rotation_count(case.bwd_bytes(), dev)
+    sets = case.rotation(max(n_fwd_sets, n_bwd_sets))
 
-    # (d) copy of the same bytes, forward and backward byte counts.
-    t_cf = time_fn(_copy_fn(case.fwd_bytes(), dev), device=dev, rep=rep, warmup=warmup)
-    cf = _record(rows, case, "fwd", "copy", t_cf, case.fwd_bytes())
-    t_cb = time_fn(_copy_fn(case.bwd_bytes(), dev), device=dev, rep=rep, warmup=warmup)
-    cb = _record(rows, case, "bwd", "copy", t_cb, case.bwd_bytes())
-    copy_f, copy_b = cf["gbps"], cb["gbps"]
+    # (d) copy of the same bytes, forward and backward byte counts, rotated like the rest.
+    copy_f = copy_b = None
+    if "copy" in methods:
+        t_cf = time_kernel(_copy_fns(case.fwd_bytes(), dev, n_fwd_sets), **tk)
+        copy_f = _record(rows, case, "fwd", "copy", t_cf, case.fwd_bytes())["gbps"]
+        t_cb = time_kernel(_copy_fns(case.bwd_bytes(), dev, n_bwd_sets), **tk)
+        copy_b = _record(rows, case, "bwd", "copy", t_cb, case.bwd_bytes())["gbps"]
 
     # ---- forward
+    fwd_sets = [(f, e.view(-1, case.D)) for f, e in sets[:n_fwd_sets]]
     fwd = {}
-    if kernel:
-        fwd["kernel"] = time_fn(lambda: pool_pack(f, sc, GRID, out=emb2d, dest=dest, backend="triton"),
-                                device=dev, rep=rep, warmup=warmup)
-    fwd["llava"] = time_fn(lambda: llava_forward(f, sc, case.embeds, case.mask), device=dev, rep=rep, warmup=warmup)
-    fwd["grouped"] = time_fn(lambda: pool_pack(f, sc, GRID, out=emb2d, dest=dest, backend="torch"),
-                             device=dev, rep=rep, warmup=warmup)
+    if kernel and "kernel" in methods:
+        fwd["kernel"] = time_kernel([lambda f=f, e=e: pool_pack(f, sc, GRID, out=e, dest=dest, backend="triton")
+                                     for f, e in fwd_sets], **tk)
+    if "llava" in methods:
+        # Baselines: eager (events), no graph capture: masked_scatter and the PyTorch path are
+        # not written to be capturable, and a failed capture is not worth the risk mid-run.
+        fwd["llava"] = time_kernel([lambda f=f, e=e: llava_forward(f, sc, e.view(1, -1, case.D), case.mask)
+                                    for f, e in fwd_sets], graph=False, **tk)
+    if "grouped" in methods:
+        fwd["grouped"] = time_kernel([lambda f=f, e=e: pool_pack(f, sc, GRID, out=e, dest=dest, backend="torch")
+                                      for f, e in fwd_sets], graph=False, **tk)
     extra_c = {}
-    if compile_:
+    f, emb2d = case.frames, case.embeds.view(-1, case.D)
+    if compile_ and "compiled" in methods:
         torch._dynamo.reset()
         comp = torch.compile(_reference_into, dynamic=False)
         fwd["compiled"] = time_fn(lambda: comp(f, sc, emb2d, dest), device=dev, rep=rep, warmup=warmup)
@@ -185,25 +230,34 @@ def bench_case(case: Case, *, kernel: bool, compile_: bool, rep: int, warmup: in
         _record(rows, case, "fwd", m, t, case.fwd_bytes(), copy_f, **extra_c.get(m, {}))
 
     # ---- backward (gradient w.r.t. frames of the packed rows)
-    fr = f.detach().clone().requires_grad_(True)
-    g = torch.randn(case.total, case.D, device=dev, dtype=case.dtype)
+    bwd_sets = [(fs, torch.randn(case.total, case.D, device=dev, dtype=case.dtype)) for fs, _ in sets[:n_bwd_sets]]
+    if kernel and "kernel" in methods:
+        plan = check_args(f, sc, GRID, None, None, dtypes=KERNEL_DTYPES)
+        tiles, n_fwd = build_tiles(plan, TOKENS_PER_TILE, dev)
+        dest_t = build_dest(plan, dev)
+        dxs = [torch.empty_like(fs) for fs, _ in bwd_sets]
+        t = time_kernel([lambda g=g, dx=dx: pool_pack_bwd(g, plan, tiles, n_fwd, dest_t, dx)
+                         for (_, g), dx in zip(bwd_sets, dxs)], **tk)
+        _record(rows, case, "bwd", "kernel", t, case.bwd_bytes(), copy_b)
     bwd_fns = {}
-    if kernel:
-        bwd_fns["kernel"] = lambda: pool_pack(fr, sc, GRID, backend="triton")
-    bwd_fns["llava"] = lambda: llava_packed(fr, sc)
-    bwd_fns["grouped"] = lambda: pool_pack(fr, sc, GRID, backend="torch")
-    if compile_:
+    if "llava" in methods:
+        bwd_fns["llava"] = lambda a: llava_packed(a, sc)
+    if "grouped" in methods:
+        bwd_fns["grouped"] = lambda a: pool_pack(a, sc, GRID, backend="torch")
+    if compile_ and "compiled" in methods:
         torch._dynamo.reset()
         compb = torch.compile(_reference_packed, dynamic=False)
-        bwd_fns["compiled"] = lambda: compb(fr, sc)
+        bwd_fns["compiled"] = lambda a: compb(a, sc)
+    leaves = [fs.detach().clone().requires_grad_(True) for fs, _ in bwd_sets] if bwd_fns else []
     for m, fn in bwd_fns.items():
         state = {}
 
-        def setup(fn=fn):
-            fr.grad = None
-            state["y"] = fn()
+        def setup(i, fn=fn):
+            a = leaves[i % len(leaves)]
+            a.grad = None
+            state["y"], state["g"] = fn(a), bwd_sets[i % len(bwd_sets)][1]
 
-        t = time_fn(lambda: state["y"].backward(g), device=dev, rep=rep, warmup=warmup, setup=setup)
+        t = time_kernel([lambda: state["y"].backward(state["g"])], setup=setup, **tk)
         _record(rows, case, "bwd", m, t, case.bwd_bytes(), copy_b)
     return rows
 
@@ -255,6 +309,8 @@ def speedups(rows: List[Dict]) -> List[Dict]:
         if not k:
             continue
         s = dict(T=T, D=D, mix=mix, dir=d, kernel_ms=k["median_ms"], copy_frac=k.get("copy_frac"))
+        if "spread" in k:
+            s.update(spread=k["spread"], processes=k["processes"])
         for b in ("llava", "grouped", "compiled", "compiled_changing"):
             if b in ms:
                 s[f"vs_{b}"] = ms[b]["median_ms"] / k["median_ms"]
@@ -268,9 +324,14 @@ def check_targets(sp: List[Dict]) -> List[str]:
         if (s["T"], s["D"], s["mix"]) != (PAPER["T"], PAPER["D"], PAPER["mix"]):
             continue
         frac = s.get("copy_frac") or 0.0  # None when a copy timing was unavailable
-        ok = frac >= TARGETS["copy_fraction"]
-        lines.append(f"{s['dir']}: {frac:.0%} of copy bandwidth (target >= 90%): "
+        target = TARGETS["copy_fraction_bwd" if s["dir"] == "bwd" else "copy_fraction"]
+        ok = frac >= target
+        lines.append(f"{s['dir']}: {frac:.0%} of copy bandwidth (target >= {target:.0%}): "
                      f"{'met' if ok else 'NOT met'}")
+        if s.get("spread") is not None:
+            sp_ok = s["spread"] <= TARGETS["process_spread"]
+            lines.append(f"{s['dir']}: kernel spread over {s['processes']} processes {s['spread']:.0%} "
+                         f"(target <= {TARGETS['process_spread']:.0%}): {'met' if sp_ok else 'NOT met'}")
         for b, tgt in (("llava", "vs_llava"), ("compiled", "vs_compiled_fixed"),
                        ("compiled_changing", "vs_compiled_changing")):
             v = s.get(f"vs_{b}")
@@ -376,9 +437,28 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     p.add_argument("--rep", type=int, default=None)
     p.add_argument("--cpu-vs-compile", action="store_true",
                    help="only the CPU path against torch.compile of the reference (T=64, D=896, 1 thread)")
+    p.add_argument("--warm-ms", type=float, default=200.0,
+                   help="milliseconds of work before each timing, to warm the clocks (default 200)")
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help=f"comma list of the methods to time (default all: {','.join(METHODS)})")
+    p.add_argument("--processes", type=int, default=1,
+                   help="run the same cases in N fresh processes and report the median per row "
+                        "and the spread (max/min - 1) across them (issue 21: 3)")
     args = p.parse_args(argv)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        p.error(f"--methods: unknown {unknown or args.methods!r}; expected a comma list of {','.join(METHODS)}")
+    if args.processes < 1:
+        p.error(f"--processes: expected >= 1, got {args.processes}")
+    if args.warm_ms < 0:
+        p.error(f"--warm-ms: expected >= 0, got {args.warm_ms}")
+    if args.rep is not None and args.rep < 1:
+        p.error(f"--rep: expected >= 1, got {args.rep}")
     if args.cpu_vs_compile:
         return cpu_vs_compile(args.rep or 30, args.out)
+    if args.processes > 1:
+        return run_processes(args, methods)
 
     gpu = has_cuda()
     device = torch.device("cuda" if gpu else "cpu")
@@ -404,6 +484,13 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         notes.append("No CUDA device: kernel figures need a GPU. Only the PyTorch paths ran, at small "
                      "sizes on the CPU (the Triton interpreter is for correctness, not timing); "
                      "torch.compile baselines are skipped on CPU.")
+        notes.append("CPU: graph replay skipped (no CUDA graphs); each call is timed by the host clock.")
+    notes.append(f"Method (common.time_kernel): {args.warm_ms:g} ms of work first to warm the clocks; "
+                 "inputs rotated over enough sets that the memory touched between two uses of a set "
+                 "is >= 2x the last-level cache (rotation: the sets used), so every call reads cold memory; "
+                 "device time from CUDA-graph replays where capture works, else CUDA events "
+                 "(eager); host_ms is the host's time to issue one call, apart. The kernel's "
+                 "backward is its launcher into a preallocated gradient.")
     for n in notes:
         print("NOTE:", n)
 
@@ -415,7 +502,8 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     for i, c in enumerate(cases):
         case = Case(c["T"], c["D"], c["mix"], dtype, device)
         is_paper = c == PAPER
-        rows += bench_case(case, kernel=gpu, compile_=(compile_paper and is_paper), rep=rep, warmup=warmup)
+        rows += bench_case(case, kernel=gpu, compile_=(compile_paper and is_paper), rep=rep, warmup=warmup,
+                           warm_s=args.warm_ms / 1e3, methods=methods)
         if gpu:
             del case
             torch.cuda.empty_cache()
@@ -426,17 +514,92 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     return _report(out, env, notes, dtype, rows, gpu, t_start, done=None, show=True)
 
 
-def _report(out, env, notes, dtype, rows, gpu, t_start, done=None, show=False) -> Dict:
+def merge_processes(payloads: List[Dict]) -> List[Dict]:
+    """One row per (case, dir, method) from several processes' results: the median of their
+    medians, each process's figure (``per_process_ms``) and the ``spread`` (max/min - 1);
+    bandwidth and the fraction of a copy are recomputed from the merged medians."""
+    keyed: Dict[tuple, List[Dict]] = {}
+    for pl in payloads:
+        for r in pl["results"]:
+            keyed.setdefault((r["T"], r["D"], r["mix"], r["dir"], r["method"]), []).append(r)
+    rows = []
+    for rs in keyed.values():
+        per = [r["median_ms"] for r in rs]
+        row = {k: v for k, v in rs[0].items()
+               if k not in ("q20_ms", "q80_ms", "events_ms", "graph_ms", "first_call_s", "warm", "copy_frac")}
+        host = [r["host_ms"] for r in rs if r.get("host_ms") is not None]
+        row.update(median_ms=statistics.median(per), per_process_ms=per, processes=len(rs),
+                   spread=spread(per), host_ms=statistics.median(host) if host else None)
+        row["gbps"] = gbps(row["bytes"], row["median_ms"] / 1e3)
+        rows.append(row)
+    copies = {(r["T"], r["D"], r["mix"], r["dir"]): r["gbps"] for r in rows if r["method"] == "copy"}
+    for r in rows:
+        c = copies.get((r["T"], r["D"], r["mix"], r["dir"]))
+        if r["method"] != "copy" and c:
+            r["copy_frac"] = r["gbps"] / c
+    return rows
+
+
+def _run_child(cmd: List[str], env: Dict[str, str]) -> int:
+    """One fresh process (its own interpreter, CUDA context, caches); its exit status."""
+    import subprocess
+    return subprocess.run(cmd, env=env).returncode
+
+
+def run_processes(args, methods: List[str]) -> Dict:
+    """The same cases in ``args.processes`` fresh processes, one after another (a process's
+    caches, allocator and clocks are its own: the spread across them is the figure's real
+    uncertainty). Each process's results stay beside ``--out`` as ``<stem>_process<i>.json``."""
+    gpu = has_cuda()
+    device = torch.device("cuda" if gpu else "cpu")
+    env = environment(device)
+    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                   "pool_pack_" + ("cpu" if not gpu else _slug(env["device"])) + ".json")
+    stem = out[:-5] if out.endswith(".json") else out
+    child = ["--processes", "1", "--warm-ms", str(args.warm_ms), "--methods", ",".join(methods)]
+    child += [f for f, on in (("--quick", args.quick), ("--no-compile", args.no_compile),
+                              ("--no-sweep", args.no_sweep)) if on]
+    if args.rep is not None:
+        child += ["--rep", str(args.rep)]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    penv = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [root, os.path.dirname(os.path.abspath(__file__))] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+    t_start = time.perf_counter()
+    payloads, files = [], []
+    for i in range(1, args.processes + 1):
+        path = f"{stem}_process{i}.json"
+        cmd = [sys.executable, os.path.abspath(__file__)] + child + ["--out", path]
+        print(f"== process {i}/{args.processes}: {' '.join(cmd)}", flush=True)
+        rc = _run_child(cmd, penv)
+        if rc != 0:
+            raise SystemExit(f"bench_pool_pack: process {i} of {args.processes} failed (exit {rc}); "
+                             f"see its output above")
+        with open(path) as f:
+            payloads.append(__import__("json").load(f))
+        files.append(os.path.basename(path))
+    rows = merge_processes(payloads)
+    notes = list(payloads[0]["notes"]) + [
+        f"Each row: the median of {args.processes} fresh processes' medians; spread = max/min - 1 "
+        f"across them; per-process files: {', '.join(files)}."]
+    return _report(out, env, notes, torch.bfloat16, rows, gpu, t_start, done=None, show=True,
+                   extra=dict(processes=args.processes, process_files=files,
+                              process_environments=[pl["environment"] for pl in payloads]))
+
+
+def _report(out, env, notes, dtype, rows, gpu, t_start, done=None, show=False, extra=None) -> Dict:
     """Write the results (JSON + markdown); ``done`` marks a partial file written mid-run."""
     sp = speedups(rows)
     verdict = check_targets(sp) if gpu else ["targets need a GPU (not evaluated)"]
     notes = list(notes) + ([f"PARTIAL results: {done} (the run was still going)"] if done else [])
 
-    cols = ["T", "D", "mix", "dir", "method", "median_ms", "gbps", "copy_frac"]
+    cols = ["T", "D", "mix", "dir", "method", "median_ms", "gbps", "copy_frac", "host_ms", "timed_by"]
+    heads = ["T", "D", "mix", "dir", "method", "median ms", "GB/s", "of copy BW", "host ms", "timed by"]
+    if any("spread" in r for r in rows):
+        cols[6:6], heads[6:6] = ["spread"], ["spread"]
     md = [f"# pool_pack benchmark ({env['device']})", "",
           f"date {env['date_utc']}, torch {env['torch']}, triton {env['triton']}, cuda {env['cuda']}",
           f"command: `{env['command']}`" + (f", 1-min load average {env['load_avg_1m']}" if not gpu else ""), ""] + [f"> {n}" for n in notes] + ["",
-          markdown_table(rows, cols, ["T", "D", "mix", "dir", "method", "median ms", "GB/s", "of copy BW"])]
+          markdown_table(rows, cols, heads)]
     if sp:
         md += ["", "## Kernel speedups", "",
                markdown_table(sp, ["T", "D", "mix", "dir", "kernel_ms", "copy_frac", "vs_llava", "vs_grouped",
@@ -447,7 +610,7 @@ def _report(out, env, notes, dtype, rows, gpu, t_start, done=None, show=False) -
     payload = dict(environment=env, notes=notes, dtype=str(dtype), grid=list(GRID), byte_counts=(
         "fwd = (kept_frames*N*D + out_rows*D) * elem_size; bwd = (out_rows*D + T*N*D) * elem_size; "
         "copy moves the same total (half read, half written)"),
-        results=rows, speedups=sp, targets=verdict, elapsed_s=time.perf_counter() - t_start)
+        results=rows, speedups=sp, targets=verdict, elapsed_s=time.perf_counter() - t_start, **(extra or {}))
     if show:
         finish(out, payload, markdown)
     else:  # a partial file written mid-run: quietly

@@ -12,7 +12,10 @@ Timing rules:
   overhead shorter than that is hidden and the figures are device time (as with
   ``triton.testing.do_bench``); a method that launches many kernels still pays for all of them;
 * on CPU, ``time.perf_counter`` around each call;
-* we report the median and the 20% / 80% quantiles, never the mean (outliers from the host).
+* we report the median and the 20% / 80% quantiles, never the mean (outliers from the host);
+* kernel figures that must hold across processes use ``time_kernel`` instead (clocks warmed
+  >= 200 ms, rotated input sets >= 2x the cache, CUDA-graph replays for device time, host time
+  apart; BENCHMARKS.md "Timing method"), and ``spread`` over fresh processes.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -33,6 +36,7 @@ from vr_runtime.atomic import write_files_atomically
 __all__ = [
     "Timing", "device_name", "environment", "time_fn", "gbps", "write_results",
     "markdown_table", "markdown_grid", "environment_line", "finish", "command_line", "has_cuda",
+    "warm_clocks", "cache_bytes", "rotation_count", "time_kernel", "spread",
 ]
 
 
@@ -189,6 +193,202 @@ def time_fn(fn: Callable[[], object], *, device: Optional[torch.device] = None, 
             times.append(time.perf_counter() - t)
     return Timing(median=statistics.median(times), q20=_quantile(times, 0.2),
                   q80=_quantile(times, 0.8), samples=len(times), first_call=first)
+
+
+# ------------------------------------------------------------------ kernel timing (issue 21 item 5)
+# ``time_kernel`` is the method for figures that must hold across processes (BENCHMARKS.md,
+# "Timing method"): clocks warmed with >= 200 ms of work, input sets rotated so every call reads
+# cold memory as a real call does, CUDA-graph replays for the device time, the host's time to
+# issue a call reported apart. ``time_fn`` above stays for end-to-end figures.
+
+MAX_ROTATION = 64  # input sets at most; smaller sets than 2 x cache / 64 are flushed instead
+
+
+def cache_bytes(device: Optional[torch.device] = None) -> int:
+    """The last-level cache a timed call could be served from: the GPU's L2, or the CPU's
+    largest cache (Linux sysfs; 32 MiB where it cannot be read)."""
+    device = torch.device(device if device is not None else ("cuda" if has_cuda() else "cpu"))
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return int(getattr(props, "L2_cache_size", 0) or 64 * 2**20)
+    best = 0
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in os.listdir(base):
+            try:
+                with open(os.path.join(base, entry, "size")) as f:
+                    txt = f.read().strip().upper()
+            except OSError:
+                continue
+            mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(txt[-1:], 1)
+            best = max(best, int(txt.rstrip("KMG") or 0) * mult)
+    except OSError:
+        pass
+    return best or 32 * 2**20
+
+
+def rotation_count(set_bytes: int, device: Optional[torch.device] = None, factor: float = 2.0,
+                   max_sets: int = MAX_ROTATION) -> int:
+    """How many input sets of ``set_bytes`` to rotate through so that the memory touched between
+    two uses of one set is >= ``factor`` x the cache (each call then reads cold memory):
+    at least 2, at most ``max_sets``."""
+    if set_bytes <= 0:
+        raise ValueError(f"set_bytes: expected > 0, got {set_bytes}")
+    need = -(-int(factor * cache_bytes(device)) // int(set_bytes))
+    return int(min(max(2, need), max_sets))
+
+
+def warm_clocks(fns: Sequence[Callable[[], object]], *, device: Optional[torch.device] = None,
+                seconds: float = 0.2) -> Dict[str, float]:
+    """Run ``fns`` in turn until ``seconds`` of synchronised wall time have passed: the GPU leaves
+    its idle clocks (and module loading, compilation, autotuning and caches are done) before
+    anything is timed. Returns the calls made and the seconds spent."""
+    device = torch.device(device if device is not None else ("cuda" if has_cuda() else "cpu"))
+    cuda = device.type == "cuda"
+    t0 = time.perf_counter()
+    calls = 0
+    while True:
+        for fn in fns:
+            fn()
+            calls += 1
+        if cuda:
+            torch.cuda.synchronize(device)
+        if time.perf_counter() - t0 >= seconds:
+            break
+    return {"calls": calls, "seconds": time.perf_counter() - t0}
+
+
+def _graph_time(fns, device, rep: int):
+    """Median device time of one call from CUDA-graph replays of all ``fns`` in a row (one
+    graph, so launch gaps vanish and the calls rotate through their input sets)."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):  # capture needs the calls warmed on a side stream first
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    graph.replay()
+    torch.cuda.synchronize(device)
+    times = []
+    for _ in range(rep):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3 / len(fns))
+    return times
+
+
+def time_kernel(fns: Sequence[Callable[[], object]], *, device: Optional[torch.device] = None,
+                rep: int = 30, warm_s: float = 0.2, graph: bool = True, flush_l2: bool = False,
+                setup: Optional[Callable[[int], object]] = None) -> Timing:
+    """Time one call of a kernel, the way its figures must be taken to be trusted.
+
+    ``fns``: one callable per input set (``rotation_count`` says how many); call ``i`` runs
+    ``fns[i % len(fns)]``, so a rep reads memory the cache no longer holds. ``flush_l2``: write
+    256 MiB between eager reps as well (for a caller that cannot rotate). ``setup(i)`` (untimed)
+    runs before eager call ``i`` (e.g. to rebuild an autograd graph); it disables graphs.
+
+    1. ``warm_clocks`` for ``warm_s`` seconds (0 skips it; tests only);
+    2. eager reps: host time to issue the call (``perf_counter`` around it, no sync) and, on CUDA,
+       events around it after a ``torch.cuda._sleep`` so the launch is queued before the GPU
+       reaches it (the event pair then brackets device work, not the host's launch);
+    3. on CUDA with ``graph``: CUDA-graph replays of one call per set, device time per call.
+
+    ``median`` / ``q20`` / ``q80``: the graph figures where they exist, else the events' (CUDA)
+    or the host clock's (CPU: calls are synchronous there, so host time is the time).
+    ``extra``: ``host_ms``, ``events_ms``, ``graph_ms`` (None with ``graph_note`` saying why),
+    ``timed_by``, ``rotation``, ``warm``."""
+    if not fns:
+        raise ValueError("fns: expected at least one callable")
+    device = torch.device(device if device is not None else ("cuda" if has_cuda() else "cpu"))
+    cuda = device.type == "cuda"
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    if setup is not None:
+        setup(0)
+    sync()
+    t0 = time.perf_counter()
+    fns[0]()
+    sync()
+    first = time.perf_counter() - t0
+    if setup is None:
+        warm = warm_clocks(fns, device=device, seconds=warm_s) if warm_s > 0 else {"calls": 0, "seconds": 0.0}
+    else:  # each call needs its setup: warm by hand
+        warm, t0, calls = {}, time.perf_counter(), 0
+        while calls < len(fns) or time.perf_counter() - t0 < warm_s:
+            setup(calls)
+            fns[calls % len(fns)]()
+            calls += 1
+            if calls % len(fns) == 0:
+                sync()
+        sync()
+        warm = {"calls": calls, "seconds": time.perf_counter() - t0}
+
+    host, events = [], []
+    for i in range(max(1, rep)):
+        if setup is not None:
+            setup(i)
+        fn = fns[i % len(fns)]
+        if cuda:
+            if flush_l2:
+                _flush_l2(device)
+            torch.cuda._sleep(200_000)  # ~0.1 ms of GPU time: the launch below is queued behind it
+            a = torch.cuda.Event(enable_timing=True)
+            b = torch.cuda.Event(enable_timing=True)
+            a.record()
+            t = time.perf_counter()
+            fn()
+            host.append(time.perf_counter() - t)
+            b.record()
+            b.synchronize()
+            events.append(a.elapsed_time(b) / 1e3)
+        else:
+            t = time.perf_counter()
+            fn()
+            host.append(time.perf_counter() - t)
+
+    graph_times, note = None, None
+    if not cuda:
+        note = "CPU: no CUDA graphs; the host clock times each (synchronous) call"
+    elif not graph:
+        note = "graph timing not asked for"
+    elif setup is not None:
+        note = "a per-call setup cannot be captured in a graph"
+    else:
+        try:
+            graph_times = _graph_time(fns, device, max(1, rep))
+        except Exception as e:  # e.g. a call that synchronises or allocates pageable copies
+            note = f"graph capture failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            sync()
+
+    ms = lambda xs: statistics.median(xs) * 1e3 if xs else None  # noqa: E731
+    main = graph_times or events or host
+    timed_by = ("cuda-graph replay" if graph_times else "cuda events (eager)" if events
+                else "host clock (CPU)")
+    return Timing(median=statistics.median(main), q20=_quantile(main, 0.2), q80=_quantile(main, 0.8),
+                  samples=len(main), first_call=first,
+                  extra=dict(host_ms=ms(host), events_ms=ms(events), graph_ms=ms(graph_times or []),
+                             graph_note=note, timed_by=timed_by, rotation=len(fns),
+                             warm=dict(calls=warm["calls"], seconds=round(warm["seconds"], 4))))
+
+
+def spread(values: Sequence[float]) -> float:
+    """max / min - 1 of positive figures (e.g. one median per process); 0 for one value."""
+    vals = [float(v) for v in values if v is not None]
+    if not vals or min(vals) <= 0:
+        return float("nan")
+    return max(vals) / min(vals) - 1.0
 
 
 def gbps(num_bytes: int, seconds: float) -> float:

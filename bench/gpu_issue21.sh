@@ -13,22 +13,27 @@
 #   frames   bench_e2e.py --sweep frames (16..256 frames)  -> row "TTFT ratio at 256 frames"
 #   batch    bench_e2e.py --sweep batch, batched prefill and one-by-one
 #                                                          -> row "4 videos / 1 video"
-#   kernels  bench_pool_pack.py at the paper shape, 3 processes -> row "pool_pack % of a copy"
+#   kernels  bench_pool_pack.py at the paper shape (T=64, D=3584, bf16) in 3 fresh processes:
+#            200 ms clock warm-up, rotated inputs, CUDA-graph replays for device time, host
+#            time apart; median and spread per row    -> row "pool_pack % of a copy" (+ spread)
+#   cold     bench_cold_start.py: fresh processes, load (+ kernel warm-up), cold and warm TTFT,
+#            tiny model and the 8B shape, plain and with a load-time request warm-up
+#                                                          -> item 7 "cold start"
 #
 # Results go to $OUT (the device tool's folder) or, without it, bench/results/gpu_issue21_<date>/;
 # each stage writes its files as soon as it ends, so a time limit keeps the finished ones.
 # The device tool allows 10 minutes a call: run the stages over two or three calls if needed,
-# e.g. `bash bench/gpu_issue21.sh tests decode` then `bash bench/gpu_issue21.sh e2e frames batch
-# kernels`. Copy the files into bench/results/ with a README (device, date, versions, command).
+# e.g. `bash bench/gpu_issue21.sh tests decode`, then `... e2e frames batch`, then `... kernels
+# cold`. Copy the files into bench/results/ with a README (device, date, versions, command).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=".:bench${PYTHONPATH:+:$PYTHONPATH}"
 DEST="${OUT:-bench/results/gpu_issue21_$(date -u +%Y-%m-%d)}"
 STAGES=("$@")
-[ ${#STAGES[@]} -eq 0 ] && STAGES=(tests decode e2e frames batch kernels)
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(tests decode e2e frames batch kernels cold)
 for stage in "${STAGES[@]}"; do   # check every name before an expensive stage runs
-    case "$stage" in tests|decode|e2e|frames|batch|kernels) ;;
-    *) echo "unknown stage $stage: expected tests decode e2e frames batch kernels" >&2; exit 2 ;;
+    case "$stage" in tests|decode|e2e|frames|batch|kernels|cold) ;;
+    *) echo "unknown stage $stage: expected tests decode e2e frames batch kernels cold" >&2; exit 2 ;;
     esac
 done
 mkdir -p "$DEST"
@@ -73,10 +78,17 @@ for stage in "${STAGES[@]}"; do
             --sweep batch --batch-sizes 1,4 --policies vr24 --no-batch-prefill \
             --out "$DEST/e2e_gpu_8b_batch_sequential" ;;
     kernels)
-        for i in 1 2 3; do   # the spread across processes is part of the row
-            run "kernels_$i" python3 bench/bench_pool_pack.py --no-sweep --no-compile \
-                --out "$DEST/pool_pack_gpu_process$i.json"
-        done ;;
+        # One command: it starts 3 fresh processes itself and writes the merged file (median and
+        # spread per row) plus pool_pack_gpu_8b_process{1,2,3}.json.
+        run kernels python3 bench/bench_pool_pack.py --no-sweep --no-compile --processes 3 \
+            --warm-ms 200 --out "$DEST/pool_pack_gpu_8b.json"
+        run kernels_tests python3 -m pytest -m gpu -q tests/bench/test_kernel_timing.py \
+            tests/ops/test_warmup_coverage.py ;;
+    cold)
+        run cold_tiny python3 bench/bench_cold_start.py --shape tiny --device cuda --processes 3 \
+            --out "$DEST/cold_start_tiny_gpu.json"
+        run cold_8b python3 bench/bench_cold_start.py --shape 8b --device cuda --processes 2 \
+            --out "$DEST/cold_start_8b_gpu.json" ;;
     esac
 done
 echo "results in $DEST" | tee -a "$LOG"

@@ -516,17 +516,78 @@ def pool_pack(frames: torch.Tensor, scales: Sequence, grid: Tuple[int, int] = (1
     return PoolPackFunction.apply(out, frames, plan, tiles, n_fwd, build_dest(plan, frames.device))
 
 
+# Windows the request path can hand the kernels: Fragment's high/low (1, 4), Global's scale
+# (2; the paper's s=2,4 runs use 4), the uniform ladder and the Image Router's pool (1, 2, 4),
+# and 8x8 context frames. The kernel branches on the window at run time (one compiled variant per
+# autotuning key), so each window here is for the autotuner's choice and to run every branch once.
+PLANNER_WINDOWS = (1, 2, 4, 8)
+
+
+def _forward_tiles(scales: Sequence, grid: Tuple[int, int]) -> int:
+    """How many tiles the forward launches for ``scales`` (what ``size_class`` is taken of)."""
+    from .tiles import tile_table
+    plan = check_args(torch.empty(len(scales), grid[0] * grid[1], 1, device="meta"), scales, grid,
+                      None, None, dtypes=(torch.float32,))
+    return tile_table(plan.sched(), plan.N, TOKENS_PER_TILE)[1]
+
+
+def warmup_launches(max_frames: int, grid: Tuple[int, int] = (16, 16),
+                    windows: Sequence = PLANNER_WINDOWS) -> list:
+    """The forward launches that cover every kernel variant a request of up to ``max_frames``
+    frames can hit: one per size class from 1 tile up to ``max_frames`` frames at the finest
+    window (the most tiles a request can launch). Each cycles through ``windows`` (all 1x1 where
+    the mix cannot land in a class) with as many frames as the class holds, up to ``max_frames``,
+    because the autotuner tunes a class on its first launch.
+    Pure host arithmetic: ``[{"frames", "scales", "tiles", "size_class"}]``."""
+    if int(max_frames) < 1:
+        raise ValueError(f"max_frames: expected >= 1, got {max_frames}")
+    max_frames = int(max_frames)
+    mixes = [list(windows) or [1], [1]]
+    most = _forward_tiles([1] * max_frames, grid)
+
+    def sched(mix, T):
+        return [mix[i % len(mix)] for i in range(T)]
+
+    def search(mix, ok):  # the smallest T in [1, max_frames] with ok(tiles(T)); tiles grow with T
+        lo, hi = 1, max_frames
+        if not ok(_forward_tiles(sched(mix, hi), grid)):
+            return None
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if ok(_forward_tiles(sched(mix, mid), grid)):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    launches = []
+    for cls in range(size_class(most) + 1):
+        for mix in mixes:
+            above = search(mix, lambda n: size_class(n) > cls)  # the first T past this class
+            T = (above - 1) if above else max_frames
+            if T >= 1 and size_class(_forward_tiles(sched(mix, T), grid)) == cls:
+                scales = sched(mix, T)
+                launches.append(dict(frames=T, scales=scales, tiles=_forward_tiles(scales, grid),
+                                     size_class=cls))
+                break
+    return launches
+
+
 def warmup(hidden_size: int, dtype: torch.dtype = torch.bfloat16, device="cuda", grid: Tuple[int, int] = (16, 16),
-           max_frames: int = 256, backward: bool = False) -> dict:
+           max_frames: int = 256, backward: bool = False, windows: Sequence = PLANNER_WINDOWS) -> dict:
     """Compile and autotune, at model load, every kernel variant a request can launch, so that no
     request pays for compilation or benchmarking.
 
     The autotuning key is (D, grid, size class of the launch, dtype[, WRITE_DX, ZERO_DY]); this
-    launches the forward (and with ``backward=True`` the training backward, frames' gradient with
-    and without ``out``'s) once per size class up to ``max_frames`` frames, on synthetic frames of
-    the paper's window mix. Temporary memory: ``max_frames`` frames of ``grid`` x ``hidden_size``.
+    launches the forward once per size class a request of up to ``max_frames`` frames can reach
+    (``warmup_launches``), each over every window in ``windows``, in both forms the request path
+    uses: packed (the Image Router's ``pool_frames``) and into ``out`` at ``dest`` (compression).
+    Requests run under ``torch.inference_mode``, so no inference path launches the backward;
+    ``backward=True`` (training) adds it, the frames' gradient with and without ``out``'s.
+    Temporary memory: about ``max_frames`` frames of ``grid`` x ``hidden_size``.
 
-    Returns ``{"seconds": ..., "launches": [...], "best": {...}}``; ``{"skipped": reason}`` where
+    Returns ``{"seconds", "launches": [{kernel, form, frames, tiles, size_class, seconds}],
+    "size_classes", "windows", "backward", "max_frames", "best"}``; ``{"skipped": reason}`` where
     nothing is compiled (CPU tensors: the runtime takes the PyTorch path there)."""
     device = torch.device(device)
     if device.type != "cuda":
@@ -535,34 +596,41 @@ def warmup(hidden_size: int, dtype: torch.dtype = torch.bfloat16, device="cuda",
         return {"skipped": "triton is not installed"}
     t_start = time.perf_counter()
     H, W = grid
-    mix = [1, 2, 4, 8, 0]
     launches = []
-    for cls, n_tiles in enumerate(SIZE_CLASS_TILES):
-        T = n_tiles
-        if cls > 0 and SIZE_CLASS_TILES[cls - 1] >= max_frames:
-            break
-        scales = [mix[i % len(mix)] for i in range(T)]
+    plan = warmup_launches(max_frames, grid, windows)
+    from .windows import pooled_counts
+    for spec in plan:
+        scales, T = spec["scales"], spec["frames"]
         frames = torch.randn(T, H * W, hidden_size, device=device, dtype=dtype, requires_grad=backward)
+        counts = pooled_counts(scales, grid)
+        dest, acc = [], 4
+        for c in counts:
+            dest.append(acc)
+            acc += c
+        info = dict(frames=T, tiles=spec["tiles"], size_class=spec["size_class"])
         t0 = time.perf_counter()
         y = pool_pack(frames, scales, grid, backend="triton")
         torch.cuda.synchronize(device)
-        launches.append(dict(kernel="fwd", frames=T, seconds=time.perf_counter() - t0))
+        launches.append(dict(kernel="fwd", form="packed", seconds=time.perf_counter() - t0, **info))
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            emb = torch.randn(acc + 8, hidden_size, device=device, dtype=dtype)
+            pool_pack(frames, scales, grid, out=emb, dest=dest, backend="triton")
+        torch.cuda.synchronize(device)
+        launches.append(dict(kernel="fwd", form="out+dest", seconds=time.perf_counter() - t0, **info))
         if backward:
             t0 = time.perf_counter()
             y.backward(torch.ones_like(y))
-            out = torch.zeros(y.shape[0] + 8, hidden_size, device=device, dtype=dtype, requires_grad=True)
+            out = torch.zeros(acc + 8, hidden_size, device=device, dtype=dtype, requires_grad=True)
             o = out * 1.0
-            from .windows import pooled_counts
-            dest, acc = [], 4
-            for c in pooled_counts(scales, grid):
-                dest.append(acc)
-                acc += c
             pool_pack(frames, scales, grid, out=o, dest=dest, backend="triton").sum().backward()
             torch.cuda.synchronize(device)
-            launches.append(dict(kernel="bwd", frames=T, seconds=time.perf_counter() - t0))
+            launches.append(dict(kernel="bwd", form="packed and out+dest", seconds=time.perf_counter() - t0, **info))
         del frames, y
     best = {}
     for name, k in (("fwd", _pool_pack_fwd_kernel), ("bwd", _pool_pack_bwd_kernel)):
         for key, cfg in getattr(k, "cache", {}).items():
             best[f"{name} {key}"] = str(cfg)
-    return {"seconds": time.perf_counter() - t_start, "launches": launches, "best": best}
+    return {"seconds": time.perf_counter() - t_start, "launches": launches,
+            "size_classes": sorted({p["size_class"] for p in plan}), "windows": list(windows),
+            "backward": bool(backward), "max_frames": int(max_frames), "best": best}
