@@ -340,8 +340,8 @@ def _matched_clip_class():
         def __init__(self, clip, k: int):
             self.clip, self.k = clip, int(k)
 
-        def score(self, vr, inp):
-            sims = self.clip.similarities(inp.pixel_values, vr.lm.frame_spec, inp.question)
+        def score(self, inp):
+            sims = self.clip.similarities(inp.pixel_values, inp.frame_spec, inp.question)
             k = min(self.k, int(sims.numel()))
             top = set(torch.topk(sims, k).indices.tolist()) if k else set()
             return FrameScores([t in top for t in range(int(sims.numel()))],
@@ -431,19 +431,33 @@ def random_video(num_frames: int, seed: int) -> torch.Tensor:
     return torch.randn(num_frames, 3, 448, 448, generator=g)
 
 
-def answer_kwargs(args, num_frames: int, max_length: int, budget: int, kw: dict,
-                  relevant=None) -> dict:
-    """answer() keywords of one row, at the fixed visual budget. VideoRouter rows run both
+def needs_relevance(kw: dict) -> bool:
+    """Whether a row's planner reads frame relevance: asked of its registration
+    (vr_runtime.policies), so a new relevance planner gets the relevance rows' treatment."""
+    from vr_runtime.policies import get_planner
+    return get_planner(kw["policy"]).needs_relevance
+
+
+def budgeted(kw: dict) -> bool:
+    """Whether a row's planner (or the ones auto routes to) plans under a visual budget."""
+    from vr_runtime.policies import is_budgeted
+    return is_budgeted(kw["policy"])
+
+
+def answer_options(args, num_frames: int, max_length: int, budget: int, kw: dict,
+                   relevant=None):
+    """The AnswerOptions of one row, at the fixed visual budget. VideoRouter rows run both
     routers: with a fixed ``relevant`` pattern through ``FixedRelevance(run_routers=True)``
     (decisions imposed, cost real), else policy "auto" as a trained deployment would."""
+    from vr_runtime.request import AnswerOptions
     from vr_runtime.scorers import FixedRelevance
     out = dict(num_frames=num_frames, max_length=max_length, max_new_tokens=args.max_new_tokens,
                margin=args.margin, **kw)
-    if kw.get("policy") != "dense":
+    if budgeted(kw):
         out["budget"] = budget
     if kw.get("scorer") == "clip":
         out["scorer"] = clip_scorer(args, args._vr, num_frames)
-    elif kw.get("policy") == "fragment":
+    elif needs_relevance(kw):
         if relevant is not None:
             # the pool goes to the scorer: answer(router_pool=) only reaches the default one
             out["scorer"] = FixedRelevance(relevant, run_routers=True,
@@ -452,13 +466,13 @@ def answer_kwargs(args, num_frames: int, max_length: int, budget: int, kw: dict,
             out["policy"] = "auto"
             if args.router_pool is not None:
                 out["router_pool"] = args.router_pool
-    return out
+    return AnswerOptions(**out)
 
 
 def answer(vr, video, args, max_length: int, budget: int, kw: dict, relevant):
     """One VideoRouter.answer call of a row."""
-    return vr.answer(video, args.question,
-                     **answer_kwargs(args, int(video.shape[0]), max_length, budget, kw, relevant))
+    return vr.answer(video, args.question, options=answer_options(
+        args, int(video.shape[0]), max_length, budget, kw, relevant))
 
 
 def call(vr, dev: Device, video, args, max_length: int, budget: int, kw: dict, relevant) -> dict:
@@ -533,7 +547,7 @@ def measure_row(vr, dev, args, video, key, label, kw, *, sweep, budget, max_leng
     """Warm-up, then ``args.runs`` timed calls of one policy; a row dict (``error`` on failure)."""
     row = dict(sweep=sweep, policy=key, label=label, frames=int(video.shape[0]), budget=budget,
                batch=1, max_length=max_length)
-    fragment = kw.get("policy") == "fragment"
+    fragment = needs_relevance(kw)
     routed = fragment and kw.get("scorer") != "clip"     # the CLIP row does not use the routers
     rel = relevant if fragment else None
     if fragment:
@@ -554,7 +568,7 @@ def measure_row(vr, dev, args, video, key, label, kw, *, sweep, budget, max_leng
             torch.cuda.empty_cache()
         return row
     row.update(summarise(reports))
-    if row.get("budget_runtime") is not None and kw.get("policy") != "dense" \
+    if row.get("budget_runtime") is not None and budgeted(kw) \
             and row["budget_runtime"] != budget:
         row["error"] = (f"runtime budget {row['budget_runtime']} != requested {budget}: the text "
                         f"token count differs from the runtime's")
@@ -613,7 +627,7 @@ def run_batch(vr, dev, args, rows, text_cache) -> None:
         for key, label, kw in POLICIES:
             if key not in args.policies:
                 continue
-            fragment = kw.get("policy") == "fragment"
+            fragment = needs_relevance(kw)
             routed = fragment and kw.get("scorer") != "clip"
             rel = relevant if fragment else None
             row = dict(sweep="batch", policy=key, label=label, frames=frames, budget=budget, batch=B,
@@ -657,7 +671,7 @@ def batch_call(vr, dev, args, videos, max_length, budget, kw, rel, batched):
         t0 = time.perf_counter()
         if batched:  # the runtime's batched entry point, when it has one
             res = vr.answer_batch(videos, args.question,
-                                  batch_prefill=not args.no_batch_prefill, **answer_kwargs(
+                                  batch_prefill=not args.no_batch_prefill, options=answer_options(
                                       args, int(videos[0].shape[0]), max_length, budget, kw, rel))
             got = [r.report for r in res]
         else:

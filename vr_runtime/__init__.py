@@ -3,7 +3,7 @@ from .errors import DeviceError, ModelFilesError, RouterWeightsError, VideoError
 
 __all__ = ["BudgetError", "visual_budget", "plan_global", "plan_fragment", "plan_dense",
            "plan_budget", "plan_uniform", "plan_tokens", "uniform_sample", "VideoRouter",
-           "Answer", "Routers", "RouterConfig", "load_backbone", "backbone_from_config",
+           "Answer", "AnswerOptions", "Routers", "RouterConfig", "load_backbone", "backbone_from_config",
            "VideoError", "ModelFilesError", "RouterWeightsError", "DeviceError"]
 
 # Keep `import vr_runtime` light: torch (through budget -> vr_kernels) and the model stack
@@ -12,6 +12,7 @@ __all__ = ["BudgetError", "visual_budget", "plan_global", "plan_fragment", "plan
 _BUDGET = ("BudgetError", "visual_budget", "plan_global", "plan_fragment", "plan_dense",
            "plan_budget", "plan_uniform", "plan_tokens", "uniform_sample")
 _LAZY = {**{n: "budget" for n in _BUDGET}, "VideoRouter": "runtime", "Answer": "runtime",
+         "AnswerOptions": "request",
          "Routers": "routers", "RouterConfig": "routers", "load_backbone": "backbones",
          "backbone_from_config": "backbones"}
 

@@ -33,8 +33,9 @@ import sys
 import threading
 from typing import Optional
 
-from .cli_common import (PROG, SCALES_HELP, Parser, arg_type, check_inputs, device_dtype,
-                         fail_with, jsonable, quiet_libraries, scales_arg, stderr_is_tty)
+from .cli_common import (PROG, SCALES_HELP, Parser, add_scorer_args, arg_type, check_inputs,
+                         device_dtype, fail_with, jsonable, quiet_libraries, scales_arg,
+                         stderr_is_tty)
 
 # Shown in --help; the accepted set is vr_runtime.policies.policy_names(), checked after
 # parsing (importing the planners pulls in torch, which --help and a bad flag should not wait for).
@@ -178,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "budget and uniform are the baselines (default: auto)")
     ask.add_argument("--scales", type=scales_arg, default=None, metavar="S_G,S_1,S_0|auto",
                      help=SCALES_HELP)
+    add_scorer_args(ask)
     ask.add_argument("--decoder", choices=DECODERS, default="auto",
                      help="video decoding library: auto uses decord where it handles the "
                           "codec and PyAV (FFmpeg) for everything else and as the fallback "
@@ -254,19 +256,27 @@ def run_questions(args, questions) -> list:
             future.result()
         raise
     clip = future.result()  # raises VideoError if the file breaks part-way through
-    ttft = {"ttft_budget_s": args.ttft_budget} if getattr(args, "ttft_budget", None) else {}
-    outs = []
+    from .request import AnswerOptions
+    from .scorers import DEFAULT_SCORER, build_scorer
+    scorer = build_scorer(getattr(args, "scorer", DEFAULT_SCORER),
+                          getattr(args, "scorer_model", None), device=device, dtype=dtype,
+                          cache_visual=False)
     from .scales import answer_kwargs as scale_kwargs, parse_scales
     scales = getattr(args, "scales", None) or parse_scales(None)
+    base = AnswerOptions(num_frames=args.frames, max_length=args.max_length,
+                         max_new_tokens=args.max_new_tokens, policy=args.policy,
+                         ttft_budget_s=getattr(args, "ttft_budget", None) or None,
+                         scorer=scorer)
+    outs = []
     for i, question in enumerate(questions):
+        # --scales auto depends on the question's length: one variant per question
+        opts = dataclasses.replace(base, **scale_kwargs(
+            scales, vr, question=question, num_frames=args.frames, max_length=args.max_length,
+            max_new_tokens=args.max_new_tokens))
         # answer() records clip.decode_s (which overlapped the model load) as the decode time;
         # later questions reuse the decoded frames, so they report no decoding.
         res = vr.answer(clip if i == 0 else dataclasses.replace(clip, decode_s=0.0), question,
-                        num_frames=args.frames, max_length=args.max_length, **ttft,
-                        max_new_tokens=args.max_new_tokens, policy=args.policy,
-                        **scale_kwargs(scales, vr, question=question, num_frames=args.frames,
-                                       max_length=args.max_length,
-                                       max_new_tokens=args.max_new_tokens))
+                        options=opts)
         outs.append({"answer": res.text, "report": dict(res.report)})
     return outs
 

@@ -68,6 +68,30 @@ def scales_arg(text):
 scales_arg.__name__ = "--scales"
 
 
+def add_scorer_args(p) -> None:
+    """``--scorer NAME`` and ``--scorer-model DIR`` (ask, serve, eval): which registered frame
+    scorer the relevance policies use (vr_runtime.scorers.register_scorer)."""
+    p.add_argument("--scorer", default="image-router", metavar="NAME",
+                   help="frame scorer of the relevance policies (fragment, auto's Fragment): "
+                        "image-router (the paper's Image Router), clip (CLIP relevance pooling, "
+                        "token-matched), clip-fill, or a registered one (default: image-router)")
+    p.add_argument("--scorer-model", default=None, metavar="DIR",
+                   help="the scorer's model directory, for scorers that load one (clip, "
+                        "clip-fill: a local CLIPModel or SiglipModel directory)")
+
+
+def check_scorer_args(args) -> None:
+    """``--scorer``/``--scorer-model``, checked before any model loads (one line each)."""
+    from .errors import ModelFilesError
+    from .scorers import check_scorer
+    try:
+        check_scorer(args.scorer, getattr(args, "scorer_model", None))
+    except ModelFilesError:
+        raise
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
 def check_inputs(args) -> None:
     """Everything that can be checked without loading a model."""
     if not args.question.strip():
@@ -84,6 +108,8 @@ def check_inputs(args) -> None:
         from .errors import did_you_mean
         raise UsageError(f"--policy {args.policy!r}: expected one of {', '.join(policy_names())}"
                          f"{did_you_mean(args.policy, policy_names())}")
+    if getattr(args, "scorer", None) is not None:
+        check_scorer_args(args)
     from .backbones import resolve_model
     from .errors import ModelFilesError, RouterWeightsError
     try:

@@ -131,4 +131,91 @@ def largest_fitting_budget(predict_for: Callable[[int], float], lo: int, hi: int
     return lo
 
 
-__all__ = ["LatencyModel", "largest_fitting_budget", "STAGES"]
+# ---------------------------------------------------------------------- the runtime's use of it
+# Functions of a VideoRouter ``vr`` (duck-typed: this module does not import the runtime, which
+# imports it), called by ``VideoRouter.plan`` and the report when ``ttft_budget_s`` is given.
+
+def latency_model(vr) -> LatencyModel:
+    """The cost model of ``vr``'s backbone on its device, corrected by this process's
+    measurements; built (CPU: calibrated) on first use and kept on ``vr``."""
+    if getattr(vr, "_latency", None) is None:
+        model = LatencyModel.for_backbone(vr.lm)
+        model.probe(vr)
+        vr._latency = model
+    return vr._latency
+
+
+def plan_inputs(vr, req, planner, T: int):
+    """-> ``inputs(plan)``: the cost model's inputs for one plan of ``req``. What does not
+    depend on the plan (the prompt's text, the question's length) is counted once."""
+    from vr_kernels import pooled_counts
+    from .policies import kept_frames
+    pool = req.scorer.image_router_pool(vr.routers)   # None: the scorer runs no Image Router
+    fixed = dict(text_tokens=vr.lm.text_tokens(req.question, T, req.system),
+                 routers=planner.needs_relevance and (req.scorer.uses_routers
+                                                      or pool is not None),
+                 router_layers=vr.routers.config.num_layers,
+                 router_pool=vr.routers.config.router_pool if pool is None else pool,
+                 question_tokens=int(vr.question_embeddings(req.routed_question).shape[0]))
+    grid = vr.lm.grid
+
+    def inputs(plan) -> dict:
+        kept = len(kept_frames(plan, grid))
+        # plan-first policies encode only the frames they keep
+        return dict(fixed, visual_tokens=sum(pooled_counts(plan, grid)), kept_frames=kept,
+                    num_frames=T if planner.needs_relevance else kept)
+    return inputs
+
+
+def fit_latency(vr, req, planner, T: int, relevant, fitted, text_for):
+    """The largest visual budget (at most the context's) whose predicted TTFT fits
+    ``req.ttft_budget_s`` -> a FittedPlan."""
+    from vr_kernels import pooled_counts
+    from . import budget as B
+    from .policies import FittedPlan, kept_frames
+    model = latency_model(vr)
+    grid, w = vr.lm.grid, req.windows
+    inputs = plan_inputs(vr, req, planner, T)
+
+    def plan_for(budget: int):
+        try:
+            plan = planner.plan(T, budget, grid, relevant, w)
+        except B.BudgetError:
+            return None
+        return plan if sum(pooled_counts(plan, grid)) else None
+
+    def predicted(budget: int) -> float:
+        plan = plan_for(budget)
+        if plan is None:
+            return float("inf")
+        return sum(model.predict(**inputs(plan)).values())
+
+    # The smallest budget that holds a frame at one of the policy's windows.
+    sizes = sorted(B.window_tokens(x, grid) for x in (w.low, w.global_scale, w.high, 1))
+    lo = next((b for b in sizes if plan_for(b) is not None), fitted.budget)
+    best = largest_fitting_budget(predicted, lo, max(fitted.budget, lo), req.ttft_budget_s)
+    chosen = lo if best is None else best
+    notes = () if best is not None else (
+        f"ttft_budget_s {req.ttft_budget_s:g}: even the smallest plan is predicted at "
+        f"{predicted(lo):.3f} s (the vision tower and routers see every frame); it was used",)
+    plan = planner.plan(T, chosen, grid, relevant, w)
+    return FittedPlan(plan, chosen, text_for(kept_frames(plan, grid)), notes)
+
+
+def latency_report(vr, req, planner, T: int, fitted, timer, observe: bool = True) -> dict:
+    """The report's prediction for the plan that ran; ``observe``: correct the model by what
+    this request measured."""
+    model = latency_model(vr)
+    inputs = plan_inputs(vr, req, planner, T)(fitted.plan)
+    raw = model.raw(**inputs)
+    pred = model.predict(**inputs)
+    if observe:   # a batch's shared prefill is not one request's: it would mislead the model
+        model.observe(raw, timer.times)   # corrects the next prediction
+    return {"ttft_budget_s": req.ttft_budget_s,
+            "ttft_predicted_s": round(sum(pred.values()), 6),
+            "ttft_predicted_stages_s": {k: round(v, 6) for k, v in pred.items()},
+            "ttft_model_device": model.device.name}
+
+
+__all__ = ["LatencyModel", "largest_fitting_budget", "STAGES", "latency_model", "plan_inputs",
+           "fit_latency", "latency_report"]

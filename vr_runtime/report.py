@@ -20,7 +20,7 @@ def json_window(w):
 
 def build_report(vr, req, frames, decision, scores, fitted, prompt_tokens: int,
                  generated: int, timer, notes: List[str], visual_cache: Optional[str]) -> dict:
-    """``req``: runtime.Request, ``frames``: runtime.Frames, ``decision``: PolicyDecision,
+    """``req``: request.Request, ``frames``: runtime.Frames, ``decision``: PolicyDecision,
     ``scores``: FrameScores or None, ``fitted``: policies.FittedPlan."""
     lm = vr.lm
     grid = lm.grid

@@ -2,7 +2,8 @@
 
 ``answer`` is a list of stages with small typed results between them::
 
-    request   check every argument (and the budget: it depends only on the question and T)
+    request   AnswerOptions (vr_runtime.request) -> Request: every argument checked once (and
+              the budget: it depends only on the question and T)
     decode    sample + preprocess T frames -> Frames   (not part of TTFT, as in the paper)
     policy    the Semantic Router on the question (``auto``) -> PolicyDecision
     vision    frozen vision tower + projector -> Z [T, H*W, D]
@@ -11,12 +12,14 @@
     compress  the prompt with per-frame placeholder counts, pool_pack into inputs_embeds
     prefill   one decoder pass (last-row logits, KV cache)       TTFT = vision + router +
     generate  greedy decoding with the cache                            compress + prefill
-    report    report.build_report
+    report    report.build_report (+ latency.latency_report with ttft_budget_s)
 
 When the plan does not depend on Z (every policy but ``fragment``), it is made before the vision
-stage and only the frames it keeps are encoded. Everything specific to a model family (frame
-spec, vision, prompt layout, positions, decoder) is behind ``self.lm``, a
-:class:`~vr_runtime.backbones.Backbone`.
+stage and only the frames it keeps are encoded. The latency budget lives in
+:mod:`vr_runtime.latency`, option scoring (labels, evaluation) in
+:mod:`vr_runtime.eval.option_scoring`: this class is the inference path alone. Everything
+specific to a model family (frame spec, vision, prompt layout, positions, decoder) is behind
+``self.lm``, a :class:`~vr_runtime.backbones.Backbone`.
 
 Untrained routers (no weights given, none shipped): ``auto`` does not pretend to route -- it falls
 back to :data:`~vr_runtime.policies.UNTRAINED_AUTO_POLICY` and the report says so.
@@ -25,9 +28,10 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import dataclasses
 import pathlib
 from dataclasses import dataclass, field
-from typing import List, Mapping, Optional, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 
@@ -35,16 +39,15 @@ from vr_kernels import pooled_counts
 
 from . import budget as B
 from .backbones import Backbone, backbone_from_config, load_backbone
-from .backbones.base import output_cache
 from .decode import GreedyDecoder
-from .policies import (AUTO, SEMANTIC_CLASSES, UNTRAINED_AUTO_POLICY, FittedPlan, Windows,
+from .policies import (AUTO, SEMANTIC_CLASSES, UNTRAINED_AUTO_POLICY, FittedPlan,
                        get_planner, is_budgeted, kept_frames, plan_fitted, policy_from_logits,
                        policy_names)
 from .reconstruct import reconstruct_embeds
 from .report import build_report
+from .request import AnswerOptions, Request
 from .routers import RouterConfig, Routers, embed_question
-from .scorers import (CachedImageRouterScorer, FixedRelevance, FrameScorer, FrameScores,
-                      ImageRouterScorer, ScoringInput)
+from .scorers import FrameScores, ScoringInput
 from .timing import StageTimer
 
 POLICIES = policy_names()  # the built-in ones; register_planner adds more at run time
@@ -54,33 +57,6 @@ POLICIES = policy_names()  # the built-in ones; register_planner adds more at ru
 class Answer:
     text: str
     report: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Request:
-    """One checked call of :meth:`VideoRouter.answer`."""
-    video: object
-    question: str
-    num_frames: int
-    max_length: int
-    max_new_tokens: int
-    policy: str
-    time_window: Optional[tuple]
-    scorer: Optional[FrameScorer]
-    windows: Windows
-    margin: int
-    budget: Optional[int]          # a fixed visual budget B_img (controlled protocol), or None
-    chunk_size: int
-    system: Optional[str]
-    cache_visual: bool
-    route_to: Mapping[str, str]    # Semantic Router class -> planner
-    decoder: str                   # video decoding library (vr_runtime.decoders)
-    ttft_budget_s: Optional[float]  # latency-budgeted routing (vr_runtime.latency), or None
-    router_question: str = ""      # what the routers and scorers read ("" -> ``question``)
-
-    @property
-    def routed_question(self) -> str:
-        return self.router_question or self.question
 
 
 @dataclass
@@ -189,65 +165,19 @@ class VideoRouter:
         return embed_question(self.lm.model, self.lm.tokenizer, question)
 
     # ------------------------------------------------------------------ stage: request
-    def request(self, video, question, num_frames=64, max_length=12288, max_new_tokens=64,
-                policy="auto", time_window=None, relevant=None, scorer=None, high=1, low=4,
-                global_scale=2, margin=100, budget=None, chunk_size=16, frame_batch=None,
-                system=None, router_pool=None, cache_visual=False, route_to=None,
-                decoder="auto", ttft_budget_s=None, router_question=None) -> Request:
-        """Check the arguments of :meth:`answer` (before any decoding) -> :class:`Request`."""
-        if policy not in policy_names():
-            from .errors import did_you_mean
-            raise ValueError(f"policy {policy!r}: expected one of {', '.join(policy_names())}"
-                             f"{did_you_mean(policy, policy_names())}")
-        if not isinstance(question, str) or not question.strip():
-            raise ValueError("question: empty; ask a non-empty question about the video")
-        for name, v, lo in (("num_frames", num_frames, 1), ("max_length", max_length, 1),
-                            ("max_new_tokens", max_new_tokens, 0), ("margin", margin, 0),
-                            ("chunk_size", chunk_size, 1)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-                raise ValueError(f"{name}: expected an int >= {lo}, got {v!r}")
-        if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool)
-                                   or budget < 1):
-            raise ValueError(f"budget: expected a visual-token budget >= 1 or None, got {budget!r}")
-        if relevant is not None and scorer is not None:
-            raise ValueError("relevant and scorer: give one of them (relevant= is a fixed scorer)")
-        if scorer is not None and (router_pool is not None or frame_batch is not None):
-            raise ValueError("router_pool/frame_batch: configure the Image Router of the default "
-                             "scorer; with scorer= set them on the scorer itself (e.g. "
-                             "FixedRelevance(..., run_routers=True, router_pool=2))")
-        if relevant is not None:
-            scorer = FixedRelevance(relevant)
-        elif scorer is None:
-            cls = CachedImageRouterScorer if cache_visual else ImageRouterScorer
-            scorer = cls(frame_batch=frame_batch, router_pool=router_pool)
-        elif not isinstance(scorer, FrameScorer):
-            raise ValueError(f"scorer: expected a vr_runtime.scorers.FrameScorer, got "
-                             f"{type(scorer).__name__}")
-        routes = dict(zip(SEMANTIC_CLASSES, SEMANTIC_CLASSES))
-        routes.update(route_to or {})
-        for cls_name, target in routes.items():
-            if cls_name not in SEMANTIC_CLASSES:
-                raise ValueError(f"route_to: keys are Semantic Router classes {SEMANTIC_CLASSES}, "
-                                 f"got {cls_name!r}")
-            get_planner(target)
-        if router_question is not None and (not isinstance(router_question, str)
-                                            or not router_question.strip()):
-            raise ValueError("router_question: expected a non-empty string or None (None: the "
-                             "routers read the question itself)")
-        if time_window is not None:
-            time_window = tuple(time_window)
-        if ttft_budget_s is not None:
-            if isinstance(ttft_budget_s, bool) or not isinstance(ttft_budget_s, (int, float)) \
-                    or not ttft_budget_s > 0:
-                raise ValueError(f"ttft_budget_s: expected seconds > 0, got {ttft_budget_s!r}")
-            if not is_budgeted(policy, routes) or budget is not None:
-                raise ValueError(f"ttft_budget_s: chooses the visual budget, so it does not go "
-                                 f"with policy {policy!r} (no budget) or a fixed budget=")
-        return Request(video, question, num_frames, max_length, max_new_tokens, policy,
-                       time_window, scorer, Windows(high, low, global_scale), margin, budget,
-                       chunk_size, system, bool(cache_visual), routes, decoder,
-                       None if ttft_budget_s is None else float(ttft_budget_s),
-                       router_question or "")
+    @staticmethod
+    def request(video, question, options: Optional[AnswerOptions] = None, **kwargs) -> Request:
+        """Check a call of :meth:`answer` (before any decoding) -> :class:`Request`.
+        ``options`` or ``kwargs`` (the fields of :class:`~vr_runtime.request.AnswerOptions`)."""
+        if options is None:
+            options = AnswerOptions(**kwargs)
+        elif kwargs:
+            raise ValueError(f"options: give an AnswerOptions or keywords, not both (got "
+                             f"{', '.join(sorted(kwargs))} besides options=)")
+        elif not isinstance(options, AnswerOptions):
+            raise ValueError(f"options: expected a vr_runtime.AnswerOptions, got "
+                             f"{type(options).__name__}")
+        return Request.build(video, question, options)
 
     def check_budget(self, req: Request, num_frames: int) -> None:
         """The budget depends only on the question and the frame count: refuse a hopeless one
@@ -374,9 +304,11 @@ class VideoRouter:
     # ------------------------------------------------------------------ stage: score
     def score_frames(self, req: Request, frames: Frames, Z, timer: StageTimer,
                      state: Optional[dict], budget: int) -> FrameScores:
-        inp = ScoringInput(req.routed_question, frames.pixel_values, Z, budget, req.windows, state)
+        inp = ScoringInput(req.routed_question, frames.pixel_values, Z, budget, req.windows,
+                           state, routers=self.routers, grid=self.lm.grid,
+                           frame_spec=self.lm.frame_spec, embed=self.question_embeddings)
         with timer.stage("router"):
-            return req.scorer.score(self, inp)
+            return req.scorer.score(inp)
 
     # ------------------------------------------------------------------ stage: plan
     def plan(self, req: Request, policy: str, T: int,
@@ -393,91 +325,12 @@ class VideoRouter:
         fitted = plan_fitted(planner, T, grid, relevant, w, text_for, req.max_length,
                              req.max_new_tokens, req.margin, budget=req.budget)
         if req.ttft_budget_s is not None and planner.budgeted:
-            fitted = self._fit_latency(req, planner, T, relevant, fitted, text_for)
+            from .latency import fit_latency
+            fitted = fit_latency(self, req, planner, T, relevant, fitted, text_for)
         if sum(pooled_counts(fitted.plan, grid)) == 0:
             raise B.BudgetError(f"visual budget {fitted.budget} holds no frame under policy "
                                 f"{policy!r}; raise max_length or lower max_new_tokens")
         return fitted
-
-    # ------------------------------------------------------------------ latency budget
-    def latency_model(self):
-        """The cost model of this backbone on this device, corrected by this process's
-        measurements (``vr_runtime.latency``); built (CPU: calibrated) on first use."""
-        if getattr(self, "_latency", None) is None:
-            from .latency import LatencyModel
-            model = LatencyModel.for_backbone(self.lm)
-            model.probe(self)
-            self._latency = model
-        return self._latency
-
-    def _latency_request(self, req: Request, planner, T: int):
-        """-> ``inputs(plan)``: the cost model's inputs for one plan of this request. What does
-        not depend on the plan (the prompt's text, the question's length) is counted once."""
-        pool = self._scorer_pool(req.scorer)   # None: the scorer runs no Image Router
-        fixed = dict(text_tokens=self.lm.text_tokens(req.question, T, req.system),
-                     routers=planner.needs_relevance and (req.scorer.uses_routers
-                                                          or pool is not None),
-                     router_layers=self.routers.config.num_layers,
-                     router_pool=self.routers.config.router_pool if pool is None else pool,
-                     question_tokens=int(self.question_embeddings(req.routed_question).shape[0]))
-        grid = self.lm.grid
-
-        def inputs(plan: Sequence) -> dict:
-            kept = len(kept_frames(plan, grid))
-            # plan-first policies encode only the frames they keep
-            return dict(fixed, visual_tokens=sum(pooled_counts(plan, grid)), kept_frames=kept,
-                        num_frames=T if planner.needs_relevance else kept)
-        return inputs
-
-    def _fit_latency(self, req: Request, planner, T: int, relevant, fitted: FittedPlan,
-                     text_for) -> FittedPlan:
-        """The largest visual budget (at most the context's) whose predicted TTFT fits."""
-        from .latency import largest_fitting_budget
-        model = self.latency_model()
-        grid, w = self.lm.grid, req.windows
-        inputs = self._latency_request(req, planner, T)
-
-        def plan_for(budget: int):
-            try:
-                plan = planner.plan(T, budget, grid, relevant, w)
-            except B.BudgetError:
-                return None
-            return plan if sum(pooled_counts(plan, grid)) else None
-
-        def predicted(budget: int) -> float:
-            plan = plan_for(budget)
-            if plan is None:
-                return float("inf")
-            return sum(model.predict(**inputs(plan)).values())
-
-        # The smallest budget that holds a frame at one of the policy's windows.
-        sizes = sorted(B.window_tokens(x, grid) for x in (w.low, w.global_scale, w.high, 1))
-        lo = next((b for b in sizes if plan_for(b) is not None), fitted.budget)
-        best = largest_fitting_budget(predicted, lo, max(fitted.budget, lo), req.ttft_budget_s)
-        chosen = lo if best is None else best
-        notes = () if best is not None else (
-            f"ttft_budget_s {req.ttft_budget_s:g}: even the smallest plan is predicted at "
-            f"{predicted(lo):.3f} s (the vision tower and routers see every frame); it was used",)
-        plan = planner.plan(T, chosen, grid, relevant, w)
-        return FittedPlan(plan, chosen, text_for(kept_frames(plan, grid)), notes)
-
-    def _latency_report(self, req: Request, planner, T: int, fitted: FittedPlan,
-                        timer: StageTimer, observe: bool = True) -> dict:
-        model = self.latency_model()
-        inputs = self._latency_request(req, planner, T)(fitted.plan)
-        raw = model.raw(**inputs)
-        pred = model.predict(**inputs)
-        if observe:   # a batch's shared prefill is not one request's: it would mislead the model
-            model.observe(raw, timer.times)   # corrects the next prediction
-        return {"ttft_budget_s": req.ttft_budget_s,
-                "ttft_predicted_s": round(sum(pred.values()), 6),
-                "ttft_predicted_stages_s": {k: round(v, 6) for k, v in pred.items()},
-                "ttft_model_device": model.device.name}
-
-    def _scorer_pool(self, scorer) -> Optional[int]:
-        """The window the Image Router runs at for ``scorer`` (None: it runs no Image Router)."""
-        pool = getattr(scorer, "pool", None)
-        return pool(self) if callable(pool) else None
 
     def _scoring_budget(self, req: Request, T: int) -> int:
         """The budget a rank-based scorer plans for: the fixed one, or the one with every
@@ -516,167 +369,55 @@ class VideoRouter:
         return self.greedy.generate([embeds], [max_new_tokens], [position_ids], self._stop_ids,
                                     timer, each)[0]
 
-    # ------------------------------------------------------------------ option scoring
-    @torch.inference_mode()
-    def option_logprobs(self, Z: torch.Tensor, prompt: str, plans: Sequence[Sequence],
-                        continuations: Sequence[Sequence[int]], system: Optional[str] = None,
-                        batch_size: int = 8) -> torch.Tensor:
-        """log p(continuation | video under plan, prompt) -> float32 [len(plans),
-        len(continuations)] on the CPU: the sum of each continuation's token log-probabilities.
-
-        ``Z`` [T, H*W, D] is every sampled frame encoded once (``lm.encode_frames``); each plan
-        has one window per frame (0 = dropped), fixed by the caller (no planner, no budget).
-        The prompt and its pooled frames are built exactly as :meth:`answer` builds them
-        (``lm.build_prompt``, ``reconstruct_embeds``, ``lm.position_ids``). Prompts of equal
-        length are prefilled together, up to ``batch_size`` plans per decoder pass; a
-        one-token continuation (an option letter) is read off the prefill's last row, longer
-        ones continue from its KV cache, repeated once per continuation (memory: batch_size x
-        len(continuations) caches -- lower ``batch_size`` for long prompts on large models)."""
-        lm = self.lm
-        T = int(Z.shape[0]) if Z is not None and Z.ndim == 3 else -1
-        if T < 1:
-            raise ValueError(f"Z: expected [T, N, D] encoded frames, got "
-                             f"{None if Z is None else tuple(Z.shape)}")
-        if not continuations or any(len(c) < 1 for c in continuations):
-            raise ValueError("continuations: expected one or more non-empty token-id lists")
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}")
-        prompts = []
-        for i, plan in enumerate(plans):
-            if len(plan) != T:
-                raise ValueError(f"plans[{i}]: {len(plan)} windows for {T} frames")
-            ids, starts = lm.build_prompt(prompt, pooled_counts(list(plan), lm.grid), system)
-            prompts.append((i, list(plan), ids, starts))
-        by_length: dict = {}
-        for p in prompts:
-            by_length.setdefault(p[2].numel(), []).append(p)
-        out = torch.empty(len(prompts), len(continuations), dtype=torch.float32)
-        for group in by_length.values():
-            for k in range(0, len(group), batch_size):
-                chunk = group[k:k + batch_size]
-                out[[p[0] for p in chunk]] = self._score_chunk(Z, chunk, continuations)
-        return out
-
-    def _score_chunk(self, Z, chunk, continuations) -> torch.Tensor:
-        """Equal-length prompts (one decoder batch) -> [len(chunk), len(continuations)]."""
-        lm = self.lm
-        embeds, positions = [], []
-        for _, plan, ids, starts in chunk:
-            kept_plan = [w for w in plan if pooled_counts([w], lm.grid)[0] > 0]
-            if kept_plan:
-                embeds.append(reconstruct_embeds(lm.model, ids, Z, plan, lm.image_token_id,
-                                                 lm.grid, frame_starts=starts))
-            else:   # every frame dropped: the text alone
-                embeds.append(lm.embed_tokens(ids.to(lm.device))[None])
-            positions.append(lm.position_ids(ids, kept_plan, starts))
-        L = chunk[0][2].numel()
-        pos = None if positions[0] is None else torch.cat(positions, 1)
-        res = lm.forward(inputs_embeds=torch.cat(embeds, 0), position_ids=pos, logits_to_keep=1)
-        first = torch.log_softmax(res.logits[:, -1].float(), -1)              # [b, V]
-        C = len(continuations)
-        score = first[:, [int(c[0]) for c in continuations]].clone()           # [b, C]
-        n = max(len(c) for c in continuations) - 1
-        if n == 0:
-            return score.cpu()
-        cache = output_cache(res)
-        cache.batch_repeat_interleave(C)
-        # Step j reads token j and predicts token j + 1. Continuations are right-padded with
-        # their own last token: causal, so padding after a token never changes its logits.
-        def padded(c, shift):
-            return [int(c[min(j + shift, len(c) - 1)]) for j in range(n)]
-        toks = torch.tensor([padded(c, 0) for c in continuations],
-                            device=lm.device).repeat(len(chunk), 1)
-        targets = torch.tensor([padded(c, 1) for c in continuations],
-                               device=lm.device).repeat(len(chunk), 1)
-        step_pos = None
-        if pos is not None:
-            step_pos = torch.cat([torch.cat([lm.step_position_ids(lm.next_position(p, L) + j)
-                                             for j in range(n)], -1) for p in positions], 1)
-            step_pos = step_pos.repeat_interleave(C, 1)
-        o = lm.forward(inputs_embeds=lm.embed_tokens(toks), past_key_values=cache,
-                       position_ids=step_pos, logits_to_keep=0)
-        lp = torch.log_softmax(o.logits.float(), -1)                           # [b*C, n, V]
-        got = lp.gather(-1, targets[..., None])[..., 0].view(len(chunk), C, n)
-        for j, c in enumerate(continuations):
-            score[:, j] += got[:, j, :len(c) - 1].sum(-1)
-        return score.cpu()
-
     # ------------------------------------------------------------------ the pipeline
     @torch.inference_mode()
-    def answer(self, video, question: str, num_frames: int = 64, max_length: int = 12288,
-               max_new_tokens: int = 64, policy: str = "auto", **options) -> Answer:
+    def answer(self, video, question: str, options: Optional[AnswerOptions] = None, *,
+               on_token=None, **kwargs) -> Answer:
         """Answer ``question`` about ``video`` (path | VideoClip | Future | [T,3,H,W] tensor).
 
-        ``options`` (see :meth:`request`): ``time_window``; ``relevant`` (fixed Image Router
-        decisions, one bool per sampled frame) or ``scorer`` (a FrameScorer); ``high``/``low``/
-        ``global_scale`` (s1, s0, s_g); ``margin``; ``budget`` (a fixed visual budget B_img
-        instead of one derived from ``max_length``); ``chunk_size``; ``frame_batch`` and
-        ``router_pool`` (the Image Router: frames per shadow-stack call; window on Z_t first,
-        None = the routers' configured one); ``system``; ``cache_visual`` (keep decoded frames,
-        Z and the Image Router's question-independent state for the next question on the same
-        video: the report says "hit"/"miss"); ``route_to`` (Semantic Router class -> policy,
-        e.g. ``{"fragment": "uniform"}`` for the no-Image-Router ablation); ``decoder``
-        ("auto", "pyav", "decord": the video library, see vr_runtime.decoders);
-        ``ttft_budget_s`` (beyond the paper: the largest visual budget whose predicted TTFT on
-        this device fits, vr_runtime.latency; the report gives the prediction);
-        ``router_question`` (what the routers and frame scorers read when ``question`` is a full
-        LLM prompt, e.g. a multiple-choice prompt with options and an instruction: the routers
-        are trained on the bare question); ``on_token`` (called with each generated id as it is
-        decided, e.g. to stream the answer; the answer is the same)."""
-        on_token = options.pop("on_token", None)   # streaming: each new id, as it is decided
-        p = self._prepare(video, question, num_frames, max_length, max_new_tokens, policy,
-                          **options)
-        gen = self.generate(p.embeds, p.req.max_new_tokens, p.timer, p.position_ids, on_token)
-        return self._finish(p, gen)
+        ``options``: an :class:`~vr_runtime.request.AnswerOptions` (frames, context, policy,
+        scorer, windows, budget, cache, ...); or its fields as keywords, e.g.
+        ``answer(video, q, num_frames=16, policy="global")``. ``on_token``: called with each
+        generated id as it is decided (streaming; the answer is the same)."""
+        req = self.request(video, question, options, **kwargs)             # request
+        p = self._prepare(req)          # decode, policy, vision, score, plan, compress
+        gen = self.generate(p.embeds, req.max_new_tokens, p.timer, p.position_ids,
+                            on_token)                                      # prefill, generate
+        return self._finish(p, gen)                                        # report
 
-    def _prepare(self, video, question, num_frames=64, max_length=12288, max_new_tokens=64,
-                 policy="auto", **options) -> "_Prepared":
+    def _prepare(self, req: Request) -> "_Prepared":
         """Every stage of :meth:`answer` before the prefill -> the prompt's embeddings and
         everything the report needs."""
-        req = self.request(video, question, num_frames, max_length, max_new_tokens, policy,
-                           **options)
-        T_req = int(video.shape[0]) if isinstance(video, torch.Tensor) else num_frames
-        self.check_budget(req, T_req)
+        T_req = int(req.video.shape[0]) if isinstance(req.video, torch.Tensor) else req.num_frames
+        self.check_budget(req, T_req)              # a hopeless budget fails before decoding
         timer = StageTimer(self.lm.device)
         state = self.video_state(req)
         hit = bool(state and state["hit"])
-        frames = self.decode(req, timer, state)
-        T = frames.T
-        notes = list(frames.notes)
+        frames = self.decode(req, timer, state)                                      # decode
+        T, notes = frames.T, list(frames.notes)
         if hit:
             notes.append("visual cache hit: decoded frames, Z and the Image Router's "
                          "question-independent state were reused from an earlier question")
-
-        decision = self.decide_policy(req, timer)
+        decision = self.decide_policy(req, timer)                                    # policy
         notes += decision.notes
         planner = get_planner(decision.policy)
-        scores, Z, keep = None, None, None
-        if planner.needs_relevance:
-            scorer = req.scorer
-            if scorer.uses_routers and not self.routers_trained:
-                notes.append("routers are untrained: the Image Router's frame scores come from "
-                             "untrained weights")
-            pool = self._scorer_pool(scorer)
-            if pool is not None and pool != self.routers.config.router_pool:
-                notes.append(f"router_pool={pool} differs from the pooling the "
-                             f"routers were built with ({self.routers.config.router_pool})")
-            Z = self.encode(frames, req, timer, state) if scorer.needs_z else None
+        scores, Z = None, None
+        if planner.needs_relevance:   # vision first when the scorer reads Z, then score
+            Z = self.encode(frames, req, timer, state) if req.scorer.needs_z else None
             scores = self.score_frames(req, frames, Z, timer, state, self._scoring_budget(req, T))
-            fitted = self.plan(req, decision.policy, T, scores.relevant)
-            if not any(scores.relevant):
-                notes.append("no frame was relevant: " + (
-                    "every frame at s0 (Algorithm 1 literally)"
-                    if decision.policy == "fragment-literal" else "the Global plan was used"))
-        else:
-            fitted = self.plan(req, decision.policy, T)
+            notes += scores.notes
+        fitted = self.plan(req, decision.policy, T, scores.relevant if scores else None)  # plan
+        if scores is not None and not any(scores.relevant):
+            notes.append("no frame was relevant: " + (
+                "every frame at s0 (Algorithm 1 literally)"
+                if decision.policy == "fragment-literal" else "the Global plan was used"))
         notes += fitted.notes
         keep = kept_frames(fitted.plan, self.lm.grid)
-        if Z is None:
+        if Z is None:   # plan-first policies encode only the frames they keep        # vision
             Z = self.encode(frames, req, timer, state, keep)
         elif len(keep) < T:
             Z = Z[keep]
-
-        ids, embeds, pos = self.compress(req, fitted.plan, Z, keep, timer)
+        ids, embeds, pos = self.compress(req, fitted.plan, Z, keep, timer)          # compress
         if not planner.budgeted and ids.numel() + req.max_new_tokens > req.max_length:
             notes.append(f"{decision.policy} has no budget: its prompt of {ids.numel()} tokens "
                          f"plus {req.max_new_tokens} new tokens exceeds max_length {req.max_length}")
@@ -690,8 +431,9 @@ class VideoRouter:
         text = self.lm.tokenizer.decode(gen, skip_special_tokens=True).strip()
         extra = None
         if req.ttft_budget_s is not None:
-            extra = self._latency_report(req, p.planner, T, p.fitted, p.timer,
-                                         observe=batch == 1)
+            from .latency import latency_report
+            extra = latency_report(self, req, p.planner, T, p.fitted, p.timer,
+                                   observe=batch == 1)
         report = build_report(self, req, p.frames, p.decision, p.scores, p.fitted, p.ids.numel(),
                               len(gen), p.timer, p.notes,
                               ("hit" if p.hit else "miss") if req.cache_visual else None)
@@ -703,12 +445,12 @@ class VideoRouter:
         return Answer(text=text, report=report)
 
     @torch.inference_mode()   # as answer: no autograd graph (cached state is deep-copied)
-    def answer_batch(self, videos: Sequence, questions, num_frames: int = 64, time_window=None,
-                     decoder: str = "auto", batch_prefill: bool = True,
-                     options: Optional[Sequence[dict]] = None, **kw) -> List[Answer]:
+    def answer_batch(self, videos: Sequence, questions, options=None, *,
+                     batch_prefill: bool = True, **kwargs) -> List[Answer]:
         """``answer`` for several videos (``questions``: one string for all, or one per video).
-        ``options``: one dict of ``answer`` options per video, over ``kw`` (e.g. each question's
-        ``router_question`` and its own ``scorer``).
+        ``options``: one :class:`~vr_runtime.request.AnswerOptions` for every video, or one per
+        video (an AnswerOptions, or a dict of its fields over ``kwargs``: e.g. each question's
+        ``router_question`` and its own ``scorer``); ``kwargs``: AnswerOptions fields for all.
 
         Every stage before the prefill runs per video, decoding the next video file in the
         background while the model works on the current one. With ``batch_prefill`` (the
@@ -720,29 +462,39 @@ class VideoRouter:
         qs = [questions] * len(videos) if isinstance(questions, str) else list(questions)
         if len(qs) != len(videos):
             raise ValueError(f"questions: expected 1 or {len(videos)} questions, got {len(qs)}")
-        per = [{}] * len(videos) if options is None else list(options)
-        if len(per) != len(videos):
-            raise ValueError(f"options: expected {len(videos)} dicts (one per video), got "
-                             f"{len(per)}")
+        if options is None or isinstance(options, AnswerOptions):
+            per = [options] * len(videos)
+        else:
+            per = list(options)
+            if len(per) != len(videos):
+                raise ValueError(f"options: expected {len(videos)} dicts (one per video), got "
+                                 f"{len(per)}")
+        # every video's options checked before any decoding starts
+        if kwargs and any(isinstance(o, AnswerOptions) for o in per):
+            raise ValueError(f"options: give AnswerOptions or keywords, not both (got "
+                             f"{', '.join(sorted(kwargs))} besides options=)")
+        opts = [o if isinstance(o, AnswerOptions) else AnswerOptions(**{**kwargs, **(o or {})})
+                for o in per]
         spec = self.lm.frame_spec
 
-        def start(v):
+        def start(i):
+            v, o = videos[i], opts[i]
             if isinstance(v, (str, pathlib.Path)):
                 from .video import prefetch_video
-                return prefetch_video(str(v), num_frames=num_frames, time_window=time_window,
+                return prefetch_video(str(v), num_frames=o.num_frames, time_window=o.time_window,
                                       size=spec.size[0], mean=spec.mean, std=spec.std,
-                                      decoder=decoder)
+                                      decoder=o.decoder)
             return v
 
-        run = self._prepare if batch_prefill else self.answer
         done: list = []
-        pending = start(videos[0]) if videos else None
+        pending = start(0) if videos else None
         for i, q in enumerate(qs):
-            cur = pending
-            pending = start(videos[i + 1]) if i + 1 < len(videos) else None
-            done.append(run(cur, q, num_frames=num_frames,
-                            time_window=None if isinstance(cur, cf.Future) else time_window,
-                            decoder=decoder, **{**kw, **per[i]}))
+            cur, o = pending, opts[i]
+            pending = start(i + 1) if i + 1 < len(videos) else None
+            if isinstance(cur, cf.Future):   # the window was applied when it was decoded
+                o = dataclasses.replace(o, time_window=None)
+            done.append(self._prepare(self.request(cur, q, o)) if batch_prefill
+                        else self.answer(cur, q, o))
         if not batch_prefill or not done:
             return done
         timer = StageTimer(self.lm.device)
@@ -757,5 +509,5 @@ class VideoRouter:
         return [self._finish(p, g, len(done)) for p, g in zip(done, gens)]
 
 
-__all__ = ["VideoRouter", "Answer", "Request", "Frames", "PolicyDecision", "POLICIES",
+__all__ = ["VideoRouter", "Answer", "AnswerOptions", "Request", "Frames", "PolicyDecision", "POLICIES",
            "UNTRAINED_AUTO_POLICY", "SEMANTIC_CLASSES"]

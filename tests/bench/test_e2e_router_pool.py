@@ -10,8 +10,8 @@ def test_bench_rows_pass_the_pool_to_the_scorer():
     import argparse
     import bench_e2e
     args = argparse.Namespace(max_new_tokens=2, margin=10, router_pool=4)
-    kw = bench_e2e.answer_kwargs(args, 4, 4000, 600, {"policy": "fragment"},
-                                 relevant=[True, False, True, False])
-    assert kw["scorer"].run_routers and kw["scorer"].router_pool == 4 and "router_pool" not in kw
+    opts = bench_e2e.answer_options(args, 4, 4000, 600, {"policy": "fragment"},
+                                    relevant=[True, False, True, False])
+    assert opts.scorer.run_routers and opts.scorer.router_pool == 4 and opts.router_pool is None
     assert bench_e2e.used_router_pool([{"router_pool": 4}, {"router_pool": None}]) == 4
     assert bench_e2e.used_router_pool([{"router_pool": None}]) is None

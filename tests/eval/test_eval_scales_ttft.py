@@ -108,7 +108,8 @@ def test_lmms_model_args_scales():
     video = torch.randn(4, 3, 448, 448)
     lmm._text_and_video = lambda messages: ("What?", video)
     res = lmm._answer({"question": "What?"}, None, {"max_new_tokens": 1})
-    assert (seen["global_scale"], seen["high"], seen["low"]) == (4, 1, 8)
+    opts = seen["options"]
+    assert (opts.global_scale, opts.high, opts.low) == (4, 1, 8)
     assert res.report["frame_tokens"] == [16] * 4
 
 

@@ -32,8 +32,8 @@ def prompts(vr):
     out = []
     for T, q, budget in zip((3, 4, 2), QUESTIONS, (300, 420, 200)):
         v = torch.randn(T, 3, 448, 448, generator=g)
-        out.append(vr._prepare(v, q, num_frames=T, max_new_tokens=8, policy="uniform",
-                               budget=budget))
+        out.append(vr._prepare(vr.request(v, q, num_frames=T, max_new_tokens=8,
+                                          policy="uniform", budget=budget)))
     assert len({p.embeds.shape[1] for p in out}) == 3
     return out
 
@@ -136,7 +136,7 @@ def test_batched_answers_do_not_correct_the_latency_model(vr, monkeypatch):
     fake = SimpleNamespace(raw=lambda **kw: {}, predict=lambda **kw: {"prefill": 1e-3},
                            observe=lambda raw, times: observed.append(times),
                            device=SimpleNamespace(name="fake"))
-    monkeypatch.setattr(vr, "latency_model", lambda: fake)
+    monkeypatch.setattr(vr, "_latency", fake, raising=False)   # latency.latency_model's cache
     v = torch.randn(2, 3, 448, 448, generator=torch.Generator().manual_seed(4))
     kw = dict(num_frames=2, max_new_tokens=2, policy="uniform", ttft_budget_s=5.0)
     vr.answer(v, QUESTIONS[0], **kw)
@@ -251,8 +251,8 @@ def test_graph_decoding_equals_eager_cuda(name):
                      decoding="graph")
     assert vr.greedy.mode == "graph"
     g = torch.Generator().manual_seed(5)
-    ps = [vr._prepare(torch.randn(T, 3, 448, 448, generator=g), q, num_frames=T,
-                      max_new_tokens=8, policy="uniform", budget=b)
+    ps = [vr._prepare(vr.request(torch.randn(T, 3, 448, 448, generator=g), q, num_frames=T,
+                                 max_new_tokens=8, policy="uniform", budget=b))
           for T, q, b in zip((3, 4, 2), QUESTIONS, (300, 420, 200))]
     eager = GreedyDecoder(vr.lm, "dynamic")
     want = [eager.generate([p.embeds], [12], [p.position_ids], set())[0] for p in ps]

@@ -1,4 +1,5 @@
-"""VideoRouter.option_logprobs (the scoring seam of the label tools) against a plain reference:
+"""eval.option_scoring.option_logprobs (the scoring seam of the label tools)
+against a plain reference:
 one direct backbone forward over prompt + continuation per (plan, continuation), on random
 frames, odd frame counts, plans that keep, pool and drop frames, both backbone families."""
 import random
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from vr_kernels import pooled_counts
+from vr_runtime.eval.option_scoring import option_logprobs
 
 
 @pytest.fixture(scope="module", params=["tiny", "tiny-qwen2.5-vl"])
@@ -54,22 +56,22 @@ def test_option_logprobs_match_a_plain_forward(vr, T):
     plans += [[1] * T, [0] * T, [8] * T]
     # plans of equal prompt length are batched: leave-one-out plans share one pass
     plans += [[8 if u == t else 1 for u in range(T)] for t in (0, T - 1)]
-    got = vr.option_logprobs(Z, "What shape is the red object?", plans, conts, batch_size=3)
+    got = option_logprobs(vr.lm, Z, "What shape is the red object?", plans, conts, batch_size=3)
     assert got.shape == (len(plans), len(conts))
     for i, plan in enumerate(plans):
         for j, c in enumerate(conts):
             ref = reference(vr, Z, "What shape is the red object?", plan, c)
             assert got[i, j].item() == pytest.approx(ref, rel=1e-4, abs=1e-3), (plan, j)
     # one-token continuations only: read off the prefill
-    one = vr.option_logprobs(Z, "What shape is the red object?", plans[:4], conts[:1])
+    one = option_logprobs(vr.lm, Z, "What shape is the red object?", plans[:4], conts[:1])
     assert torch.allclose(one[:, 0], got[:4, 0], atol=1e-4)
 
 
 def test_option_logprobs_checks_arguments(vr):
     Z = torch.zeros(2, vr.lm.grid[0] * vr.lm.grid[1], vr.lm.hidden_size)
     with pytest.raises(ValueError, match="plans\\[0\\]"):
-        vr.option_logprobs(Z, "q?", [[1, 1, 1]], [[5]])
+        option_logprobs(vr.lm, Z, "q?", [[1, 1, 1]], [[5]])
     with pytest.raises(ValueError, match="continuations"):
-        vr.option_logprobs(Z, "q?", [[1, 1]], [[]])
+        option_logprobs(vr.lm, Z, "q?", [[1, 1]], [[]])
     with pytest.raises(ValueError, match="batch_size"):
-        vr.option_logprobs(Z, "q?", [[1, 1]], [[5]], batch_size=0)
+        option_logprobs(vr.lm, Z, "q?", [[1, 1]], [[5]], batch_size=0)

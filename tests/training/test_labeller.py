@@ -1,5 +1,6 @@
 """The synthetic task's labeller (training/labeller.py): its plans and answers, that what it trains
 is exactly what rule (a) scores, its config checks, and a short run end to end."""
+from vr_runtime.eval.option_scoring import option_logprobs
 import json
 import random
 
@@ -48,7 +49,6 @@ def test_fragment_questions_are_targets_and_an_absent_color():
 def test_training_loss_is_what_option_scoring_reads(tiny_lm, plan):
     """-conversation_loss(one turn) == option_logprobs of the same answer under the same plan:
     the labeller is trained on exactly the log-likelihood rule (a) compares."""
-    from vr_runtime.runtime import VideoRouter
     from vr_runtime.training.labels import option_continuations
     torch.manual_seed(0)
     T = len(plan)
@@ -57,7 +57,7 @@ def test_training_loss_is_what_option_scoring_reads(tiny_lm, plan):
     options = ["circle", "none"]
     conts = option_continuations(tiny_lm.tokenizer, options, "option-text")
     with torch.no_grad():
-        lp = VideoRouter(tiny_lm, warmup_frames=0).option_logprobs(Z, q, [plan], conts)[0]
+        lp = option_logprobs(tiny_lm, Z, q, [plan], conts)[0]
         for j, a in enumerate(options):
             loss, n, _ = LB.conversation_loss(tiny_lm, Z, [(q, a)], plan)
             assert n == len(conts[j])

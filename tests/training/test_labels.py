@@ -2,6 +2,7 @@
 toy scorers whose answer we know, the greedy set against a plain re-implementation, the
 driver on both tiny backbones against direct option_logprobs calls, the A/B probe feeding
 policy-labels, and the CLI's errors."""
+from vr_runtime.eval.option_scoring import option_logprobs
 import itertools
 import json
 import random
@@ -262,7 +263,7 @@ def test_label_frames_on_both_backbones(vr, mc, tmp_path):
     prompt = mc_prompt(line["question"], line["options"],
                        PromptConfig("", "", "option-text", "bare"))
     conts = L.option_continuations(vr.lm.tokenizer, line["options"], "option-text")
-    ref = vr.option_logprobs(Z, prompt, [[1] * T], conts, batch_size=1)[0]
+    ref = option_logprobs(vr.lm, Z, prompt, [[1] * T], conts, batch_size=1)[0]
     c = int(ref.argmax())
     (tmp_path / "q.jsonl").write_text(json.dumps({**line, "answer": line["options"][c]}) + "\n")
     cfg.data = str(tmp_path / "q.jsonl")
@@ -272,7 +273,7 @@ def test_label_frames_on_both_backbones(vr, mc, tmp_path):
     assert d["status"] == "ok"
     assert d["reference_logprobs"] == pytest.approx(ref.tolist(), abs=1e-3)
     for t in range(T):
-        lp = vr.option_logprobs(Z, prompt, [[8 if u == t else 1 for u in range(T)]], conts,
+        lp = option_logprobs(vr.lm, Z, prompt, [[8 if u == t else 1 for u in range(T)]], conts,
                                 batch_size=1)[0]
         assert d["logprob_drop"][t] == pytest.approx(float(ref[c] - lp[c]), abs=1e-3)
         assert d["necessary"][t] == int(int(lp.argmax()) != c or float(ref[c] - lp[c]) > 0.05)

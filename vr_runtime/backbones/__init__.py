@@ -2,7 +2,8 @@
 preset name, or a shape preset (random weights) -> a :class:`~.base.Backbone`.
 
 Adding a backbone is one module with a ``Backbone`` subclass (``load``, ``tiny``,
-``from_config`` class methods) plus one line in each table below.
+``from_config`` class methods) plus one registration: a line in each table below for the
+package's own, or :func:`register_backbone` from outside the package.
 """
 from __future__ import annotations
 
@@ -32,8 +33,34 @@ def backbone_class(model_type: str):
         raise ModelFilesError(f"model_type {model_type!r} is not supported; expected one of "
                               f"{', '.join(sorted(MODEL_TYPES))} (InternVL3-*-hf or "
                               f"Qwen2.5-VL-*-Instruct)")
+    if isinstance(spec, type):   # registered from outside the package (register_backbone)
+        return spec
     mod, cls = spec.split(":")
     return getattr(importlib.import_module(f".{mod}", __name__), cls)
+
+
+def register_backbone(cls, model_types=None, presets=()) -> type:
+    """Make a :class:`Backbone` subclass loadable by ``load_backbone`` / ``--model``: checkpoint
+    directories whose config.json ``model_type`` is one of ``model_types`` (default: the
+    class's own ``model_types``) and the preset names in ``presets`` (built with
+    ``cls.tiny()``). Usable as a class decorator: ``register_backbone(MyBackbone, presets=
+    ("my-tiny",))``. A name already taken by another class is refused."""
+    if not (isinstance(cls, type) and issubclass(cls, Backbone)):
+        raise TypeError(f"register_backbone: expected a Backbone subclass, got {cls!r}")
+    types = tuple(model_types if model_types is not None else cls.model_types)
+    if not types:
+        raise ValueError(f"register_backbone: {cls.__name__} names no model_type")
+    for t in types:
+        if t in MODEL_TYPES and MODEL_TYPES[t] is not cls:
+            raise ValueError(f"register_backbone: model_type {t!r} is already registered")
+    for p in presets:
+        if p in PRESETS and PRESETS[p] not in types:
+            raise ValueError(f"register_backbone: preset {p!r} is already registered")
+    for t in types:
+        MODEL_TYPES[t] = cls
+    for p in presets:
+        PRESETS[p] = types[0]
+    return cls
 
 
 MODEL_HINT = "a local InternVL3-*-hf or Qwen2.5-VL-*-Instruct directory"
@@ -117,4 +144,4 @@ def backbone_from_config(config, device="cpu", dtype=None, seed: int = 0,
 
 __all__ = ["Backbone", "FrameSpec", "VisionTokens", "load_backbone", "backbone_from_config",
            "frame_spec_for", "resolve_model",
-           "backbone_class", "MODEL_TYPES", "PRESETS"]
+           "backbone_class", "register_backbone", "MODEL_TYPES", "PRESETS"]

@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--routers", default=None, metavar="PATH")
     p.add_argument("--clip", default=None, metavar="PATH",
                    help="local CLIPModel / SiglipModel directory (method clip)")
+    from ..cli_common import add_scorer_args
+    add_scorer_args(p)   # the frame scorer of the methods that use the default Image Router
     p.add_argument("--data-ft-model", default=None, metavar="PATH",
                    help="the Data FT checkpoint directory (method data-ft)")
     p.add_argument("--limit", type=int, default=None, help="first N questions only")
@@ -130,6 +132,11 @@ def _config(a, argv: List[str]):
         v = getattr(a, flag)
         if v is not None and not os.path.isdir(v):
             raise BenchmarkError(f"--{flag.replace('_', '-')} {v!r}: no such directory")
+    from ..scorers import check_scorer
+    try:
+        check_scorer(a.scorer, a.scorer_model)
+    except ValueError as e:
+        raise BenchmarkError(str(e)) from None
     import torch
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     prompt = PromptConfig(a.pre_prompt, DEFAULT_POST_PROMPT if a.post_prompt is None
@@ -141,7 +148,7 @@ def _config(a, argv: List[str]):
                       max_new_tokens=a.max_new_tokens, device=device, dtype=a.dtype,
                       progress=not a.no_progress, title=a.title,
                       scales=a.scales if a.scales is not None else PAPER_SCALES,
-                      batch_size=a.batch_size,
+                      batch_size=a.batch_size, scorer=a.scorer, scorer_model=a.scorer_model,
                       command=" ".join(["videorouter eval"] + [shlex.quote(x) for x in argv]))
 
 

@@ -115,17 +115,17 @@ class VideoRouterLMM(lmms):
         text, video = self._text_and_video(messages)
         bare = doc.get("question") if isinstance(doc, dict) else None
         max_new = self.max_new_tokens or int(gen_kwargs.get("max_new_tokens", 16) or 16)
+        from ..request import AnswerOptions
         from ..scales import answer_kwargs as scale_kwargs
-        kw = scale_kwargs(self.scales, self.vr, question=text, num_frames=self.num_frames,
-                          max_length=self.max_length, max_new_tokens=max_new, budget=self.budget)
-        if self.scorer is not None:
-            kw["scorer"] = self.scorer
-        res = self.vr.answer(video, text, num_frames=self.num_frames,
-                             max_length=self.max_length, max_new_tokens=max_new,
-                             policy=self.policy, budget=self.budget, cache_visual=True,
+        scales = scale_kwargs(self.scales, self.vr, question=text, num_frames=self.num_frames,
+                              max_length=self.max_length, max_new_tokens=max_new,
+                              budget=self.budget)
+        opts = AnswerOptions(num_frames=self.num_frames, max_length=self.max_length,
+                             max_new_tokens=max_new, policy=self.policy, budget=self.budget,
+                             cache_visual=True, scorer=self.scorer,
                              router_question=bare if isinstance(bare, str) and bare.strip()
-                             else None, **kw)
-        return res
+                             else None, **scales)
+        return self.vr.answer(video, text, options=opts)
 
     def generate_until(self, requests: List[Instance]) -> List[GenerationResult]:
         out: List[GenerationResult] = []

@@ -1,5 +1,5 @@
-"""The paper's methods as a registry: a name -> the keyword arguments of ``VideoRouter.answer``
-(and, for ``data-ft``, which model answers). Adding a method is one :func:`register_method`
+"""The paper's methods as a registry: a name -> the fields of the ``AnswerOptions`` the runner
+builds for ``VideoRouter.answer`` (and, for ``data-ft``, which model answers). Adding a method is one :func:`register_method`
 call; nothing branches on method names in the runtime.
 
 | method | what it is | ``answer`` arguments |

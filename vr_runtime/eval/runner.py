@@ -71,6 +71,8 @@ class EvalConfig:
     title: str = ""
     scales: object = (2, 1, 4)   # (s_g, s_1, s_0) or "auto" (vr_runtime.scales)
     batch_size: int = 1   # questions of one video, method and budget prefilled together
+    scorer: str = "image-router"          # --scorer: of the methods without a scorer of their own
+    scorer_model: Optional[str] = None    # --scorer-model DIR
 
 
 Key = Tuple[str, str, Optional[int], int]   # (id, method, budget, frames)
@@ -128,6 +130,7 @@ class Evaluator:
         self.cfg = cfg
         self._models: Dict[str, object] = {}
         self._clip = None
+        self._scorer = None          # --scorer (None: the runtime's Image Router, timed)
         from .ttft import ColdCosts
         self._cold = ColdCosts()     # the cached stages' measured cost, added back per method
 
@@ -150,6 +153,10 @@ class Evaluator:
                 path, routers=routers, device=dev, dtype=dtype, visual_cache_size=1)
         for m in methods:   # budget-resize on InternVL3: refused before the first answer
             m.check_backbone(self._models[m.model].lm)
+        from ..scorers import DEFAULT_SCORER, build_scorer
+        if self.cfg.scorer != DEFAULT_SCORER and self._scorer is None:
+            self._scorer = build_scorer(self.cfg.scorer, self.cfg.scorer_model, device=dev,
+                                        dtype=dtype, cache_visual=True)
         if any("clip" in m.needs for m in methods) and self._clip is None:
             from ..scorers import CLIPScorer
             self._clip = CLIPScorer.from_pretrained(self.cfg.clip, device=dev,
@@ -160,7 +167,7 @@ class Evaluator:
         return next(iter(self._models.values()))
 
     def _call(self, clip, q: Question, m: Method, budget: Optional[int], frames: int):
-        """(model, positional args, keyword args) of the ``answer`` call for one job."""
+        """(model, (video, prompt), AnswerOptions) of the ``answer`` call for one job."""
         # budget-resize: a sibling over the same weights at its own frame size (methods.py)
         vr = m.router_for(self._models[m.model], budget, frames)
         cfg = self.cfg
@@ -175,7 +182,11 @@ class Evaluator:
         kw = {**scale_kwargs(cfg.scales, vr, question=prompt, num_frames=frames,
                              max_length=max_length, max_new_tokens=cfg.max_new_tokens,
                              budget=budget), **kw}
-        if "scorer" not in kw and "relevant" not in kw:
+        if "scorer" not in kw and "relevant" not in kw and self._scorer is not None:
+            kw["scorer"] = self._scorer   # --scorer, for every method without its own
+            for k in ("frame_batch", "router_pool"):   # the default Image Router's settings
+                kw.pop(k, None)
+        elif "scorer" not in kw and "relevant" not in kw:
             # the runtime's cached Image Router, timed when it builds its visual state (ttft.py)
             from .ttft import TimedCachedImageRouterScorer
             kw["scorer"] = TimedCachedImageRouterScorer(frame_batch=kw.pop("frame_batch", None),
@@ -188,11 +199,12 @@ class Evaluator:
             clip = q.video
         kw.update(num_frames=n, max_length=max_length, max_new_tokens=cfg.max_new_tokens,
                   budget=budget, cache_visual=n == frames, router_question=q.question)
-        return vr, (clip, prompt), kw
+        from ..request import AnswerOptions
+        return vr, (clip, prompt), AnswerOptions(**kw)
 
     def answer(self, clip, q: Question, m: Method, budget: Optional[int], frames: int) -> dict:
-        vr, args, kw = self._call(clip, q, m, budget, frames)
-        return self._row(vr, vr.answer(*args, **kw), kw, q, m, budget, frames)
+        vr, (video, prompt), opts = self._call(clip, q, m, budget, frames)
+        return self._row(vr, vr.answer(video, prompt, options=opts), opts, q, m, budget, frames)
 
     def answer_batch(self, clip, qs: Sequence[Question], m: Method, budget: Optional[int],
                      frames: int) -> List[dict]:
@@ -203,23 +215,19 @@ class Evaluator:
             return [self.answer(clip, qs[0], m, budget, frames)]
         calls = [self._call(clip, q, m, budget, frames) for q in qs]
         vr = calls[0][0]
-        shared = ("num_frames", "max_length", "max_new_tokens", "budget", "cache_visual")
-        common = {k: calls[0][2][k] for k in shared}
-        per = [{k: v for k, v in kw.items() if k not in shared} for _, _, kw in calls]
         answers = vr.answer_batch([a[0] for _, a, _ in calls], [a[1] for _, a, _ in calls],
-                                  options=per, **common)
-        rows = [self._row(vr, res, kw, q, m, budget, frames)
-                for res, (_, _, kw), q in zip(answers, calls, qs)]
+                                  options=[opts for _, _, opts in calls])
+        rows = [self._row(vr, res, opts, q, m, budget, frames)
+                for res, (_, _, opts), q in zip(answers, calls, qs)]
         for r in rows:
             r["batch"] = len(qs)
         return rows
 
-    def _row(self, vr, res, kw: dict, q: Question, m: Method, budget: Optional[int],
+    def _row(self, vr, res, opts, q: Question, m: Method, budget: Optional[int],
              frames: int) -> dict:
         cfg = self.cfg
         r = res.report
-        ttft, added = self._cold.add_back((id(vr), q.video, kw["num_frames"]), r,
-                                          kw.get("scorer"))
+        ttft, added = self._cold.add_back((id(vr), q.video, opts.num_frames), r, opts.scorer)
         pred = extract_answer(res.text, q.options, cfg.prompt.answer_mode)
         return {"id": q.id, "method": m.name, "budget": budget, "frames": frames,
                 "prediction": pred, "response": res.text, "answer": q.answer,
@@ -297,6 +305,7 @@ def settings_of(cfg: EvalConfig) -> dict:
     """What a prediction depends on besides its key (id, method, budget, frames)."""
     return {"benchmark": cfg.benchmark, "model": str(cfg.model), "routers": cfg.routers,
             "clip": cfg.clip, "data_ft_model": cfg.data_ft_model,
+            "scorer": cfg.scorer, "scorer_model": cfg.scorer_model,
             "prompt_style": cfg.prompt.style, "pre_prompt": cfg.prompt.pre_prompt,
             "post_prompt": cfg.prompt.post_prompt, "answer_mode": cfg.prompt.answer_mode,
             "max_new_tokens": cfg.max_new_tokens, "scales": _scales_label(cfg.scales)}
@@ -309,7 +318,7 @@ def _scales_label(scales) -> str:
 
 # Settings added later, with the value every earlier run had: an OUT written before they
 # existed still resumes when they are at that value.
-SETTINGS_BEFORE = {"scales": "2,1,4"}
+SETTINGS_BEFORE = {"scales": "2,1,4", "scorer": "image-router", "scorer_model": None}
 
 
 def check_settings(out: pathlib.Path, cfg: EvalConfig, write: bool) -> None:

@@ -32,10 +32,9 @@ import torch
 from ..scorers import CachedImageRouterScorer
 
 
-def _sync(vr) -> None:
-    dev = getattr(vr.lm, "device", None)
-    if dev is not None and torch.device(dev).type == "cuda":
-        torch.cuda.synchronize(dev)
+def _sync(t: Optional[torch.Tensor]) -> None:
+    if t is not None and t.device.type == "cuda":
+        torch.cuda.synchronize(t.device)
 
 
 class TimedCachedImageRouterScorer(CachedImageRouterScorer):
@@ -47,20 +46,20 @@ class TimedCachedImageRouterScorer(CachedImageRouterScorer):
         super().__init__(*a, **kw)
         self.built_s: Optional[float] = None
 
-    def probs(self, vr, inp):
+    def probs(self, inp):
         state = inp.video_state
         if state is not None:
-            pool = self.pool(vr)
-            key = ("router-cache", id(vr.routers), pool)
+            pool = self.image_router_pool(inp.routers)
+            key = self.cache_key(inp)
             if key in state:
                 self.built_s = 0.0
             else:
-                _sync(vr)
+                _sync(inp.Z)
                 t0 = time.perf_counter()
-                state[key] = vr.routers.visual_cache(inp.Z, self.frame_batch, pool, vr.lm.grid)
-                _sync(vr)
+                state[key] = inp.routers.visual_cache(inp.Z, self.frame_batch, pool, inp.grid)
+                _sync(inp.Z)
                 self.built_s = time.perf_counter() - t0
-        return super().probs(vr, inp)
+        return super().probs(inp)
 
 
 class ColdCosts:

@@ -81,7 +81,8 @@ def add_serve_parser(sub, positive_int, policy_help: str, dtypes) -> argparse.Ar
                    help="max_tokens of a request that gives none (default: 64, as ask)")
     p.add_argument("--policy", default="auto", metavar=policy_help,
                    help="policy of a request that gives none (default: auto, as ask)")
-    from ..cli_common import SCALES_HELP, scales_arg
+    from ..cli_common import SCALES_HELP, add_scorer_args, scales_arg
+    add_scorer_args(p)
     p.add_argument("--scales", type=scales_arg, default=(2, 1, 4), metavar="S_G,S_1,S_0|auto",
                    help="scales of a request that gives none (its 'scales' field, or "
                         "mm_processor_kwargs.scales); " + SCALES_HELP)
@@ -116,7 +117,9 @@ def configs(args):
     engine = EngineConfig(model=args.model, routers=args.routers, device=args.device,
                           dtype=args.dtype, visual_cache=args.visual_cache,
                           max_queue=args.max_queue, timeout_s=args.timeout,
-                          max_batch=getattr(args, "max_batch", 1))
+                          max_batch=getattr(args, "max_batch", 1),
+                          scorer=getattr(args, "scorer", "image-router"),
+                          scorer_model=getattr(args, "scorer_model", None))
     media = MediaConfig(media_dir=pathlib.Path(args.media_dir),
                         max_video_bytes=int(args.max_video_mb * 2**20),
                         max_video_seconds=args.max_video_seconds,
@@ -146,7 +149,9 @@ def check_args(args) -> None:
                          f"{args.max_tokens}")
     # ask's own checks of --policy, --model and --routers (same messages).
     check_inputs(argparse.Namespace(question="serve", plot=None, policy=args.policy,
-                                     model=args.model, routers=args.routers))
+                                     model=args.model, routers=args.routers,
+                                     scorer=getattr(args, "scorer", "image-router"),
+                                     scorer_model=getattr(args, "scorer_model", None)))
     import importlib.util
     missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
     if missing:

@@ -60,6 +60,8 @@ class EngineConfig:
     timeout_s: float = 300.0
     media_threads: int = 2
     max_batch: int = 1                    # >1: answer up to this many waiting requests together
+    scorer: str = "image-router"          # --scorer: a registered frame scorer (vr_runtime.scorers)
+    scorer_model: Optional[str] = None    # --scorer-model DIR, for scorers that load a model
 
 
 # Retry-After (seconds) on a 429 (busy) or a 503 (shutting down): long enough for a restarted
@@ -128,8 +130,10 @@ def shutting_down(what: str) -> APIError:
 
 
 class Engine:
-    def __init__(self, vr, media: MediaStore, config: EngineConfig, name: Optional[str] = None):
+    def __init__(self, vr, media: MediaStore, config: EngineConfig, name: Optional[str] = None,
+                 scorer=None):
         self.vr = vr
+        self.scorer = scorer    # a FrameScorer for every request, or None: the Image Router
         self.media = media
         self.config = config
         self.name = name or config.model
@@ -161,7 +165,10 @@ class Engine:
         device, dtype = device_dtype(argparse.Namespace(device=config.device, dtype=config.dtype))
         vr = VideoRouter.from_pretrained(config.model, routers=config.routers, device=device,
                                          dtype=dtype, visual_cache_size=max(1, config.visual_cache))
-        return cls(vr, media, config)
+        from ..scorers import build_scorer
+        scorer = build_scorer(config.scorer, config.scorer_model, device=device, dtype=dtype,
+                              cache_visual=config.visual_cache > 0)
+        return cls(vr, media, config, scorer=scorer)
 
     def close(self) -> None:
         self._model_pool.shutdown(wait=False, cancel_futures=True)
@@ -400,18 +407,10 @@ class Engine:
     def _answer_many(self, items) -> list:
         """Answers (or their APIErrors) of several (video, settings) with one batch key."""
         if len(items) > 1:
-            s = items[0][1]
             try:
-                from ..scales import answer_kwargs as scale_kwargs
-                per = [scale_kwargs(x.scales, self.vr, question=x.question,
-                                    num_frames=x.num_frames, max_length=x.max_length,
-                                    max_new_tokens=x.max_new_tokens, system=x.system)
-                       for _, x in items]
-                return self.vr.answer_batch(
-                    [v.path for v, _ in items], [x.question for _, x in items],
-                    num_frames=s.num_frames, max_length=s.max_length,
-                    max_new_tokens=s.max_new_tokens, policy=s.policy, system=s.system,
-                    cache_visual=self.config.visual_cache > 0, options=per)
+                return self.vr.answer_batch([v.path for v, _ in items],
+                                            [x.question for _, x in items],
+                                            options=[self.options(x) for _, x in items])
             except Exception:   # noqa: BLE001 - one by one below: each request its own error
                 pass
         out = []
@@ -424,19 +423,24 @@ class Engine:
 
     def _answer(self, video: Video, s: Settings, on_token=None):
         """The same ``VideoRouter.answer`` call ``videorouter ask`` makes, on the checked file."""
-        stream = {} if on_token is None else {"on_token": on_token}
         try:
-            from ..scales import answer_kwargs as scale_kwargs
-            scales = scale_kwargs(s.scales, self.vr, question=s.question, num_frames=s.num_frames,
-                                  max_length=s.max_length, max_new_tokens=s.max_new_tokens,
-                                  system=s.system)
-            return self.vr.answer(video.path, s.question, num_frames=s.num_frames,
-                                  max_length=s.max_length, max_new_tokens=s.max_new_tokens,
-                                  policy=s.policy, system=s.system,
-                                  cache_visual=self.config.visual_cache > 0, **scales,
-                                  **stream)
+            return self.vr.answer(video.path, s.question, options=self.options(s),
+                                  on_token=on_token)
         except Exception as e:
             raise from_exception(e, {video.path: video.label} if video.stored else None) from None
+
+    def options(self, s: Settings):
+        """The request's :class:`~vr_runtime.request.AnswerOptions` (those of ``videorouter
+        ask``, plus the server's visual cache)."""
+        from ..request import AnswerOptions
+        from ..scales import answer_kwargs as scale_kwargs
+        scales = scale_kwargs(s.scales, self.vr, question=s.question, num_frames=s.num_frames,
+                              max_length=s.max_length, max_new_tokens=s.max_new_tokens,
+                              system=s.system)
+        return AnswerOptions(num_frames=s.num_frames, max_length=s.max_length,
+                             max_new_tokens=s.max_new_tokens, policy=s.policy, system=s.system,
+                             cache_visual=self.config.visual_cache > 0, scorer=self.scorer,
+                             **scales)
 
     # ------------------------------------------------------------------ one process, one model
     def run_sync(self, fn: Callable):

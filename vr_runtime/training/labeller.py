@@ -51,6 +51,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..eval.option_scoring import option_logprobs
 from . import synthetic as S
 from .config import ConfigError
 
@@ -282,7 +283,7 @@ def evaluate(bb, cfg: LabellerConfig, videos: int, seed: int) -> dict:
         for q in fragment_questions(spec, rng, "mixed"):
             ref = [min(cfg.windows)] * cfg.num_frames
             rand = drop_plan(rng, cfg.num_frames, cfg.windows)
-            lp = vr.option_logprobs(Z, q["question"], [ref, rand], conts)
+            lp = option_logprobs(vr.lm, Z, q["question"], [ref, rand], conts)
             kept = sum(w > 0 for w in rand)
             bucket = f"random_drop/kept_{4 * ((kept - 1) // 4) + 1}-{4 * ((kept - 1) // 4) + 4}" \
                 if kept else "random_drop/kept_0"

@@ -3,7 +3,7 @@ multiple-choice QA file that ``videorouter eval`` reads (``vr_runtime.eval.bench
 
 (a) Frame relevance by counterfactual necessity (Video-FLR style), :func:`counterfactual_labels`.
     For one question with options and correct option c, every option is scored by its
-    log-likelihood (:meth:`VideoRouter.option_logprobs`: the option's letter, or its text + the
+    log-likelihood (:func:`vr_runtime.eval.option_scoring.option_logprobs`: the option's letter, or its text + the
     end-of-turn token, after the runtime's own prompt). The reference plan keeps every sampled
     frame at full resolution (window 1; ``keep`` / ``--keep-window`` sets another window for a
     model never trained on every frame at full resolution, a departure from the paper). ``off`` is the ablated window: 0 (``mode="drop"``, the
@@ -56,6 +56,8 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
+
+from ..eval.option_scoring import option_logprobs
 
 MODES = {"drop": 0, "pool8": 8}
 LABEL_RULES = ("union", "necessary", "minimal-set")
@@ -306,7 +308,7 @@ def label_frames(vr, questions, cfg: LabelConfig, out: str, diagnostics: Optiona
             correct = LETTERS.index(q.answer)
             t1 = time.perf_counter()
             res = counterfactual_labels(
-                lambda plans: vr.option_logprobs(Z, prompt, plans, conts, batch_size=cfg.batch),
+                lambda plans: option_logprobs(vr.lm, Z, prompt, plans, conts, batch_size=cfg.batch),
                 T, correct, cfg.mode, cfg.margin, cfg.rule, cfg.max_set, cfg.keep_window,
                 cfg.validate)
             diag.append({"id": q.id, "video": video, "category": q.category, **res,
@@ -395,7 +397,7 @@ def ab_probe(vr, questions, cfg: LabelConfig, out: str, relevance: Optional[dict
                     pred = extract_answer(res.text, q.options, cfg.answer_mode)
                 else:
                     plan = [tuple(w) if isinstance(w, list) else w for w in res.report["scales"]]
-                    lp = vr.option_logprobs(Z, prompt, [plan], option_continuations(
+                    lp = option_logprobs(vr.lm, Z, prompt, [plan], option_continuations(
                         vr.lm.tokenizer, q.options, cfg.answer_mode))[0]
                     pred = LETTERS[int(torch.argmax(lp))]
                 right[cat][j] += int(pred == q.answer)
