@@ -100,10 +100,13 @@ class PolicyDecision:
 
 class VideoRouter:
     def __init__(self, lm: Backbone, routers: Optional[Routers] = None,
-                 visual_cache_size: int = 1, warmup_frames: int = 256, decoding: str = "auto"):
+                 visual_cache_size: int = 1, warmup_frames: int = 256, decoding: str = "auto",
+                 warm_request: Optional[bool] = None):
         """``decoding``: how tokens after the first are generated (vr_runtime.decode): "auto"
         (the eager dynamic cache; "graph", CUDA graphs over a static KV cache, is opt-in until
-        measured on a GPU), "dynamic", "static" or "graph" -- the same greedy tokens in every mode."""
+        measured on a GPU), "dynamic", "static" or "graph" -- the same greedy tokens in every mode.
+        ``warm_request``: answer one throw-away request at load (:meth:`warm_up_request`);
+        None = on CUDA only, where the first request otherwise pays for lazy module loading."""
         self.lm = lm
         self.greedy = GreedyDecoder(lm, decoding)   # checks ``decoding`` before any warm-up
         # Compile and autotune the pool_pack kernels now (CUDA; a no-op on CPU), for up to
@@ -118,6 +121,35 @@ class VideoRouter:
         # cache_visual: question-independent state of the last videos (LRU).
         self.visual_cache_size = int(visual_cache_size)
         self._vcache: "collections.OrderedDict[tuple, dict]" = collections.OrderedDict()
+        if warm_request is None:
+            warm_request = torch.device(lm.device).type == "cuda"
+        self.request_warmup = self.warm_up_request() if warm_request else \
+            {"skipped": "warm_request is off (the default off CUDA)"}
+
+    @torch.inference_mode()
+    def warm_up_request(self, num_frames: int = 8, max_new_tokens: int = 2) -> dict:
+        """Answer one throw-away question on random frames, through every stage a request runs
+        (vision, both routers, pool_pack, prefill, decode steps), then forget it (the visual
+        cache is cleared). What the kernel warm-up cannot reach -- CUDA's lazy module loading,
+        the GEMM and attention kernel choices at these shapes, the shadow stack's first call,
+        the decoder's first steps -- is then paid at load, not by the first user (issue 21's
+        cold start: 1.9 s of router stage in a fresh process). -> {"seconds", "frames"}."""
+        import time
+
+        from .scorers import FixedRelevance
+        spec = self.lm.frame_spec
+        frames = torch.randn(num_frames, 3, *spec.size, generator=torch.Generator().manual_seed(0))
+        relevant = [t % 2 == 0 for t in range(num_frames)]   # both windows of the Fragment plan
+        dev = torch.device(self.lm.device)
+        t0 = time.perf_counter()
+        self.answer(frames, "What happens in the video?", num_frames=num_frames,
+                    max_new_tokens=max_new_tokens, policy="fragment",
+                    scorer=FixedRelevance(relevant, run_routers=True))
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        self.clear_visual_cache()
+        return {"seconds": round(time.perf_counter() - t0, 6), "frames": num_frames,
+                "max_new_tokens": max_new_tokens}
 
     # ------------------------------------------------------------------ construction
     @classmethod
