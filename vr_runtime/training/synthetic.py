@@ -26,10 +26,12 @@ factor at a time around a base setting (``heldout_settings``).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
 import random
+import threading
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from typing import Dict, List, Optional
@@ -263,6 +265,21 @@ def make_video(path: str, spec: VideoSpec) -> str:
     if spec.codec == "av1":
         os.environ.setdefault("SVT_LOG", "1")   # SVT-AV1 prints its config banner otherwise
     os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+    # Two SVT-AV1 encoders at once in one process can deadlock ("Svt[error]: bug, no frame in
+    # undisplayed queue", then a writer thread that never returns): a data-generation run hung
+    # on its 610th video with _write_videos' two threads. AV1 files are encoded one at a time;
+    # H.264 and VP9 still run in parallel.
+    with (_AV1_LOCK if spec.codec == "av1" else contextlib.nullcontext()):
+        return _encode(path, spec, encoder, options)
+
+
+_AV1_LOCK = threading.Lock()
+
+
+def _encode(path: str, spec: VideoSpec, encoder: str, options: dict) -> str:
+    import av
+
+    w, h = spec.frame_size
     rate = Fraction(spec.fps).limit_denominator(1000)
     with av.open(path, mode="w") as container:
         stream = container.add_stream(encoder, rate=rate)
