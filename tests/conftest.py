@@ -19,3 +19,33 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def run_train_tiny():
+    """``run(folder, *args)``: scripts/train_tiny.sh with a fake ``python`` first on PATH that
+    records its arguments instead of training -> (CompletedProcess, [argv of each python
+    call]). ``folder`` holds the fake and its log."""
+    import json
+    import pathlib
+    import subprocess
+    import sys
+
+    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "train_tiny.sh"
+
+    def run(folder, *args):
+        bindir = folder / "bin"
+        bindir.mkdir(parents=True)
+        log = folder / "calls.jsonl"
+        py = bindir / "python"
+        py.write_text("#!/bin/sh\n"
+                      f"{json.dumps(sys.executable)} -c "
+                      "'import json, sys; print(json.dumps(sys.argv[1:]))' \"$@\" >> "
+                      f"{json.dumps(str(log))}\n")
+        py.chmod(0o755)
+        env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}")
+        p = subprocess.run(["bash", str(script), *args], env=env, capture_output=True,
+                           text=True, timeout=60, cwd=str(folder))
+        calls = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+        return p, calls
+    return run

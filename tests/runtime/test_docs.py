@@ -2,12 +2,9 @@
 (docs/CONTRACT.md) and nothing points outside it; links between the markdown files resolve;
 the training README opens with a quick start whose commands name real configs and keys; and
 scripts/train_tiny.sh touches the shipped weights and bench/results only with --install."""
-import json
-import os
 import pathlib
 import re
 import subprocess
-import sys
 
 import pytest
 
@@ -117,43 +114,19 @@ def test_training_readme_opens_with_a_quick_start():
         assert f"## {h}" in studies and f"## {h}" not in text
 
 
-def _fake_python(tmp_path):
-    """A `python` on PATH that records its arguments instead of training."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    log = tmp_path / "calls.jsonl"
-    py = bindir / "python"
-    py.write_text("#!/bin/sh\n"
-                  f"{json.dumps(sys.executable)} -c "
-                  "'import json, sys; print(json.dumps(sys.argv[1:]))' \"$@\" >> "
-                  f"{json.dumps(str(log))}\n")
-    py.chmod(0o755)
-    return bindir, log
-
-
-def _train_tiny(tmp_path, *args):
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    bindir, log = _fake_python(tmp_path)
-    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}")
-    p = subprocess.run(["bash", str(ROOT / "scripts" / "train_tiny.sh"), *args], env=env,
-                       capture_output=True, text=True, timeout=60)
-    calls = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
-    return p, calls
-
-
-def test_train_tiny_writes_the_checkout_only_with_install(tmp_path):
+def test_train_tiny_writes_the_checkout_only_with_install(tmp_path, run_train_tiny):
     work = str(tmp_path / "work")
-    p, calls = _train_tiny(tmp_path / "plain", work)
+    p, calls = run_train_tiny(tmp_path / "plain", work)
     assert p.returncode == 0, p.stderr
     flat = [a for c in calls for a in c]
     assert "--ship" not in flat and not any("bench/results" in a for a in flat)
     assert calls[0][calls[0].index("--results") + 1] == f"{work}/results"
     assert calls[0][calls[0].index("--work") + 1] == work
 
-    p, calls = _train_tiny(tmp_path / "install", "--install", work)
+    p, calls = run_train_tiny(tmp_path / "install", "--install", work)
     assert p.returncode == 0, p.stderr
     assert "--ship" in calls[0] and calls[0][calls[0].index("--results") + 1] == "bench/results"
     assert calls[1][:2] == ["-m", "vr_runtime.training"] and "routing-eval" in calls[1]
 
-    p, calls = _train_tiny(tmp_path / "typo", "--instal")
+    p, calls = run_train_tiny(tmp_path / "typo", "--instal")
     assert p.returncode == 2 and "unknown option --instal" in p.stderr and calls == []

@@ -13,3 +13,16 @@ def stage_config(stage, data, out, **kw):
                 router_dim=32, router_heads=4, warmup_ratio=0.0, lr_scheduler_type="constant")
     base.update(kw)
     return load_config(f"tiny_stage{stage}", **base)
+
+
+def stage3_trainee(lm, **over):
+    """A Stage 3 Trainee on ``lm`` with small seeded routers, plans from the labels and no
+    random plans (``over``: config overrides)."""
+    from vr_runtime.routers import RouterConfig, Routers
+    from vr_runtime.training.config import load_config
+    from vr_runtime.training.stages import Trainee
+    routers = Routers.from_backbone(lm, RouterConfig(router_dim=32, num_heads=4, router_pool=2),
+                                    seed=1)
+    cfg = load_config("tiny_stage3", routers=None, plan_from="labels",
+                      **{"random_plan_prob": 0.0, **over})
+    return Trainee(lm, routers, cfg)

@@ -5,20 +5,15 @@ import pytest
 import torch
 
 from vr_runtime.budget import plan_fragment, plan_global
-from vr_runtime.routers import RouterConfig, Routers
 from vr_runtime.runtime import VideoRouter
 from vr_runtime.training.config import ConfigError, load_config
-from vr_runtime.training.stages import Trainee
+from stage_helpers import stage3_trainee
 
 Q = "What shape is the red object?"
 
 
 def _trainee(lm, **over):
-    routers = Routers.from_backbone(lm, RouterConfig(router_dim=32, num_heads=4, router_pool=2),
-                                    seed=1)
-    cfg = load_config("tiny_stage3", routers=None, plan_from="labels",
-                      **{"random_plan_prob": 0.0, "false_positive_prob": 0.0, **over})
-    return Trainee(lm, routers, cfg)
+    return stage3_trainee(lm, **{"false_positive_prob": 0.0, **over})
 
 
 @pytest.mark.parametrize("T", [8, 16, 64])

@@ -1,61 +1,38 @@
 """scripts/train_tiny.sh --task: v1 stays the default; v2 trains on the wider task (issue 23) in
 its own work folder and, with --install, measures routing per factor into its own results file.
-A fake ``python`` on PATH records the calls (nothing is trained)."""
+A fake ``python`` on PATH records the calls (nothing is trained: conftest.run_train_tiny)."""
 import json
-import os
-import pathlib
-import subprocess
-import sys
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def run_script(tmp_path, *args):
-    bindir = tmp_path / "bin"
-    bindir.mkdir(parents=True)
-    log = tmp_path / "calls.jsonl"
-    py = bindir / "python"
-    py.write_text("#!/bin/sh\n"
-                  f"{json.dumps(sys.executable)} -c "
-                  "'import json, sys; print(json.dumps(sys.argv[1:]))' \"$@\" >> "
-                  f"{json.dumps(str(log))}\n")
-    py.chmod(0o755)
-    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}")
-    p = subprocess.run(["bash", str(ROOT / "scripts" / "train_tiny.sh"), *args], env=env,
-                       capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
-    calls = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
-    return p, calls
 
 
 def arg(call, name):
     return call[call.index(name) + 1]
 
 
-def test_default_is_task_v1_with_todays_sizes(tmp_path):
-    p, calls = run_script(tmp_path)
+def test_default_is_task_v1_with_todays_sizes(tmp_path, run_train_tiny):
+    p, calls = run_train_tiny(tmp_path)
     assert p.returncode == 0, p.stderr
     assert "--task" not in calls[0]
     assert (arg(calls[0], "--train"), arg(calls[0], "--heldout")) == ("480", "60")
     assert arg(calls[0], "--work") == "runs/tiny"
 
 
-def test_task_v2_trains_in_its_own_folder_and_installs_per_factor_results(tmp_path):
+def test_task_v2_trains_in_its_own_folder_and_installs_per_factor_results(tmp_path, run_train_tiny):
     for form in (["--task", "v2"], ["--task=v2"]):
-        p, calls = run_script(tmp_path / form[0].replace("=", "_"), *form)
+        p, calls = run_train_tiny(tmp_path / form[0].replace("=", "_"), *form)
         assert p.returncode == 0, p.stderr
         assert arg(calls[0], "--task") == "v2" and arg(calls[0], "--work") == "runs/tiny_v2"
         assert (arg(calls[0], "--train"), arg(calls[0], "--heldout")) == ("960", "85")
         assert "--ship" not in calls[0] and len(calls) == 1
-    p, calls = run_script(tmp_path / "install", "--install", "--task", "v2", "w")
+    p, calls = run_train_tiny(tmp_path / "install", "--install", "--task", "v2", "w")
     assert p.returncode == 0, p.stderr
     assert "--ship" in calls[0] and arg(calls[0], "--work") == "w"
     assert arg(calls[1], "--out") == "bench/results/routing_heldout_v2.json"
     assert arg(calls[1], "--data") == "w/data/heldout_conversations.jsonl"
 
 
-def test_bad_task_is_one_line_and_exit_2(tmp_path):
+def test_bad_task_is_one_line_and_exit_2(tmp_path, run_train_tiny):
     for i, args in enumerate((["--task", "v3"], ["--task"], ["--task=x"])):
-        p, calls = run_script(tmp_path / str(i), *args)
+        p, calls = run_train_tiny(tmp_path / str(i), *args)
         assert p.returncode == 2 and calls == []
         assert len(p.stderr.strip().splitlines()) == 1 and "--task" in p.stderr
 

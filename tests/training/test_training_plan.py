@@ -6,21 +6,12 @@ import pytest
 import torch
 
 from vr_runtime.budget import plan_fragment
-from vr_runtime.routers import RouterConfig, Routers
 from vr_runtime.runtime import VideoRouter
 from vr_runtime.training.config import load_config
-from vr_runtime.training.stages import Trainee
+from stage_helpers import stage3_trainee as _trainee
 
 T, TEXT = 16, 138
 Q = "What shape is the red object?"
-
-
-def _trainee(lm, **over):
-    routers = Routers.from_backbone(lm, RouterConfig(router_dim=32, num_heads=4, router_pool=2),
-                                 seed=1)
-    cfg = load_config("tiny_stage3", routers=None, plan_from="labels",
-                      **{"random_plan_prob": 0.0, **over})
-    return Trainee(lm, routers, cfg)
 
 
 def _ex(relevant):
