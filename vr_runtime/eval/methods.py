@@ -106,8 +106,10 @@ def resized_router(vr, size: Tuple[int, int]):
     per = _RESIZED.setdefault(vr, {})
     if size not in per:
         from ..runtime import VideoRouter
+        # no throw-away request at load: the base runtime already paid CUDA's first-call costs
         per[size] = VideoRouter(vr.lm.at_resolution(*size), routers=vr.routers,
-                                visual_cache_size=vr.visual_cache_size, decoding=vr.greedy.mode)
+                                visual_cache_size=vr.visual_cache_size, decoding=vr.greedy.mode,
+                                warm_request=False)
     return per[size]
 
 # What each resource is, for the error when it is missing.
