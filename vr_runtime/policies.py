@@ -39,19 +39,22 @@ class Planner:
     needs_relevance: bool         # needs the frame scores (so Z) before planning
     budgeted: bool = True         # False: ignores the budget (dense)
     description: str = ""
+    # what the plan is when no frame is relevant, for the report ("" : nothing to say)
+    when_none_relevant: str = ""
 
 
 PLANNERS: Dict[str, Planner] = {}
 
 
 def register_planner(name: str, needs_relevance: bool = False, budgeted: bool = True,
-                     description: str = ""):
+                     description: str = "", when_none_relevant: str = ""):
     """Decorator: ``fn(num_frames, budget, grid, relevant, windows) -> plan`` becomes policy
     ``name`` for ``VideoRouter.answer(policy=name)``, the CLI and training."""
     def deco(fn):
         if name in PLANNERS or name == AUTO:
             raise ValueError(f"policy {name!r} is already registered")
-        PLANNERS[name] = Planner(name, fn, needs_relevance, budgeted, description)
+        PLANNERS[name] = Planner(name, fn, needs_relevance, budgeted, description,
+                                 when_none_relevant)
         return fn
     return deco
 
@@ -63,7 +66,8 @@ def _global(T, budget, grid, relevant, w: Windows):
 
 
 @register_planner("fragment", needs_relevance=True,
-                  description="Algorithm 1: relevant frames at s1, the others at s0")
+                  description="Algorithm 1: relevant frames at s1, the others at s0",
+                  when_none_relevant="the Global plan was used")
 def _fragment(T, budget, grid, relevant, w: Windows):
     return B.plan_fragment(relevant, budget, grid, high=w.high, low=w.low,
                            global_scale=w.global_scale)
@@ -86,7 +90,8 @@ def _uniform(T, budget, grid, relevant, w: Windows):
 
 @register_planner("fragment-literal", needs_relevance=True,
                   description="Algorithm 1 read literally: with no relevant frame every frame "
-                              "at s0 (the default `fragment` uses the Global plan instead)")
+                              "at s0 (the default `fragment` uses the Global plan instead)",
+                  when_none_relevant="every frame at s0 (Algorithm 1 literally)")
 def _fragment_literal(T, budget, grid, relevant, w: Windows):
     return B.plan_fragment(relevant, budget, grid, high=w.high, low=w.low,
                            global_scale=w.global_scale, empty="low")

@@ -439,10 +439,8 @@ class VideoRouter:
             scores = self.score_frames(req, frames, Z, timer, state, self._scoring_budget(req, T))
             notes += scores.notes
         fitted = self.plan(req, decision.policy, T, scores.relevant if scores else None)  # plan
-        if scores is not None and not any(scores.relevant):
-            notes.append("no frame was relevant: " + (
-                "every frame at s0 (Algorithm 1 literally)"
-                if decision.policy == "fragment-literal" else "the Global plan was used"))
+        if scores is not None and not any(scores.relevant) and planner.when_none_relevant:
+            notes.append("no frame was relevant: " + planner.when_none_relevant)
         notes += fitted.notes
         keep = kept_frames(fitted.plan, self.lm.grid)
         if Z is None:   # plan-first policies encode only the frames they keep        # vision

@@ -44,3 +44,20 @@ def test_runtime_refuses_a_latency_budget_for_an_unbudgeted_planner(toy_planners
         tiny_vr.request("v.mp4", "q?", num_frames=4, policy="toy-full", ttft_budget_s=1.0)
     req = tiny_vr.request("v.mp4", "q?", num_frames=4, policy="toy-relevance", ttft_budget_s=1.0)
     assert req.policy == "toy-relevance"
+
+
+def test_the_empty_relevance_note_comes_from_the_planner(toy_planners, tiny_vr, frames):
+    """With no relevant frame, the report says what *this* planner did: the Global plan
+    (fragment), every frame at s0 (fragment-literal), nothing for a planner that says nothing."""
+    from vr_runtime.scorers import FixedRelevance
+    video = frames(T=3)
+    notes = {}
+    for policy in ("fragment", "fragment-literal", "toy-relevance"):
+        res = tiny_vr.answer(video, "What shape is the red object?", num_frames=3,
+                             max_new_tokens=1, policy=policy,
+                             scorer=FixedRelevance([False, False, False]))
+        notes[policy] = [n for n in res.report["notes"] if n.startswith("no frame was relevant")]
+    assert notes == {"fragment": ["no frame was relevant: the Global plan was used"],
+                     "fragment-literal": ["no frame was relevant: every frame at s0 "
+                                          "(Algorithm 1 literally)"],
+                     "toy-relevance": []}
