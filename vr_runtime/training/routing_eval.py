@@ -268,14 +268,18 @@ def by_factor(rows, question_level, video_level, by_video, videos) -> Dict[str, 
     return out
 
 
+def meets(v: Optional[float], op: str, thr: float) -> Optional[bool]:
+    """``v op thr`` for a goal or target (``op``: ">=" or "<="); None when there is no value."""
+    return None if v is None else bool(v >= thr if op == ">=" else v <= thr)
+
+
 def check_goals(cell: dict) -> dict:
     """Issue 23's goals on one row: {metric: {"value", "goal", "met"}} (met None where the
     metric does not exist for the row, e.g. AUC between targets with one target)."""
     out = {}
     for metric, (op, thr) in GOALS.items():
         v = cell.get(metric)
-        met = None if v is None else bool(v >= thr if op == ">=" else v <= thr)
-        out[metric] = {"value": v, "goal": f"{op} {thr}", "met": met}
+        out[metric] = {"value": v, "goal": f"{op} {thr}", "met": meets(v, op, thr)}
     return out
 
 
@@ -287,8 +291,7 @@ def check_targets(metrics: dict) -> dict:
         v = metrics
         for k in path:
             v = v.get(k) if isinstance(v, dict) else None
-        met = None if v is None else bool(v >= thr if op == ">=" else v <= thr)
-        out[name] = {"value": v, "target": f"{op} {thr}", "met": met}
+        out[name] = {"value": v, "target": f"{op} {thr}", "met": meets(v, op, thr)}
     return out
 
 
@@ -314,7 +317,7 @@ def markdown_table(metrics: dict) -> str:
         text = f"{v:.2f}" if metric == "absent_color_frames_marked" else f"{v:.3f}"
         if metric in GOALS:
             op, thr = GOALS[metric]
-            text += " ok" if (v >= thr if op == ">=" else v <= thr) else " MISS"
+            text += " ok" if meets(v, op, thr) else " MISS"
         return text
 
     rows = [("overall", "", metrics.get("videos"), overall_cell(metrics))]
