@@ -1,6 +1,7 @@
 """The synthetic task v2 (issue 23): aspect ratios squeezed to the square input, lossy codecs and
 noise, moving and resizing targets, 1-3 targets, 8-64 sampled of 16-256 source frames, shape- and
 color-sharing distractors, and the one-factor-at-a-time held-out split."""
+import dataclasses
 import json
 import math
 import os
@@ -69,6 +70,36 @@ def test_each_codec_decodes_back_with_the_labelled_colors(tmp_path, codec):
         # the target covers > 15% of the frame where labelled, next to nothing elsewhere
         labels = spec.target_labels(color)
         assert all((f > 0.08) == bool(y) for f, y in zip(frac, labels)), (frac, labels)
+
+
+def test_long_av1_videos_decode_to_their_last_frame(tmp_path):
+    # At SVT-AV1 preset 12 this spec (256 frames, three moving targets) wrote a file whose last
+    # 12 frames dav1d could not decode; the shipped preset must write it whole.
+    spec = spec_with(seed=1, codec="av1", frames="256/16", motion="moving", n_targets=3,
+                     distractors="same_shape")
+    path = str(tmp_path / "v.mp4")
+    syn._write_videos([(path, spec)])
+    syn.check_decodes(path, 256)
+    assert load_video(path, num_frames=16).num_frames == 16
+
+
+def test_a_video_that_does_not_decode_whole_is_refused_and_not_kept(tmp_path, monkeypatch):
+    spec = spec_with(seed=2, frames="32/8")
+    short = dataclasses.replace(spec, num_frames=20)   # an encoder that loses 12 frames
+    monkeypatch.setattr(syn, "make_video", lambda path, _: syn._encode(
+        path, short, "libx264", {"preset": "ultrafast"}))
+    path = tmp_path / "v.mp4"
+    with pytest.raises(ValueError, match=r"v\.mp4: the encoded video decodes to 20 of 32 frames "
+                                         r"\(0 packets failed to decode\); not written"):
+        syn._write_videos([(str(path), spec)])
+    assert list(tmp_path.iterdir()) == []
+    # a torn mp4 (its index is written last) does not open at all
+    syn._encode(str(path), spec, "libx264", {"preset": "ultrafast"})
+    syn.check_decodes(str(path), 32)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="the encoded video does not open"):
+        syn.check_decodes(str(path), 32)
 
 
 def test_noise_is_deterministic_from_the_seed_and_absent_without_it():
@@ -184,6 +215,7 @@ def test_heldout_split_varies_one_factor_at_a_time_and_lines_record_factors(tmp_
         open(path, "wb").close()
         return path
     monkeypatch.setattr(syn, "make_video", touch)
+    monkeypatch.setattr(syn, "check_decodes", lambda path, n: None)
     settings = syn.heldout_settings()
     assert settings[0] == ("base", syn.BASE)
     assert len(settings) == 1 + sum(len(v) - 1 for v in syn.FACTORS.values())

@@ -1,7 +1,6 @@
 """scripts/train_tiny.sh --task: v1 stays the default; v2 trains on the wider task (issue 23) in
 its own work folder and, with --install, measures routing per factor into its own results file.
 A fake ``python`` on PATH records the calls (nothing is trained: conftest.run_train_tiny)."""
-import json
 
 
 def arg(call, name):
@@ -37,16 +36,23 @@ def test_bad_task_is_one_line_and_exit_2(tmp_path, run_train_tiny):
         assert len(p.stderr.strip().splitlines()) == 1 and "--task" in p.stderr
 
 
-def test_tiny_demo_rewrites_a_split_of_the_other_task(tmp_path):
+def test_tiny_demo_writes_missing_videos_and_keeps_the_others(tmp_path):
     from vr_runtime.training.config import load_config
-    from vr_runtime.training.tiny_demo import V2_TRAIN_BUDGET_FRACTION, _num_videos
-    f = tmp_path / "heldout_policy.jsonl"
-    f.write_text("".join(json.dumps({"video": f"v{i % 3}.mp4", "question": "q"}) + "\n"
-                         for i in range(6)))
-    assert _num_videos(str(f)) == 3 and _num_videos(str(f), "v2") == 0   # v1 lines: rewritten
-    f.write_text("".join(json.dumps({"video": f"v{i % 2}.mp4", "task": "v2"}) + "\n"
-                         for i in range(4)))
-    assert _num_videos(str(f), "v2") == 2 and _num_videos(str(f), "v1") == 0
+    from vr_runtime.training.tiny_demo import V2_TRAIN_BUDGET_FRACTION, prepare_data
+    data = tmp_path / "data"
+    prepare_data(str(data), 1, 2, seed=3, task="v2")
+    videos = sorted(data.glob("*/*.mp4"))
+    lines = (data / "heldout_conversations.jsonl").read_text()
+    assert len(videos) == 3 and all("_v2_" in v.name for v in videos)
+    kept = {v: v.stat().st_mtime_ns for v in videos}
+    videos[0].unlink()   # deleted, or never finished
+    prepare_data(str(data), 1, 2, seed=3, task="v2")
+    assert sorted(data.glob("*/*.mp4")) == videos
+    assert all(v.stat().st_mtime_ns == t for v, t in kept.items() if v != videos[0])
+    assert (data / "heldout_conversations.jsonl").read_text() == lines
+    # a v1 run beside it writes its own videos and lines, never over the v2 ones
+    prepare_data(str(data), 1, 1, seed=3, task="v1")
+    assert len(sorted(data.glob("*/*.mp4"))) == 5
     # Stage 3b's v2 budgets are a valid config
     cfg = load_config("tiny_stage3b", train_max_length=[],
                       train_budget_fraction=V2_TRAIN_BUDGET_FRACTION)

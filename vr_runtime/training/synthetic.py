@@ -243,7 +243,10 @@ def render_frame(spec: VideoSpec, t: int) -> np.ndarray:
 # (crf 12); task v2 writes each codec at a high CRF (CODEC_CRF), as footage arrives.
 CODECS = {"h264": ("libx264", {"preset": "veryfast"}),
           "vp9": ("libvpx-vp9", {"b": "0", "deadline": "realtime", "cpu-used": "8"}),
-          "av1": ("libsvtav1", {"preset": "12"})}
+          # Preset 8, not the faster 10-12: at preset 12 (run as M11) SVT-AV1 4.1 wrote 10 of
+          # 320 long v2 videos that dav1d cannot decode to the end (29 bad packets in a
+          # 256-frame video, or a frame silently dropped); preset 8 decoded all 10 whole.
+          "av1": ("libsvtav1", {"preset": "8"})}
 CODEC_CRF = {"h264": 30, "vp9": 48, "av1": 48}
 
 
@@ -611,11 +614,37 @@ DEMO_ANSWERS = {"fragment": "circle", "fragment_2": "square", "global": "black"}
 TASKS = ("v1", "v2")
 
 
+def check_decodes(path: str, num_frames: int) -> None:
+    """Decode every frame of ``path``; ValueError unless all ``num_frames`` come back without a
+    decoding error. An encoder can write a file that opens but cannot be read to its end
+    (SVT-AV1 at preset 12 did); such a video would fail training hours later, or, worse, lose
+    its last frames silently, so the writer checks each file before it keeps it (about 0.1 s
+    for a 256-frame video)."""
+    import av
+
+    decoded = errors = 0
+    try:
+        container = av.open(path)
+    except av.error.FFmpegError as e:
+        raise ValueError(f"the encoded video does not open ({e.strerror})") from None
+    with container:
+        stream = container.streams.video[0]
+        for packet in container.demux(stream):
+            try:
+                decoded += len(stream.codec_context.decode(packet))
+            except av.error.FFmpegError:
+                errors += 1
+    if errors or decoded != num_frames:
+        raise ValueError(f"the encoded video decodes to {decoded} of {num_frames} frames "
+                         f"({errors} packets failed to decode)")
+
+
 def _write_videos(todo) -> None:
     """Render and encode [(path, spec)] on up to two threads (numpy and the encoders release
     the GIL); the specs were all drawn first, so the files do not depend on the order. A
     file is written under a temporary name and renamed, so a killed run leaves no torn video
-    that a rerun would keep."""
+    that a rerun would keep, and a file that does not decode whole (check_decodes) is an error,
+    never a training video."""
     from concurrent.futures import ThreadPoolExecutor
 
     def one(item):
@@ -623,6 +652,12 @@ def _write_videos(todo) -> None:
         root, ext = os.path.splitext(path)
         tmp = f"{root}.tmp{ext}"
         make_video(tmp, spec)
+        try:
+            check_decodes(tmp, spec.num_frames)
+        except ValueError as e:
+            os.remove(tmp)
+            raise ValueError(f"{path}: {e}; not written (encoder {CODECS[spec.codec][0]} "
+                             f"{CODECS[spec.codec][1]}, crf {spec.crf})") from None
         os.replace(tmp, path)
 
     if len(todo) < 2:

@@ -24,13 +24,14 @@ V2_TRAIN_BUDGET_FRACTION = [0.18, 0.48]
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "tiny")
 
 
-def _num_videos(path: str, task: str = "v1") -> int:
-    """Videos in a split's JSONL, or 0 when the file is another task's (it is rewritten)."""
-    with open(path) as f:
-        lines = [json.loads(line) for line in f if line.strip()]
-    if any(x.get("task", "v1") != task for x in lines):
-        return 0
-    return len({x["video"] for x in lines})
+def prepare_data(data: str, n_train: int, n_heldout: int, seed: int = 0,
+                 task: str = "v1") -> None:
+    """Write both splits under ``data``. Every run calls ``generate``: it draws the same specs
+    from the seed, rewrites the lines (cheap) and encodes only the videos that are not there,
+    so a video deleted or never finished is written again, and the videos that are there keep
+    their files (and mtimes, which key the feature cache)."""
+    for split, n in (("train", n_train), ("heldout", n_heldout)):
+        generate(data, n, seed=seed, split=split, task=task)
 
 
 def _stage0(work: str, summary: dict) -> str:
@@ -57,12 +58,7 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
     """``task``: the synthetic task (``synthetic.generate``'s 'v1', the default, or 'v2': issue
     23's factors; its lines carry their own frame counts, which every stage samples)."""
     data = os.path.join(work, "data")
-    for split, n in (("train", n_train), ("heldout", n_heldout)):
-        # (re)write a split whose size or task differs; existing videos are kept (same seed,
-        # same specs)
-        f = os.path.join(data, f"{split}_policy.jsonl")
-        if not os.path.isfile(f) or _num_videos(f, task) != n:
-            generate(data, n, seed=seed, split=split, task=task)
+    prepare_data(data, n_train, n_heldout, seed=seed, task=task)
     from .loop import build, train
     summary = {"work": work, "task": task, "train_videos": n_train, "heldout_videos": n_heldout,
                "stages": {}}
