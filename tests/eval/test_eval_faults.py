@@ -243,6 +243,38 @@ def test_missing_or_torn_settings_stop_reuse(reference, synth_bench, tmp_path, c
     assert json.loads((out / "settings.json").read_text())["prompt_style"] == "bare"
 
 
+def test_other_settings_or_retrained_weights_stop_reuse(reference, synth_bench, tmp_path, capsys,
+                                                        monkeypatch):
+    out = copy_of(reference, tmp_path)
+    calls = counting_answers(monkeypatch)
+    argv = argv_for(synth_bench, out)
+    status, _, err = run_cli([a if a != "bare" else "mc" for a in argv], capsys)
+    assert status == 2 and len(error_lines(err)) == 1, err
+    assert "other settings (prompt_style: 'bare' there, 'mc' now); use another --out" in err
+    # The tiny preset's weights retrained in place (train_tiny.sh --install): same name, other
+    # weights, so the old predictions must not be reused.
+    import vr_runtime.fingerprint as fp
+    from vr_runtime.tiny import ASSETS
+    retrained = tmp_path / "assets"
+    shutil.copytree(ASSETS, retrained)
+    data = bytearray((retrained / "routers.safetensors").read_bytes())
+    data[-5] ^= 0xFF    # one byte of the last tensor
+    (retrained / "routers.safetensors").write_bytes(bytes(data))
+    monkeypatch.setattr(fp, "_preset_dir", lambda name: retrained)
+    status, _, err = run_cli(argv, capsys)
+    assert status == 2 and len(error_lines(err)) == 1, err
+    assert "other settings (weights: {'model': '" in err and "another --out" in err
+    # a settings.json written before the weights were recorded: not reused either
+    monkeypatch.undo()
+    calls = counting_answers(monkeypatch)
+    settings = json.loads((out / "settings.json").read_text())
+    del settings["weights"]
+    (out / "settings.json").write_text(json.dumps(settings))
+    status, _, err = run_cli(argv, capsys)
+    assert status == 2 and "(weights: 'not recorded' there" in err, err
+    assert calls == []
+
+
 # ---------------------------------------------------- SIGKILL at random points, torn files
 def _spawn_eval(argv, log):
     env = dict(os.environ)

@@ -303,12 +303,19 @@ def run_eval(cfg: EvalConfig) -> Optional[dict]:
 
 def settings_of(cfg: EvalConfig) -> dict:
     """What a prediction depends on besides its key (id, method, budget, frames)."""
+    from ..fingerprint import weights_fingerprint
     return {"benchmark": cfg.benchmark, "model": str(cfg.model), "routers": cfg.routers,
             "clip": cfg.clip, "data_ft_model": cfg.data_ft_model,
             "scorer": cfg.scorer, "scorer_model": cfg.scorer_model,
             "prompt_style": cfg.prompt.style, "pre_prompt": cfg.prompt.pre_prompt,
             "post_prompt": cfg.prompt.post_prompt, "answer_mode": cfg.prompt.answer_mode,
-            "max_new_tokens": cfg.max_new_tokens, "scales": _scales_label(cfg.scales)}
+            "max_new_tokens": cfg.max_new_tokens, "scales": _scales_label(cfg.scales),
+            # the weights themselves, not only their names: retrained or overwritten weights
+            # must not resume from the predictions of the old ones
+            "weights": {k: weights_fingerprint(v) for k, v in (
+                ("model", cfg.model), ("routers", cfg.routers), ("clip", cfg.clip),
+                ("data_ft_model", cfg.data_ft_model), ("scorer_model", cfg.scorer_model))
+                if v is not None}}
 
 
 def _scales_label(scales) -> str:
@@ -336,10 +343,11 @@ def check_settings(out: pathlib.Path, cfg: EvalConfig, write: bool) -> None:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             problem = f"cannot be read ({getattr(e, 'strerror', None) or e})"
     if problem is None:
-        diff = sorted(k for k in now if before.get(k, SETTINGS_BEFORE.get(k)) != now[k])
+        was = {k: before.get(k, SETTINGS_BEFORE.get(k, "not recorded")) for k in now}
+        diff = sorted(k for k in now if was[k] != now[k])
         if diff:
             raise BenchmarkError(f"--out {str(out)!r} holds predictions made with other "
-                                 f"settings ({', '.join(diff)}: {before.get(diff[0])!r} "
+                                 f"settings ({', '.join(diff)}: {was[diff[0]]!r} "
                                  f"there, {now[diff[0]]!r} now); use another --out")
         return
     # Without the settings, predictions already in OUT cannot be told apart from ones made
