@@ -17,7 +17,8 @@
 #       .safetensors) and the committed results (bench/results/training_curves.png,
 #       training_metrics.json), and measure the held-out routing metrics of the new shipped
 #       weights (bench/results/routing_heldout.json; with --task v2
-#       bench/results/routing_heldout_v2.json, per factor).
+#       bench/results/routing_heldout_v2.json, per factor, and routing_heldout.json on task v1's
+#       held-out split).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 INSTALL=0
@@ -70,6 +71,14 @@ if [ "$INSTALL" = 1 ]; then
         --results bench/results
     python -m vr_runtime.training routing-eval --data "$WORK/data/heldout_conversations.jsonl" \
         --out "$ROUTING"
+    if [ "$TASK" = v2 ]; then
+        # and on task v1's held-out split (the demo clip's kind: square, near-lossless, static),
+        # so the v1 figures stay those of the shipped weights
+        python -m vr_runtime.training synth --out "$WORK/data_v1" --train 0 --heldout 60
+        python -m vr_runtime.training routing-eval \
+            --data "$WORK/data_v1/heldout_conversations.jsonl" \
+            --out bench/results/routing_heldout.json
+    fi
 else
     python -m vr_runtime.training tiny --work "$WORK" "${SIZES[@]}" \
         --results "$WORK/results"
