@@ -39,9 +39,16 @@ def test_budget_resize_row_on_tiny_qwen(synth_bench, tmp_path, capsys):
     assert "484" in line and "budget-resize" in stdout
 
 
-def test_budget_resize_refused_on_internvl3(synth_bench, tmp_path, capsys):
+def test_budget_resize_refused_on_internvl3_before_loading(synth_bench, tmp_path, capsys,
+                                                          monkeypatch):
+    from vr_runtime import VideoRouter
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the method was refused")
+    monkeypatch.setattr(VideoRouter, "from_pretrained", no_load)
     status, _, err = run_cli(_argv(synth_bench, tmp_path / "out", "tiny", "budget-resize"),
                              capsys)
     assert status == 2
-    assert "'budget-resize' cannot run on this model" in err
+    assert "'budget-resize' cannot run on this model: backbone 'internvl3' (tiny)" in err
     assert "448x448 frames only" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err

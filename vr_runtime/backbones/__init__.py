@@ -108,20 +108,27 @@ def load_backbone(path_or_name: Union[str, pathlib.Path] = "tiny", device="cpu",
     return lm
 
 
-def frame_spec_for(path_or_name: Union[str, pathlib.Path]) -> FrameSpec:
-    """The frame spec of a preset or checkpoint directory from its config.json alone (no
-    weights): decoding can start while the model loads."""
+def backbone_class_for(path_or_name: Union[str, pathlib.Path]):
+    """(backbone class, config dict) of a preset or checkpoint directory, from its config.json
+    alone (no weights): what a caller needs to check a request before the model loads."""
     name = str(path_or_name)
     if name in PRESETS:
         cls = backbone_class(PRESETS[name])
-        return cls.spec_from_config(cls.preset_config(name))
+        return cls, cls.preset_config(name)
     path = resolve_model(path_or_name)
     from .files import read_model_type
     if not (path / "config.json").is_file():
         raise ModelFilesError(f"model {name!r}: no config.json; pass a local InternVL3-*-hf or "
                               f"Qwen2.5-VL-*-Instruct directory (or a preset: {', '.join(PRESETS)})")
     cfg = json.loads((path / "config.json").read_text())
-    return backbone_class(read_model_type(path)).spec_from_config(cfg)
+    return backbone_class(read_model_type(path)), cfg
+
+
+def frame_spec_for(path_or_name: Union[str, pathlib.Path]) -> FrameSpec:
+    """The frame spec of a preset or checkpoint directory from its config.json alone (no
+    weights): decoding can start while the model loads."""
+    cls, cfg = backbone_class_for(path_or_name)
+    return cls.spec_from_config(cfg)
 
 
 def backbone_from_config(config, device="cpu", dtype=None, seed: int = 0,

@@ -56,6 +56,9 @@ class Backbone(abc.ABC):
     """One loaded model of a family, in eval mode, on ``device`` in ``dtype``."""
 
     family: ClassVar[str] = ""                 # "internvl3", "qwen2_5_vl"
+    # at_resolution / budget_frame_size implemented: the vision tower takes other frame sizes
+    # (Qwen2.5-VL). A class attribute, so a caller can refuse budget-resize before loading.
+    resizes_frames: ClassVar[bool] = False
     model_types: ClassVar[Tuple[str, ...]] = ()  # config.json model_type values it loads
     vision_tokens: ClassVar[VisionTokens]
 

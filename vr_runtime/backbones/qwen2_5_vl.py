@@ -231,6 +231,7 @@ def budget_frame_size(frames: int, budget: int, size: Tuple[int, int] = FRAME_SI
 # ----------------------------------------------------------------------------- the backbone
 class Qwen25VLBackbone(Backbone):
     family = "qwen2_5_vl"
+    resizes_frames = True
     model_types = ("qwen2_5_vl",)
     vision_tokens = QWEN_TOKENS
 

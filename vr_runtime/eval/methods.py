@@ -57,15 +57,18 @@ class Method:
     # backbone's own resize rule) whose tokens fit B, on a view of the same weights
     resize_to_budget: bool = False
 
-    def check_backbone(self, lm) -> None:
-        """Refuse, right after loading, a method the loaded backbone cannot run (budget-resize
-        on InternVL3, whose tower takes 448x448 frames only)."""
+    def check_model(self, model) -> None:
+        """Refuse, before any weights load, a method the model's family cannot run
+        (budget-resize on InternVL3, whose tower takes 448x448 frames only)."""
         if self.resize_to_budget:
-            try:
-                lm.budget_frame_size(1, 1 << 30)
-            except ValueError as e:
-                raise MethodError(f"--methods: {self.name!r} cannot run on this model: {e}") \
-                    from None
+            from ..backbones import backbone_class_for
+            cls, config = backbone_class_for(model)
+            if not cls.resizes_frames:
+                h, w = cls.spec_from_config(config).size
+                raise MethodError(f"--methods: {self.name!r} cannot run on this model: backbone "
+                                  f"{cls.family!r} ({model}) takes {h}x{w} frames only; it "
+                                  f"needs a Qwen2.5-VL model (InternVL3's budget baseline is "
+                                  f"`budget`)")
 
     def router_for(self, vr, budget: Optional[int], frames: int):
         """The VideoRouter that answers this row: ``vr`` itself, or for ``resize_to_budget`` its

@@ -151,8 +151,6 @@ class Evaluator:
             routers = self.cfg.routers if m.model == "main" else None
             self._models[m.model] = VideoRouter.from_pretrained(
                 path, routers=routers, device=dev, dtype=dtype, visual_cache_size=1)
-        for m in methods:   # budget-resize on InternVL3: refused before the first answer
-            m.check_backbone(self._models[m.model].lm)
         from ..scorers import DEFAULT_SCORER, build_scorer
         if self.cfg.scorer != DEFAULT_SCORER and self._scorer is None:
             self._scorer = build_scorer(self.cfg.scorer, self.cfg.scorer_model, device=dev,
@@ -258,6 +256,8 @@ def run_eval(cfg: EvalConfig) -> Optional[dict]:
     from .tables import write_outputs
     resources = {"clip": cfg.clip, "data_ft_model": cfg.data_ft_model}
     methods = parse_methods(cfg.methods, resources)
+    for m in methods:   # budget-resize on InternVL3: refused before anything loads
+        m.check_model(cfg.model if m.model == "main" else getattr(cfg, m.model))
     bench = load_benchmark(cfg.benchmark, cfg.data, cfg.videos, cfg.skip_missing, cfg.limit)
     out = pathlib.Path(cfg.out)
     rank, world, state = _dist(cfg.device)
