@@ -17,8 +17,8 @@
 #       .safetensors) and the committed results (bench/results/training_curves.png,
 #       training_metrics.json), and measure the held-out routing metrics of the new shipped
 #       weights (bench/results/routing_heldout.json; with --task v2
-#       bench/results/routing_heldout_v2.json, per factor, and routing_heldout.json on task v1's
-#       held-out split).
+#       bench/results/routing_heldout_v2.json, per factor; routing_footage_v2.json on 20 videos
+#       of the combined "footage" setting; routing_heldout.json on task v1's held-out split).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 INSTALL=0
@@ -72,6 +72,12 @@ if [ "$INSTALL" = 1 ]; then
     python -m vr_runtime.training routing-eval --data "$WORK/data/heldout_conversations.jsonl" \
         --out "$ROUTING"
     if [ "$TASK" = v2 ]; then
+        # the combined setting of issue 23's own videos (every factor off its base at once)
+        python -m vr_runtime.training synth --task v2 --out "$WORK/data" --train 0 --heldout 0 \
+            --footage 20
+        python -m vr_runtime.training routing-eval \
+            --data "$WORK/data/footage_conversations.jsonl" \
+            --out bench/results/routing_footage_v2.json
         # and on task v1's held-out split (the demo clip's kind: square, near-lossless, static),
         # so the v1 figures stay those of the shipped weights
         python -m vr_runtime.training synth --out "$WORK/data_v1" --train 0 --heldout 60

@@ -249,6 +249,27 @@ def test_heldout_split_varies_one_factor_at_a_time_and_lines_record_factors(tmp_
     assert written[-n:] == first
 
 
+def test_footage_split_is_the_combined_setting_and_synth_writes_it(tmp_path, monkeypatch):
+    assert [k for k in syn.FOOTAGE if syn.FOOTAGE[k] == syn.BASE[k]] == ["distractors"]
+    from vr_runtime.training.__main__ import main
+    assert main(["synth", "--out", str(tmp_path / "v1"), "--train", "0", "--heldout", "0",
+                 "--footage", "2"]) == 2                       # task v1 has no footage split
+    assert main(["synth", "--task", "v2", "--out", str(tmp_path), "--train", "0",
+                 "--heldout", "0", "--footage", "2"]) == 0
+    lines = [json.loads(x) for x in open(tmp_path / "footage_conversations.jsonl")]
+    assert {x["video"] for x in lines} == {"footage/footage_v2_00000.mp4",
+                                           "footage/footage_v2_00001.mp4"}
+    assert all(x["varies"] == "footage" and x["factors"] == syn.FOOTAGE for x in lines)
+    assert all(x["num_frames"] == 32 and x["source_frames"] == 64 for x in lines)
+    for v in {x["video"] for x in lines}:
+        with av.open(str(tmp_path / v)) as c:
+            st = c.streams.video[0]
+            assert (st.codec_context.name, st.width, st.height, st.frames) == ("vp9", 640, 360, 64)
+    # routing-eval's per-factor rows: none (every factor varies at once), the overall row only
+    from vr_runtime.training.routing_eval import factor_groups
+    assert all(factor_groups(x) == [] for x in lines)
+
+
 def test_v1_stays_the_default_and_unchanged():
     a = syn.sample_spec(random.Random(3))
     assert a.frame_size == (448, 448) and a.codec == "h264" and a.crf == 12

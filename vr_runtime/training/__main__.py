@@ -66,6 +66,10 @@ def _parser() -> argparse.ArgumentParser:
                         "16 frames); v2: issue 23's factors drawn at random in --train, one "
                         "factor varied at a time in --heldout (--heldout 85: 5 videos for each "
                         "of its 17 settings)")
+    s.add_argument("--footage", type=int, default=0,
+                   help="task v2: videos of the 'footage' split, every factor off its base at "
+                        "once as in issue 23's own videos (16:9, VP9, noise 4, 3 moving "
+                        "targets, 32 of 64 frames)")
     s = sub.add_parser("stage", help="run one training stage from a config")
     s.add_argument("--config", required=True, help="JSON file or stage1..3 / tiny_stage1..3")
     s.add_argument("--resume", default=None, help="a checkpoint folder, or 'latest'")
@@ -171,12 +175,14 @@ def _command(argv) -> str:
 
 def _synth(a, argv) -> None:
     from .synthetic import generate
-    splits = (("train", a.train), ("heldout", a.heldout))
+    splits = (("train", a.train), ("heldout", a.heldout), ("footage", a.footage))
     for split, n in splits:
         if n < 0:
             raise ConfigError(f"--{split}: expected a number of videos >= 0, got {n}")
+    if a.footage and a.task != "v2":
+        raise ConfigError("--footage: a task-v2 split; add --task v2")
     if not any(n for _, n in splits):
-        raise ConfigError("--train and --heldout are both 0: nothing to write")
+        raise ConfigError("--train, --heldout and --footage are all 0: nothing to write")
     for split, n in splits:
         if not n:
             continue

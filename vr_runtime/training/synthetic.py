@@ -390,6 +390,14 @@ def random_factors(rng: random.Random) -> dict:
     return f
 
 
+# Issue 23's own harder videos, as it describes them (they stay private, a fair test): 16:9,
+# lossy VP9 with mild noise, three targets that move across several frames, 64 source frames
+# and 32 sampled. The "footage" split holds this one combined setting, every factor off its
+# base at once, where the held-out split varies one factor at a time.
+FOOTAGE = {"aspect": "16:9", "codec": "vp9", "noise": 4, "motion": "moving", "n_targets": 3,
+           "frames": "64/32", "distractors": "plain"}
+
+
 def heldout_settings() -> List[tuple]:
     """The held-out layout: [(varies, factors)], first the base setting ("base", BASE), then
     for each factor each of its non-base values with every other factor at BASE."""
@@ -684,9 +692,10 @@ def generate(out_dir: str, num_videos: int, seed: int = 0, num_frames: int = 16,
     ``size`` do not apply). v2 videos are named ``{split}_v2_NNNNN.mp4`` (never a v1 file), and
     every v2 line also carries ``task``, its ``num_frames`` T (the frames to sample; labels index
     them), ``source_frames`` S and the video's ``factors``. The v2 train split draws every factor
-    at random; any other v2 split is the one-factor-at-a-time layout (``heldout_settings``,
-    video i takes setting i mod its length) and its lines say which factor they vary
-    (``varies``: a factor name, or "base")."""
+    at random; the "footage" split holds ``FOOTAGE``, every factor off its base at once
+    (``varies``: "footage"); any other v2 split is the one-factor-at-a-time layout
+    (``heldout_settings``, video i takes setting i mod its length) and its lines say which
+    factor they vary (``varies``: a factor name, or "base")."""
     if num_videos < 1:
         raise ValueError(f"num_videos: expected >= 1, got {num_videos}")
     if task not in TASKS:
@@ -695,7 +704,9 @@ def generate(out_dir: str, num_videos: int, seed: int = 0, num_frames: int = 16,
         phrasing = "train" if split == "train" else "mixed"
     v2 = task == "v2"
     rng = random.Random(f"{seed}-{split}" + ("-v2" if v2 else ""))
-    settings = heldout_settings() if v2 and split != "train" else None
+    settings = None
+    if v2 and split != "train":
+        settings = [("footage", dict(FOOTAGE))] if split == "footage" else heldout_settings()
     rel, pol, conv, todo = [], [], [], []
     vdir = os.path.join(out_dir, split)
     for i in range(num_videos):
