@@ -1,5 +1,6 @@
-"""scripts/train_tiny.sh --task: v1 stays the default; v2 trains on the wider task (issue 23) in
-its own work folder and, with --install, measures routing per factor into its own results file.
+"""scripts/train_tiny.sh --task: v2, the wider task of issue 23 and the shipped weights', is the
+default, in its own work folder, and with --install measures routing per factor into its own
+results file; --task v1 keeps the original task's sizes and folder.
 A fake ``python`` on PATH records the calls (nothing is trained: conftest.run_train_tiny)."""
 
 
@@ -7,17 +8,17 @@ def arg(call, name):
     return call[call.index(name) + 1]
 
 
-def test_default_is_task_v1_with_todays_sizes(tmp_path, run_train_tiny):
-    p, calls = run_train_tiny(tmp_path)
+def test_task_v1_keeps_its_sizes_and_folder(tmp_path, run_train_tiny):
+    p, calls = run_train_tiny(tmp_path, "--task", "v1")
     assert p.returncode == 0, p.stderr
-    assert "--task" not in calls[0]
+    assert "--task" not in calls[0]    # the tiny command's own default task is v1
     assert (arg(calls[0], "--train"), arg(calls[0], "--heldout")) == ("480", "60")
     assert arg(calls[0], "--work") == "runs/tiny"
 
 
 def test_task_v2_trains_in_its_own_folder_and_installs_per_factor_results(tmp_path, run_train_tiny):
-    for form in (["--task", "v2"], ["--task=v2"]):
-        p, calls = run_train_tiny(tmp_path / form[0].replace("=", "_"), *form)
+    for i, form in enumerate(([], ["--task", "v2"], ["--task=v2"])):   # v2: the default
+        p, calls = run_train_tiny(tmp_path / f"form{i}", *form)
         assert p.returncode == 0, p.stderr
         assert arg(calls[0], "--task") == "v2" and arg(calls[0], "--work") == "runs/tiny_v2"
         assert (arg(calls[0], "--train"), arg(calls[0], "--heldout")) == ("960", "85")
