@@ -14,6 +14,7 @@ import shutil
 import time
 
 from .config import load_config
+from .checkpoints import write_json_atomic
 from .synthetic import generate
 
 # Task v2 trains Stage 3b's tight budgets as a fraction of each video's dense tokens (8 to 64
@@ -87,12 +88,21 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
                 "metrics": m["metrics"], "global_step": m.get("global_step"), "reused": True,
                 "trainable": cfg.trainable_groups,
                 "config": f"vr_runtime/training/configs/tiny_stage{stage}.json"}
+            if "wall_s" in m:   # the run that trained it (a reusing --install keeps its time)
+                summary["stages"][f"stage{stage}"]["wall_s"] = m["wall_s"]
+            if cfg.train_budget_fraction:
+                summary["stages"][f"stage{stage}"]["train_budget_fraction"] = \
+                    cfg.train_budget_fraction
             continue
         t0 = time.time()
         res = train(cfg)
+        wall_s = round(time.time() - t0, 1)
+        with open(done) as f:
+            m = json.load(f)
+        write_json_atomic(done, dict(m, wall_s=wall_s), indent=2)
         summary["stages"][f"stage{stage}"] = {
             "metrics": res["metrics"], "global_step": res["global_step"],
-            "wall_s": round(time.time() - t0, 1), "trainable": cfg.trainable_groups,
+            "wall_s": wall_s, "trainable": cfg.trainable_groups,
             "config": f"vr_runtime/training/configs/tiny_stage{stage}.json"}
         if cfg.train_budget_fraction:
             summary["stages"][f"stage{stage}"]["train_budget_fraction"] = cfg.train_budget_fraction
