@@ -117,6 +117,7 @@ class VideoRouter:
             {"skipped": "warmup_frames=0"}
         self.routers = routers if routers is not None else Routers.from_backbone(lm)
         self.routers.eval()
+        self._last_question_emb: Optional[tuple] = None   # (question, Emb(q)): question_embeddings
         self._stop_ids = lm.stop_token_ids()
         # cache_visual: question-independent state of the last videos (LRU).
         self.visual_cache_size = int(visual_cache_size)
@@ -193,8 +194,15 @@ class VideoRouter:
         self._vcache.clear()
 
     def question_embeddings(self, question: str) -> torch.Tensor:
-        """Emb(q) [Lq, D]: what both routers read (the bare question, no prompt around it)."""
-        return embed_question(self.lm.model, self.lm.tokenizer, question)
+        """Emb(q) [Lq, D]: what both routers read (the bare question, no prompt around it).
+        The Semantic Router and the scorer of one answer ask for the same question, so the last
+        one is kept: one tokenizer call and one embedding gather an answer, not two."""
+        last = self._last_question_emb
+        if last is not None and last[0] == question:
+            return last[1]
+        emb = embed_question(self.lm.model, self.lm.tokenizer, question)
+        self._last_question_emb = (question, emb)   # one tuple: a reader sees a whole pair
+        return emb
 
     # ------------------------------------------------------------------ stage: request
     @staticmethod
