@@ -9,11 +9,11 @@
 #      videos -> bench/results/label_study.json and STUDY/counterfactual_relevance.jsonl;
 #   3. Stage 1 from those labels vs from the generator's -> bench/results/stage1_from_labels.json;
 #   then steps 2-3 again with --rule minimal-set. About 50 minutes on 2 CPU cores in all.
-#   scripts/label_study_tiny.sh [TINY_DIR] [STUDY_DIR]   (defaults runs/tiny, runs/label_study;
+#   scripts/label_study_tiny.sh [TINY_DIR] [STUDY_DIR]   (defaults runs/tiny_v2, runs/label_study;
 #   TINY_DIR is a finished scripts/train_tiny.sh run: its data, and Stage 0's model for step 3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TINY="${1:-runs/tiny}"
+TINY="${1:-runs/tiny_v2}"
 STUDY="${2:-runs/label_study}"
 unset TRITON_INTERPRET   # CPU training uses the vectorised PyTorch pool_pack, not the interpreter
 for path in "$TINY/stage0/hf" "$TINY/data/train_conversations.jsonl"; do

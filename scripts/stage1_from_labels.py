@@ -1,7 +1,7 @@
 """Issue 8, item 5: Stage 1 trained from the counterfactual labels of rule (a) instead of the
 generator's, on the same videos, both evaluated on the generator's held-out labels.
 
-    python scripts/stage1_from_labels.py [--study runs/label_study] [--tiny runs/tiny]
+    python scripts/stage1_from_labels.py [--study runs/label_study] [--tiny runs/tiny_v2]
 
 Reads ``STUDY/counterfactual_relevance.jsonl`` ((a)'s labels, written by ``python -m
 vr_runtime.training label-study``) and ``STUDY/study_relevance.jsonl`` (the generator's labels
@@ -20,7 +20,7 @@ import time
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--study", default="runs/label_study")
-    ap.add_argument("--tiny", default="runs/tiny")
+    ap.add_argument("--tiny", default="runs/tiny_v2")
     ap.add_argument("--out", default="bench/results/stage1_from_labels.json")
     ap.add_argument("--steps", type=int, default=1200)
     args = ap.parse_args(argv)
