@@ -105,9 +105,9 @@ def check_inputs(args) -> None:
             raise UsageError(f"--plot {args.plot!r}: directory {str(parent)!r} does not exist")
     from .policies import policy_names
     if args.policy not in policy_names():
-        from .errors import did_you_mean
-        raise UsageError(f"--policy {args.policy!r}: expected one of {', '.join(policy_names())}"
-                         f"{did_you_mean(args.policy, policy_names())}")
+        from .errors import expected_one_of
+        raise UsageError(f"--policy {args.policy!r}: "
+                         f"{expected_one_of(args.policy, policy_names())}")
     if getattr(args, "scorer", None) is not None:
         check_scorer_args(args)
     from .backbones import resolve_model

@@ -24,3 +24,10 @@ def did_you_mean(name, choices) -> str:
     import difflib
     close = difflib.get_close_matches(str(name), list(choices), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def expected_one_of(name, choices, word: str = "one") -> str:
+    """``"expected one of a, b, c; did you mean 'b'?"``: the tail of every message that refuses
+    ``name`` among named choices (policies, planners, scorers, eval methods)."""
+    choices = list(choices)
+    return f"expected {word} of {', '.join(choices)}{did_you_mean(name, choices)}"

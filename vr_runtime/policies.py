@@ -105,9 +105,8 @@ def policy_names() -> Tuple[str, ...]:
 def get_planner(name: str) -> Planner:
     p = PLANNERS.get(name)
     if p is None:
-        from .errors import did_you_mean
-        raise ValueError(f"policy {name!r}: expected one of {', '.join(policy_names())}"
-                         f"{did_you_mean(name, policy_names())}")
+        from .errors import expected_one_of
+        raise ValueError(f"policy {name!r}: {expected_one_of(name, policy_names())}")
     return p
 
 

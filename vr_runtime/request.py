@@ -61,10 +61,9 @@ class AnswerOptions:
 
     def __post_init__(self):
         if self.policy not in policy_names():
-            from .errors import did_you_mean
-            raise ValueError(f"policy {self.policy!r}: expected one of "
-                             f"{', '.join(policy_names())}"
-                             f"{did_you_mean(self.policy, policy_names())}")
+            from .errors import expected_one_of
+            raise ValueError(f"policy {self.policy!r}: "
+                             f"{expected_one_of(self.policy, policy_names())}")
         for name, lo in (("num_frames", 1), ("max_length", 1), ("max_new_tokens", 0),
                          ("margin", 0), ("chunk_size", 1)):
             _check_int(name, getattr(self, name), lo)

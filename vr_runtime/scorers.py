@@ -326,9 +326,8 @@ def scorer_names() -> List[str]:
 def get_scorer(name: str) -> ScorerEntry:
     entry = SCORERS.get(name)
     if entry is None:
-        from .errors import did_you_mean
-        raise ValueError(f"--scorer {name!r}: expected one of {', '.join(SCORERS)}"
-                         f"{did_you_mean(name, SCORERS)}")
+        from .errors import expected_one_of
+        raise ValueError(f"--scorer {name!r}: {expected_one_of(name, SCORERS)}")
     return entry
 
 

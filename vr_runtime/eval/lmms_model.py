@@ -46,9 +46,9 @@ class VideoRouterLMM(lmms):
             raise ValueError(f"videorouter: batch_size must be 1 (one video per prefill), got "
                              f"{batch_size}")
         if policy not in policy_names():
-            from ..errors import did_you_mean
-            raise ValueError(f"videorouter: policy {policy!r}: expected one of "
-                             f"{', '.join(policy_names())}{did_you_mean(policy, policy_names())}")
+            from ..errors import expected_one_of
+            raise ValueError(f"videorouter: policy {policy!r}: "
+                             f"{expected_one_of(policy, policy_names())}")
         if clip_mode not in CLIP_MODES:
             raise ValueError(f"videorouter: clip_mode {clip_mode!r}: expected one of "
                              f"{', '.join(CLIP_MODES)} (matched: as many frames at s1 as the "

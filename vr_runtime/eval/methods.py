@@ -131,9 +131,9 @@ def register_method(name: str, policy: str, description: str, **kw) -> Method:
 def get_method(name: str) -> Method:
     m = METHODS.get(name)
     if m is None:
-        from ..errors import did_you_mean
-        raise MethodError(f"--methods: unknown method {name!r}; expected some of "
-                          f"{', '.join(METHODS)}{did_you_mean(name, METHODS)}")
+        from ..errors import expected_one_of
+        raise MethodError(f"--methods: unknown method {name!r}; "
+                          f"{expected_one_of(name, METHODS, word='some')}")
     return m
 
 
