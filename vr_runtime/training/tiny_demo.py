@@ -79,34 +79,30 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
             cfg.model = os.path.join(work, "stage3", "hf")
         done = os.path.join(cfg.output_dir, "metrics.json")
         prev = os.path.join(cfg.output_dir, "routers.safetensors")
-        if os.path.isfile(done) and os.path.isfile(prev) and (stage in (1, 2) or os.path.isfile(
-                os.path.join(cfg.output_dir, "model.safetensors"))):
-            # a finished stage is reused (delete its folder to retrain it)
+        reused = os.path.isfile(done) and os.path.isfile(prev) and (
+            stage in (1, 2) or os.path.isfile(os.path.join(cfg.output_dir, "model.safetensors")))
+        if reused:   # a finished stage is reused (delete its folder to retrain it)
             with open(done) as f:
                 m = json.load(f)
-            summary["stages"][f"stage{stage}"] = {
-                "metrics": m["metrics"], "global_step": m.get("global_step"), "reused": True,
-                "trainable": cfg.trainable_groups,
-                "config": f"vr_runtime/training/configs/tiny_stage{stage}.json"}
-            if "wall_s" in m:   # the run that trained it (a reusing --install keeps its time)
-                summary["stages"][f"stage{stage}"]["wall_s"] = m["wall_s"]
-            if cfg.train_budget_fraction:
-                summary["stages"][f"stage{stage}"]["train_budget_fraction"] = \
-                    cfg.train_budget_fraction
-            continue
-        t0 = time.time()
-        res = train(cfg)
-        wall_s = round(time.time() - t0, 1)
-        with open(done) as f:
-            m = json.load(f)
-        write_json_atomic(done, dict(m, wall_s=wall_s), indent=2)
-        summary["stages"][f"stage{stage}"] = {
-            "metrics": res["metrics"], "global_step": res["global_step"],
-            "wall_s": wall_s, "trainable": cfg.trainable_groups,
-            "config": f"vr_runtime/training/configs/tiny_stage{stage}.json"}
+        else:
+            t0 = time.time()
+            train(cfg)
+            with open(done) as f:
+                m = json.load(f)
+            # the stage's own record keeps its time, so a later run that reuses it reports it
+            m["wall_s"] = round(time.time() - t0, 1)
+            write_json_atomic(done, m, indent=2)
+            print(json.dumps({f"stage{stage}": m["metrics"]}, indent=2))
+        entry = {"metrics": m["metrics"], "global_step": m.get("global_step")}
+        if reused:
+            entry["reused"] = True
+        if "wall_s" in m:
+            entry["wall_s"] = m["wall_s"]
+        entry.update(trainable=cfg.trainable_groups,
+                     config=f"vr_runtime/training/configs/tiny_stage{stage}.json")
         if cfg.train_budget_fraction:
-            summary["stages"][f"stage{stage}"]["train_budget_fraction"] = cfg.train_budget_fraction
-        print(json.dumps({f"stage{stage}": res["metrics"]}, indent=2))
+            entry["train_budget_fraction"] = cfg.train_budget_fraction
+        summary["stages"][f"stage{stage}"] = entry
     # the shipped routers (after Stage 3b) on the Stage 1/2 held-out sets
     from .data import read_jsonl
     from .evaluate import eval_policy, eval_relevance
