@@ -42,6 +42,7 @@ def weights_fingerprint(target: Union[str, pathlib.Path, None]) -> Optional[str]
         return None
     name = str(target)
     from .backbones import PRESETS, resolve_model
+    from .errors import ModelFilesError
     if name in PRESETS:
         path = _preset_dir(name)
     else:
@@ -49,7 +50,7 @@ def weights_fingerprint(target: Union[str, pathlib.Path, None]) -> Optional[str]
         if not path.exists():
             try:
                 path = pathlib.Path(resolve_model(name))
-            except Exception:   # not found: the run fails on it later, with its own message
+            except ModelFilesError:   # not found: the run fails on it later, with its own message
                 path = None
     h = hashlib.sha256(name.encode())
     for f in _weight_files(path) if path is not None else []:

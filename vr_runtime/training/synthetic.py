@@ -243,9 +243,9 @@ def render_frame(spec: VideoSpec, t: int) -> np.ndarray:
 # (crf 12); task v2 writes each codec at a high CRF (CODEC_CRF), as footage arrives.
 CODECS = {"h264": ("libx264", {"preset": "veryfast"}),
           "vp9": ("libvpx-vp9", {"b": "0", "deadline": "realtime", "cpu-used": "8"}),
-          # Preset 8, not the faster 10-12: at preset 12 (run as M11) SVT-AV1 4.1 wrote 10 of
-          # 320 long v2 videos that dav1d cannot decode to the end (29 bad packets in a
-          # 256-frame video, or a frame silently dropped); preset 8 decoded all 10 whole.
+          # Preset 8, not the faster 10-12: at preset 12 (run as M11) SVT-AV1 4.1 wrote 10 of the
+          # 344 AV1 videos of the v2 data (all long) that dav1d cannot decode to the end (up to
+          # 43 bad packets, or a frame silently dropped); preset 8 decoded all 10 whole.
           "av1": ("libsvtav1", {"preset": "8"})}
 CODEC_CRF = {"h264": 30, "vp9": 48, "av1": 48}
 
