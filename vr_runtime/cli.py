@@ -179,6 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "budget and uniform are the baselines (default: auto)")
     ask.add_argument("--scales", type=scales_arg, default=None, metavar="S_G,S_1,S_0|auto",
                      help=SCALES_HELP)
+    ask.add_argument("--allow-over-length", action="store_true",
+                     help="let an unbudgeted policy (dense) make a prompt longer than "
+                          "--max-length (refused by default; the model's own context is "
+                          "never exceeded)")
     add_scorer_args(ask)
     ask.add_argument("--decoder", choices=DECODERS, default="auto",
                      help="video decoding library: auto uses decord where it handles the "
@@ -266,7 +270,8 @@ def run_questions(args, questions) -> list:
     base = AnswerOptions(num_frames=args.frames, max_length=args.max_length,
                          max_new_tokens=args.max_new_tokens, policy=args.policy,
                          ttft_budget_s=getattr(args, "ttft_budget", None) or None,
-                         scorer=scorer)
+                         scorer=scorer,
+                         allow_over_length=bool(getattr(args, "allow_over_length", False)))
     outs = []
     for i, question in enumerate(questions):
         # --scales auto depends on the question's length: one variant per question
@@ -310,7 +315,10 @@ def _demo_args(args, question: str) -> argparse.Namespace:
         command="demo", video=str(SAMPLE_VIDEO), question=question, model="tiny",
         routers=None, frames=DEMO_FRAMES, max_length=DEMO_MAX_LENGTH,
         max_new_tokens=DEMO_MAX_NEW_TOKENS, policy=args.policy, device="cpu", dtype="fp32",
-        json=args.json, plot=args.plot, decoder="auto")
+        json=args.json, plot=args.plot, decoder="auto",
+        # the demo's small context is there to make the budget bite; dense shows what it
+        # would cost without one
+        allow_over_length=True)
 
 
 # ----------------------------------------------------------------------------- output

@@ -36,7 +36,8 @@ class AnswerOptions:
     for the next question on the same video); ``route_to`` (Semantic Router class -> policy);
     ``decoder`` (the video library); ``ttft_budget_s`` (beyond the paper: the largest budget
     whose predicted TTFT fits); ``router_question`` (what the routers and scorers read when the
-    question is a full LLM prompt)."""
+    question is a full LLM prompt); ``allow_over_length`` (an unbudgeted policy, dense, may
+    exceed ``max_length``; never the model's context)."""
     num_frames: int = 64
     max_length: int = 12288
     max_new_tokens: int = 64
@@ -58,6 +59,7 @@ class AnswerOptions:
     decoder: str = "auto"
     ttft_budget_s: Optional[float] = None
     router_question: Optional[str] = None
+    allow_over_length: bool = False
 
     def __post_init__(self):
         if self.policy not in policy_names():

@@ -372,6 +372,38 @@ class VideoRouter:
                                 f"{policy!r}; raise max_length or lower max_new_tokens")
         return fitted
 
+    @property
+    def max_positions(self) -> Optional[int]:
+        """The backbone's context: its decoder's ``max_position_embeddings`` (None if unset)."""
+        n = getattr(self.lm.text_config, "max_position_embeddings", None)
+        return int(n) if isinstance(n, int) and n > 0 else None
+
+    def check_length(self, req: Request, policy: str, planner, T: int, fitted: FittedPlan) -> None:
+        """Refuse, before the vision encoder runs, a prompt (plus its new tokens) longer than the
+        model's context, and an unbudgeted (dense) one over ``max_length`` unless the request
+        says ``allow_over_length``: the paper's Dense row has no budget, not no limit. The line
+        gives the frame count that fits."""
+        grid = self.lm.grid
+        total = fitted.text_tokens + B.plan_tokens(fitted.plan, grid) + req.max_new_tokens
+        limits = []
+        if self.max_positions is not None:
+            limits.append((self.max_positions, "the model's context (max_position_embeddings)",
+                           "use fewer frames (--frames)"))
+        if not planner.budgeted and not req.allow_over_length:
+            limits.append((req.max_length, "max_length",
+                           "use fewer frames (--frames), raise --max-length, a budgeted policy, "
+                           "or allow it explicitly (--allow-over-length)"))
+        for limit, what, advice in limits:
+            if total <= limit:
+                continue
+            fixed = self.lm.text_tokens(req.question, 0, req.system, kept=[])
+            per_frame = max((total - req.max_new_tokens - fixed) / max(T, 1), 1.0)
+            fit = max(int((limit - req.max_new_tokens - fixed) // per_frame), 0)
+            raise B.BudgetError(
+                f"policy {policy!r} at {T} frames makes a prompt of "
+                f"{total - req.max_new_tokens} tokens, which with {req.max_new_tokens} new tokens "
+                f"is over {what} of {limit}: at most {fit} frames fit; {advice}")
+
     def _scoring_budget(self, req: Request, T: int) -> int:
         """The budget a rank-based scorer plans for: the fixed one, or the one with every
         frame's line counted (safe for any plan)."""
@@ -447,6 +479,7 @@ class VideoRouter:
             scores = self.score_frames(req, frames, Z, timer, state, self._scoring_budget(req, T))
             notes += scores.notes
         fitted = self.plan(req, decision.policy, T, scores.relevant if scores else None)  # plan
+        self.check_length(req, decision.policy, planner, T, fitted)
         if scores is not None and not any(scores.relevant) and planner.when_none_relevant:
             notes.append("no frame was relevant: " + planner.when_none_relevant)
         notes += fitted.notes
@@ -457,6 +490,7 @@ class VideoRouter:
             Z = Z[keep]
         ids, embeds, pos = self.compress(req, fitted.plan, Z, keep, timer)          # compress
         if not planner.budgeted and ids.numel() + req.max_new_tokens > req.max_length:
+            # only with allow_over_length (check_length refuses it otherwise)
             notes.append(f"{decision.policy} has no budget: its prompt of {ids.numel()} tokens "
                          f"plus {req.max_new_tokens} new tokens exceeds max_length {req.max_length}")
         return _Prepared(req, timer, frames, decision, planner, scores, fitted, ids, embeds, pos,

@@ -22,7 +22,7 @@ STAGES = ("decode", "vision", "router", "compress", "prefill", "ttft", "generate
 def test_answer_every_policy(tiny_vr, frames, policy):
     T = 5
     res = tiny_vr.answer(frames(T, seed=3), Q, num_frames=T, max_length=1000, max_new_tokens=3,
-                         policy=policy)
+                         policy=policy, allow_over_length=policy == "dense")
     r = json.loads(json.dumps(res.report))  # JSON-serialisable, and nothing lost on the way
     assert r == res.report
     assert isinstance(res.text, str)
@@ -54,6 +54,27 @@ def test_answer_every_policy(tiny_vr, frames, policy):
         assert plan == B.plan_fragment(r["relevant"], r["budget"], empty=empty)
     else:
         assert r["frame_scores"] is None
+
+
+def test_dense_over_max_length_is_refused_unless_allowed(tiny_vr, frames):
+    # 5 x 256 visual tokens > 1000: dense has no budget, but max_length still bounds it
+    with pytest.raises(B.BudgetError, match=r"over max_length of 1000: at most 3 frames fit.*"
+                                            r"--allow-over-length"):
+        tiny_vr.answer(frames(5, seed=3), Q, num_frames=5, max_length=1000, max_new_tokens=3,
+                       policy="dense")
+    r = tiny_vr.answer(frames(3, seed=3), Q, num_frames=3, max_length=1000, max_new_tokens=3,
+                       policy="dense").report       # the frame count the line gave fits
+    assert r["prompt_tokens"] + 3 <= 1000
+
+
+def test_prompt_past_the_models_context_is_refused(tiny_vr, frames, monkeypatch):
+    # the model's positions bound every policy, dense allowed over max_length or not
+    monkeypatch.setattr(tiny_vr.lm.text_config, "max_position_embeddings", 1000)
+    assert tiny_vr.max_positions == 1000
+    with pytest.raises(B.BudgetError, match=r"over the model's context \(max_position_embeddings\)"
+                                            r" of 1000: at most 3 frames fit"):
+        tiny_vr.answer(frames(5, seed=3), Q, num_frames=5, max_length=4000, max_new_tokens=3,
+                       policy="dense", allow_over_length=True)
 
 
 def test_forced_relevance_follows_algorithm1(tiny_vr, frames):

@@ -33,7 +33,7 @@ class VideoRouterLMM(lmms):
                  clip: Optional[str] = None, device: Optional[str] = None,
                  dtype: Optional[str] = None, max_new_tokens=None, batch_size=1,
                  visual_tokens_log: Optional[str] = None, scales=None, clip_mode: str = "matched",
-                 **kwargs) -> None:
+                 allow_over_length=False, **kwargs) -> None:
         super().__init__()
         import torch
 
@@ -72,6 +72,8 @@ class VideoRouterLMM(lmms):
         self.num_frames = int(num_frames)
         self.budget = _opt_int(budget)
         self.max_new_tokens = _opt_int(max_new_tokens)
+        # model_args arrive as strings: allow_over_length=True lets dense pass max_length
+        self.allow_over_length = str(allow_over_length).strip().lower() in ("1", "true", "yes")
         self.scorer = None
         if clip:   # as `videorouter eval`'s clip / clip-fill methods
             from ..scorers import CLIPScorer, TokenMatchedScorer
@@ -123,6 +125,7 @@ class VideoRouterLMM(lmms):
         opts = AnswerOptions(num_frames=self.num_frames, max_length=self.max_length,
                              max_new_tokens=max_new, policy=self.policy, budget=self.budget,
                              cache_visual=True, scorer=self.scorer,
+                             allow_over_length=self.allow_over_length,
                              router_question=bare if isinstance(bare, str) and bare.strip()
                              else None, **scales)
         return self.vr.answer(video, text, options=opts)
