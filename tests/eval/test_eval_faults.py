@@ -401,7 +401,8 @@ def test_tables_count_unanswered_and_failed_apart_from_wrong():
     assert head[2].split(",")[3:8] == ["-", "0", "-", "0", "1"]
     meta = {"benchmark": "b", "model": "m", "questions": 4, "skipped": 0, "prompt_style": "bare",
             "answer_mode": "letter", "device_line": "d", "command": "c"}
-    assert "| uniform | 2 | 256 | 100 | 3 | 33.3 | 1 | 1 |" in markdown(rows, meta)
+    # 1 of 3 right: 33.3% with its 95% Wilson interval
+    assert "| uniform | 2 | 256 | 100 | 3 | 33.3 (6.2-79.2) | 1 | 1 |" in markdown(rows, meta)
 
 
 def test_parser_note_over_a_quarter():

@@ -8,6 +8,7 @@
                      [--answer-mode letter|option-text] [--pre-prompt S] [--post-prompt S]
                      [--batch-size N]
     videorouter eval --make-synthetic DIR [--videos-per-split N]
+    videorouter eval compare DIR_A DIR_B [--json]   # two runs, question by question
     accelerate launch --num_processes N -m vr_runtime.eval ...      # data-parallel
 
 Bad input (missing file or video, malformed row, unknown method) prints one line naming
@@ -171,6 +172,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     debug = os.environ.get("VIDEOROUTER_DEBUG", "") not in ("", "0")
     if not debug:
         quiet_libraries()
+    if argv[:1] == ["compare"]:   # two finished runs, question by question (eval/compare.py)
+        try:
+            from .compare import main as compare_main
+            return compare_main(argv[1:])
+        except Exception as e:  # noqa: BLE001 - as below
+            from ..cli_common import fail_with
+            fail_with(e, debug)
     a = build_parser().parse_args(argv)
     try:
         if a.make_synthetic:

@@ -3,12 +3,16 @@
 ``OUT/predictions.jsonl``  one line per question x method x budget x frames
 ``OUT/results.json``       {"rows": [{method, budget, frames, n, failed, accuracy,
                             visual_tokens_mean, frames_mean, no_relevant, ttft_s_mean,
-                            ttft_cached_s_mean, unanswered, by_duration, by_category, policies}], "meta": {..., failed_questions}}
+                            ttft_cached_s_mean, unanswered, by_duration, by_category, policies,
+                            correct, accuracy_ci95, by_duration_ci95, by_category_ci95,
+                            by_duration_n, by_category_n}], "meta": {..., failed_questions}}
 ``OUT/results.md``         Method | Frames | B_img | Visual tokens | n | Overall | Unanswered |
-                           Failed | Frames kept | No relevant | per duration | per category
-``OUT/results.csv``        the same columns
+                           Failed | Frames kept | No relevant | per duration | per category;
+                           every accuracy cell with its 95% Wilson interval, "46.5 (38.6-54.6)"
+``OUT/results.csv``        the same columns (accuracies alone), then a low and a high column of
+                           the 95% interval for each accuracy column
 ``OUT/accuracy_vs_tokens.png``  accuracy against *actual* mean visual tokens, one line per
-                            method (and frame count) across budgets
+                            method (and frame count) across budgets, with the intervals as bars
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from collections import Counter, defaultdict
 from typing import Dict, List, Optional, Sequence
 
 from ..atomic import write_files_atomically
+from .stats import wilson
 
 # What a failed write of an evaluation's files tells the user (runner.py's settings.json too).
 WRITE_HINT = ("nothing there was replaced (free space and rerun the same command: finished "
@@ -30,6 +35,12 @@ DURATION_ORDER = ("short", "medium", "long")
 
 def _acc(ps: Sequence[dict]) -> float:
     return 100.0 * sum(bool(p["correct"]) for p in ps) / len(ps) if ps else float("nan")
+
+
+def _ci(ps: Sequence[dict]) -> Optional[List[float]]:
+    """The 95% Wilson interval of the accuracy over ``ps``, in %, as [low, high]."""
+    ci = wilson(sum(bool(p["correct"]) for p in ps), len(ps))
+    return None if ci is None else [round(ci[0], 2), round(ci[1], 2)]
 
 
 def _ordered(keys) -> List[str]:
@@ -77,6 +88,14 @@ def aggregate(preds: Sequence[dict], methods: Sequence) -> List[dict]:
             "by_duration": {k: round(_acc(by_d[k]), 2) for k in _ordered(by_d)},
             "by_category": {k: round(_acc(by_c[k]), 2) for k in sorted(k for k in by_c if k)},
             "policies": dict(Counter(p["policy"] for p in ps)),
+            # the 95% Wilson intervals (eval/stats.py) of the accuracies above, and what they
+            # are computed from: one question is 100 / n points
+            "correct": sum(bool(p["correct"]) for p in ps),
+            "accuracy_ci95": _ci(ps),
+            "by_duration_ci95": {k: _ci(by_d[k]) for k in _ordered(by_d)},
+            "by_category_ci95": {k: _ci(by_c[k]) for k in sorted(k for k in by_c if k)},
+            "by_duration_n": {k: len(by_d[k]) for k in _ordered(by_d)},
+            "by_category_n": {k: len(by_c[k]) for k in sorted(k for k in by_c if k)},
         })
     return rows
 
@@ -87,8 +106,12 @@ def _columns(rows):
     return durs, cats
 
 
-def table_rows(rows) -> (List[str], List[list]):
+def table_rows(rows, intervals: bool = False) -> (List[str], List[list]):
+    """The table's header and rows. ``intervals``: each accuracy cell reads "46.5 (38.6-54.6)"
+    (its 95% Wilson interval), for the markdown view; the CSV keeps the plain figures in these
+    columns and gets the intervals in columns of their own (``interval_columns``)."""
     durs, cats = _columns(rows)
+    acc = _fmt_ci if intervals else (lambda v, ci: _fmt(v))
     # Frames kept (the paper's Table 2 "frames") and No relevant follow the older columns,
     # so readers of results.csv by position keep working
     head = ["Method", "Frames", "B_img", "Visual tokens", "n", "Overall", "Unanswered",
@@ -98,11 +121,30 @@ def table_rows(rows) -> (List[str], List[list]):
     for r in rows:
         body.append([r["method"], r["frames"], "-" if r["budget"] is None else r["budget"],
                      "-" if r["visual_tokens_mean"] is None else f"{r['visual_tokens_mean']:.0f}",
-                     r["n"], _fmt(r["accuracy"]), r["unanswered"], r.get("failed", 0),
+                     r["n"], acc(r["accuracy"], r.get("accuracy_ci95")), r["unanswered"],
+                     r.get("failed", 0),
                      "-" if r.get("frames_mean") is None else f"{r['frames_mean']:.1f}",
                      r.get("no_relevant", 0)] +
-                    [_fmt(r["by_duration"].get(d)) for d in durs] +
-                    [_fmt(r["by_category"].get(c)) for c in cats])
+                    [acc(r["by_duration"].get(d), (r.get("by_duration_ci95") or {}).get(d))
+                     for d in durs] +
+                    [acc(r["by_category"].get(c), (r.get("by_category_ci95") or {}).get(c))
+                     for c in cats])
+    return head, body
+
+
+def interval_columns(rows) -> (List[str], List[list]):
+    """The CSV's extra columns, after the others (readers by position keep working): the low
+    and high end of the 95% Wilson interval of Overall, then of each duration and category."""
+    durs, cats = _columns(rows)
+    head = ["Overall ci95 low", "Overall ci95 high"]
+    for name in list(durs) + list(cats):
+        head += [f"{name} ci95 low", f"{name} ci95 high"]
+    body = []
+    for r in rows:
+        cis = [r.get("accuracy_ci95")] + \
+            [(r.get("by_duration_ci95") or {}).get(d) for d in durs] + \
+            [(r.get("by_category_ci95") or {}).get(c) for c in cats]
+        body.append([_fmt(None if ci is None else ci[i]) for ci in cis for i in (0, 1)])
     return head, body
 
 
@@ -110,8 +152,14 @@ def _fmt(v: Optional[float]) -> str:
     return "-" if v is None or v != v else f"{v:.1f}"
 
 
+def _fmt_ci(v: Optional[float], ci: Optional[Sequence[float]]) -> str:
+    if v is None or v != v or not ci:
+        return _fmt(v)
+    return f"{v:.1f} ({ci[0]:.1f}-{ci[1]:.1f})"
+
+
 def markdown(rows, meta: dict) -> str:
-    head, body = table_rows(rows)
+    head, body = table_rows(rows, intervals=True)
     durs, cats = _columns(rows)
     out = io.StringIO()
     title = meta.get("title") or f"{meta['benchmark']} accuracy (%)"
@@ -126,7 +174,9 @@ def markdown(rows, meta: dict) -> str:
               f"*Failed*: questions whose video could not be decoded (not scored, not in n; "
               f"a rerun retries them). "
               f"B_img is the fixed visual budget (the paper's controlled protocol); "
-              f"`-` = no budget (dense).")
+              f"`-` = no budget (dense). In brackets: the 95% Wilson interval of each "
+              f"accuracy (one question is 100/n points; compare two runs question by question "
+              f"with `videorouter eval compare`).")
     if durs:
         out.write(f" Duration columns: {', '.join(durs)}.")
     if cats:
@@ -142,10 +192,11 @@ def markdown(rows, meta: dict) -> str:
 
 def csv_text(rows) -> str:
     head, body = table_rows(rows)
+    ci_head, ci_body = interval_columns(rows)
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
-    w.writerow(head)
-    w.writerows(body)
+    w.writerow(head + ci_head)
+    w.writerows(b + c for b, c in zip(body, ci_body))
     return out.getvalue()
 
 
@@ -165,12 +216,15 @@ def plot(rows, path: pathlib.Path, title: str) -> None:
         label = f"{method} ({frames} fr)" if multi_f else method
         x = [r["visual_tokens_mean"] for r in rs]
         y = [r["accuracy"] for r in rs]
+        # the 95% intervals as bars (rows written before they existed: none)
+        cis = [r.get("accuracy_ci95") or [r["accuracy"]] * 2 for r in rs]
+        yerr = [[a - ci[0] for a, ci in zip(y, cis)], [ci[1] - a for a, ci in zip(y, cis)]]
         # Distinct markers and dashes: methods with identical plans draw on top of each other.
-        ax.plot(x, y, marker=markers[i % len(markers)], label=label, alpha=0.85,
-                markersize=7 - 0.3 * (i % 5), linestyle=("-", "--", ":", "-.")[i % 4]
-                if len(rs) > 1 else "none")
+        ax.errorbar(x, y, yerr=yerr, marker=markers[i % len(markers)], label=label, alpha=0.85,
+                    markersize=7 - 0.3 * (i % 5), linestyle=("-", "--", ":", "-.")[i % 4]
+                    if len(rs) > 1 else "none", capsize=3, elinewidth=0.8)
     ax.set_xlabel("mean visual tokens (actual)")
-    ax.set_ylabel("accuracy (%)")
+    ax.set_ylabel("accuracy (%), bars: 95% Wilson interval")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
@@ -211,16 +265,45 @@ def write_outputs(out: pathlib.Path, preds: List[dict], bench, methods, cfg, wor
                            f"{env['torch']}, transformers {env['transformers']}, Python "
                            f"{env['python']}; {world} process(es).")
     results = {"rows": rows, "meta": meta}
-    files = {out / "predictions.jsonl": "".join(json.dumps(p) + "\n" for p in preds),
-             out / "results.json": json.dumps(results, indent=1) + "\n",
-             out / "results.md": markdown(rows, meta),
-             out / "results.csv": csv_text(rows)}
-    if any(r["visual_tokens_mean"] is not None for r in rows):
-        title = cfg.title or f"{bench.name}: accuracy vs visual tokens ({cfg.model})"
-        files[out / "accuracy_vs_tokens.png"] = lambda path: plot(rows, path, title)
+    files = {out / "predictions.jsonl": "".join(json.dumps(p) + "\n" for p in preds)}
+    files.update(_table_files(out, results))
     # All or nothing: a full disk leaves the previous set of files as it was (atomic.py).
     write_files_atomically(files, WRITE_HINT)
     return results
 
 
-__all__ = ["aggregate", "markdown", "csv_text", "plot", "write_outputs", "failed_questions"]
+def _table_files(out: pathlib.Path, results: dict) -> dict:
+    """results.json, .md, .csv and the plot of ``results``, for write_files_atomically."""
+    rows, meta = results["rows"], results["meta"]
+    files = {out / "results.json": json.dumps(results, indent=1) + "\n",
+             out / "results.md": markdown(rows, meta),
+             out / "results.csv": csv_text(rows)}
+    if any(r["visual_tokens_mean"] is not None for r in rows):
+        title = meta.get("title") or \
+            f"{meta['benchmark']}: accuracy vs visual tokens ({meta['model']})"
+        files[out / "accuracy_vs_tokens.png"] = lambda path: plot(rows, path, title)
+    return files
+
+
+def retabulate(out) -> dict:
+    """Rewrite OUT's results.json, .md, .csv and plot from its predictions.jsonl and the meta
+    of its results.json (the run's settings, device and date stay): the tables of an older
+    run in the current layout, without loading a model or reading a video."""
+    from types import SimpleNamespace
+    from .benchmarks import BenchmarkError
+    out = pathlib.Path(out)
+    try:
+        meta = json.loads((out / "results.json").read_text(encoding="utf-8"))["meta"]
+        lines = (out / "predictions.jsonl").read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        raise BenchmarkError(f"{out}: not a finished evaluation run "
+                             f"({getattr(e, 'strerror', None) or e})") from None
+    preds = [json.loads(line) for line in lines if line.strip()]
+    rows = aggregate(preds, [SimpleNamespace(name=n) for n in meta.get("methods") or ()])
+    results = {"rows": rows, "meta": meta}
+    write_files_atomically(_table_files(out, results), WRITE_HINT)
+    return results
+
+
+__all__ = ["aggregate", "markdown", "csv_text", "plot", "write_outputs", "failed_questions",
+           "retabulate", "interval_columns"]
