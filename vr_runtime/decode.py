@@ -119,10 +119,15 @@ class GreedyDecoder:
     @torch.inference_mode()
     def generate(self, embeds: Sequence[torch.Tensor], max_new_tokens: Sequence[int],
                  position_ids: Sequence[Optional[torch.Tensor]], stop_ids,
-                 timer=None, on_token=None) -> List[List[int]]:
+                 timer=None, on_token=None,
+                 lengths: Optional[Sequence[int]] = None) -> List[List[int]]:
         """Greedy decoding of B requests: ``embeds`` [1, L_b, D] each, ``position_ids`` as the
         backbone builds them for that prompt (None: 1-D 0..L_b-1). Returns the new ids of each
         request (its stop id excluded). Stages "prefill" and "generate" go to ``timer``.
+
+        ``lengths``: ``embeds`` is instead one tensor [B, L, D], already right-padded (rows past
+        ``lengths[b]`` zero, as this class pads: ``reconstruct_embeds_batch`` packs the whole
+        batch into it), so the prefill reads it without another copy.
 
         If graph capture fails (a torch.compile error on this model or library version), the
         request is redone with the static cache run eagerly -- the same tokens -- and so is
@@ -132,7 +137,7 @@ class GreedyDecoder:
         the stop id is not passed). A redone request calls it again from its first token."""
         try:
             return self._generate(embeds, max_new_tokens, position_ids, stop_ids, timer,
-                                  on_token)
+                                  on_token, lengths)
         except torch.OutOfMemoryError:
             raise
         except Exception as e:  # noqa: BLE001 -- any capture failure; redone eagerly below
@@ -146,22 +151,30 @@ class GreedyDecoder:
             self.mode = "static"
             self.release()
             return self._generate(embeds, max_new_tokens, position_ids, stop_ids, timer,
-                                  on_token)
+                                  on_token, lengths)
 
-    def _generate(self, embeds, max_new_tokens, position_ids, stop_ids, timer, on_token=None):
+    def _generate(self, embeds, max_new_tokens, position_ids, stop_ids, timer, on_token=None,
+                  lengths=None):
         from .timing import StageTimer
         lm = self.lm
-        B = len(embeds)
+        packed = lengths is not None
+        B = int(embeds.shape[0]) if packed else len(embeds)
         if B < 1 or len(max_new_tokens) != B or len(position_ids) != B:
             raise ValueError(f"generate: {B} prompts, {len(max_new_tokens)} token limits and "
                              f"{len(position_ids)} position tensors")
         timer = timer or StageTimer(lm.device)
-        lengths = [int(e.shape[1]) for e in embeds]
+        if packed:
+            lengths = [int(n) for n in lengths]
+            if len(lengths) != B or embeds.ndim != 3 or max(lengths) != embeds.shape[1]:
+                raise ValueError(f"generate: packed embeds {tuple(embeds.shape)} do not hold "
+                                 f"rows of lengths {lengths}")
+        else:
+            lengths = [int(e.shape[1]) for e in embeds]
         L = max(lengths)
         padded = any(n != L for n in lengths)
         nxt_pos = [lm.next_position(p, n) for p, n in zip(position_ids, lengths)]
         with timer.stage("prefill"):
-            x, pos = self._batch_prompts(embeds, position_ids, lengths, nxt_pos)
+            x, pos = self._batch_prompts(embeds, position_ids, lengths, nxt_pos, packed)
             if padded:   # each row's first token at its own last position
                 last = torch.tensor(lengths, device=x.device) - 1
                 keep = torch.unique(last)
@@ -219,16 +232,20 @@ class GreedyDecoder:
             del cache
         return gens
 
-    def _batch_prompts(self, embeds, position_ids, lengths, nxt_pos):
+    def _batch_prompts(self, embeds, position_ids, lengths, nxt_pos, packed=False):
         """Right-pad B prompts to the longest: embeds [B, L, D] and positions (the padding rows
-        continue each prompt's positions; causal attention keeps them out of the real rows)."""
+        continue each prompt's positions; causal attention keeps them out of the real rows).
+        ``packed``: ``embeds`` is that [B, L, D] tensor already."""
         lm = self.lm
-        B, L = len(embeds), max(lengths)
+        B, L = len(lengths), max(lengths)
         if B == 1:
-            return embeds[0], position_ids[0]
-        x = embeds[0].new_zeros(B, L, embeds[0].shape[-1])
-        for b, e in enumerate(embeds):
-            x[b, :lengths[b]] = e[0]
+            return (embeds if packed else embeds[0]), position_ids[0]
+        if packed:
+            x = embeds
+        else:
+            x = embeds[0].new_zeros(B, L, embeds[0].shape[-1])
+            for b, e in enumerate(embeds):
+                x[b, :lengths[b]] = e[0]
         if all(p is None for p in position_ids):
             return x, None   # the decoder's 1-D 0..L-1 is every row's own
         rows = []

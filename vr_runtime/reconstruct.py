@@ -7,7 +7,7 @@ writes the result into that frame's placeholder rows. There is no packed interme
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -71,4 +71,56 @@ def reconstruct_embeds(model, input_ids: torch.Tensor, Z: torch.Tensor, plan: Se
     return embeds.unsqueeze(0)
 
 
-__all__ = ["reconstruct_embeds", "placeholder_starts"]
+def reconstruct_embeds_batch(model, input_ids: Sequence[torch.Tensor],
+                             Zs: Sequence[torch.Tensor], plans: Sequence[Sequence],
+                             image_token_id: int, grid: Tuple[int, int],
+                             frame_starts: Sequence[Sequence[int]],
+                             backend: Optional[str] = None) -> Tuple[torch.Tensor, List[int]]:
+    """inputs_embeds of B prompts, right-padded into one [B, L_max, D] buffer, with every kept
+    frame of every request pooled by ONE ``pool_pack`` call (request b's frames written at rows
+    ``b * L_max + frame_starts[b]`` of the flattened buffer). -> (embeds, lengths).
+
+    Row for row the result is what :func:`reconstruct_embeds` gives each request alone (the same
+    embedding gather, the same per-window means: every output row of ``pool_pack`` depends on
+    its own window only); padding rows are zeros, as ``GreedyDecoder`` pads. The requests' Z are
+    concatenated for the call (one extra copy of the kept frames while it runs); the caller
+    drops its own references right after, so no Z outlives the packing."""
+    B = len(input_ids)
+    if not (len(Zs) == len(plans) == len(frame_starts) == B) or B < 1:
+        raise ValueError(f"reconstruct_embeds_batch: {B} prompts, {len(Zs)} Z, {len(plans)} plans "
+                         f"and {len(frame_starts)} start lists")
+    ids = [i.reshape(-1) for i in input_ids]
+    lengths = [int(i.numel()) for i in ids]
+    L = max(lengths)
+    emb = model.get_input_embeddings()
+    dev = emb.weight.device
+    padded = torch.zeros(B, L, dtype=torch.long)
+    all_frames, all_plan, all_dest = [], [], []
+    for b in range(B):
+        counts = pooled_counts(plans[b], grid)
+        Z = Zs[b]
+        if Z is None or Z.ndim != 3 or Z.shape[0] != len(plans[b]):
+            raise ValueError(f"Z of request {b}: expected [T={len(plans[b])}, N, D], got "
+                             f"{None if Z is None else tuple(Z.shape)}")
+        n_ph = int((ids[b].cpu() == image_token_id).sum())
+        if n_ph != sum(counts):
+            raise ValueError(f"input_ids of request {b}: {n_ph} image placeholders but its plan "
+                             f"pools the frames into {sum(counts)} tokens")
+        padded[b, :lengths[b]] = ids[b].cpu()
+        all_frames.append(Z)
+        all_plan += list(plans[b])
+        all_dest += [b * L + d for d in plan_dest(counts, frame_starts[b])]
+    embeds = emb(padded.to(dev))                 # [B, L, D]: one gather for every row
+    for b, n in enumerate(lengths):
+        if n < L:
+            embeds[b, n:] = 0                    # padding rows, as GreedyDecoder pads
+    frames = torch.cat([Z.to(device=embeds.device, dtype=embeds.dtype) for Z in all_frames], 0) \
+        if B > 1 else all_frames[0].to(device=embeds.device, dtype=embeds.dtype)
+    del all_frames
+    D = embeds.shape[-1]
+    out = pool_pack(frames, all_plan, grid, out=embeds.view(B * L, D), dest=all_dest,
+                    **_backend_kw(embeds.device, backend))
+    return out.view(B, L, D), lengths
+
+
+__all__ = ["reconstruct_embeds", "reconstruct_embeds_batch", "placeholder_starts"]

@@ -43,7 +43,7 @@ from .decode import GreedyDecoder
 from .policies import (AUTO, SEMANTIC_CLASSES, UNTRAINED_AUTO_POLICY, FittedPlan,
                        get_planner, is_budgeted, kept_frames, plan_fitted, policy_from_logits,
                        policy_names)
-from .reconstruct import reconstruct_embeds
+from .reconstruct import reconstruct_embeds, reconstruct_embeds_batch
 from .report import build_report
 from .request import AnswerOptions, Request
 from .routers import RouterConfig, Routers, embed_question
@@ -89,6 +89,9 @@ class _Prepared:
     position_ids: Optional[torch.Tensor]
     notes: list
     hit: bool
+    # answer_batch: (Z of the kept frames, their windows, first rows) until the one pool_pack
+    # of the whole batch; None after it (no Z outlives the packing)
+    packing: Optional[tuple] = None
 
 
 @dataclass(frozen=True)
@@ -419,13 +422,31 @@ class VideoRouter:
         into their rows of inputs_embeds. -> (ids [L], embeds [1, L, D], position_ids or None)."""
         lm = self.lm
         with timer.stage("compress"):
-            counts = pooled_counts(plan, lm.grid)
-            ids, starts = lm.build_prompt(req.question, counts, req.system)
-            kept_plan = [plan[t] for t in keep]
+            ids, starts, kept_plan, pos = self._prompt(req, plan, keep)
             embeds = reconstruct_embeds(lm.model, ids, Z, kept_plan, lm.image_token_id, lm.grid,
                                         frame_starts=starts)
-            pos = lm.position_ids(ids, kept_plan, starts)
         return ids, embeds, pos
+
+    def _prompt(self, req: Request, plan: Sequence, keep: Sequence[int]):
+        """The prompt of a plan: ids [L] with per-frame placeholder counts, the first row of
+        each kept frame, the kept frames' windows, position ids (None: 1-D)."""
+        lm = self.lm
+        ids, starts = lm.build_prompt(req.question, pooled_counts(plan, lm.grid), req.system)
+        kept_plan = [plan[t] for t in keep]
+        return ids, starts, kept_plan, lm.position_ids(ids, kept_plan, starts)
+
+    def _pack_batch(self, done: Sequence["_Prepared"]):
+        """One ``pool_pack`` for the whole batch: every request's kept frames pooled into one
+        right-padded [B, L, D] inputs_embeds (reconstruct_embeds_batch) -> (embeds, lengths).
+        Each request's Z is dropped as soon as it is packed."""
+        lm = self.lm
+        Zs = [p.packing[0] for p in done]
+        plans = [p.packing[1] for p in done]
+        starts = [p.packing[2] for p in done]
+        for p in done:
+            p.packing = None
+        return reconstruct_embeds_batch(lm.model, [p.ids for p in done], Zs, plans,
+                                        lm.image_token_id, lm.grid, starts)
 
     # ------------------------------------------------------------------ stage: generate
     @torch.inference_mode()
@@ -457,9 +478,10 @@ class VideoRouter:
                             on_token)                                      # prefill, generate
         return self._finish(p, gen)                                        # report
 
-    def _prepare(self, req: Request) -> "_Prepared":
+    def _prepare(self, req: Request, pack: bool = True) -> "_Prepared":
         """Every stage of :meth:`answer` before the prefill -> the prompt's embeddings and
-        everything the report needs."""
+        everything the report needs. ``pack=False`` (answer_batch): the prompt is built but
+        its frames are not pooled yet (``packing`` holds what the batch's one pool_pack needs)."""
         T_req = int(req.video.shape[0]) if isinstance(req.video, torch.Tensor) else req.num_frames
         self.check_budget(req, T_req)              # a hopeless budget fails before decoding
         timer = StageTimer(self.lm.device)
@@ -488,13 +510,20 @@ class VideoRouter:
             Z = self.encode(frames, req, timer, state, keep)
         elif len(keep) < T:
             Z = Z[keep]
-        ids, embeds, pos = self.compress(req, fitted.plan, Z, keep, timer)          # compress
+        packing = None
+        if pack:
+            ids, embeds, pos = self.compress(req, fitted.plan, Z, keep, timer)      # compress
+        else:
+            with timer.stage("compress"):
+                ids, starts, kept_plan, pos = self._prompt(req, fitted.plan, keep)
+            embeds, packing = None, (Z, kept_plan, starts)
+        del Z   # the pooled rows are in embeds (or the batch's packing): Z is not kept past here
         if not planner.budgeted and ids.numel() + req.max_new_tokens > req.max_length:
             # only with allow_over_length (check_length refuses it otherwise)
             notes.append(f"{decision.policy} has no budget: its prompt of {ids.numel()} tokens "
                          f"plus {req.max_new_tokens} new tokens exceeds max_length {req.max_length}")
         return _Prepared(req, timer, frames, decision, planner, scores, fitted, ids, embeds, pos,
-                         notes, hit)
+                         notes, hit, packing)
 
     def _finish(self, p: "_Prepared", gen: List[int], batch: int = 1) -> Answer:
         """The answer's text and report from the generated ids."""
@@ -565,19 +594,24 @@ class VideoRouter:
             pending = start(i + 1) if i + 1 < len(videos) else None
             if isinstance(cur, cf.Future):   # the window was applied when it was decoded
                 o = dataclasses.replace(o, time_window=None)
-            done.append(self._prepare(self.request(cur, q, o)) if batch_prefill
+            done.append(self._prepare(self.request(cur, q, o), pack=False) if batch_prefill
                         else self.answer(cur, q, o))
         if not batch_prefill or not done:
             return done
         timer = StageTimer(self.lm.device)
-        gens = self.greedy.generate([p.embeds for p in done], [p.req.max_new_tokens for p in done],
-                                    [p.position_ids for p in done], self._stop_ids, timer)
+        with timer.stage("compress"):   # one pool_pack: every request's frames, one buffer
+            embeds, lengths = self._pack_batch(done)
+        gens = self.greedy.generate(embeds, [p.req.max_new_tokens for p in done],
+                                    [p.position_ids for p in done], self._stop_ids, timer,
+                                    lengths=lengths)
+        del embeds
         for p in done:
-            for stage in ("prefill", "generate"):
+            for stage in ("compress", "prefill", "generate"):
                 p.timer.add(stage, timer.get(stage))
             if len(done) > 1:
-                p.notes.append(f"prefilled and decoded in one batch of {len(done)} requests: "
-                               f"prefill and generate are the batch's times")
+                p.notes.append(f"packed (one pool_pack), prefilled and decoded in one batch of "
+                               f"{len(done)} requests: compress's pooling, prefill and generate "
+                               f"are the batch's times")
         return [self._finish(p, g, len(done)) for p, g in zip(done, gens)]
 
 

@@ -129,6 +129,47 @@ def test_answer_batch_equals_answers(vr):
             assert any("one batch of 3" in n for n in a.report["notes"]) == batch_prefill
 
 
+def test_one_pool_pack_for_the_batch(vr, monkeypatch):
+    """answer_batch pools every request's kept frames with ONE pool_pack call into one
+    right-padded inputs_embeds; its rows are bit for bit each request's own embeddings (the
+    padding zeros), and the answers are the one-by-one answers (plans of different windows,
+    dropped frames: Fragment with fixed relevance, and Global)."""
+    import vr_runtime.reconstruct as rec
+    calls, packed = [], []
+    real_pp, real_batch = rec.pool_pack, rec.reconstruct_embeds_batch
+
+    def counting(*a, **k):
+        calls.append(a[0].shape[0])
+        return real_pp(*a, **k)
+
+    def keep(*a, **k):
+        out = real_batch(*a, **k)
+        packed.append((out[0].clone(), list(out[1])))
+        return out
+    g = torch.Generator().manual_seed(11)
+    videos = [torch.randn(T, 3, 448, 448, generator=g) for T in (4, 2, 3)]
+    opts = [dict(policy="fragment", relevant=[True, False, False, True]),
+            dict(policy="global"), dict(policy="uniform")]
+    kw = dict(max_new_tokens=5, budget=300)
+    alone = [vr._prepare(vr.request(v, q, num_frames=v.shape[0], **kw, **o))
+             for v, q, o in zip(videos, QUESTIONS, opts)]
+    texts = [vr.answer(v, q, num_frames=v.shape[0], **kw, **o).text
+             for v, q, o in zip(videos, QUESTIONS, opts)]
+    monkeypatch.setattr(rec, "pool_pack", counting)
+    import vr_runtime.runtime as rt
+    monkeypatch.setattr(rt, "reconstruct_embeds_batch", keep)
+    got = vr.answer_batch(videos, QUESTIONS, [dict(num_frames=v.shape[0], **kw, **o)
+                                              for v, o in zip(videos, opts)])
+    from vr_runtime.policies import kept_frames
+    assert calls == [sum(len(kept_frames(p.fitted.plan, vr.lm.grid)) for p in alone)]
+    assert [a.text for a in got] == texts
+    (x, lengths), = packed
+    assert lengths == [p.embeds.shape[1] for p in alone]
+    for b, p in enumerate(alone):
+        assert torch.equal(x[b, :lengths[b]], p.embeds[0])
+        assert not x[b, lengths[b]:].any()
+
+
 def test_batched_answers_do_not_correct_the_latency_model(vr, monkeypatch):
     """ttft_budget_s: a batch's shared prefill time must not be observed as one request's."""
     from types import SimpleNamespace
