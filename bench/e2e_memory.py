@@ -98,17 +98,10 @@ def nvml_reader(device_index: int = 0):
 
 
 def _nvml_handle(pynvml, torch, device_index: int):
-    # NVML numbers GPUs by PCI order, torch by CUDA_VISIBLE_DEVICES order: match on the bus id.
-    props = torch.cuda.get_device_properties(device_index)
-    bus = getattr(props, "pci_bus_id", None)
-    if bus is not None:
-        dom = getattr(props, "pci_domain_id", 0)
-        dev = getattr(props, "pci_device_id", 0)
-        try:
-            return pynvml.nvmlDeviceGetHandleByPciBusId(f"{dom:08x}:{bus:02x}:{dev:02x}.0")
-        except pynvml.NVMLError:
-            pass
-    return pynvml.nvmlDeviceGetHandleByIndex(device_index)
+    # NVML numbers GPUs physically, torch in CUDA_VISIBLE_DEVICES order (indices, UUIDs or MIG
+    # instances): matched on the device's UUID (vr_runtime/nvml.py)
+    from vr_runtime.nvml import nvml_handle
+    return nvml_handle(pynvml, device_index)
 
 
 def nvml_driver_version() -> Optional[str]:

@@ -10,7 +10,6 @@ report ``None``.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from typing import Dict, Optional
 
@@ -30,16 +29,13 @@ class _NVML:
         try:
             import pynvml
             pynvml.nvmlInit()
+            from .nvml import nvml_handle
             idx = device.index if device.index is not None else torch.cuda.current_device()
-            # NVML numbers devices physically; honour CUDA_VISIBLE_DEVICES when it is a plain list.
-            vis = os.environ.get("CUDA_VISIBLE_DEVICES")
-            if vis:
-                ids = [v.strip() for v in vis.split(",") if v.strip()]
-                if idx < len(ids) and ids[idx].isdigit():
-                    idx = int(ids[idx])
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(idx)
+            # NVML numbers devices physically: matched by UUID, so CUDA_VISIBLE_DEVICES given
+            # as indices, UUIDs or MIG instances reads the GPU torch uses (vr_runtime/nvml.py)
+            self.handle = nvml_handle(pynvml, idx)
             self._pynvml = pynvml
-        except Exception:  # no driver library, MIG without permission, ...: report None
+        except Exception:  # no driver library, MIG without permission, no match: report None
             self.handle = None
 
     def used(self) -> Optional[int]:
