@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from .backbones.base import cache_kwargs, output_cache
 from .errors import RouterWeightsError
 from .policies import DEFAULT_THRESHOLD
-from .weights import copy_state_strict
+from .weights import copy_state_strict, nonfinite
 
 FORMAT = "videorouter-routers-v1"
 
@@ -401,6 +401,10 @@ class Routers(nn.Module):
         except Exception as e:  # safetensors raises its own error types on corrupt headers
             raise RouterWeightsError(f"router weights {str(path)!r}: not a readable safetensors "
                                      f"file ({e})") from None
+        bad = nonfinite(state.items())
+        if bad:
+            raise RouterWeightsError(f"router weights {str(path)!r}: {bad}; they come from a "
+                                     f"training that diverged: use an earlier checkpoint's")
         if meta.get("format") != FORMAT or "router_config" not in meta:
             raise RouterWeightsError(f"router weights {str(path)!r}: no VideoRouter router config "
                                      f"in the metadata (expected format {FORMAT!r})")

@@ -23,3 +23,19 @@ def copy_state_strict(module: torch.nn.Module, state: Dict[str, torch.Tensor],
         for k, v in state.items():
             own[k].copy_(v)
     return None
+
+
+def nonfinite(named_tensors, limit: int = 3) -> Optional[str]:
+    """``None`` when every floating-point tensor of ``named_tensors`` ((name, tensor) pairs, e.g.
+    ``module.named_parameters()`` or ``state.items()``) is finite; else a description naming
+    the first few that hold NaN or inf, for the caller's own error message."""
+    bad, n = [], 0
+    for name, t in named_tensors:
+        if torch.is_tensor(t) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            n += 1
+            if len(bad) < limit:
+                bad.append(name)
+    if not n:
+        return None
+    more = ", ..." if n > len(bad) else ""
+    return f"{n} tensor(s) hold NaN or inf ({', '.join(bad)}{more})"

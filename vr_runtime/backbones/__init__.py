@@ -95,8 +95,8 @@ def load_backbone(path_or_name: Union[str, pathlib.Path] = "tiny", device="cpu",
     (see :func:`resolve_model`), in eval mode."""
     name = str(path_or_name)
     if name in PRESETS:
-        return backbone_class(PRESETS[name]).tiny(device=device, dtype=dtype,
-                                                  attn_implementation=attn_implementation)
+        return _finite(backbone_class(PRESETS[name]).tiny(
+            device=device, dtype=dtype, attn_implementation=attn_implementation), name)
     path = resolve_model(path_or_name)
     from .files import read_model_type
     mtype = read_model_type(path) if (path / "config.json").is_file() else "internvl"
@@ -105,6 +105,17 @@ def load_backbone(path_or_name: Union[str, pathlib.Path] = "tiny", device="cpu",
     lm = cls.load(path, device=device, dtype=dtype, attn_implementation=attn_implementation)
     if not pathlib.Path(name).expanduser().is_dir():
         lm.name = name   # a Hub id: reports name the model, not its snapshot's commit hash
+    return _finite(lm, name)
+
+
+def _finite(lm: Backbone, name: str) -> Backbone:
+    """Refuse weights holding NaN or inf (a diverged fine-tuning's): every answer from them
+    would be garbage with no sign of why."""
+    from ..weights import nonfinite
+    bad = nonfinite(lm.model.named_parameters())
+    if bad:
+        raise ModelFilesError(f"model {name!r}: {bad}; the weights are damaged or come from a "
+                              f"training that diverged")
     return lm
 
 

@@ -260,6 +260,7 @@ def main(argv=None) -> int:
     from vr_runtime.errors import DeviceError, ModelFilesError, RouterWeightsError, VideoError
     from vr_runtime.eval.benchmarks import BenchmarkError
     from .labels import LabelError
+    from .loop import DivergedError
     commands = {"synth": _synth, "stage": _stage, "labeller": _labeller,
                 "policy-labels": _policy_labels, "frame-labels": _labels_command,
                 "ab-probe": _labels_command, "label-study": _labels_command, "tiny": _tiny,
@@ -267,7 +268,7 @@ def main(argv=None) -> int:
     try:
         commands[a.cmd](a, argv)
     except (ConfigError, CheckpointError, DataFormatError, ModelFilesError, RouterWeightsError,
-            LabelError, BenchmarkError, VideoError, DeviceError) as e:
+            LabelError, BenchmarkError, VideoError, DeviceError, DivergedError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -27,6 +27,57 @@ from .config import TrainConfig
 from .data import Example, read_jsonl
 
 KINDS = {1: "relevance", 2: "policy", 3: "conversation"}
+LOCK = ".train.lock"     # holds the pid of the training that writes the output folder
+
+
+class DivergedError(ValueError):
+    """The loss or the weights became NaN or inf: training stops (one line: the step, the last
+    finite checkpoint, what to do), and nothing non-finite is written as a result."""
+
+
+class OutputLock:
+    """``output_dir/.train.lock``: an exclusive ``flock`` held for the whole training, with the
+    holder's pid in the file for the message. A second training into the same folder is refused
+    instead of mixing its files with the first's; the kernel drops the lock when its holder
+    dies, even by ``kill -9``, so a stale file never blocks."""
+
+    def __init__(self, output_dir: str):
+        import fcntl
+        self.path = os.path.join(output_dir, LOCK)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                pid = os.pread(self.fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            finally:
+                os.close(self.fd)
+            raise ckpt.CheckpointError(
+                f"output_dir {output_dir!r} is in use by another training (pid {pid}); wait "
+                f"for it to finish or pass another output_dir (--set output_dir=...)") from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)     # closing drops the flock; the file stays for the next run
+            self.fd = None
+
+
+def _finite_or_none(v):
+    """A log value as JSON can hold it: NaN and inf become null (json.dumps would write a bare
+    NaN, which is not JSON)."""
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def _all_finite(acc, loss) -> bool:
+    """Whether the loss is finite on every rank (one small all-reduce when there are several,
+    so that all ranks stop together)."""
+    ok = bool(torch.isfinite(loss.detach()).all())
+    if acc.num_processes > 1:
+        flag = torch.tensor([0.0 if ok else 1.0], device=acc.device)
+        ok = float(acc.reduce(flag, reduction="sum").item()) == 0.0
+    return ok
 
 
 class StageDataset(Dataset):
@@ -153,7 +204,6 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, progress: bool = True,
     """Run one stage; returns {"global_step", "history", "metrics", "output_dir"}."""
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, set_seed
-    from transformers import get_scheduler
 
     # The whole config and every file it names, before anything is loaded.
     cfg.validate().check_files(model=lm is None)
@@ -176,6 +226,18 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, progress: bool = True,
     set_seed(cfg.seed)
     main = acc.is_main_process
     os.makedirs(cfg.output_dir, exist_ok=True)
+    lock = OutputLock(cfg.output_dir) if main else None
+    try:
+        return _train(cfg, acc, main, resume, progress, lm, pack, cache_dir, examples, frames,
+                      heldout, trackers)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(cfg, acc, main, resume, progress, lm, pack, cache_dir, examples, frames, heldout,
+           trackers) -> dict:
+    from transformers import get_scheduler
     if main:
         ckpt.tidy(cfg.output_dir)   # unfinished saves of a killed run
     acc.wait_for_everyone()
@@ -220,7 +282,12 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, progress: bool = True,
     saved = set()   # steps this run has checkpointed (the final save does not repeat one)
     log_path = os.path.join(cfg.output_dir, "log.jsonl")
     resume, st = _load_state(acc, resume_from, main)
+    last_good = resume    # the newest checkpoint known to hold finite weights
     if resume:
+        bad = _nonfinite_weights(acc, trainee)
+        if bad:
+            raise ckpt.CheckpointError(f"checkpoint {resume!r}: {bad}; it was saved after the "
+                                       f"training diverged: resume from an earlier one")
         step, epoch, skip = st["global_step"], st["epoch"], st["micro_step_in_epoch"]
         history, window = st["history"], st.get("window", [])
         elapsed = float(st.get("elapsed_s", 0.0))
@@ -235,8 +302,12 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, progress: bool = True,
         os.remove(log_path)
 
     def save(tag_step, ep, micro):
+        nonlocal last_good
         if tag_step in saved:
             return
+        bad = _nonfinite_weights(acc, trainee)
+        if bad:
+            diverged(tag_step, f"the weights became non-finite ({bad})")
         tmp = ckpt.begin(cfg.output_dir, tag_step) if main else \
             ckpt.checkpoint_dir(cfg.output_dir, tag_step) + ckpt.TMP
         acc.wait_for_everyone()
@@ -249,7 +320,15 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, progress: bool = True,
                               "history": history, "window": window,
                               "elapsed_s": round(time.time() - t0, 3), "config": cfg.to_dict()})
         saved.add(tag_step)
+        last_good = ckpt.checkpoint_dir(cfg.output_dir, tag_step)
         acc.wait_for_everyone()
+
+    def diverged(at_step, what):
+        bar.close()
+        where = (f"the last finite checkpoint is {last_good} (--resume {last_good})"
+                 if last_good else "no checkpoint was saved before it")
+        raise DivergedError(f"training stopped at step {at_step}: {what}; {where}; lower "
+                            f"learning_rate (now {cfg.learning_rate:g}) or check the data")
 
     trainee.train()
     bar = tqdm(total=total, initial=step, desc=f"stage {cfg.stage}", disable=not (main and progress))
@@ -264,6 +343,8 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, progress: bool = True,
             micro += 1
             with acc.accumulate(trainee):
                 out = trainee(to_device(batch, acc.device))
+                if not _all_finite(acc, out["loss"]):
+                    diverged(step + 1, f"the loss is {float(out['loss'].detach()):g}")
                 acc.backward(out["loss"])
                 if acc.sync_gradients:
                     if cfg.max_grad_norm:
@@ -277,16 +358,18 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, progress: bool = True,
             step += 1
             bar.update(1)
             if step % cfg.logging_steps == 0 or step == total:
-                rec = {k: sum(w[k] for w in window) / len(window) for k in window[0]}
+                rec = {k: _finite_or_none(sum(w[k] for w in window) / len(window))
+                       for k in window[0]}
                 rec.update(step=step, epoch=round(epoch + micro / max(len(loader), 1), 3),
-                           lr=sched.get_last_lr()[0], elapsed_s=round(time.time() - t0, 1))
+                           lr=_finite_or_none(sched.get_last_lr()[0]),
+                           elapsed_s=round(time.time() - t0, 1))
                 window = []
                 history.append(rec)
                 acc.log({k: v for k, v in rec.items() if k != "step"}, step=step)
                 bar.set_postfix(loss=f"{rec['loss']:.4f}")
                 if main:
                     with open(log_path, "a") as f:
-                        f.write(json.dumps(rec) + "\n")
+                        f.write(json.dumps(rec, allow_nan=False) + "\n")
             if cfg.save_steps and step % cfg.save_steps == 0:
                 save(step, epoch, micro)
             if step >= total:
@@ -323,6 +406,13 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, progress: bool = True,
     if trackers:
         acc.end_training()
     return result
+
+
+def _nonfinite_weights(acc, trainee) -> Optional[str]:
+    """What holds NaN or inf among the trained weights (None: all finite)."""
+    from vr_runtime.weights import nonfinite
+    model = acc.unwrap_model(trainee)
+    return nonfinite((n, p) for n, p in model.named_parameters() if p.requires_grad)
 
 
 def save_llm(model, tokenizer, output_dir: str) -> None:
