@@ -12,6 +12,12 @@ expected keys and names its own step, and every file it lists has the recorded s
 catches a truncated weights file). ``--resume latest`` takes the newest complete one and says in
 one line which torn ones it skipped; a problem with an explicitly named checkpoint is one
 ``CheckpointError`` line.
+
+Retention (``save_total_limit``, :func:`prune`): after a new checkpoint is committed, only the
+newest ``save_total_limit`` complete ones stay, plus the one this run resumed from. A checkpoint
+is removed by renaming it to ``checkpoint-<step>.del`` first (atomic) and deleting that, oldest
+first, so a kill during the pruning leaves every kept checkpoint complete and at most one
+``.del`` folder, which :func:`tidy` removes at the next start.
 """
 from __future__ import annotations
 
@@ -19,7 +25,8 @@ import json
 import os
 import re
 import shutil
-from typing import List, Optional, Tuple
+import sys
+from typing import List, Optional, Sequence, Tuple
 
 from ..atomic import fsync_path, write_atomic
 
@@ -27,6 +34,7 @@ STATE = "trainer_state.json"
 PREFIX = "checkpoint-"
 TMP = ".tmp"     # a checkpoint being written (removed at the next start)
 OLD = ".old"     # a complete checkpoint being replaced by a new save of the same step
+DEL = ".del"     # a checkpoint being deleted by prune() (removed at the next start)
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 _STATE_KEYS = {"global_step": int, "epoch": int, "micro_step_in_epoch": int, "history": list}
 
@@ -97,8 +105,9 @@ def commit(tmp: str, state: dict) -> str:
 
 
 def tidy(output_dir: str) -> List[str]:
-    """After a kill: remove unfinished ``.tmp`` checkpoints, and put back a complete
-    checkpoint that a kill left stepped aside as ``.old``. Returns what it removed."""
+    """After a kill: remove unfinished ``.tmp`` checkpoints and half-deleted ``.del`` ones,
+    and put back a complete checkpoint that a kill left stepped aside as ``.old``. Returns what
+    it removed."""
     removed = []
     if not os.path.isdir(output_dir):
         return removed
@@ -106,7 +115,7 @@ def tidy(output_dir: str) -> List[str]:
         path = os.path.join(output_dir, name)
         if not (name.startswith(PREFIX) and os.path.isdir(path)):
             continue
-        if name.endswith(TMP):
+        if name.endswith(TMP) or name.endswith(DEL):
             shutil.rmtree(path)
             removed.append(name)
         elif name.endswith(OLD):
@@ -173,6 +182,48 @@ def latest(output_dir: str) -> Tuple[List[Tuple[str, dict]], List[Tuple[str, str
         except CheckpointError as e:
             torn.append((os.path.basename(path), str(e)))
     return good, torn
+
+
+def prune(output_dir: str, limit: int, protect: Sequence[Optional[str]] = ()) -> List[str]:
+    """Keep the newest ``limit`` complete checkpoints of ``output_dir`` (``limit`` 0: keep
+    all) and every folder in ``protect`` (the checkpoint being resumed from); remove the other
+    complete ones and the torn ones older than the newest complete one, oldest first. Returns
+    the names removed.
+
+    Call it only after the newest checkpoint is committed: each removal renames the folder to
+    ``.del`` (a kill leaves it complete or out of ``latest``'s sight) before deleting it, so at
+    every moment the newest complete checkpoint is still there."""
+    if limit <= 0:
+        return []
+    good, torn = latest(output_dir)
+    if not good:    # nothing complete: a torn folder may be all there is to inspect
+        return []
+    keep = {os.path.realpath(p) for p, _ in good[:limit]}
+    keep |= {os.path.realpath(p) for p in protect if p}
+    newest = good[0][1]["global_step"]
+    drop = [p for p, _ in good[limit:]]
+    drop += [os.path.join(output_dir, name) for name, _ in torn
+             if int(_NAME.match(name).group(1)) < newest]
+    drop = [p for p in drop if os.path.realpath(p) not in keep]
+    removed = []
+    for path in sorted(drop, key=lambda p: int(_NAME.match(os.path.basename(p)).group(1))):
+        gone = path + DEL
+        try:
+            if os.path.exists(gone):
+                shutil.rmtree(gone)
+            os.rename(path, gone)
+            fsync_path(output_dir, directory=True)
+            shutil.rmtree(gone)
+        except OSError as e:
+            # a checkpoint that cannot be deleted costs disk, not the run: one line, go on
+            # (a half-deleted .del folder is retried by tidy() at the next start)
+            print(f"checkpoint retention: could not remove {os.path.basename(path)} "
+                  f"({getattr(e, 'strerror', None) or e}); remove "
+                  f"{gone if os.path.exists(gone) else path} by hand",
+                  file=sys.stderr)
+            continue
+        removed.append(os.path.basename(path))
+    return removed
 
 
 def describe_skipped(torn: List[Tuple[str, str]]) -> str:

@@ -97,6 +97,8 @@ class TrainConfig:
     seed: int = 42
     logging_steps: int = 10
     save_steps: int = 0                 # 0: save at the end of each epoch only
+    save_total_limit: int = 2           # keep the newest N complete checkpoints (and the one
+                                        # resumed from); 0: keep every one
     max_steps: int = 0                  # > 0 overrides the epochs (tests, smoke runs)
     eval_limit: int = 0                 # > 0: evaluate on the first N held-out examples only
     report_to: List[str] = field(default_factory=lambda: ["tensorboard"])
@@ -116,7 +118,8 @@ class TrainConfig:
                   "global_scale"):
             if getattr(self, k) < 1:
                 raise ConfigError(f"{k}: expected an int >= 1, got {getattr(self, k)!r}")
-        for k in ("save_steps", "max_steps", "eval_limit", "frames_per_example", "margin",
+        for k in ("save_steps", "save_total_limit", "max_steps", "eval_limit",
+                  "frames_per_example", "margin",
                   "gen_tokens", "weight_decay", "max_grad_norm", "lambda_sem", "lambda_img"):
             if getattr(self, k) < 0:
                 raise ConfigError(f"{k}: expected >= 0, got {getattr(self, k)!r}")

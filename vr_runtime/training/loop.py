@@ -319,6 +319,12 @@ def _train(cfg, acc, main, resume, progress, lm, pack, cache_dir, examples, fram
             ckpt.commit(tmp, {"global_step": tag_step, "epoch": ep, "micro_step_in_epoch": micro,
                               "history": history, "window": window,
                               "elapsed_s": round(time.time() - t0, 3), "config": cfg.to_dict()})
+            # Retention after the commit, never before: the new checkpoint is complete before
+            # an old one goes, and the one resumed from stays (checkpoints.prune). accelerate's
+            # ProjectConfiguration(total_limit=...) does not fit: it prunes only its own
+            # automatic project_dir/checkpoints/checkpoint_<n> folders, and deletes before
+            # writing the new one (a kill then can leave no complete checkpoint).
+            ckpt.prune(cfg.output_dir, cfg.save_total_limit, protect=(resume,))
         saved.add(tag_step)
         last_good = ckpt.checkpoint_dir(cfg.output_dir, tag_step)
         acc.wait_for_everyone()
