@@ -36,7 +36,11 @@ VENV="${VR_FLOORS_VENV:-${TMPDIR:-/tmp}/videorouter-floors}"
 PY="$VENV/bin/python"
 # The CPU torch first (as scripts/setup_tests.sh does), so nothing later pulls a CUDA build.
 "$PY" -m pip install -q torch==2.13.0
+# The floors, and every other package at its version in the test lock (requirements/
+# test-lock.txt), so that this leg, like the main one, moves only when the lock does.
 printf '%s\n' "${FLOORS[@]}" > "$VENV/floors.txt"
+FLOOR_NAMES="$(printf '%s\n' "${FLOORS[@]}" | sed -e 's/==.*//' -e 's/[-_]/[-_]/g' | paste -sd'|')"
+grep -E '^[A-Za-z0-9]' requirements/test-lock.txt | grep -viE "^($FLOOR_NAMES)==" >> "$VENV/floors.txt"
 # The project with its declared requirements, each of the above held at its floor (-c): pip
 # fails here if a floor no longer satisfies another requirement.
 "$PY" -m pip install -q -c "$VENV/floors.txt" -e . "pytest>=8" pytest-timeout "${FLOORS[@]}"
