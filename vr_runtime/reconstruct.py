@@ -62,6 +62,14 @@ def reconstruct_embeds(model, input_ids: torch.Tensor, Z: torch.Tensor, plan: Se
     dest = plan_dest(counts, frame_starts)
     emb = model.get_input_embeddings()
     embeds = emb(ids.to(emb.weight.device))  # fresh [L, D] buffer, not a view of the table
+    D = embeds.shape[-1]
+    if Z.shape[-1] != D:
+        # Z wider than the embeddings: S streams side by side (Qwen3-VL's DeepStack features
+        # after the main one). Every stream is pooled with the same plan in one pool_pack call
+        # into [L, S*D] rows; a text row is its embedding and zeros in the extra streams.
+        if Z.shape[-1] % D:
+            raise ValueError(f"Z: width {Z.shape[-1]} is not a multiple of the embedding width {D}")
+        embeds = torch.cat([embeds, embeds.new_zeros(embeds.shape[0], Z.shape[-1] - D)], -1)
     if Z.dtype != embeds.dtype or Z.device != embeds.device:
         Z = Z.to(device=embeds.device, dtype=embeds.dtype)
     # The Triton path writes in place and returns `out`; the reference returns a new tensor
@@ -118,6 +126,12 @@ def reconstruct_embeds_batch(model, input_ids: Sequence[torch.Tensor],
         if B > 1 else all_frames[0].to(device=embeds.device, dtype=embeds.dtype)
     del all_frames
     D = embeds.shape[-1]
+    if frames.shape[-1] != D:   # wide Z (DeepStack streams): as in reconstruct_embeds
+        if frames.shape[-1] % D:
+            raise ValueError(f"Z: width {frames.shape[-1]} is not a multiple of the embedding "
+                             f"width {D}")
+        embeds = torch.cat([embeds, embeds.new_zeros(B, L, frames.shape[-1] - D)], -1)
+        D = embeds.shape[-1]
     out = pool_pack(frames, all_plan, grid, out=embeds.view(B * L, D), dest=all_dest,
                     **_backend_kw(embeds.device, backend))
     return out.view(B, L, D), lengths

@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .backbones.base import cache_kwargs, output_cache
+from .backbones.base import cache_kwargs, deepstack_kwargs, output_cache
 from .errors import RouterWeightsError
 from .policies import DEFAULT_THRESHOLD
 from .weights import copy_state_strict, nonfinite
@@ -141,24 +141,33 @@ class ShadowStack(nn.Module):
     def _pos(position_ids):
         return {} if position_ids is None else {"position_ids": position_ids}
 
+    def _inputs(self, x: torch.Tensor) -> dict:
+        """``inputs_embeds`` and, for wide rows [B, L, S*D] (a backbone whose Z carries
+        DeepStack streams), the decoder's DeepStack arguments: the shadow stack adds them after
+        its layers exactly as the backbone's LLM does."""
+        D = int(self.decoder.config.hidden_size)
+        kw = deepstack_kwargs(x, D)
+        return {"inputs_embeds": x[..., :D] if kw else x, **kw}
+
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None,
                 position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """x [B, L, D] -> [B, L, D]; ``mask`` [B, L] (1 = token) or None for no padding;
-        ``position_ids`` as the backbone's decoder takes them (None: 0..L-1)."""
-        out = self.decoder(inputs_embeds=x, attention_mask=mask, use_cache=False, return_dict=True,
-                           **self._pos(position_ids))
+        """x [B, L, D] (or [B, L, S*D] with DeepStack streams) -> [B, L, D]; ``mask`` [B, L]
+        (1 = token) or None for no padding; ``position_ids`` as the backbone's decoder takes
+        them (None: 0..L-1)."""
+        out = self.decoder(**self._inputs(x), attention_mask=mask, use_cache=False,
+                           return_dict=True, **self._pos(position_ids))
         return out.last_hidden_state
 
     def prefix(self, x: torch.Tensor, position_ids: Optional[torch.Tensor] = None):
         """Run a (question-independent) prefix x [B, N, D]; -> (H [B, N, D], KV cache)."""
-        out = self.decoder(inputs_embeds=x, use_cache=True, return_dict=True,
+        out = self.decoder(**self._inputs(x), use_cache=True, return_dict=True,
                            **self._pos(position_ids))
         return out.last_hidden_state, output_cache(out)
 
     def extend(self, x: torch.Tensor, cache, position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Continue after :meth:`prefix`: x [B, L, D] at positions N..N+L-1 (or ``position_ids``)
         -> H [B, L, D]. Works on a deep copy, so one prefix cache serves any number of questions."""
-        out = self.decoder(inputs_embeds=x, **cache_kwargs(self.decoder, copy.deepcopy(cache)),
+        out = self.decoder(**self._inputs(x), **cache_kwargs(self.decoder, copy.deepcopy(cache)),
                            use_cache=True, return_dict=True, **self._pos(position_ids))
         return out.last_hidden_state
 
@@ -288,8 +297,10 @@ class Routers(nn.Module):
         backbone lays out [Z_t; q]); the heads are new."""
         tcfg = bb.text_config
         cfg = (cfg or RouterConfig()).resolved(int(tcfg.hidden_size))
-        return cls(cfg, tcfg, source=bb.decoder(), seed=seed,
-                   positions=bb.router_position_ids).eval()
+        routers = cls(cfg, tcfg, source=bb.decoder(), seed=seed,
+                      positions=bb.router_position_ids).eval()
+        routers.backbone = bb.family   # saved with the weights: loading checks it
+        return routers
 
     def _positions(self, tokens_grid, num_text: int, batch: int, device):
         if self.positions is None:
@@ -315,8 +326,9 @@ class Routers(nn.Module):
         Each frame's sequence is [Z_t; Emb(q)] through the shadow stack and the Image Router
         head, ``frame_batch`` frames per call (None: as many as fit ``MAX_ROUTER_TOKENS``).
         ``router_pool`` (None: ``config.router_pool``) mean-pools Z_t on its ``grid`` first."""
-        if Z.ndim != 3 or q_embeds.ndim != 2 or Z.shape[-1] != q_embeds.shape[-1]:
-            raise ValueError(f"frame_logits: expected Z [T, N, D] and q_embeds [Lq, D], got "
+        if Z.ndim != 3 or q_embeds.ndim != 2 or Z.shape[-1] % q_embeds.shape[-1]:
+            raise ValueError(f"frame_logits: expected Z [T, N, D] (or [T, N, S*D] with "
+                             f"DeepStack streams) and q_embeds [Lq, D], got "
                              f"{tuple(Z.shape)} and {tuple(q_embeds.shape)}")
         pool = self.config.router_pool if router_pool is None else router_pool
         if not isinstance(pool, int) or isinstance(pool, bool) or pool < 1:
@@ -330,6 +342,8 @@ class Routers(nn.Module):
         if not isinstance(frame_batch, int) or frame_batch < 1:
             raise ValueError(f"frame_batch: expected an int >= 1 or None, got {frame_batch!r}")
         q = q_embeds.to(Z.dtype)
+        if D != q.shape[-1]:   # question rows carry no DeepStack stream: zeros there
+            q = torch.cat([q, q.new_zeros(Lq, D - q.shape[-1])], -1)
         tg = pooled_grid(grid, pool)
         out = []
         for i in range(0, T, frame_batch):
@@ -382,6 +396,8 @@ class Routers(nn.Module):
         state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
         meta = {"format": FORMAT, "router_config": self.config.to_json(),
                 "trained": "true" if self.trained else "false"}
+        if getattr(self, "backbone", None):
+            meta["backbone"] = self.backbone
         pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
         save_file(state, str(path), metadata=meta)
 
@@ -412,6 +428,11 @@ class Routers(nn.Module):
             cfg = RouterConfig.from_json(meta["router_config"])
         except (ValueError, TypeError) as e:
             raise RouterWeightsError(f"router weights {str(path)!r}: bad router config ({e})") from None
+        family = meta.get("backbone")
+        if family and family != bb.family:   # files from before this field name none
+            raise RouterWeightsError(
+                f"router weights {str(path)!r}: trained on a {family} backbone, but the model "
+                f"{bb.name!r} is {bb.family}; use routers trained for this model")
         tcfg = bb.text_config
         D = int(tcfg.hidden_size)
         if cfg.hidden_size != D:

@@ -284,6 +284,9 @@ class VideoRouter:
         if isinstance(req.video, torch.Tensor) and frames.T != req.num_frames:
             frames.notes.append(f"{frames.T} frames were given as a tensor; "
                                 f"num_frames={req.num_frames} was not applied")
+        if self.lm.frames_per_unit > 1:   # the routing unit groups frames (a temporal patch)
+            pv, idx, times = self.lm.units(frames.pixel_values, frames.indices, frames.times_s)
+            frames = dataclasses.replace(frames, pixel_values=pv, indices=idx, times_s=times)
         if state is not None:
             state["frames"] = frames
         return frames
@@ -354,8 +357,12 @@ class VideoRouter:
             return req.scorer.score(inp)
 
     # ------------------------------------------------------------------ stage: plan
+    def _times(self, times) -> dict:
+        """``times=`` for a backbone whose prompt writes each unit's time."""
+        return {"times": times} if self.lm.uses_frame_times and times is not None else {}
+
     def plan(self, req: Request, policy: str, T: int,
-             relevant: Optional[Sequence[bool]] = None) -> FittedPlan:
+             relevant: Optional[Sequence[bool]] = None, times=None) -> FittedPlan:
         """Windows per frame for ``policy``, fitted exactly: the plan plus the prompt text it
         implies fits ``max_length - max_new_tokens - margin`` (a fixed ``req.budget`` instead
         bounds the visual tokens alone, as in the paper's controlled protocol)."""
@@ -363,7 +370,8 @@ class VideoRouter:
         grid, w = self.lm.grid, req.windows
 
         def text_for(kept):
-            return self.lm.text_tokens(req.question, T, req.system, kept=kept)
+            return self.lm.text_tokens(req.question, T, req.system, kept=kept,
+                                       **self._times(times))
 
         fitted = plan_fitted(planner, T, grid, relevant, w, text_for, req.max_length,
                              req.max_new_tokens, req.margin, budget=req.budget)
@@ -417,21 +425,22 @@ class VideoRouter:
 
     # ------------------------------------------------------------------ stage: compress
     def compress(self, req: Request, plan: Sequence, Z: torch.Tensor, keep: Sequence[int],
-                 timer: StageTimer):
+                 timer: StageTimer, times=None):
         """Prompt ids with per-frame placeholder counts; the kept frames of Z pooled straight
         into their rows of inputs_embeds. -> (ids [L], embeds [1, L, D], position_ids or None)."""
         lm = self.lm
         with timer.stage("compress"):
-            ids, starts, kept_plan, pos = self._prompt(req, plan, keep)
+            ids, starts, kept_plan, pos = self._prompt(req, plan, keep, times)
             embeds = reconstruct_embeds(lm.model, ids, Z, kept_plan, lm.image_token_id, lm.grid,
                                         frame_starts=starts)
         return ids, embeds, pos
 
-    def _prompt(self, req: Request, plan: Sequence, keep: Sequence[int]):
+    def _prompt(self, req: Request, plan: Sequence, keep: Sequence[int], times=None):
         """The prompt of a plan: ids [L] with per-frame placeholder counts, the first row of
         each kept frame, the kept frames' windows, position ids (None: 1-D)."""
         lm = self.lm
-        ids, starts = lm.build_prompt(req.question, pooled_counts(plan, lm.grid), req.system)
+        ids, starts = lm.build_prompt(req.question, pooled_counts(plan, lm.grid), req.system,
+                                      **self._times(times))
         kept_plan = [plan[t] for t in keep]
         return ids, starts, kept_plan, lm.position_ids(ids, kept_plan, starts)
 
@@ -500,7 +509,8 @@ class VideoRouter:
             Z = self.encode(frames, req, timer, state) if req.scorer.needs_z else None
             scores = self.score_frames(req, frames, Z, timer, state, self._scoring_budget(req, T))
             notes += scores.notes
-        fitted = self.plan(req, decision.policy, T, scores.relevant if scores else None)  # plan
+        fitted = self.plan(req, decision.policy, T, scores.relevant if scores else None,
+                           frames.times_s)                                          # plan
         self.check_length(req, decision.policy, planner, T, fitted)
         if scores is not None and not any(scores.relevant) and planner.when_none_relevant:
             notes.append("no frame was relevant: " + planner.when_none_relevant)
@@ -512,10 +522,12 @@ class VideoRouter:
             Z = Z[keep]
         packing = None
         if pack:
-            ids, embeds, pos = self.compress(req, fitted.plan, Z, keep, timer)      # compress
+            ids, embeds, pos = self.compress(req, fitted.plan, Z, keep, timer,
+                                             frames.times_s)                        # compress
         else:
             with timer.stage("compress"):
-                ids, starts, kept_plan, pos = self._prompt(req, fitted.plan, keep)
+                ids, starts, kept_plan, pos = self._prompt(req, fitted.plan, keep,
+                                                           frames.times_s)
             embeds, packing = None, (Z, kept_plan, starts)
         del Z   # the pooled rows are in embeds (or the batch's packing): Z is not kept past here
         if not planner.budgeted and ids.numel() + req.max_new_tokens > req.max_length:

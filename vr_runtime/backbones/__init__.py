@@ -19,20 +19,32 @@ from .base import Backbone, FrameSpec, VisionTokens
 MODEL_TYPES = {
     "internvl": "internvl3:InternVL3Backbone",
     "qwen2_5_vl": "qwen2_5_vl:Qwen25VLBackbone",
+    "qwen3_vl": "qwen3_vl:Qwen3VLBackbone",
 }
 # preset name -> the model_type whose class builds it with ``.tiny()``
 PRESETS = {
     "tiny": "internvl",
     "tiny-qwen2.5-vl": "qwen2_5_vl",
+    "tiny-qwen3-vl": "qwen3_vl",
+}
+
+
+# model_type of a checkpoint people try that no backbone loads -> what to do instead
+UNSUPPORTED = {
+    "internvl_chat": "use the OpenGVLab/InternVL3-*-hf conversion, not the remote-code "
+                     "'internvl_chat' checkpoint",
+    "qwen3_vl_moe": "Qwen3-VL's MoE checkpoints are not supported yet, its dense ones are",
+    "qwen3_5": "Qwen3.5's hybrid (Gated DeltaNet) decoder is not supported yet",
 }
 
 
 def backbone_class(model_type: str):
     spec = MODEL_TYPES.get(model_type)
     if spec is None:
+        hint = f"; {UNSUPPORTED[model_type]}" if model_type in UNSUPPORTED else ""
         raise ModelFilesError(f"model_type {model_type!r} is not supported; expected one of "
-                              f"{', '.join(sorted(MODEL_TYPES))} (InternVL3-*-hf or "
-                              f"Qwen2.5-VL-*-Instruct)")
+                              f"{', '.join(sorted(MODEL_TYPES))} (InternVL3-*-hf, "
+                              f"Qwen2.5-VL-*-Instruct or Qwen3-VL-*-Instruct){hint}")
     if isinstance(spec, type):   # registered from outside the package (register_backbone)
         return spec
     mod, cls = spec.split(":")
@@ -63,7 +75,7 @@ def register_backbone(cls, model_types=None, presets=()) -> type:
     return cls
 
 
-MODEL_HINT = "a local InternVL3-*-hf or Qwen2.5-VL-*-Instruct directory"
+MODEL_HINT = "a local InternVL3-*-hf, Qwen2.5-VL-*-Instruct or Qwen3-VL-*-Instruct directory"
 
 
 def resolve_model(path_or_name: Union[str, pathlib.Path]) -> Union[str, pathlib.Path]:
@@ -100,8 +112,9 @@ def load_backbone(path_or_name: Union[str, pathlib.Path] = "tiny", device="cpu",
     path = resolve_model(path_or_name)
     from .files import read_model_type
     mtype = read_model_type(path) if (path / "config.json").is_file() else "internvl"
-    # A directory without config.json goes to InternVL3's loader, which names what is missing.
-    cls = backbone_class(mtype) if mtype in MODEL_TYPES else backbone_class("internvl")
+    # A directory without config.json goes to InternVL3's loader, which names what is missing;
+    # a model_type no backbone loads is one line naming the supported ones.
+    cls = backbone_class(mtype)
     lm = cls.load(path, device=device, dtype=dtype, attn_implementation=attn_implementation)
     if not pathlib.Path(name).expanduser().is_dir():
         lm.name = name   # a Hub id: reports name the model, not its snapshot's commit hash
@@ -129,8 +142,8 @@ def backbone_class_for(path_or_name: Union[str, pathlib.Path]):
     path = resolve_model(path_or_name)
     from .files import read_model_type
     if not (path / "config.json").is_file():
-        raise ModelFilesError(f"model {name!r}: no config.json; pass a local InternVL3-*-hf or "
-                              f"Qwen2.5-VL-*-Instruct directory (or a preset: {', '.join(PRESETS)})")
+        raise ModelFilesError(f"model {name!r}: no config.json; pass {MODEL_HINT} (or a preset: "
+                              f"{', '.join(PRESETS)})")
     cfg = json.loads((path / "config.json").read_text())
     return backbone_class(read_model_type(path)), cfg
 

@@ -61,6 +61,13 @@ class Backbone(abc.ABC):
     resizes_frames: ClassVar[bool] = False
     model_types: ClassVar[Tuple[str, ...]] = ()  # config.json model_type values it loads
     vision_tokens: ClassVar[VisionTokens]
+    # Decoded frames per routing unit (what the routers score, the planner pools and the prompt
+    # keeps or drops): 1, or k for a tower that embeds k consecutive frames together (Qwen3-VL's
+    # temporal patch of 2). ``units`` groups the decoded frames; every stage after it sees units.
+    frames_per_unit: int = 1
+    # build_prompt / text_tokens take ``times=`` (each unit's time in seconds: a prompt with
+    # timestamps); the runtime passes the decoded frames' times only to such a backbone.
+    uses_frame_times: ClassVar[bool] = False
 
     def __init__(self, model, tokenizer, device: torch.device, dtype: torch.dtype, name: str):
         self.model = model
@@ -135,6 +142,17 @@ class Backbone(abc.ABC):
                                   f"not the tokenizer's {vt.context} id "
                                   f"{tok.convert_tokens_to_ids(vt.context)}")
         return image_token_id
+
+    # ------------------------------------------------------------------ units
+    def units(self, pixel_values: torch.Tensor, indices: Sequence[int],
+              times: Optional[Sequence[float]]):
+        """Decoded frames [T, 3, H, W], their source indices and times -> the routing units'
+        pixel values, first source index and time (``frames_per_unit``). One frame a unit here."""
+        return pixel_values, list(indices), None if times is None else list(times)
+
+    def unit_labels(self, labels: Sequence) -> list:
+        """Per-frame relevance labels -> per unit (training data label sampled frames)."""
+        return list(labels)
 
     # ------------------------------------------------------------------ parts
     @abc.abstractmethod
@@ -316,6 +334,24 @@ def build_model(model_cls, config, dtype: torch.dtype, attn: str, attn_explicit:
     return model
 
 
+def deepstack_kwargs(x: torch.Tensor, hidden_size: int) -> dict:
+    """Decoder arguments for wide rows ``x`` [B, L, S*D] (S streams of width D side by side,
+    see ``reconstruct.reconstruct_embeds``): a decoder with DeepStack inputs (Qwen3-VL's text
+    model) adds stream j to its hidden states after layer j at ``visual_pos_masks``; every row
+    is marked, text rows being zero there. {} for rows of width D."""
+    width = x.shape[-1]
+    if width == hidden_size:
+        return {}
+    if width % hidden_size:
+        raise ValueError(f"inputs_embeds: width {width} is not a multiple of the hidden size "
+                         f"{hidden_size}")
+    B, L = x.shape[:2]
+    ds = [x[..., j * hidden_size:(j + 1) * hidden_size].reshape(B * L, hidden_size)
+          for j in range(1, width // hidden_size)]
+    return {"visual_pos_masks": torch.ones(B, L, dtype=torch.bool, device=x.device),
+            "deepstack_visual_embeds": ds}
+
+
 def check_pixels(pixel_values: torch.Tensor, chunk_size: int) -> None:
     if pixel_values.ndim != 4 or pixel_values.shape[1] != 3:
         raise ValueError(f"pixel_values: expected [T, 3, H, W], got {tuple(pixel_values.shape)}")
@@ -324,4 +360,4 @@ def check_pixels(pixel_values: torch.Tensor, chunk_size: int) -> None:
 
 
 __all__ = ["Backbone", "CostShape", "FrameSpec", "VisionTokens", "no_init_weights", "build_model",
-           "check_pixels", "cache_kwargs", "output_cache"]
+           "check_pixels", "cache_kwargs", "output_cache", "deepstack_kwargs"]

@@ -1,0 +1,533 @@
+"""Qwen3-VL, dense (Hugging Face ``Qwen3VLForConditionalGeneration``) behind the backbone interface.
+
+Everything specific to Qwen3-VL lives here; nothing outside this module names it.
+
+Loading
+    A local ``Qwen3-VL-*-Instruct`` directory (``model_type`` ``qwen3_vl``) with
+    ``local_files_only=True``, safetensors only, never ``trust_remote_code``; the
+    ``tiny-qwen3-vl`` preset (:meth:`Qwen3VLBackbone.tiny`, random weights); random-weight shape
+    presets (``vr_runtime/configs/qwen3_vl_{2b,8b}.json``) paired with the tiny tokenizer.
+
+The routing unit: one temporal patch (the decision; docs/PAPER.md, Qwen3-VL row)
+    Qwen3-VL's own video input: its tower embeds ``temporal_patch_size = 2`` consecutive frames
+    per 16x16x2 patch, and its processor writes one block per temporal patch, each after a text
+    timestamp::
+
+        <t_0 seconds><|vision_start|><|video_pad|> x n_0<|vision_end|><t_1 seconds>...
+
+    A frame alone has no tokens of its own (the two frames of a patch are mixed from the patch
+    embedding on), so the unit the routers score, the planner pools and the prompt keeps or
+    drops is one temporal patch: :meth:`Qwen3VLBackbone.units` groups the decoded frames in
+    pairs (an odd last frame repeated, as the processor pads), ``[U, 2*3, H, W]``, and every
+    stage after decoding sees U units where other backbones see frames. A unit's time is the
+    processor's: the mean of its first and last frame's times (the frames' true presentation
+    times, from the decoder), written ``<{t:.1f} seconds>``. A dropped unit loses its
+    timestamp too (the processor has no block without tokens).
+
+Frames
+    448x448 (the paper's size, a multiple of patch 16 x merge 2), normalised with mean = std =
+    0.5 (Qwen3-VL's processor); 28x28 patches per frame, a 14x14 merged grid: 196 tokens a unit.
+
+DeepStack
+    The tower also merges the hidden states of ``deepstack_visual_indexes`` (3 layers) with
+    their own mergers, and the LLM adds stream j to its hidden states after decoder layer j at
+    the visual rows. Z carries them: Z is ``[U, N, S*D]`` with S = 1 + 3 streams side by side
+    (main, then each DeepStack stream), so one ``pool_pack`` pools every stream with the same
+    per-unit plan (``reconstruct.reconstruct_embeds`` writes the wide rows; a text row is zero in
+    the DeepStack part) and :meth:`Qwen3VLBackbone.forward` and the shadow stack
+    (``routers.ShadowStack``) hand the extra streams to the decoder's own DeepStack injection
+    with every row marked visual: adding a zero row is exact, so this equals HF's injection at
+    the visual rows only.
+
+Positions (interleaved M-RoPE)
+    ``get_rope_index`` splits a video into one (1, h, w) block per temporal patch: text
+    advances all three axes together, a unit starting at p whose merged grid is gh x gw takes
+    (p, p + r, p + c), the text after it continues at p + max(gh, gw): the same placement as
+    Qwen2.5-VL's images, so ``qwen2_5_vl.mrope_position_ids`` gives it, and a pooled unit is
+    its pooled grid. The interleaving of t/h/w over the rotary frequencies is inside the
+    decoder's rotary embedding, which the shadow stack copies.
+"""
+from __future__ import annotations
+
+import pathlib
+import threading
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+
+from ..devices import pick_attn_implementation, resolve_device, resolve_dtype
+from ..errors import ModelFilesError
+from .base import (Backbone, CostShape, FrameSpec, VisionTokens, build_model, cache_kwargs,
+                   deepstack_kwargs)
+from .files import check_weights_dir, load_dir_tokenizer
+from .qwen2_5_vl import (_MergeGroups, mrope_position_ids, plan_grids, special_ids,
+                         tiny_tokenizer, with_token_ids)
+
+QWEN3_TOKENS = VisionTokens("<|vision_start|>", "<|vision_end|>", "<|video_pad|>")
+# Qwen3-VL's processor (Qwen3VLVideoProcessor image_mean / image_std).
+QWEN3_MEAN = (0.5, 0.5, 0.5)
+QWEN3_STD = (0.5, 0.5, 0.5)
+FRAME_SIZE = (448, 448)
+
+
+def unit_patches(pixel_values: torch.Tensor, patch_size: int = 16, merge_size: int = 2,
+                 temporal_patch_size: int = 2) -> torch.Tensor:
+    """Units [b, tp*3, H, W] (tp frames' channels side by side) -> the flattened patches
+    ``Qwen3VLVideoProcessor.patchify`` makes of them: [b*(H/p)*(W/p), 3*tp*p*p], patch groups
+    in (h/m, w/m, m, m) order, each patch (channel, temporal, p, p)."""
+    b, ct, H, W = pixel_values.shape
+    tp, p, m = temporal_patch_size, patch_size, merge_size
+    c = ct // tp
+    gh, gw = H // p, W // p
+    x = pixel_values.reshape(b, tp, c, gh // m, m, p, gw // m, m, p)
+    x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)   # b, h/m, w/m, m, m, c, tp, p, p
+    return x.reshape(b * gh * gw, c * tp * p * p)
+
+
+def group_units(n: int, k: int) -> List[List[int]]:
+    """Frame positions of each unit of ``k`` consecutive frames; the last one padded with the
+    last frame (as the processor pads a video to a multiple of the temporal patch)."""
+    return [[min(i + j, n - 1) for j in range(k)] for i in range(0, n, k)]
+
+
+def unit_times(times: Sequence[float], k: int) -> List[float]:
+    """The processor's timestamp of each unit: the mean of its first and last frame's times
+    (``Qwen3VLProcessor._calculate_timestamps``)."""
+    return [(float(times[g[0]]) + float(times[g[-1]])) / 2 for g in group_units(len(times), k)]
+
+
+def timestamp(t: float) -> str:
+    return f"<{t:.1f} seconds>"
+
+
+class VisionTrunk(nn.Module):
+    """The frozen part of Qwen3-VL's vision path: the tower without its mergers (a view: the
+    tower's own modules, so its ``parameters()`` are exactly what training freezes)."""
+
+    def __init__(self, visual: nn.Module):
+        super().__init__()
+        self.patch_embed = visual.patch_embed
+        self.pos_embed = visual.pos_embed
+        self.rotary_pos_emb = visual.rotary_pos_emb
+        self.blocks = visual.blocks
+
+
+class Qwen3VLBackbone(Backbone):
+    family = "qwen3_vl"
+    model_types = ("qwen3_vl",)
+    vision_tokens = QWEN3_TOKENS
+    uses_frame_times = True
+
+    def __init__(self, model, tokenizer, device, dtype, name):
+        super().__init__(model, tokenizer, device, dtype, name)
+        visual = model.model.visual
+        vc = model.config.vision_config
+        self.patch_size = int(vc.patch_size)
+        self.merge_size = int(vc.spatial_merge_size)
+        self.temporal_patch_size = int(vc.temporal_patch_size)
+        self.frames_per_unit = self.temporal_patch_size
+        unit = self.patch_size * self.merge_size
+        if FRAME_SIZE[0] % unit or FRAME_SIZE[1] % unit:
+            raise ModelFilesError(f"model {name!r}: patch {self.patch_size} x merge "
+                                  f"{self.merge_size} does not tile {FRAME_SIZE} frames")
+        self.streams = 1 + len(vc.deepstack_visual_indexes)
+        self._trunk = VisionTrunk(visual)
+        self._mergers = nn.ModuleList([visual.merger, *visual.deepstack_merger_list])
+        self._group = _MergeGroups(self.merge_size ** 2)
+        self._swap = threading.Lock()   # vision_features swaps the mergers out for one call
+
+    def _check_tokens(self) -> int:
+        """The placeholder is ``<|video_pad|>``: ``video_token_id`` (not the image id)."""
+        tok, vt = self.tokenizer, self.vision_tokens
+        for t in (vt.start, vt.end, vt.context):
+            if len(tok.encode(t, add_special_tokens=False)) != 1:
+                raise ModelFilesError(f"model {self.name!r}: the tokenizer does not hold {t!r} as "
+                                      f"one token")
+        vid = int(self.model.config.video_token_id)
+        if tok.convert_tokens_to_ids(vt.context) != vid:
+            raise ModelFilesError(f"model {self.name!r}: config.video_token_id {vid} is not the "
+                                  f"tokenizer's {vt.context} id "
+                                  f"{tok.convert_tokens_to_ids(vt.context)}")
+        return vid
+
+    # ------------------------------------------------------------------ identity and parts
+    @property
+    def grid(self) -> Tuple[int, int]:
+        u = self.patch_size * self.merge_size
+        return FRAME_SIZE[0] // u, FRAME_SIZE[1] // u
+
+    @classmethod
+    def spec_from_config(cls, config: dict) -> FrameSpec:
+        return FrameSpec(size=FRAME_SIZE, mean=QWEN3_MEAN, std=QWEN3_STD)
+
+    @classmethod
+    def cost_shape(cls, config: dict) -> CostShape:
+        """Qwen3-VL's tower on one temporal patch of 448x448 frames: 28x28 patches of 16 (x2
+        frames in the patch embedding), full attention in every block, fc1 / GELU / fc2 MLPs,
+        learned position embeddings; the merger (2x2 patches, two linears at 4x the tower's
+        width; the three DeepStack mergers are the same size and not counted); then the LLM.
+        Per *unit* (temporal patch): the cost model's frames are the routing units."""
+        v, t = config["vision_config"], config["text_config"]
+        patch, merge = int(v.get("patch_size", 16)), int(v.get("spatial_merge_size", 2))
+        side = FRAME_SIZE[0] // patch
+        d_vis = v["hidden_size"]
+        return CostShape(d_vis=d_vis, vis_heads=v["num_heads"], vis_layers=v["depth"],
+                         vis_ff=v["intermediate_size"], vis_tokens=side * side,
+                         tokens_per_frame=(side // merge) ** 2,
+                         d=t["hidden_size"], layers=t["num_hidden_layers"],
+                         heads=t["num_attention_heads"],
+                         kv_heads=t.get("num_key_value_heads", t["num_attention_heads"]),
+                         ff=t["intermediate_size"], vocab=t["vocab_size"],
+                         patch_dim=3 * int(v.get("temporal_patch_size", 2)) * patch * patch,
+                         merge_hidden=merge * merge * d_vis)
+
+    def decoder(self) -> nn.Module:
+        return self.model.model.language_model   # Qwen3VLTextModel (takes the DeepStack streams)
+
+    def lm_head(self) -> nn.Module:
+        return self.model.lm_head
+
+    def vision_tower(self) -> nn.Module:
+        return self._trunk
+
+    def projector(self) -> nn.Module:
+        return self._mergers   # the merger and the DeepStack mergers (trainable in Stage 3)
+
+    # ------------------------------------------------------------------ units
+    def units(self, pixel_values: torch.Tensor, indices: Sequence[int],
+              times: Optional[Sequence[float]]):
+        """Decoded frames [T, 3, H, W] -> temporal patches [U, tp*3, H, W] (U = ceil(T / tp);
+        the last padded with the last frame), each unit's first source frame, and the units'
+        timestamps (None when the frames have no times)."""
+        k = self.frames_per_unit
+        if pixel_values.ndim != 4 or pixel_values.shape[1] != 3:
+            raise ValueError(f"pixel_values: expected [T, 3, H, W] frames, got "
+                             f"{tuple(pixel_values.shape)}")
+        groups = group_units(int(pixel_values.shape[0]), k)
+        flat = [i for g in groups for i in g]
+        pv = pixel_values[flat].reshape(len(groups), 3 * k, *pixel_values.shape[-2:])
+        idx = [int(indices[g[0]]) for g in groups]
+        return pv, idx, None if times is None else unit_times(times, k)
+
+    def unit_labels(self, labels: Sequence) -> list:
+        """Per-frame 0/1 labels -> per unit: relevant if either of its frames is."""
+        return [max(labels[i] for i in g) for g in group_units(len(labels), self.frames_per_unit)]
+
+    # ------------------------------------------------------------------ vision
+    def _check_units(self, pixel_values: torch.Tensor, chunk_size: int) -> None:
+        k = self.frames_per_unit
+        if pixel_values.ndim != 4 or pixel_values.shape[1] != 3 * k:
+            raise ValueError(f"pixel_values: expected units [U, {3 * k}, H, W] ({k} frames each, "
+                             f"Backbone.units), got {tuple(pixel_values.shape)}")
+        if tuple(pixel_values.shape[-2:]) != FRAME_SIZE:
+            raise ValueError(f"pixel_values: this Qwen3-VL model takes frames of "
+                             f"{FRAME_SIZE[0]}x{FRAME_SIZE[1]}, got {tuple(pixel_values.shape[-2:])}")
+        if not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size: expected an int >= 1, got {chunk_size!r}")
+
+    def vision_features(self, pixel_values: torch.Tensor,
+                        chunk_size: int = 16) -> Iterator[Tuple[int, torch.Tensor]]:
+        """Per chunk of units [b, 6, 448, 448]: the tower up to its mergers -> [b, N, S*4C]:
+        row k holds merged cell k's four pre-merger patch features (row-major 14x14 grid) of
+        the last block, then of each DeepStack layer."""
+        self._check_units(pixel_values, chunk_size)
+        visual = self.model.model.visual
+        p = next(self._trunk.parameters())
+        gh, gw = FRAME_SIZE[0] // self.patch_size, FRAME_SIZE[1] // self.patch_size
+        n = self.grid[0] * self.grid[1]
+        for i in range(0, pixel_values.shape[0], chunk_size):
+            pv = pixel_values[i:i + chunk_size].to(device=p.device, dtype=p.dtype, non_blocking=True)
+            b = pv.shape[0]
+            grid_thw = torch.tensor([[1, gh, gw]] * b, dtype=torch.long, device=p.device)
+            # Swapping the mergers for a reshape runs exactly HF's forward up to them.
+            with self._swap:
+                main, deep = visual.merger, visual.deepstack_merger_list
+                visual.merger = self._group
+                visual.deepstack_merger_list = nn.ModuleList([self._group] * len(deep))
+                try:
+                    out = visual(unit_patches(pv, self.patch_size, self.merge_size,
+                                              self.temporal_patch_size), grid_thw=grid_thw)
+                finally:
+                    visual.merger, visual.deepstack_merger_list = main, deep
+            streams = [out.pooler_output, *out.deepstack_features]
+            del out
+            yield i, torch.cat([s.reshape(b, n, -1) for s in streams], -1)
+
+    def project(self, v: torch.Tensor) -> torch.Tensor:
+        """[b, N, S*4C] -> Z [b, N, S*D]: each stream through its own merger."""
+        p = next(self._mergers.parameters())
+        b, n, width = v.shape
+        c4 = width // self.streams
+        unit = self.merge_size ** 2
+        v = v.to(device=p.device, dtype=p.dtype)
+        z = [m(v[..., s * c4:(s + 1) * c4].reshape(b * n * unit, c4 // unit)).view(b, n, -1)
+             for s, m in enumerate(self._mergers)]
+        return torch.cat(z, -1)
+
+    def encode_frames(self, pixel_values: torch.Tensor, chunk_size: int = 16,
+                      requires_grad: bool = False) -> torch.Tensor:
+        """Units [U, 6, H, W] -> Z [U, N, S*D] (main stream, then the DeepStack streams)."""
+        self._check_units(pixel_values, chunk_size)
+        p = next(self._mergers.parameters())
+        H, W = self.grid
+        U = pixel_values.shape[0]
+        with torch.set_grad_enabled(requires_grad and torch.is_grad_enabled()):
+            if requires_grad:
+                return torch.cat([self.project(v.to(p.dtype))
+                                  for _, v in self.vision_features(pixel_values, chunk_size)], 0)
+            Z = torch.empty(U, H * W, self.streams * self.hidden_size, device=p.device,
+                            dtype=p.dtype)
+            for i, v in self.vision_features(pixel_values, chunk_size):
+                z = self.project(v.to(p.dtype))
+                Z[i:i + z.shape[0]].copy_(z)
+                del v, z
+        return Z
+
+    def reference_inputs(self, ids: torch.Tensor, pixel_values: torch.Tensor) -> dict:
+        """Keyword arguments of HF's own ``model(...)`` for prompt ``ids`` [L] holding every
+        unit of ``pixel_values`` [U, 6, 448, 448] at window 1 (one video of U temporal patches)."""
+        ids = ids.reshape(1, -1).to(self.device)
+        gh, gw = FRAME_SIZE[0] // self.patch_size, FRAME_SIZE[1] // self.patch_size
+        return {"input_ids": ids,
+                "pixel_values_videos": unit_patches(pixel_values, self.patch_size,
+                                                    self.merge_size,
+                                                    self.temporal_patch_size).to(self.device),
+                "video_grid_thw": torch.tensor([[pixel_values.shape[0], gh, gw]],
+                                               dtype=torch.long, device=self.device),
+                "mm_token_type_ids": (ids == self.image_token_id).int() * 2}
+
+    # ------------------------------------------------------------------ prompt
+    def _times(self, n: int, times: Optional[Sequence[float]]) -> List[float]:
+        if times is None:
+            # No decoded times (a frame tensor, or a caller without the clip): Qwen's default
+            # sampling, 2 frames a second, so unit i spans frames 2i, 2i + 1.
+            return unit_times([i / 2.0 for i in range(n * self.frames_per_unit)],
+                              self.frames_per_unit)
+        times = [float(t) for t in times]
+        if len(times) != n:
+            raise ValueError(f"times: {len(times)} unit times for {n} units")
+        return times
+
+    def _content(self, question: str, kept: Sequence[int], times: List[float]) -> str:
+        vt = self.vision_tokens
+        return "".join(f"{timestamp(times[i])}{vt.start}{vt.context}{vt.end}" for i in kept) + \
+            question
+
+    def build_prompt(self, question: str, counts: Sequence[int], system: Optional[str] = None,
+                     times: Optional[Sequence[float]] = None):
+        """Qwen3-VL's video prompt: per kept unit its timestamp and a block of ``counts[i]``
+        placeholders, then the question, in the chat template -> (ids [L], first placeholder
+        row of each kept unit)."""
+        from ..prompt import _check_question, render_chat
+        question = _check_question(question, self.vision_tokens)
+        counts = [int(c) for c in counts]
+        if any(c < 0 for c in counts):
+            raise ValueError(f"counts: every entry must be >= 0, got {counts}")
+        times = self._times(len(counts), times)
+        kept = [i for i, c in enumerate(counts) if c > 0]
+        text = render_chat(self.tokenizer, self._content(question, kept, times), system)
+        ids = torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"],
+                           dtype=torch.long)
+        is_ph = ids == self.image_token_id
+        if int(is_ph.sum()) != len(kept):
+            raise ValueError(f"prompt: found {int(is_ph.sum())} {self.vision_tokens.context} "
+                             f"tokens for {len(kept)} kept units")
+        repeats = torch.ones_like(ids)
+        repeats[is_ph] = torch.tensor([counts[i] for i in kept], dtype=torch.long)
+        starts = torch.cumsum(repeats, 0) - repeats
+        return ids.repeat_interleave(repeats), starts[is_ph].tolist()
+
+    def text_tokens(self, question: str, num_frames: int, system: Optional[str] = None,
+                    kept: Optional[Sequence[int]] = None,
+                    times: Optional[Sequence[float]] = None) -> int:
+        """L_text: prompt tokens that are not placeholders (timestamps and delimiters count),
+        with the ``kept`` units (default: all ``num_frames`` units)."""
+        from ..prompt import _check_question, render_chat
+        question = _check_question(question, self.vision_tokens)
+        times = self._times(int(num_frames), times)
+        kept = range(int(num_frames)) if kept is None else list(kept)
+        text = render_chat(self.tokenizer, self._content(question, kept, times), system)
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"]) - len(kept)
+
+    # ------------------------------------------------------------------ positions
+    def position_ids(self, ids: torch.Tensor, plan: Sequence, frame_starts: Sequence[int],
+                     grid: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+        """Interleaved-M-RoPE positions [3, 1, L] of a prompt whose kept units hold the pooled
+        grids of ``plan`` (``get_rope_index``'s placement, one block per temporal patch)."""
+        ids = ids.reshape(-1)
+        kept = [g for g in plan_grids(plan, tuple(grid or self.grid)) if g is not None]
+        starts = [int(s) for s in frame_starts]
+        if len(starts) != len(kept):
+            raise ValueError(f"frame_starts: {len(starts)} entries for {len(kept)} kept units")
+        total = sum(gh * gw for gh, gw in kept)
+        n_ph = int((ids == self.image_token_id).sum())
+        if n_ph != total:
+            raise ValueError(f"ids: {n_ph} {QWEN3_TOKENS.context} rows but the plan's kept units "
+                             f"hold {total} tokens; build the prompt from the same plan")
+        blocks = [(s, gh, gw) for s, (gh, gw) in zip(starts, kept)]
+        for s, gh, gw in blocks:
+            if not bool((ids[s:s + gh * gw] == self.image_token_id).all()):
+                raise ValueError(f"frame_starts: rows {s}..{s + gh * gw - 1} are not all "
+                                 f"{QWEN3_TOKENS.context} placeholders")
+        return mrope_position_ids(ids.numel(), blocks).unsqueeze(1).to(self.device)
+
+    def router_position_ids(self, tokens_grid: Tuple[int, int], num_text: int,
+                            batch: int) -> torch.Tensor:
+        """[3, batch, gh*gw + num_text]: the unit's (pooled) grid as a block at 0, then the
+        question."""
+        gh, gw = (int(v) for v in tokens_grid)
+        if gh < 1 or gw < 1 or num_text < 0 or batch < 1:
+            raise ValueError(f"router_position_ids: bad grid {tokens_grid}, num_text {num_text} "
+                             f"or batch {batch}")
+        pos = mrope_position_ids(gh * gw + int(num_text), [(0, gh, gw)])
+        return pos.unsqueeze(1).expand(3, int(batch), -1).to(self.device)
+
+    def step_position_ids(self, position: int) -> torch.Tensor:
+        return torch.full((3, 1, 1), int(position), dtype=torch.long, device=self.device)
+
+    # ------------------------------------------------------------------ generation
+    def forward(self, *, inputs_embeds=None, input_ids=None, position_ids=None,
+                past_key_values=None, logits_to_keep: int = 1, attention_mask=None):
+        """One decoder pass. ``inputs_embeds`` may be wide ([B, L, S*D], from
+        ``reconstruct_embeds``): the first D columns are the input, each further D the
+        DeepStack stream the decoder adds after layer j (zero on text rows: every row is
+        marked visual, and adding zero leaves a row exactly as it was)."""
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+        lm = self.decoder()
+        x = inputs_embeds if inputs_embeds is not None else lm.embed_tokens(input_ids)
+        kw = deepstack_kwargs(x, self.hidden_size)
+        x = x[..., :self.hidden_size]
+        if position_ids is None:
+            past = past_key_values.get_seq_length() if past_key_values is not None else 0
+            position_ids = (torch.arange(past, past + x.shape[1], device=x.device)
+                            .view(1, 1, -1).expand(3, x.shape[0], -1))
+        if attention_mask is not None:
+            kw["attention_mask"] = attention_mask
+        if past_key_values is None:
+            from transformers import DynamicCache
+            past_key_values = DynamicCache(config=self.text_config)
+        out = lm(inputs_embeds=x, position_ids=position_ids,
+                 **cache_kwargs(lm, past_key_values), use_cache=True, return_dict=True, **kw)
+        h = out.last_hidden_state
+        h = h[:, -logits_to_keep:] if isinstance(logits_to_keep, int) and logits_to_keep > 0 \
+            else (h if isinstance(logits_to_keep, int) else h[:, logits_to_keep])
+        names = {f for f in CausalLMOutputWithPast.__dataclass_fields__}
+        key = "cache" if "cache" in names else "past_key_values"
+        return CausalLMOutputWithPast(logits=self.model.lm_head(h), **{key: past_key_values})
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def load(cls, path, device="cpu", dtype=None,
+             attn_implementation: Optional[str] = None) -> "Qwen3VLBackbone":
+        """A local Qwen3-VL-*-Instruct directory (dense), in eval mode."""
+        from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration
+        path = pathlib.Path(path).expanduser()
+        check_weights_dir(path, "qwen3_vl", "Qwen3-VL-*-Instruct")
+        dev = resolve_device(device)
+        dt = resolve_dtype(dtype, dev)
+        attn = pick_attn_implementation(attn_implementation, dev, dt)
+        kw = dict(local_files_only=True, use_safetensors=True, trust_remote_code=False,
+                  device_map={"": str(dev)}, output_loading_info=True)
+        try:
+            try:
+                model, info = Qwen3VLForConditionalGeneration.from_pretrained(
+                    str(path), dtype=dt, attn_implementation=attn, **kw)
+            except (ImportError, ValueError):
+                if attn == "sdpa" or attn_implementation:
+                    raise
+                model, info = Qwen3VLForConditionalGeneration.from_pretrained(
+                    str(path), dtype=dt, attn_implementation="sdpa", **kw)
+        except (OSError, ImportError, ValueError) as e:
+            raise ModelFilesError(f"model {str(path)!r}: could not be loaded "
+                                  f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from e
+        missing = sorted((info or {}).get("missing_keys") or [])
+        if missing:
+            raise ModelFilesError(f"model {str(path)!r}: the safetensors files lack {len(missing)} "
+                                  f"weight(s) (e.g. {', '.join(missing[:3])}); the checkpoint is "
+                                  f"incomplete")
+        tok = load_dir_tokenizer(path, AutoTokenizer)
+        return cls(model.eval(), tok, dev, dt, path.name)
+
+    @classmethod
+    def preset_config(cls, name: str = "tiny-qwen3-vl") -> dict:
+        tok = tiny_tokenizer()
+        return tiny_config_dict(len(tok), special_ids(tok))
+
+    @classmethod
+    def tiny(cls, device="cpu", dtype=None, attn_implementation: Optional[str] = None,
+             seed: int = 0) -> "Qwen3VLBackbone":
+        """The ``tiny-qwen3-vl`` preset: :func:`tiny_config_dict`, deterministic random weights
+        (built and filled on the CPU, then moved)."""
+        tok = tiny_tokenizer()
+        cfg = tiny_config_dict(len(tok), special_ids(tok))
+        return cls._build(cfg, tok, "tiny-qwen3-vl", device, dtype, seed, attn_implementation,
+                          build_on_cpu=True)
+
+    @classmethod
+    def from_config(cls, config, device="cpu", dtype=None, seed: int = 0,
+                    attn_implementation: Optional[str] = None,
+                    name: str = "config") -> "Qwen3VLBackbone":
+        """Random weights of a shape preset (config.json layout), paired with the tiny
+        tokenizer (token ids rewritten to its ids), for latency benchmarks."""
+        if not isinstance(config, dict):
+            raise ValueError(f"config: expected a path or a dict, got {type(config).__name__}")
+        if config.get("model_type", "qwen3_vl") != "qwen3_vl":
+            raise ValueError(f"config: model_type {config.get('model_type')!r}, expected 'qwen3_vl'")
+        tok = tiny_tokenizer()
+        cfg = with_token_ids(config, special_ids(tok), len(tok))
+        return cls._build(cfg, tok, name, device, dtype, seed, attn_implementation)
+
+    @classmethod
+    def _build(cls, cfg: dict, tok, name, device, dtype, seed, attn_implementation,
+               build_on_cpu: bool = False) -> "Qwen3VLBackbone":
+        from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+        dev = resolve_device(device)
+        dt = resolve_dtype(dtype, dev)
+        attn = pick_attn_implementation(attn_implementation, dev, dt)
+        where = torch.device("cpu") if build_on_cpu else dev
+        model = build_model(Qwen3VLForConditionalGeneration, Qwen3VLConfig.from_dict(cfg),
+                            dt, attn, bool(attn_implementation), where, seed)
+        return cls(model.to(dev).eval(), tok, dev, dt, name)
+
+
+# ----------------------------------------------------------------------------- tiny preset
+def tiny_config_dict(vocab_size: int, ids) -> dict:
+    """Qwen3VLConfig (config.json layout, as the released checkpoints write it) of
+    ``tiny-qwen3-vl``: the real geometry (448x448, patch 16, merge 2, temporal patch 2, 2304
+    learned position embeddings, interleaved M-RoPE) with small widths and depths. Vision: 4
+    blocks of hidden 64 in 4 heads, DeepStack from blocks 0, 1, 2 (the 8B's [8, 16, 24] of 27
+    scaled down). Text: 4 layers, hidden 128, 4 heads of 32 (16 rotary frequencies) split
+    [4, 6, 6] over t/h/w and interleaved, the 8B's [24, 20, 20] of 64 scaled down."""
+    return {
+        "model_type": "qwen3_vl",
+        "architectures": ["Qwen3VLForConditionalGeneration"],
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+        "tie_word_embeddings": False,
+        "vision_config": {
+            "model_type": "qwen3_vl", "depth": 4, "hidden_size": 64, "intermediate_size": 128,
+            "num_heads": 4, "in_channels": 3, "patch_size": 16, "spatial_merge_size": 2,
+            "temporal_patch_size": 2, "out_hidden_size": 128, "hidden_act": "gelu_pytorch_tanh",
+            "num_position_embeddings": 2304, "deepstack_visual_indexes": [0, 1, 2],
+        },
+        "text_config": {
+            "model_type": "qwen3_vl_text",
+            "vocab_size": vocab_size, "hidden_size": 128, "intermediate_size": 256,
+            "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 32, "hidden_act": "silu", "max_position_embeddings": 32768,
+            "rms_norm_eps": 1e-6, "rope_theta": 5000000,
+            "rope_scaling": {"rope_type": "default", "mrope_section": [4, 6, 6],
+                             "mrope_interleaved": True},
+            "attention_bias": False, "tie_word_embeddings": False,
+            "bos_token_id": ids["<|im_start|>"], "eos_token_id": ids["<|im_end|>"],
+            "pad_token_id": ids["<|endoftext|>"],
+        },
+    }
+
+
+__all__ = ["Qwen3VLBackbone", "QWEN3_TOKENS", "QWEN3_MEAN", "QWEN3_STD", "FRAME_SIZE",
+           "unit_patches", "group_units", "unit_times", "timestamp",
+           "tiny_config_dict"]
