@@ -489,7 +489,9 @@ def call(vr, dev: Device, video, args, max_length: int, budget: int, kw: dict, r
     rep["_wall_s"] = wall
     rep["_outside_peak"] = s.peak
     tp = dev.torch_peak()
-    rep["_torch_peak"] = rep.get("peak_memory_bytes") or tp
+    # the report's peak is the CUDA allocator's there; on CPU it is the process's resident
+    # high-water mark, which the harness measures apart (_outside_peak)
+    rep["_torch_peak"] = (rep.get("peak_memory_bytes") or tp) if dev.cuda else None
     return rep
 
 
@@ -679,7 +681,8 @@ def batch_call(vr, dev, args, videos, max_length, budget, kw, rel, batched):
             got = [answer(vr, v, args, max_length, budget, kw, rel).report for v in videos]
         dev.sync()
         wall = time.perf_counter() - t0
-    peak = dev.torch_peak() or max((r.get("peak_memory_bytes") or 0) for r in got) or None
+    peak = (dev.torch_peak() or max((r.get("peak_memory_bytes") or 0) for r in got) or None) \
+        if dev.cuda else None
     return wall, peak, s.peak, got
 
 

@@ -356,7 +356,9 @@ def _timing_line(report: dict) -> str:
     line += f"\ndevice: {report.get('device', '?')}"
     peak = report.get("peak_memory_bytes")
     if peak:
-        line += f"   peak memory: {peak / 2**30:.2f} GiB"
+        where = " (CPU, process resident)" if str(report.get("peak_memory_source") or "") \
+            .startswith("CPU") else ""
+        line += f"   peak memory{where}: {peak / 2**30:.2f} GiB"
     return line
 
 

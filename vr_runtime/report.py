@@ -33,6 +33,10 @@ def build_report(vr, req, frames, decision, scores, fitted, prompt_tokens: int,
         timings["decode"] = round(float(frames.decode_s), 6)  # includes a prefetch that overlapped
     timings["ttft"] = round(sum(t.get(k, 0.0) for k in TTFT_STAGES), 6)
     fragment = scores is not None   # only relevance policies (fragment, fragment-literal) score
+    from .memory import device_weight_bytes, weight_bytes
+    weights = weight_bytes(vr)
+    peak, peak_source, activation = timer.peak(
+        device_weight_bytes(vr, lm.device) if timer.device.type == "cuda" else 0)
     return {
         "model": lm.name,
         "backbone": lm.family,
@@ -68,7 +72,13 @@ def build_report(vr, req, frames, decision, scores, fitted, prompt_tokens: int,
         "prompt_tokens": int(prompt_tokens),
         "generated_tokens": int(generated),
         "timings_s": timings,
-        "peak_memory_bytes": timer.torch_peak(),
+        # CUDA: the allocator's peak; CPU: the process's resident high-water mark over the
+        # request; "peak_memory_source" says which. Activation = the request's own memory: CUDA,
+        # peak minus the weights on the device; CPU, the resident set's rise over the request.
+        "peak_memory_bytes": peak,
+        "peak_memory_source": peak_source,
+        "peak_activation_bytes": activation,
+        "weights_bytes": weights,
         "peak_memory_nvml_bytes": timer.nvml_peak,
         "notes": notes,
     }

@@ -239,17 +239,30 @@ class VideoRouter:
         arguments. Tensors and clips: the object itself (held by the cache, so its id cannot be
         reused) and, for tensors, its in-place version counter."""
         if isinstance(video, (str, pathlib.Path)):
+            # /proc/self/fd/N (a file the server opened once) resolves to the file itself
             p = pathlib.Path(video).resolve()
             try:
                 st = p.stat()
-                ident = (st.st_mtime_ns, st.st_size)
+                # device, inode and ctime too: a file rewritten in place keeping its size and
+                # mtime (cp -p, rsync -t, tar) is a new key
+                ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
             except OSError:
                 ident = None
             tw = tuple(time_window) if time_window is not None else None
             return ("path", str(p), ident, int(num_frames), tw, decoder)
+        key = getattr(video, "source_key", None)
+        if key is not None:   # a clip decoded from a file: that file's key (vr_runtime.video)
+            return ("path",) + tuple(key)
         if isinstance(video, torch.Tensor):
             return ("tensor", id(video), video._version, tuple(video.shape))
         return ("clip", id(video))
+
+    def has_frames(self, video, num_frames: int, time_window=None, decoder="auto") -> bool:
+        """Whether the visual cache holds the decoded frames of ``video`` (a path) at these
+        settings, so that answering it decodes nothing (the server decodes off the model's lock
+        otherwise). A read of the cache only; safe from another thread."""
+        st = self._vcache.get(self._video_key(video, num_frames, time_window, decoder))
+        return st is not None and "frames" in st
 
     def video_state(self, req: Request) -> Optional[dict]:
         """The cached per-video state for ``cache_visual`` (a dict, ``{}`` on a miss), or None."""
@@ -343,9 +356,24 @@ class VideoRouter:
                 timer.add("vision", 0.0)
             Z = state["Z"]
             return Z if keep is None else Z[list(keep)]
-        pv = frames.pixel_values if keep is None else frames.pixel_values[list(keep)]
+        pv, keep = frames.pixel_values, None if keep is None else list(keep)
+        c = req.chunk_size
         with timer.stage("vision"):
-            return self.lm.encode_frames(pv, req.chunk_size) if pv.shape[0] else None
+            if keep is None or keep == list(range(frames.T)):
+                return self.lm.encode_frames(pv, c) if pv.shape[0] else None
+            if len(keep) <= c:
+                return self.lm.encode_frames(pv[keep], c) if keep else None
+            # Index the kept frames one chunk at a time: ``pv[keep]`` would copy every kept
+            # frame's pixels at once (fp32 448x448: 2.4 MB a frame, 0.6 GB at 256 frames). The
+            # chunks are the ones encode_frames makes of pv[keep], so Z is the same.
+            Z = None
+            for i in range(0, len(keep), c):
+                z = self.lm.encode_frames(pv[keep[i:i + c]], c)
+                if Z is None:
+                    Z = z.new_empty(len(keep), *z.shape[1:])
+                Z[i:i + z.shape[0]].copy_(z)
+                del z
+            return Z
 
     # ------------------------------------------------------------------ stage: score
     def score_frames(self, req: Request, frames: Frames, Z, timer: StageTimer,
@@ -493,7 +521,7 @@ class VideoRouter:
         its frames are not pooled yet (``packing`` holds what the batch's one pool_pack needs)."""
         T_req = int(req.video.shape[0]) if isinstance(req.video, torch.Tensor) else req.num_frames
         self.check_budget(req, T_req)              # a hopeless budget fails before decoding
-        timer = StageTimer(self.lm.device)
+        timer = StageTimer(self.lm.device, resident=True)   # CPU: this request's resident peak
         state = self.video_state(req)
         hit = bool(state and state["hit"])
         frames = self.decode(req, timer, state)                                      # decode

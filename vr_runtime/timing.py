@@ -5,7 +5,8 @@ start and end; otherwise a stage would be charged for the kernels queued by the 
 Peak memory comes from two places: ``torch.cuda.max_memory_allocated`` (tensors of this process)
 and NVML's used memory of the device (includes the CUDA context, the caching allocator's
 reserve and other processes), sampled at the end of each stage. Both are guarded, so CPU runs
-report ``None``.
+report ``None`` for them; on CPU a timer made with ``resident=True`` (one per request) instead
+resets the process's resident high-water mark and reports it (``vr_runtime.memory``).
 """
 from __future__ import annotations
 
@@ -50,13 +51,20 @@ class _NVML:
 class StageTimer:
     """``with timer.stage("vision"): ...`` accumulates seconds per stage name."""
 
-    def __init__(self, device="cpu"):
+    def __init__(self, device="cpu", resident: bool = False):
+        """``resident``: on CPU, reset and then report the process's resident high-water mark
+        (one timer per request does; a batch's own timer does not, or it would wipe the
+        requests' peaks)."""
         self.device = torch.device(device)
         self.times: Dict[str, float] = {}
         self._nvml = _NVML(self.device)
         self.nvml_peak: Optional[int] = self._nvml.used()
+        self.resident = None
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+        elif resident:
+            from .memory import ResidentPeak
+            self.resident = ResidentPeak().start()
 
     @contextlib.contextmanager
     def stage(self, name: str):
@@ -81,6 +89,19 @@ class StageTimer:
         if self.device.type != "cuda":
             return None
         return int(torch.cuda.max_memory_allocated(self.device))
+
+    def peak(self, weights_on_device: int = 0):
+        """-> (peak bytes, what it measures, activation bytes): CUDA, the allocator's peak and
+        that peak minus ``weights_on_device``; CPU with ``resident``, the process's resident
+        high-water mark and its rise over the request's start; else (None, None, None)."""
+        from .memory import CUDA_PEAK_SOURCE
+        if self.device.type == "cuda":
+            p = self.torch_peak()
+            return p, CUDA_PEAK_SOURCE, max(p - int(weights_on_device), 0)
+        if self.resident is not None:
+            p, source = self.resident.peak()
+            return p, source, self.resident.rise()
+        return None, None, None
 
 
 __all__ = ["StageTimer"]

@@ -14,7 +14,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 # Report fields that differ between two runs of the same request by nature: stage timings,
 # memory, whether the visual cache hit, and the scorer's name when the cache is on
 # ("image-router-cached" is the same Image Router with its question-independent part reused).
-VOLATILE = ("timings_s", "visual_cache", "peak_memory_bytes", "peak_memory_nvml_bytes")
+VOLATILE = ("timings_s", "visual_cache", "peak_memory_bytes", "peak_memory_nvml_bytes",
+            "peak_activation_bytes")
 
 
 def ask(video, question, frames, max_length, max_new_tokens, policy, model="tiny") -> dict:
