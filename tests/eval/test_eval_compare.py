@@ -175,3 +175,15 @@ def test_retabulate_adds_intervals_and_keeps_the_rest(tmp_path):
         assert new["accuracy_ci95"][0] <= new["accuracy"] <= new["accuracy_ci95"][1]
     assert (d / "accuracy_vs_tokens.png").stat().st_size > 5000
     assert "(" in (d / "results.md").read_text().split("| dense |")[1].split("\n")[0]
+
+
+def test_tiny_dense_row_says_why_it_is_low():
+    from vr_runtime.eval.methods import parse_methods
+    from vr_runtime.eval.tables import TINY_DENSE_NOTE, aggregate, markdown
+    preds = [_pred("q1", "dense", None, False), _pred("q1", "auto", 256, True)]
+    rows = aggregate(preds, parse_methods("dense,auto", {}))
+    meta = {"benchmark": "b", "model": "tiny", "questions": 1, "skipped": 0,
+            "prompt_style": "bare", "answer_mode": "letter", "device_line": "d", "command": "c"}
+    assert TINY_DENSE_NOTE in markdown(rows, meta)
+    assert TINY_DENSE_NOTE not in markdown(rows, dict(meta, model="path/to/InternVL3-8B-hf"))
+    assert TINY_DENSE_NOTE not in markdown(rows[1:], meta)        # no dense row
