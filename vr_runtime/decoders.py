@@ -27,6 +27,7 @@ videos) is applied, as ffmpeg does by default.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import sys
@@ -39,9 +40,72 @@ import numpy as np
 from .errors import VideoError
 
 __all__ = ["VideoIndex", "probe", "decode_frames", "DECODERS", "available_decoders",
-           "scaled_size", "resolve_decoder"]
+           "scaled_size", "resolve_decoder", "Limits", "limits", "set_limits", "cancel_scope"]
 
 DECODERS = ("auto", "pyav", "decord")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one video may cost, checked from its headers before decoding and again as frames
+    are demuxed and decoded (a file that declares nothing is counted as it goes):
+
+    * ``max_frame_pixels``: the coded frame size (width x height; a GIF's logical screen,
+      which its decoder fills for every frame). Default 8K UHD, 7680 x 4320.
+    * ``max_seconds``: the duration, declared or counted while indexing (None: no cap).
+    * ``max_frames``: frames in the index (a flood of tiny frames costs memory per frame)."""
+    max_frame_pixels: int = 7680 * 4320
+    max_seconds: Optional[float] = None
+    max_frames: int = 2_000_000
+
+
+_limits = Limits()
+
+
+def limits() -> Limits:
+    return _limits
+
+
+def set_limits(**kw) -> Limits:
+    """Set the process's video limits (``ask --max-frame-pixels``, ``serve
+    --max-frame-pixels``/``--max-video-seconds``); returns the previous ones."""
+    global _limits
+    old = _limits
+    _limits = dataclasses.replace(_limits, **{k: v for k, v in kw.items()})
+    return old
+
+
+_cancel = threading.local()
+
+
+@contextlib.contextmanager
+def cancel_scope(should_stop: Optional[Callable[[], Optional[str]]]):
+    """Within it, on this thread, the probe and the decoders call ``should_stop()`` between
+    packets and frames; a non-None answer (the reason) stops them with a ``VideoError``: how a
+    deadline bounds a decode in progress."""
+    prev = getattr(_cancel, "fn", None)
+    _cancel.fn = should_stop
+    try:
+        yield
+    finally:
+        _cancel.fn = prev
+
+
+def _check_cancel(path: str) -> None:
+    fn = getattr(_cancel, "fn", None)
+    if fn is not None:
+        why = fn()
+        if why:
+            raise VideoError(f"{path}: decoding stopped: {why}")
+
+
+def _check_pixels(path: str, width: int, height: int, what: str = "frames",
+                  lim: Optional[Limits] = None) -> None:
+    cap = (lim or _limits).max_frame_pixels
+    if cap and int(width) * int(height) > cap:
+        raise VideoError(f"{path}: {what} of {width}x{height} ({int(width) * int(height):,} "
+                         f"pixels) are over the limit of {cap:,} pixels (--max-frame-pixels; "
+                         f"default 8K UHD, 7680x4320); downscale the video first")
 
 # Codecs and containers for which decord's bundled FFmpeg gives ffmpeg's frames (checked by
 # tests/runtime/test_video_corpus.py). Everything else goes to PyAV: decord has no AV1, fails
@@ -74,6 +138,12 @@ class VideoIndex:
     declared_s: Optional[float]    # duration the container declares, seconds
     truncated: bool = False        # demuxing stopped on a read error before the end
     bits: int = 8                  # bits per sample of the source (10 for 10-bit HDR etc.)
+    source: Optional[str] = None   # what the decoders open (/proc/self/fd/N of the opened file)
+    handle: object = None          # keeps that file open (vr_runtime.video.VideoFile)
+
+    @property
+    def open_path(self) -> str:
+        return self.source or self.path
 
     @property
     def num_frames(self) -> int:
@@ -121,22 +191,44 @@ def _reason(e: BaseException) -> str:
     return " ".join(str(msg).split())[:200]
 
 
-def probe(path: str) -> VideoIndex:
-    """Open ``path`` with PyAV, reject what is not a decodable video with one clear
-    :class:`VideoError`, and index every frame's presentation timestamp."""
+def probe(path: str, source: Optional[str] = None, limits: Optional[Limits] = None) -> VideoIndex:
+    """Open ``path`` (or ``source``, the same file already opened: messages still name
+    ``path``) with PyAV, reject what is not a decodable video with one clear
+    :class:`VideoError`, and index every frame's presentation timestamp. ``limits``: the
+    caps to check (default: the process's, :func:`set_limits`)."""
     import av
     try:
-        container = av.open(path, metadata_errors="ignore")
+        container = av.open(source or path, metadata_errors="ignore")
     except Exception as e:  # av.error.FFmpegError and friends
+        if source and source != path and path.lower().endswith(_TTY_EXTS) \
+                and _looks_like_text(source):
+            # (opened by descriptor, ffmpeg cannot see the .txt that makes it "tty")
+            raise VideoError(f"{path}: this is a text file, not a video") from None
         raise VideoError(f"{path}: not a readable video (unknown format, corrupt or truncated "
                          f"file: {_reason(e)})") from None
     try:
-        return _index(container, path)
+        info = _index(container, path, limits or _limits)
+        info.source = source
+        return info
     finally:
         container.close()
 
 
-def _index(container, path: str) -> VideoIndex:
+# The names ffmpeg's "tty" (ANSI art) demuxer claims by extension alone.
+_TTY_EXTS = (".txt", ".ans", ".art", ".asc", ".diz", ".ice", ".nfo", ".vt")
+
+
+def _looks_like_text(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+        text = head.decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    return bool(text) and all(c.isprintable() or c in "\r\n\t\f" for c in text)
+
+
+def _index(container, path: str, lim: Limits) -> VideoIndex:
     import av
     fmt = (container.format.name or "").lower()
     streams = list(container.streams.video)
@@ -162,12 +254,21 @@ def _index(container, path: str) -> VideoIndex:
     width, height = int(ctx.width or 0), int(ctx.height or 0)
     if width < 1 or height < 1:
         raise VideoError(f"{path}: the video stream declares no frame size (corrupt header?)")
+    # Before anything is decoded: the decoder allocates frames of this size (a GIF's logical
+    # screen, whatever the size of the images drawn on it).
+    _check_pixels(path, width, height, "frames" if codec != "gif" else "a GIF's logical screen",
+                  lim)
     tb = float(stream.time_base) if stream.time_base else 0.0
     # The video stream's own duration where the container keeps one (mp4), else the file's
     # (mkv, ts): an audio track that runs on after the picture must not look like a cut.
     declared = container.duration / 1e6 if container.duration and container.duration > 0 else None
     if stream.duration and stream.duration > 0 and tb > 0:
         declared = float(stream.duration) * tb
+    if lim.max_seconds is not None and declared is not None and declared > lim.max_seconds:
+        raise _too_long(path, declared, lim.max_seconds)
+    # Undeclared (or understated) lengths are counted while demuxing: the packets' times
+    # against max_seconds, their number against max_frames.
+    start_pts = None
 
     pts: List[int] = []
     key_pts: List[int] = []
@@ -187,6 +288,16 @@ def _index(container, path: str) -> VideoIndex:
                 missing_pts += 1
                 t = pkt.dts if pkt.dts is not None else -1
             pts.append(int(t))
+            if len(pts) % 256 == 0:
+                _check_cancel(path)
+            if len(pts) > lim.max_frames:
+                raise VideoError(f"{path}: the video has more than {lim.max_frames:,} frames; "
+                                 f"cut it (e.g. ffmpeg -t) or lower its frame rate")
+            if lim.max_seconds is not None and tb > 0 and pkt.pts is not None:
+                start_pts = pkt.pts if start_pts is None else min(start_pts, pkt.pts)
+                if (pkt.pts - start_pts) * tb > lim.max_seconds:
+                    raise _too_long(path, (pkt.pts - start_pts) * tb, lim.max_seconds,
+                                    counted=True)
             if pkt.is_keyframe:
                 key_pts.append(int(t))
             if rotation is None and len(pts) <= 32:
@@ -246,6 +357,12 @@ def _index(container, path: str) -> VideoIndex:
                       rotation=int(round((rotation or 0) / 90.0)) % 4 * 90, pts=p, time_base=tb, start=start,
                       keyframe=keyframe, has_pts=has_pts, fps=float(fps), declared_s=declared,
                       truncated=truncated, bits=bits)
+
+
+def _too_long(path: str, seconds: float, cap: float, counted: bool = False) -> VideoError:
+    how = "runs past" if counted else "lasts"
+    return VideoError(f"{path}: the video {how} {seconds:.1f} s; at most {cap:g} s are "
+                      f"accepted (--max-video-seconds)")
 
 
 def _is_attached_pic(stream) -> bool:
@@ -429,13 +546,15 @@ def _pyav(info: VideoIndex, indices: List[int], scale: Tuple[int, int], on_frame
     interp = av.video.reformatter.Interpolation.AREA  # a box filter: right for shrinking
 
     def rgb(frame) -> np.ndarray:
+        # a stream may change size part-way (a new sequence header): checked on every frame
+        _check_pixels(info.path, frame.width, frame.height)
         if (frame.width, frame.height) == (w, h):
             arr = frame.to_ndarray(format="rgb24")
         else:
             arr = frame.to_ndarray(format="rgb24", width=w, height=h, interpolation=interp)
         return _orient(arr, info.rotation)
 
-    holder = [av.open(info.path, metadata_errors="ignore")]
+    holder = [av.open(info.open_path, metadata_errors="ignore")]
     try:
         if info.has_pts:
             try:
@@ -445,7 +564,7 @@ def _pyav(info: VideoIndex, indices: List[int], scale: Tuple[int, int], on_frame
                 # Decoded frames do not carry the demuxer's timestamps: count them instead
                 # (frames delivered so far are delivered again, from the first).
                 holder[0].close()
-                holder[0] = av.open(info.path, metadata_errors="ignore")
+                holder[0] = av.open(info.open_path, metadata_errors="ignore")
         _pyav_by_count(holder[0], info, indices, rgb, on_frame)
     except av.error.FFmpegError as e:
         raise VideoError(f"{info.path}: decoding the {info.codec_name} video failed; the file "
@@ -464,8 +583,10 @@ def _video_stream(container, info: VideoIndex):
     return s
 
 
-def _frames(container, stream) -> Iterator:
-    for pkt in container.demux(stream):
+def _frames(container, stream, path: str) -> Iterator:
+    for n, pkt in enumerate(container.demux(stream)):
+        if n % 16 == 0:
+            _check_cancel(path)
         for frame in pkt.decode():
             yield frame
     # demux ends with an empty packet whose decode() drains the decoder
@@ -487,7 +608,7 @@ def _pyav_by_pts(holder: list, info: VideoIndex, indices: List[int], rgb, on_fra
             # Seek only when the target's keyframe lies ahead of where decoding is: between
             # nearby targets, decoding on is cheaper than seeking back to the same keyframe.
             container.seek(int(pts[key]), stream=stream, backward=True, any_frame=False)
-            gen, pos = _frames(container, stream), -1
+            gen, pos = _frames(container, stream, info.path), -1
         frame = _advance(gen, target)
         back = 1.0
         while frame is None or frame.pts != target:
@@ -496,16 +617,16 @@ def _pyav_by_pts(holder: list, info: VideoIndex, indices: List[int], rgb, on_fra
             # and in the end decode from the start of the file, which is always right.
             if back > 64 or frame is None:
                 container.close()
-                container = holder[0] = av.open(info.path, metadata_errors="ignore")
+                container = holder[0] = av.open(info.open_path, metadata_errors="ignore")
                 stream = _video_stream(container, info)
-                gen = _frames(container, stream)
+                gen = _frames(container, stream, info.path)
                 frame = _advance(gen, target)
                 if frame is None or frame.pts != target:
                     raise _NotByPts()
                 break
             offset = int(pts[key]) - int(back / info.time_base)
             container.seek(max(offset, 0), stream=stream, backward=True)
-            gen = _frames(container, stream)
+            gen = _frames(container, stream, info.path)
             frame = _advance(gen, target)
             back *= 4
         pos = int(np.searchsorted(pts, frame.pts))
@@ -534,7 +655,7 @@ def _pyav_by_count(container, info: VideoIndex, indices: List[int], rgb, on_fram
     stream = _video_stream(container, info)
     want: Dict[int, int] = {k: n for n, k in enumerate(indices)}
     got = 0
-    for i, frame in enumerate(_frames(container, stream)):
+    for i, frame in enumerate(_frames(container, stream, info.path)):
         if i in want:
             on_frame(want[i], rgb(frame))
             got += 1
@@ -561,7 +682,7 @@ def _decord(info: VideoIndex, indices: List[int], scale: Tuple[int, int], on_fra
     w, h = scale
     kw = {} if (w, h) == (info.width, info.height) else {"width": w, "height": h}
     with _quiet_stderr():
-        vr = decord.VideoReader(info.path, ctx=decord.cpu(0), **kw)
+        vr = decord.VideoReader(info.open_path, ctx=decord.cpu(0), **kw)
     if len(vr) != info.num_frames:
         # decord's frame list disagrees with the demuxer's (dropped or merged packets): its
         # frame i would not be ours.
@@ -569,6 +690,7 @@ def _decord(info: VideoIndex, indices: List[int], scale: Tuple[int, int], on_fra
                          f"{info.num_frames}")
     chunk = 4  # a few frames per call: decord's batches are full arrays
     for s in range(0, len(indices), chunk):
+        _check_cancel(info.path)
         part = indices[s:s + chunk]
         with _quiet_stderr():
             frames = vr.get_batch(part).asnumpy()

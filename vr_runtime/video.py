@@ -28,6 +28,7 @@ import concurrent.futures as cf
 import math
 import os
 import re
+import stat
 import sys
 import threading
 import time
@@ -40,8 +41,8 @@ import torch
 from . import decoders as D
 from .errors import VideoError
 
-__all__ = ["VideoClip", "load_video", "sample_indices", "sample_window", "prefetch_video",
-           "open_video", "preprocess_frames", "estimate_memory", "available_memory",
+__all__ = ["VideoClip", "VideoFile", "load_video", "sample_indices", "sample_window",
+           "prefetch_video", "open_video", "preprocess_frames", "estimate_memory", "available_memory",
            "IMAGENET_MEAN", "IMAGENET_STD"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -68,6 +69,9 @@ class VideoClip:
     decode_s: float = 0.0               # wall time spent decoding + preprocessing
     decoder: Optional[str] = None       # backend that decoded it: "decord" or "pyav"
     codec: Optional[str] = None         # FFmpeg codec name, e.g. "h264", "av1"
+    # (real path, file identity, num_frames, time_window, decoder): the runtime's visual cache
+    # keys a clip by the file it came from, as it keys that file's path
+    source_key: Optional[tuple] = None
 
     @property
     def num_frames(self) -> int:
@@ -316,24 +320,110 @@ def _check_memory(path: str, info: "D.VideoIndex", n: int, size: int,
 
 # ----------------------------------------------------------------------------- opening
 
-def open_video(path) -> "D.VideoIndex":
+_FD_DIRS = ("/dev/fd/", "/proc/self/fd/", "/dev/stdin")
+
+
+def _not_regular(path: str, mode: int) -> Optional[str]:
+    """What a non-regular file is, as one line naming it and what to do (None: regular)."""
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return f"{path}: is a directory, not a video file"
+    if stat.S_ISFIFO(mode):
+        if path.startswith(_FD_DIRS) or re.match(r"^/proc/\d+/fd/", path):
+            return (f"{path}: is a pipe (process substitution or stdin), which cannot be "
+                    f"seeked: process substitution: pass a file (save the stream first)")
+        return f"{path}: is a named pipe (FIFO), not a video file; pass a regular file"
+    kind = ("a character device" if stat.S_ISCHR(mode) else "a block device"
+            if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+    return f"{path}: is {kind}, not a video file; pass a regular file"
+
+
+class VideoFile:
+    """A video file opened once: the descriptor is checked with ``fstat`` (a regular file,
+    not empty) and every later reader -- the probe, the decoders, on any thread -- opens
+    ``source``, ``/proc/self/fd/N``, which is that same file whatever happens to its name
+    afterwards (a folder swapped for a symlink, the file replaced). FIFOs, devices and sockets
+    are refused from ``stat`` before any open, so nothing blocks. The descriptor closes when
+    the object (and every index or clip holding it) is gone, or on :meth:`close`."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self.fd: Optional[int] = None
+        try:
+            st = os.stat(self.path)    # never blocks, whatever the file is
+        except FileNotFoundError:
+            raise VideoError(f"{self.path}: no such file") from None
+        except OSError as e:
+            raise VideoError(f"{self.path}: cannot read the file ({D._reason(e)})") from None
+        why = _not_regular(self.path, st.st_mode)
+        if why:
+            raise VideoError(why)
+        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | \
+            getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(self.path, flags)
+        except OSError as e:
+            raise VideoError(f"{self.path}: cannot read the file ({D._reason(e)})") from None
+        try:
+            st = os.fstat(fd)          # what was opened, not what the name pointed at before
+            why = _not_regular(self.path, st.st_mode)
+            if why:
+                raise VideoError(why)
+            if st.st_size == 0:
+                real = os.path.realpath(self.path)
+                if real.startswith(("/proc/", "/sys/")):
+                    raise VideoError(f"{self.path}: is a virtual file of the kernel "
+                                     f"({real.split('/')[1]}), not a video file")
+                raise VideoError(f"{self.path}: the file is empty (0 bytes)")
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd, self.stat = fd, st
+        proc = f"/proc/self/fd/{fd}"
+        self.source = proc if os.path.exists(proc) else self.path
+
+    @property
+    def identity(self) -> tuple:
+        """(device, inode, size, mtime, ctime) of the opened file: changes when its content
+        does, even when size and mtime are kept (``cp -p``, ``rsync -t``, ``tar``)."""
+        st = self.stat
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    @property
+    def real_path(self) -> str:
+        """Where the opened file is now (the descriptor's own link, not the name's)."""
+        try:
+            return os.readlink(self.source) if self.source != self.path else \
+                os.path.realpath(self.path)
+        except OSError:
+            return os.path.realpath(self.path)
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def __del__(self):
+        self.close()
+
+
+def open_video(path, file: Optional[VideoFile] = None,
+               limits: Optional["D.Limits"] = None) -> "D.VideoIndex":
     """Validate ``path`` and index it: returns the :class:`vr_runtime.decoders.VideoIndex`
-    (codec, size, rotation, every frame's timestamp). Raises ``VideoError`` for a missing,
-    empty, corrupt or non-video file, an undecodable codec and for zero frames."""
+    (codec, size, rotation, every frame's timestamp), which holds the file open
+    (:class:`VideoFile`; ``file``: one already opened). Raises ``VideoError`` for a missing,
+    empty, corrupt or non-video file, a pipe, device or socket, an undecodable codec, a frame
+    over the pixel cap and for zero frames (``limits``: :class:`vr_runtime.decoders.Limits`,
+    default the process's)."""
     path = os.fspath(path)
-    if not os.path.exists(path):
-        raise VideoError(f"{path}: no such file")
-    if os.path.isdir(path):
-        raise VideoError(f"{path}: is a directory, not a video file")
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb"):
-            pass
-    except OSError as e:
-        raise VideoError(f"{path}: cannot read the file ({D._reason(e)})") from None
-    if size == 0:
-        raise VideoError(f"{path}: the file is empty (0 bytes)")
-    return D.probe(path)
+    f = file if file is not None else VideoFile(path)
+    info = D.probe(path, source=f.source, limits=limits)
+    info.handle = f
+    return info
 
 
 # ----------------------------------------------------------------------------- loading
@@ -349,6 +439,8 @@ class _Plan:
     decoder: str
     mean: Sequence[float]
     std: Sequence[float]
+    time_window: Optional[tuple] = None
+    should_stop: Optional[object] = None
 
 
 def _plan(info, num_frames: int, time_window) -> Tuple[List[int], Optional[str]]:
@@ -375,7 +467,8 @@ def _plan(info, num_frames: int, time_window) -> Tuple[List[int], Optional[str]]
     return indices, note
 
 
-def _prepare(path, num_frames, time_window, size, decoder, mean, std, memory_limit) -> _Plan:
+def _prepare(path, num_frames, time_window, size, decoder, mean, std, memory_limit,
+             should_stop=None, limits=None) -> _Plan:
     """The cheap part: argument checks, probing/indexing, the sampling plan and the memory
     check (before anything large is allocated)."""
     _check_count(num_frames, "num_frames")
@@ -383,10 +476,12 @@ def _prepare(path, num_frames, time_window, size, decoder, mean, std, memory_lim
     _norm(mean, "mean"), _norm(std, "std")
     decoder = D.resolve_decoder(decoder)
     path = os.fspath(path)
-    info = open_video(path)
+    with D.cancel_scope(should_stop):
+        info = open_video(path, limits=limits)
     indices, note = _plan(info, num_frames, time_window)
     _check_memory(path, info, len(indices), size, memory_limit)
-    return _Plan(info, path, indices, num_frames, size, note, decoder, mean, std)
+    return _Plan(info, path, indices, num_frames, size, note, decoder, mean, std,
+                 tuple(time_window) if time_window is not None else None, should_stop)
 
 
 def _finish(plan: _Plan, progress: bool, t0: float) -> VideoClip:
@@ -420,7 +515,8 @@ def _finish(plan: _Plan, progress: bool, t0: float) -> VideoClip:
         if len(pending) == CHUNK:
             flush()
     try:
-        used = D.decode_frames(info, plan.indices, scale, on_frame, plan.decoder)
+        with D.cancel_scope(plan.should_stop):
+            used = D.decode_frames(info, plan.indices, scale, on_frame, plan.decoder)
         flush()
     finally:
         if bar is not None:
@@ -429,17 +525,21 @@ def _finish(plan: _Plan, progress: bool, t0: float) -> VideoClip:
         raise VideoError(f"{plan.path}: only {done[0]} of {n} sampled frames decoded; the "
                          f"file is corrupt or truncated")
     t = info.pts_s
+    f = info.handle
+    key = None if f is None else (f.real_path, f.identity, int(plan.num_frames),
+                                  plan.time_window, plan.decoder)
     return VideoClip(pixel_values=out, frame_indices=list(plan.indices),
                      timestamps_s=[float(t[i]) for i in plan.indices], fps=info.fps,
                      total_frames=info.num_frames, requested=plan.num_frames, note=plan.note,
                      path=plan.path, decode_s=time.perf_counter() - t0, decoder=used,
-                     codec=info.codec)
+                     codec=info.codec, source_key=key)
 
 
 def load_video(path, num_frames: int = 64, time_window: Optional[Tuple[float, float]] = None,
                size: int = 448, progress: bool = False, *, decoder: str = "auto",
                mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
-               memory_limit: Optional[int] = None) -> VideoClip:
+               memory_limit: Optional[int] = None, should_stop=None,
+               limits: Optional["D.Limits"] = None) -> VideoClip:
     """Decode ``num_frames`` frames of ``path`` with InternVL's sampling (optionally within
     ``time_window`` = (start_s, end_s), sampled by time) and preprocess them to
     ``[T, 3, size, size]`` normalised with ``mean`` / ``std``.
@@ -447,9 +547,12 @@ def load_video(path, num_frames: int = 64, time_window: Optional[Tuple[float, fl
     ``decoder``: "auto" (decord where it handles the codec, else PyAV; PyAV also when decord
     fails), "pyav" or "decord". ``memory_limit``: bytes the clip may use (default: what the
     machine has free, see :func:`available_memory`); a request that cannot fit raises
-    ``VideoError`` before decoding."""
+    ``VideoError`` before decoding. ``should_stop()``: asked between packets and frames; a
+    reason (a string) stops the decode with a ``VideoError`` (a deadline). ``limits``:
+    :class:`vr_runtime.decoders.Limits` (default the process's: ``--max-frame-pixels``)."""
     t0 = time.perf_counter()
-    plan = _prepare(path, num_frames, time_window, size, decoder, mean, std, memory_limit)
+    plan = _prepare(path, num_frames, time_window, size, decoder, mean, std, memory_limit,
+                    should_stop, limits)
     return _finish(plan, progress, t0)
 
 

@@ -29,6 +29,14 @@ prefill and decode for all, each answer the one it gets alone, each request its 
 batch that fails is answered one request at a time, so each gets its own error. Streaming
 requests are never batched.
 
+Videos are checked and decoded before they wait for the model, never under its lock: each
+request's check (open once, index, caps) and decode run on a daemon thread of their own (a
+request that hangs holds no shared worker, and none can keep the process from exiting), and the
+decode stops between frames once the request is given up (deadline, client gone, drain), so
+``--timeout`` bounds it. At most ``max_batch + 1`` decoded clips wait at once (the one on the
+model and the next), which bounds their memory; a video whose frames the visual cache already
+holds is not decoded again.
+
 Draining (:meth:`Engine.drain`, on SIGTERM): no new request is admitted (503 + Retry-After), every
 request not yet on the model is answered 503 + Retry-After at once, and the one running gets until
 the drain timeout to finish; after that it too is answered 503.
@@ -84,6 +92,7 @@ class _Slot:
         self._released = False
         self.running = False      # its model job has started
         self.abandoned = False    # the client side gave up (deadline, gone, drain): skip the job
+        self.cancel = threading.Event()        # set when given up: stops its decode
         self.stop = asyncio.Event()            # set (on the event loop) by drain: answer stop_error
         self.stop_error: Optional[APIError] = None
 
@@ -99,6 +108,7 @@ class _Slot:
         """Give the request up; True if its job had not started (so it never will)."""
         with self._lock:
             self.abandoned = True
+            self.cancel.set()
             return not self.running
 
     def fail(self, err: APIError) -> None:
@@ -139,8 +149,8 @@ class Engine:
         self.name = name or config.model
         self._model_lock = threading.Lock()
         self._model_pool = cf.ThreadPoolExecutor(1, thread_name_prefix="vr-model")
-        self._media_pool = cf.ThreadPoolExecutor(max(1, config.media_threads),
-                                                 thread_name_prefix="vr-media")
+        # Decoded clips waiting for (or on) the model: the one answered and the next batch.
+        self._clip_slots = threading.BoundedSemaphore(max(1, config.max_batch) + 1)
         # Prompts are counted with a private copy of the tokenizer on a thread of their own:
         # off the model's lock, and never sharing a Rust tokenizer object between threads.
         self._text_pool = cf.ThreadPoolExecutor(1, thread_name_prefix="vr-text")
@@ -172,7 +182,6 @@ class Engine:
 
     def close(self) -> None:
         self._model_pool.shutdown(wait=False, cancel_futures=True)
-        self._media_pool.shutdown(wait=False, cancel_futures=True)
         self._text_pool.shutdown(wait=False, cancel_futures=True)
 
     @property
@@ -280,11 +289,10 @@ class Engine:
         try:
             if max_prompt_tokens is not None:
                 await self._check_prompt(settings, max_prompt_tokens, deadline, slot, gone)
-            checking = loop.run_in_executor(self._media_pool, self.media.resolve,
-                                            settings.video_url)
+            checking = asyncio.wrap_future(_daemon(self._check_and_decode, settings, slot))
             # If the request is given up first, the video it pins must still be let go of.
             checking.add_done_callback(lambda f: slot.abandoned and not f.cancelled()
-                                       and f.exception() is None and self.media.release(f.result()))
+                                       and f.exception() is None and self._release(f.result()))
             video = await self._wait(checking, deadline, slot, gone)
             if self.config.max_batch > 1 and on_token is None:
                 job = cf.Future()
@@ -299,7 +307,7 @@ class Engine:
             self._slots.discard(slot)
             if not handed_over:
                 if video is not None:
-                    self.media.release(video)
+                    self._release(video)
                 slot.release()
 
     async def _wait(self, fut, deadline: float, slot: _Slot, gone: Optional[asyncio.Event]):
@@ -351,7 +359,7 @@ class Engine:
                         self._running -= 1
                         self.served += 1
         finally:
-            self.media.release(video)
+            self._release(video)
             slot.release()
 
     @staticmethod
@@ -383,7 +391,7 @@ class Engine:
                 else:   # given up while it waited (deadline, client, drain)
                     fut.set_exception(_Skipped(504, "the request was given up while waiting "
                                                     "for the model"))
-                    self.media.release(video)
+                    self._release(video)
                     slot.release()
             if not live:
                 return
@@ -397,7 +405,7 @@ class Engine:
                     self._running -= len(live)
                     self.served += len(live)
                 for (slot, video, _, fut), res in zip(live, results):
-                    self.media.release(video)
+                    self._release(video)
                     slot.release()
                     if isinstance(res, BaseException):
                         fut.set_exception(res)
@@ -408,7 +416,7 @@ class Engine:
         """Answers (or their APIErrors) of several (video, settings) with one batch key."""
         if len(items) > 1:
             try:
-                return self.vr.answer_batch([v.path for v, _ in items],
+                return self.vr.answer_batch([_input(v) for v, _ in items],
                                             [x.question for _, x in items],
                                             options=[self.options(x) for _, x in items])
             except Exception:   # noqa: BLE001 - one by one below: each request its own error
@@ -422,12 +430,52 @@ class Engine:
         return out
 
     def _answer(self, video: Video, s: Settings, on_token=None):
-        """The same ``VideoRouter.answer`` call ``videorouter ask`` makes, on the checked file."""
+        """The same ``VideoRouter.answer`` call ``videorouter ask`` makes, on the checked file
+        (its frames decoded already, off the model's lock)."""
         try:
-            return self.vr.answer(video.path, s.question, options=self.options(s),
+            return self.vr.answer(_input(video), s.question, options=self.options(s),
                                   on_token=on_token)
         except Exception as e:
-            raise from_exception(e, {video.path: video.label} if video.stored else None) from None
+            raise from_exception(e, video.names()) from None
+
+    # ------------------------------------------------------------------ the video, off the lock
+    def _check_and_decode(self, s: Settings, slot: _Slot) -> Video:
+        """On a daemon thread of its own: the media check, then the decode (unless the visual
+        cache holds the frames), stopped between frames once the request is given up."""
+        import dataclasses
+
+        def should_stop():
+            return "the request was given up (timeout, client gone or shutdown)" \
+                if slot.cancel.is_set() else None
+        video = self.media.resolve(s.video_url)
+        try:
+            cached = getattr(self.vr, "has_frames", None)   # (absent on test doubles)
+            if self.config.visual_cache > 0 and cached and cached(video.path, s.num_frames):
+                return video
+            while not self._clip_slots.acquire(timeout=0.05):   # bounds clips held in memory
+                if should_stop():
+                    raise _Skipped(504, "the request was given up while waiting to decode")
+            try:
+                spec = self.vr.lm.frame_spec
+                from ..video import load_video
+                clip = load_video(video.path, num_frames=s.num_frames, size=spec.size[0],
+                                  mean=spec.mean, std=spec.std, should_stop=should_stop,
+                                  limits=self.media.config.limits())
+            except BaseException:
+                self._clip_slots.release()
+                raise
+            return dataclasses.replace(video, clip=clip)
+        except BaseException as e:
+            self.media.release(video)
+            if isinstance(e, Exception) and not isinstance(e, APIError):
+                raise from_exception(e, video.names()) from None
+            raise
+
+    def _release(self, video: Video) -> None:
+        """Let go of a checked video: its pin in the store, its file, its decoded clip's slot."""
+        self.media.release(video)
+        if video.clip is not None:
+            self._clip_slots.release()
 
     def options(self, s: Settings):
         """The request's :class:`~vr_runtime.request.AnswerOptions` (those of ``videorouter
@@ -449,6 +497,28 @@ class Engine:
             with self._model_lock:
                 return fn(self.vr)
         return self._model_pool.submit(job).result()
+
+
+def _input(video: Video):
+    """What the runtime answers from: the clip decoded off the lock, else the opened file."""
+    return video.clip if video.clip is not None else video.path
+
+
+def _daemon(fn, *args) -> cf.Future:
+    """``fn(*args)`` on a daemon thread of its own -> its Future. Not a pool: a job that hangs
+    holds no worker that other requests need, and never keeps the process from exiting."""
+    future: cf.Future = cf.Future()
+
+    def run():
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001 - delivered to whoever waits on the Future
+            future.set_exception(e)
+
+    threading.Thread(target=run, name="vr-media", daemon=True).start()
+    return future
 
 
 _shared: Optional[Engine] = None
