@@ -29,6 +29,8 @@ request decoded alone.
 """
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 import torch
@@ -58,6 +60,19 @@ def decode_one_token(lm, token: torch.Tensor, cache, position_ids: torch.Tensor,
     out = lm.forward(input_ids=token, past_key_values=cache, position_ids=position_ids,
                      attention_mask=attention_mask)
     return out.logits[:, -1].argmax(-1)
+
+
+@dataclass
+class PrefixCache:
+    """The KV cache of a prompt's first ``length`` rows, shared by later prompts that begin with
+    the same rows (``VideoRouter(prefix_cache=True)``: the visual prefix of questions on one
+    video with one plan). ``cache`` is None until a prefill fills it.
+
+    A prompt with a prefix is always prefilled in two passes -- the prefix (skipped once cached),
+    then the rest over a copy of the prefix's cache -- so its logits do not depend on whether
+    the prefix was cached: the first question and the later ones are computed the same way."""
+    length: int
+    cache: object = None
 
 
 class GreedyDecoder:
@@ -120,7 +135,8 @@ class GreedyDecoder:
     def generate(self, embeds: Sequence[torch.Tensor], max_new_tokens: Sequence[int],
                  position_ids: Sequence[Optional[torch.Tensor]], stop_ids,
                  timer=None, on_token=None,
-                 lengths: Optional[Sequence[int]] = None) -> List[List[int]]:
+                 lengths: Optional[Sequence[int]] = None,
+                 prefix: Optional[PrefixCache] = None) -> List[List[int]]:
         """Greedy decoding of B requests: ``embeds`` [1, L_b, D] each, ``position_ids`` as the
         backbone builds them for that prompt (None: 1-D 0..L_b-1). Returns the new ids of each
         request (its stop id excluded). Stages "prefill" and "generate" go to ``timer``.
@@ -128,6 +144,9 @@ class GreedyDecoder:
         ``lengths``: ``embeds`` is instead one tensor [B, L, D], already right-padded (rows past
         ``lengths[b]`` zero, as this class pads: ``reconstruct_embeds_batch`` packs the whole
         batch into it), so the prefill reads it without another copy.
+
+        ``prefix`` (one request): its first ``prefix.length`` rows are the cached prefix's (see
+        :class:`PrefixCache`); filled here on first use.
 
         If graph capture fails (a torch.compile error on this model or library version), the
         request is redone with the static cache run eagerly -- the same tokens -- and so is
@@ -137,7 +156,7 @@ class GreedyDecoder:
         the stop id is not passed). A redone request calls it again from its first token."""
         try:
             return self._generate(embeds, max_new_tokens, position_ids, stop_ids, timer,
-                                  on_token, lengths)
+                                  on_token, lengths, prefix)
         except torch.OutOfMemoryError:
             raise
         except Exception as e:  # noqa: BLE001 -- any capture failure; redone eagerly below
@@ -151,10 +170,10 @@ class GreedyDecoder:
             self.mode = "static"
             self.release()
             return self._generate(embeds, max_new_tokens, position_ids, stop_ids, timer,
-                                  on_token, lengths)
+                                  on_token, lengths, prefix)
 
     def _generate(self, embeds, max_new_tokens, position_ids, stop_ids, timer, on_token=None,
-                  lengths=None):
+                  lengths=None, prefix=None):
         from .timing import StageTimer
         lm = self.lm
         packed = lengths is not None
@@ -175,7 +194,13 @@ class GreedyDecoder:
         nxt_pos = [lm.next_position(p, n) for p, n in zip(position_ids, lengths)]
         with timer.stage("prefill"):
             x, pos = self._batch_prompts(embeds, position_ids, lengths, nxt_pos, packed)
-            if padded:   # each row's first token at its own last position
+            if prefix is not None:
+                if B != 1 or not 0 < prefix.length < L:
+                    raise ValueError(f"generate: a prefix of {prefix.length} rows needs one "
+                                     f"prompt longer than it (got {B} of length {L})")
+                out = self._prefill_after(prefix, x, pos)
+                nxt = out.logits[:, -1].argmax(-1)
+            elif padded:   # each row's first token at its own last position
                 last = torch.tensor(lengths, device=x.device) - 1
                 keep = torch.unique(last)
                 out = lm.forward(inputs_embeds=x, position_ids=pos, logits_to_keep=keep)
@@ -232,6 +257,20 @@ class GreedyDecoder:
             del cache
         return gens
 
+    def _prefill_after(self, prefix: PrefixCache, x, pos):
+        """The prefill of one prompt ``x`` [1, L, D] in two passes: its first ``prefix.length``
+        rows (only when ``prefix.cache`` is empty: the cache is then kept there), then the rest
+        over a copy of that cache (the copy grows; the prefix's own stays as it is)."""
+        P, lm = prefix.length, self.lm
+        if prefix.cache is None:
+            out = lm.forward(inputs_embeds=x[:, :P],
+                             position_ids=None if pos is None else pos[..., :P])
+            prefix.cache = output_cache(out)
+            del out
+        # 1-D positions (pos None) continue from the cache's length, as they would in one pass
+        return lm.forward(inputs_embeds=x[:, P:], position_ids=None if pos is None else pos[..., P:],
+                          past_key_values=copy.deepcopy(prefix.cache))
+
     def _batch_prompts(self, embeds, position_ids, lengths, nxt_pos, packed=False):
         """Right-pad B prompts to the longest: embeds [B, L, D] and positions (the padding rows
         continue each prompt's positions; causal attention keeps them out of the real rows).
@@ -271,4 +310,5 @@ class GreedyDecoder:
         return pos.expand(shape).contiguous()
 
 
-__all__ = ["DECODING_MODES", "GreedyDecoder", "decode_one_token", "resolve_decoding"]
+__all__ = ["DECODING_MODES", "GreedyDecoder", "PrefixCache", "decode_one_token",
+           "resolve_decoding"]

@@ -92,6 +92,8 @@ class _Prepared:
     # answer_batch: (Z of the kept frames, their windows, first rows) until the one pool_pack
     # of the whole batch; None after it (no Z outlives the packing)
     packing: Optional[tuple] = None
+    # prefix_cache: (PrefixCache of the visual prefix, "hit" | "miss")
+    prefix: Optional[tuple] = None
 
 
 @dataclass(frozen=True)
@@ -104,13 +106,20 @@ class PolicyDecision:
 class VideoRouter:
     def __init__(self, lm: Backbone, routers: Optional[Routers] = None,
                  visual_cache_size: int = 1, warmup_frames: int = 256, decoding: str = "auto",
-                 warm_request: Optional[bool] = None):
+                 warm_request: Optional[bool] = None, prefix_cache: bool = False):
         """``decoding``: how tokens after the first are generated (vr_runtime.decode): "auto"
         (the eager dynamic cache; "graph", CUDA graphs over a static KV cache, is opt-in until
         measured on a GPU), "dynamic", "static" or "graph" -- the same greedy tokens in every mode.
         ``warm_request``: answer one throw-away request at load (:meth:`warm_up_request`);
-        None = on CUDA only, where the first request otherwise pays for lazy module loading."""
+        None = on CUDA only, where the first request otherwise pays for lazy module loading.
+        ``prefix_cache``: with ``cache_visual``, keep the KV cache of the prompt up to the end of
+        its visual tokens in the video's cache entry, and prefill only the rest for a later
+        question with the same plan and the same prompt up to there (the question comes after
+        the frames in the chat template). The same tokens (tests); the entry costs the
+        prefix's KV memory while the video stays cached. Off by default: a TTFT measured with
+        it is an amortised one."""
         self.lm = lm
+        self.prefix_cache = bool(prefix_cache)
         self.greedy = GreedyDecoder(lm, decoding)   # checks ``decoding`` before any warm-up
         # Compile and autotune the pool_pack kernels now (CUDA; a no-op on CPU), for up to
         # ``warmup_frames`` frames, so that no request pays for compilation (0: skip).
@@ -489,15 +498,17 @@ class VideoRouter:
     @torch.inference_mode()
     def generate(self, embeds: torch.Tensor, max_new_tokens: int,
                  timer: Optional[StageTimer] = None,
-                 position_ids: Optional[torch.Tensor] = None, on_token=None) -> List[int]:
+                 position_ids: Optional[torch.Tensor] = None, on_token=None,
+                 prefix=None) -> List[int]:
         """Prefill ``embeds`` [1, L, D] (logits of the last row only, KV cache on), then greedy
         decoding with the cache until a stop id or ``max_new_tokens`` (``self.greedy``: dynamic,
         static or graph-captured steps, the same tokens). Returns the new ids (the stop id
         excluded). Stages "prefill" and "generate" go to ``timer``. ``on_token(id)``: called
-        with each new id as it is decided (streaming)."""
+        with each new id as it is decided (streaming). ``prefix``: a decode.PrefixCache of the
+        prompt's visual prefix (``prefix_cache``)."""
         each = None if on_token is None else (lambda row, i: on_token(i))
         return self.greedy.generate([embeds], [max_new_tokens], [position_ids], self._stop_ids,
-                                    timer, each)[0]
+                                    timer, each, prefix=prefix)[0]
 
     # ------------------------------------------------------------------ the pipeline
     @torch.inference_mode()
@@ -512,7 +523,7 @@ class VideoRouter:
         req = self.request(video, question, options, **kwargs)             # request
         p = self._prepare(req)          # decode, policy, vision, score, plan, compress
         gen = self.generate(p.embeds, req.max_new_tokens, p.timer, p.position_ids,
-                            on_token)                                      # prefill, generate
+                            on_token, prefix=p.prefix and p.prefix[0])     # prefill, generate
         return self._finish(p, gen)                                        # report
 
     def _prepare(self, req: Request, pack: bool = True) -> "_Prepared":
@@ -562,8 +573,39 @@ class VideoRouter:
             # only with allow_over_length (check_length refuses it otherwise)
             notes.append(f"{decision.policy} has no budget: its prompt of {ids.numel()} tokens "
                          f"plus {req.max_new_tokens} new tokens exceeds max_length {req.max_length}")
+        prefix = self._visual_prefix(state, fitted.plan, ids, pos) \
+            if self.prefix_cache and state is not None and pack else None
+        if prefix is not None and prefix[1] == "hit":
+            notes.append(f"visual prefix cache hit: the KV cache of the prompt's first "
+                         f"{prefix[0].length} tokens (up to the end of the visual tokens) was "
+                         f"reused from an earlier question; prefill ran on the rest")
         return _Prepared(req, timer, frames, decision, planner, scores, fitted, ids, embeds, pos,
-                         notes, hit, packing)
+                         notes, hit, packing, prefix)
+
+    def _visual_prefix(self, state: dict, plan: Sequence, ids: torch.Tensor, pos):
+        """(PrefixCache, "hit" | "miss") for a prompt of this video (``state``: its visual cache
+        entry), or None when the prompt has no visual token. The prefix runs to the last visual
+        token; it is shared only when an earlier question had the same plan and exactly the
+        same ids (system prompt, frame labels, placeholders) and positions up to there -- the
+        same Z then gives the same embeddings. One entry a video: another plan replaces it."""
+        from .decode import PrefixCache
+        from .report import json_window
+        rows = (ids == self.lm.image_token_id).nonzero()
+        if not len(rows) or int(rows[-1]) + 1 >= ids.numel():
+            return None
+        P = int(rows[-1]) + 1
+        key_plan = [json_window(w) for w in plan]
+        head, head_pos = ids[:P], None if pos is None else pos[..., :P]
+        old = state.get("prefix")
+        if (old is not None and old["plan"] == key_plan and torch.equal(old["ids"], head)
+                and ((old["pos"] is None and head_pos is None) or
+                     (old["pos"] is not None and head_pos is not None
+                      and torch.equal(old["pos"], head_pos)))):
+            return old["kv"], "hit"
+        entry = {"plan": key_plan, "ids": head.clone(),
+                 "pos": None if head_pos is None else head_pos.clone(), "kv": PrefixCache(P)}
+        state["prefix"] = entry
+        return entry["kv"], "miss"
 
     def _finish(self, p: "_Prepared", gen: List[int], batch: int = 1) -> Answer:
         """The answer's text and report from the generated ids."""
@@ -573,12 +615,16 @@ class VideoRouter:
         extra = None
         if req.ttft_budget_s is not None:
             from .latency import latency_report
+            # a reused prefix's prefill is not the model's prefill: not observed
             extra = latency_report(self, req, p.planner, T, p.fitted, p.timer,
-                                   observe=batch == 1)
+                                   observe=batch == 1 and not (p.prefix and p.prefix[1] == "hit"))
         report = build_report(self, req, p.frames, p.decision, p.scores, p.fitted, p.ids.numel(),
                               len(gen), p.timer, p.notes,
                               ("hit" if p.hit else "miss") if req.cache_visual else None)
         report["decoding"] = self.greedy.mode
+        if self.prefix_cache:
+            report["prefix_cache"] = None if p.prefix is None else \
+                {"status": p.prefix[1], "tokens": p.prefix[0].length}
         if self.greedy.fallback and self.greedy.fallback not in report["notes"]:
             report["notes"].append(self.greedy.fallback)
         if extra:

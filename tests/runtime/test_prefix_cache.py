@@ -1,0 +1,67 @@
+"""Amortised questions (VideoRouter(prefix_cache=True)): questions on one video with the same
+plan reuse the KV cache of the prompt up to the end of its visual tokens, and get the tokens of
+the plain path; another plan, or another prompt before the frames, does not reuse it. Both tiny
+backbones (1-D positions; Qwen2.5-VL's M-RoPE)."""
+import pytest
+import torch
+
+from vr_runtime.routers import Routers
+from vr_runtime.runtime import VideoRouter
+
+QS = ["What shape is the red object?", "Which color is the big square in the middle?",
+      "What shape is the red object?"]
+
+
+@pytest.fixture(scope="module", params=["tiny", "tiny-qwen2.5-vl"])
+def pair(request):
+    """(plain runtime, runtime with the prefix cache) over one backbone."""
+    from vr_runtime.backbones import load_backbone
+    torch.manual_seed(0)
+    lm = load_backbone(request.param, device="cpu", dtype=torch.float32)
+    return (VideoRouter(lm, Routers.from_backbone(lm), warmup_frames=0),
+            VideoRouter(lm, Routers.from_backbone(lm), warmup_frames=0, prefix_cache=True))
+
+
+def _ask(vr, video, q, **kw):
+    ids = []
+    res = vr.answer(video, q, on_token=ids.append, **kw)
+    return ids, res.report
+
+
+def test_same_plan_reuses_the_visual_prefix(pair):
+    plain, cached = pair
+    video = torch.randn(4, 3, 448, 448, generator=torch.Generator().manual_seed(1))
+    kw = dict(num_frames=4, max_new_tokens=6, policy="global")
+    cached.clear_visual_cache()
+    statuses = []
+    for q in QS:
+        want, _ = _ask(plain, video, q, **kw)                       # one full prefill
+        got, rep = _ask(cached, video, q, cache_visual=True, **kw)
+        assert got == want and len(got) > 0
+        statuses.append(rep["prefix_cache"]["status"])
+        P = rep["prefix_cache"]["tokens"]
+        ids, _ = cached.lm.build_prompt(q, rep["frame_tokens"])
+        last_visual = int((ids == cached.lm.image_token_id).nonzero()[-1])
+        assert P == last_visual + 1 and P < rep["prompt_tokens"]
+    assert statuses == ["miss", "hit", "hit"]
+    assert any("visual prefix cache hit" in n for n in rep["notes"])
+
+
+def test_another_plan_or_prompt_head_is_a_miss(pair):
+    plain, cached = pair
+    video = torch.randn(3, 3, 448, 448, generator=torch.Generator().manual_seed(2))
+    kw = dict(num_frames=3, max_new_tokens=4, cache_visual=True)
+    cached.clear_visual_cache()
+    runs = [dict(policy="global"), dict(policy="global", global_scale=4),   # another plan
+            dict(policy="global", global_scale=4, system="Answer briefly."),  # another head
+            dict(policy="global", global_scale=4, system="Answer briefly.")]
+    got = []
+    for q, o in zip(QS + QS[:1], runs):
+        ids, rep = _ask(cached, video, q, **kw, **o)
+        want, _ = _ask(plain, video, q, **{**kw, "cache_visual": False}, **o)
+        assert ids == want
+        got.append(rep["prefix_cache"]["status"])
+    assert got == ["miss", "miss", "miss", "hit"]
+    # without cache_visual there is no video entry to keep a prefix in
+    _, rep = _ask(cached, video, QS[0], num_frames=3, max_new_tokens=2, policy="global")
+    assert rep["prefix_cache"] is None
