@@ -30,8 +30,9 @@ def eval_relevance(trainee, examples: List[Example], cache, progress=False) -> d
     tp = fp = fn = tn = 0
     for ex in tqdm(examples, desc="eval frames", disable=not progress, leave=False):
         Z = trainee.project(cache.get(ex.video, ex.frames))
-        pred = trainee.routers.frame_logits(Z, trainee.embed(_q(trainee, ex))) > 0
-        y = torch.tensor(ex.frame_labels, dtype=torch.bool, device=pred.device)
+        pred = trainee.routers.frame_logits(Z, trainee.embed(_q(trainee, ex)),
+                                            grid=trainee.grid) > 0
+        y = torch.tensor(cache.labels(ex.frame_labels), dtype=torch.bool, device=pred.device)
         tp += int((pred & y).sum()); fp += int((pred & ~y).sum())
         fn += int((~pred & y).sum()); tn += int((~pred & ~y).sum())
     n = tp + fp + fn + tn
@@ -68,7 +69,7 @@ def generate(trainee, ex: Example, v: torch.Tensor, max_new_tokens: int = 8,
     Z = trainee.project(v)
     qe = trainee.embed(q)
     pol = trainee.routers.policy_logits(qe.unsqueeze(0)).float()[0]
-    fr = trainee.routers.frame_logits(Z, qe).float()
+    fr = trainee.routers.frame_logits(Z, qe, grid=trainee.grid).float()
     plan, fragment = trainee.plan(pol, fr, {"policy": None, "question": ex.question}, max_length)
     probe = Example(video=ex.video, question=ex.question, answer="x")
     ids, n_prompt, dest, _ = trainee.build_sequence(vars(probe), plan)

@@ -80,12 +80,18 @@ class FeatureCache:
             # non-square frames are squeezed to size x size (InternVL's resize, no crop)
             clip = load_video(video, num_frames=T, size=spec.size[0], mean=spec.mean,
                               std=spec.std)
-            v = vision_features(self.bb, clip.pixel_values).half().cpu()
+            # one row per routing unit (Backbone.units: a frame, or Qwen3-VL's temporal patch)
+            pv = self.bb.units(clip.pixel_values, clip.frame_indices, None)[0]
+            v = vision_features(self.bb, pv).half().cpu()
             if f:
                 save_file({"v": v.contiguous()}, f + ".tmp")
                 os.replace(f + ".tmp", f)
         self.mem[(video, T)] = v
         return v
+
+    def labels(self, frame_labels):
+        """Per-frame labels of the T sampled frames -> one per cached row (routing unit)."""
+        return self.bb.unit_labels(frame_labels)
 
     def fill(self, videos: Iterable, progress: bool = True) -> None:
         """Compute every video's features: ``videos`` holds paths (the default T) or

@@ -94,7 +94,7 @@ class StageDataset(Dataset):
             cache.fill([(ex.video, ex.frames) for ex in examples])
             for ex in examples:  # the labels index the sampled frames: their counts must agree
                 T = cache.get(ex.video, ex.frames).shape[0]
-                if ex.frame_labels is not None and len(ex.frame_labels) != T:
+                if ex.frame_labels is not None and len(cache.labels(ex.frame_labels)) != T:
                     from .data import DataFormatError
                     raise DataFormatError(
                         f"{ex.video}: {len(ex.frame_labels)} frame_labels but {T} frames were "
@@ -108,8 +108,10 @@ class StageDataset(Dataset):
         ex = self.examples[i]
         d = {"q_ids": self.q_ids[i], "question": ex.question, "answer": ex.answer,
              "policy": ex.policy, "index": i}
-        if ex.frame_labels is not None:
-            d["labels"] = torch.tensor(ex.frame_labels, dtype=torch.float32)
+        if ex.frame_labels is not None:   # per routing unit (FeatureCache.labels)
+            labels = self.cache.labels(ex.frame_labels) if self.cache is not None \
+                else ex.frame_labels
+            d["labels"] = torch.tensor(labels, dtype=torch.float32)
         if self.stage != 2:
             d["v"] = self.cache.get(ex.video, ex.frames)   # the line's own T, if it has one
         return d

@@ -135,7 +135,7 @@ class Trainee(nn.Module):
         idx = self.frame_subset(labels)
         if idx is not None:
             Z, labels = Z[idx], labels[idx]
-        logits = self.routers.frame_logits(Z, q).float()
+        logits = self.routers.frame_logits(Z, q, grid=self.grid).float()
         y = labels.to(logits.device)
         return F.binary_cross_entropy_with_logits(logits, y), logits, y
 
@@ -272,7 +272,8 @@ class Trainee(nn.Module):
                 fr_all = fr.detach()
             else:
                 with torch.no_grad():  # the decision for every frame, without gradient
-                    fr_all = self.routers.frame_logits(Z.detach(), q.detach()).float()
+                    fr_all = self.routers.frame_logits(Z.detach(), q.detach(),
+                                                       grid=self.grid).float()
             plan, _ = self.training_plan(pol.detach()[0], fr_all, ex)
             ids, n_prompt, dest, pos = self.build_sequence(ex, plan)
             ids_t = torch.tensor(ids, device=Z.device)
