@@ -468,5 +468,59 @@ def predict_ttft(config: Union[str, dict, Shape], visual_tokens: int, text_token
                 label=dev.label)
 
 
+# ------------------------------------------------------------------------- weights, decode, memory
+
+def decoder_layer_params(shape: Shape) -> int:
+    """Parameters of one Qwen2 decoder layer (InternVL3's and Qwen2.5-VL's LLM): q / k / v with
+    biases, o without, gate / up / down, two RMSNorm weights. The shadow stack is ``k`` of them."""
+    s = shape
+    kv = s.kv_heads * (s.d // s.heads)
+    return (s.d * s.d + s.d) + 2 * (s.d * kv + kv) + s.d * s.d + 3 * s.d * s.ff + 2 * s.d
+
+
+def shadow_stack_bytes(shape: Shape, layers: int = 4, dtype_bytes: int = 2) -> int:
+    """Weights of the routers' shadow stack (a separate, Stage-1-trained copy of the first
+    ``layers`` decoder layers): 1.86e9 bytes (1.74 GiB) in bf16 at InternVL3-8B's shape."""
+    return layers * decoder_layer_params(shape) * dtype_bytes
+
+
+def kv_cache_bytes(shape: Shape, tokens: int, dtype_bytes: int = 2, layers: Optional[int] = None) -> int:
+    """Keys and values of ``tokens`` positions in ``layers`` (default: all) decoder layers."""
+    s = shape
+    kv = s.kv_heads * (s.d // s.heads)
+    return (s.layers if layers is None else layers) * 2 * tokens * kv * dtype_bytes
+
+
+def decode_step_costs(shape: Shape, context_tokens: int, device: Union[str, DeviceSpec] = "h100",
+                      batch: int = 1) -> dict:
+    """One greedy decode step of ``batch`` rows, each over ``context_tokens`` cached positions:
+    every decoder weight and the LM head read once (the rows share them), each row's KV cache
+    read and its new keys and values written, one embedding row gathered; FLOPs: 2 per weight
+    per row (the matmuls) plus attention (2 x context x d for the scores and 2 x context x d
+    for the values, per layer and row). -> {"flops", "bytes", "seconds"}: the floor
+    max(FLOPs / rate, bytes / bandwidth), no per-operator cost (a graph-captured step)."""
+    s = shape
+    dev = DEVICES[device] if isinstance(device, str) else device
+    db = dev.dtype_bytes
+    weights = s.layers * decoder_layer_params(s) + s.d + s.vocab * s.d   # layers, norm, LM head
+    kv = s.kv_heads * (s.d // s.heads)
+    flops = batch * (2.0 * weights + s.layers * 4.0 * context_tokens * s.d)
+    nbytes = db * (weights + batch * (kv_cache_bytes(s, context_tokens, 1) + s.layers * 2 * kv + s.d))
+    return dict(flops=flops, bytes=nbytes, seconds=max(flops / dev.flops, nbytes / dev.bandwidth))
+
+
+def prefill_activation_bytes(shape: Shape, tokens: int, dtype_bytes: int = 2,
+                             kv_cache: bool = True, layers: Optional[int] = None) -> int:
+    """A rough floor of a decoder pass's activation memory over ``tokens`` positions: its KV
+    cache (all ``layers``) when it keeps one, plus the largest transient of one layer -- the
+    residual stream, the layer input's norm and the MLP's gate, up and their product
+    (3 x tokens x ff) -- with fused attention (no score matrix). A model, not a measurement."""
+    s = shape
+    transient = tokens * (3 * s.d + 3 * s.ff) * dtype_bytes
+    return (kv_cache_bytes(s, tokens, dtype_bytes, layers) if kv_cache else 0) + transient
+
+
 __all__ = ["DeviceSpec", "DEVICES", "cpu_device", "Shape", "load_shape", "stage_costs", "predict_ttft",
-           "causal_key_fraction", "pool_pack_bytes", "POOL_PACK_TORCH_OPS", "CPU_FLASH_KV_BLOCK"]
+           "causal_key_fraction", "pool_pack_bytes", "POOL_PACK_TORCH_OPS", "CPU_FLASH_KV_BLOCK",
+           "decoder_layer_params", "shadow_stack_bytes", "kv_cache_bytes", "decode_step_costs",
+           "prefill_activation_bytes"]
