@@ -26,6 +26,7 @@ FLOORS=(
 )
 TESTS=(
     tests/runtime/test_qwen2_5_vl.py
+    tests/runtime/test_qwen3_vl.py
     tests/runtime/test_model.py
     tests/runtime/test_runtime.py
     tests/runtime/test_backbones_e2e.py

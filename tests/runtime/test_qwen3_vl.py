@@ -29,33 +29,66 @@ def _frames(T, seed=0):
     return torch.randn(T, 3, *FRAME_SIZE, generator=torch.Generator().manual_seed(seed))
 
 
-def _processor_inputs(bb, frames, indices=INDICES, fps=FPS, question=Q):
-    """What Qwen3VLProcessor makes of this video and question: the chat template's video
-    block expanded by the processor's own replace_video_token (timestamps from the metadata),
-    and the video processor's own patchify. (The processor classes need torchvision to be
-    built, which this project does not install; their methods are called unbound.)"""
+def _patchify(frames):
+    """The video processor's patchify of one video [T, 3, H, W] -> (patches, t, h, w): its own
+    method where the installed transformers has one (newer 5.x), else the same view/permute
+    its _preprocess does inline (5.5.4)."""
+    import importlib
+    try:
+        vp = importlib.import_module("transformers.models.qwen3_vl.video_processing_qwen3_vl")
+        fn = getattr(vp.Qwen3VLVideoProcessor, "patchify", None)
+    except ImportError:   # a release that needs torchvision even to define the class
+        fn = None
+    if callable(fn):
+        p, t, h, w = fn(None, frames[None], patch_size=16, merge_size=2, temporal_patch_size=2)
+        return p[0], t, h, w
+    T, C, H, W = frames.shape
+    x = frames[None].view(1, T // 2, 2, C, H // 32, 2, 16, W // 32, 2, 16)
+    x = x.permute(0, 1, 4, 7, 5, 8, 3, 2, 6, 9)
+    return x.reshape(T // 2 * (H // 16) * (W // 16), C * 2 * 16 * 16), T // 2, H // 16, W // 16
+
+
+def _expand_video(text, thw, indices, fps):
+    """The processor's expansion of the chat template's one video block: its own
+    replace_video_token where the installed transformers has it (newer 5.x); in 5.5.4 the same
+    loop sits inside Qwen3VLProcessor.__call__ and is written out here. Timestamps from the
+    processor's own _calculate_timestamps either way."""
     from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
-    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
     from transformers.video_utils import VideoMetadata
-    from vr_runtime.prompt import render_chat
     block = "<|vision_start|><|video_pad|><|vision_end|>"
-    text = render_chat(bb.tokenizer, block + question)
+    stamps = Qwen3VLProcessor._calculate_timestamps(None, list(indices), fps, 2)
+    replace = getattr(Qwen3VLProcessor, "replace_video_token", None)
+    if replace is not None:
+        stub = types.SimpleNamespace(
+            video_processor=types.SimpleNamespace(merge_size=2, temporal_patch_size=2),
+            vision_start_token="<|vision_start|>", vision_end_token="<|vision_end|>",
+            video_token="<|video_pad|>",
+            _calculate_timestamps=lambda i, f, m: Qwen3VLProcessor._calculate_timestamps(
+                None, i, f, m))
+        meta = VideoMetadata(total_num_frames=max(indices) + 1, fps=fps,
+                             frames_indices=list(indices))
+        expanded = replace(stub, {"video_grid_thw": thw, "video_metadata": [meta]}, 0)
+    else:
+        n = int(thw[0, 1:].prod()) // 4
+        expanded = "".join(f"<{stamps[t]:.1f} seconds><|vision_start|>" + "<|video_pad|>" * n +
+                           "<|vision_end|>" for t in range(int(thw[0, 0])))
+    return text.replace(block, expanded, 1)
+
+
+def _processor_inputs(bb, frames, indices=INDICES, fps=FPS, question=Q):
+    """What Qwen3VLProcessor makes of this video and question: the chat template's video block
+    expanded as the processor expands it (timestamps from the frames' indices and fps), and the
+    video processor's patches. (The processor classes need torchvision to be built, which this
+    project does not install; their methods are called unbound.)"""
+    from vr_runtime.prompt import render_chat
     T = frames.shape[0]
-    patches, gt, gh, gw = Qwen3VLVideoProcessor.patchify(None, frames[None], patch_size=16,
-                                                        merge_size=2, temporal_patch_size=2)
+    patches, gt, gh, gw = _patchify(frames)
     thw = torch.tensor([[gt, gh, gw]])
-    stub = types.SimpleNamespace(
-        video_processor=types.SimpleNamespace(merge_size=2, temporal_patch_size=2),
-        vision_start_token="<|vision_start|>", vision_end_token="<|vision_end|>",
-        video_token="<|video_pad|>",
-        _calculate_timestamps=lambda i, f, m: Qwen3VLProcessor._calculate_timestamps(None, i, f, m))
-    meta = VideoMetadata(total_num_frames=max(indices) + 1, fps=fps, frames_indices=list(indices))
-    expanded = Qwen3VLProcessor.replace_video_token(
-        stub, {"video_grid_thw": thw, "video_metadata": [meta]}, 0)
-    text = text.replace(block, expanded, 1)
+    text = _expand_video(render_chat(bb.tokenizer, "<|vision_start|><|video_pad|><|vision_end|>"
+                                     + question), thw, indices, fps)
     ids = torch.tensor([bb.tokenizer(text, add_special_tokens=False)["input_ids"]])
     assert T % 2 == 0 and gt == T // 2
-    return {"input_ids": ids, "pixel_values_videos": patches[0], "video_grid_thw": thw,
+    return {"input_ids": ids, "pixel_values_videos": patches, "video_grid_thw": thw,
             "mm_token_type_ids": (ids == bb.image_token_id).int() * 2}
 
 
@@ -89,9 +122,7 @@ def test_tiny_preset_and_units(bb):
     assert torch.equal(pv[1, 3:], f[3]) and torch.equal(pv[2, :3], pv[2, 3:])
     assert group_units(3, 2) == [[0, 1], [2, 2]] and bb.unit_labels([0, 1, 0, 0, 1]) == [1, 0, 1]
     # our patches are the video processor's
-    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
-    ref = Qwen3VLVideoProcessor.patchify(None, f[:4][None], 16, 2, 2)[0][0]
-    assert torch.equal(unit_patches(pv[:2]), ref)
+    assert torch.equal(unit_patches(pv[:2]), _patchify(f[:4])[0])
     with pytest.raises(ValueError, match=r"expected units \[U, 6, H, W\]"):
         bb.encode_frames(f)
 
@@ -285,3 +316,36 @@ def test_from_config_random_weights():
         _, E, pos, Z = _ours(b, _frames(2, seed=2), [2], indices=[0, 1])
         assert Z.shape == (1, 196, 3 * 64)
         assert torch.isfinite(b.forward(inputs_embeds=E, position_ids=pos).logits).all()
+
+
+def test_ask_serve_eval_take_a_qwen3_vl_directory(bb, tmp_path):
+    """A checkpoint directory as a user downloads it (config, safetensors, tokenizer, chat
+    template, the processor's files): Qwen3VLBackbone.load gives the same logits, and
+    `videorouter ask` answers from it (serve and eval resolve models the same way)."""
+    import subprocess
+    import sys
+    from vr_runtime.backbones import load_backbone
+    from vr_runtime.tiny import ASSETS
+    d = tmp_path / "Qwen3-VL-tiny-Instruct"
+    bb.model.save_pretrained(str(d))
+    bb.tokenizer.save_pretrained(str(d))
+    (d / "preprocessor_config.json").write_text(json.dumps(
+        {"image_processor_type": "Qwen2VLImageProcessorFast", "patch_size": 16, "merge_size": 2,
+         "temporal_patch_size": 2, "image_mean": [0.5] * 3, "image_std": [0.5] * 3}))
+    (d / "video_preprocessor_config.json").write_text(json.dumps(
+        {"video_processor_type": "Qwen3VLVideoProcessor", "patch_size": 16, "merge_size": 2,
+         "temporal_patch_size": 2, "fps": 2}))
+    loaded = load_backbone(d)
+    assert type(loaded) is Qwen3VLBackbone and loaded.name == d.name
+    ids = torch.tensor([[5, 60, 70, 2]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.forward(input_ids=ids).logits,
+                                   bb.forward(input_ids=ids).logits, rtol=0, atol=0)
+    out = subprocess.run([sys.executable, "-m", "vr_runtime.cli", "ask",
+                          str(ASSETS.parent / "sample.mp4"), Q, "--model", str(d), "--frames", "4",
+                          "--max-length", "1200", "--max-new-tokens", "2", "--policy", "global",
+                          "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)["report"]
+    assert r["backbone"] == "qwen3_vl" and r["scales"] == [2, 2]   # 4 frames, 2 temporal patches
+    assert len(r["frame_times_s"]) == 2
