@@ -184,6 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "--max-length (refused by default; the model's own context is "
                           "never exceeded)")
     add_scorer_args(ask)
+    ask.add_argument("--max-frame-pixels", type=_positive_int("--max-frame-pixels"),
+                     default=7680 * 4320, metavar="N",
+                     help="refuse a video whose frames (a GIF's logical screen) are larger than "
+                          "N pixels, before decoding (default: 33177600, 8K UHD)")
     ask.add_argument("--decoder", choices=DECODERS, default="auto",
                      help="video decoding library: auto uses decord where it handles the "
                           "codec and PyAV (FFmpeg) for everything else and as the fallback "
@@ -237,6 +241,8 @@ def run_questions(args, questions) -> list:
     decoded once (the demo's two questions); one {"answer", "report"} per question."""
     check_inputs(args)
     device, dtype = device_dtype(args)
+    from . import decoders
+    decoders.set_limits(max_frame_pixels=getattr(args, "max_frame_pixels", 7680 * 4320))
     from .video import prefetch_video
     # Opens and validates the video now; decoding runs while the model loads below.
     from .backbones import frame_spec_for

@@ -99,12 +99,12 @@ def _check_cancel(path: str) -> None:
             raise VideoError(f"{path}: decoding stopped: {why}")
 
 
-def _check_pixels(path: str, width: int, height: int, what: str = "frames",
+def _check_pixels(path: str, width: int, height: int, what: str = "frame size",
                   lim: Optional[Limits] = None) -> None:
     cap = (lim or _limits).max_frame_pixels
     if cap and int(width) * int(height) > cap:
-        raise VideoError(f"{path}: {what} of {width}x{height} ({int(width) * int(height):,} "
-                         f"pixels) are over the limit of {cap:,} pixels (--max-frame-pixels; "
+        raise VideoError(f"{path}: the {what} is {width}x{height} ({int(width) * int(height):,} "
+                         f"pixels), over the limit of {cap:,} pixels (--max-frame-pixels; "
                          f"default 8K UHD, 7680x4320); downscale the video first")
 
 # Codecs and containers for which decord's bundled FFmpeg gives ffmpeg's frames (checked by
@@ -256,7 +256,7 @@ def _index(container, path: str, lim: Limits) -> VideoIndex:
         raise VideoError(f"{path}: the video stream declares no frame size (corrupt header?)")
     # Before anything is decoded: the decoder allocates frames of this size (a GIF's logical
     # screen, whatever the size of the images drawn on it).
-    _check_pixels(path, width, height, "frames" if codec != "gif" else "a GIF's logical screen",
+    _check_pixels(path, width, height, "frame size" if codec != "gif" else "GIF's logical screen",
                   lim)
     tb = float(stream.time_base) if stream.time_base else 0.0
     # The video stream's own duration where the container keeps one (mp4), else the file's
@@ -293,11 +293,14 @@ def _index(container, path: str, lim: Limits) -> VideoIndex:
             if len(pts) > lim.max_frames:
                 raise VideoError(f"{path}: the video has more than {lim.max_frames:,} frames; "
                                  f"cut it (e.g. ffmpeg -t) or lower its frame rate")
-            if lim.max_seconds is not None and tb > 0 and pkt.pts is not None:
-                start_pts = pkt.pts if start_pts is None else min(start_pts, pkt.pts)
-                if (pkt.pts - start_pts) * tb > lim.max_seconds:
-                    raise _too_long(path, (pkt.pts - start_pts) * tb, lim.max_seconds,
-                                    counted=True)
+            if lim.max_seconds is not None:
+                if tb > 0 and pkt.pts is not None:
+                    start_pts = pkt.pts if start_pts is None else min(start_pts, pkt.pts)
+                    counted = (pkt.pts - start_pts) * tb
+                else:   # no timestamps (raw streams): frames at the stream's rate
+                    counted = len(pts) / (_rate(stream) or 25.0)
+                if counted > lim.max_seconds:
+                    raise _too_long(path, counted, lim.max_seconds, counted=True)
             if pkt.is_keyframe:
                 key_pts.append(int(t))
             if rotation is None and len(pts) <= 32:
@@ -584,9 +587,8 @@ def _video_stream(container, info: VideoIndex):
 
 
 def _frames(container, stream, path: str) -> Iterator:
-    for n, pkt in enumerate(container.demux(stream)):
-        if n % 16 == 0:
-            _check_cancel(path)
+    for pkt in container.demux(stream):
+        _check_cancel(path)
         for frame in pkt.decode():
             yield frame
     # demux ends with an empty packet whose decode() drains the decoder

@@ -126,3 +126,21 @@ def test_an_output_folder_in_use_by_another_training_is_refused(tiny_data, tiny_
         other.release()
     # the lock goes with its holder: the file left behind does not block the next run
     assert run(stage_config(2, tiny_data, out, max_steps=1), tiny_lm)["global_step"] == 1
+
+
+def test_no_progress_means_no_bar_at_all(tiny_data, tiny_lm, tmp_path, monkeypatch):
+    # Stage 1 fills the feature cache first: its "vision features" bar obeys progress too
+    from vr_runtime.training.features import FeatureCache
+    seen = []
+
+    class Filled(Exception):
+        pass
+
+    def fill(self, videos, progress=True):
+        seen.append(progress)
+        raise Filled()
+    monkeypatch.setattr(FeatureCache, "fill", fill)
+    with pytest.raises(Filled):
+        run(stage_config(1, tiny_data, tmp_path / "run", max_steps=1), tiny_lm,
+            cache_dir=str(tmp_path / "cache"))
+    assert seen == [False]

@@ -57,11 +57,35 @@ class BodyLimit:
     """ASGI middleware: refuse a body over ``max_bytes`` (413) by its Content-Length, or while it
     streams in (chunked), before the app sees any of it. The body is read here in full and handed
     to the app as one message; later ``receive`` calls go to the server, so the app still hears
-    of a client that disconnects while its request waits."""
+    of a client that disconnects while its request waits.
 
-    def __init__(self, app, max_bytes: int):
+    Before a byte of the body is read: the API key of a ``/v1`` request (401), and the memory of
+    bodies in flight, all requests together, against ``max_inflight_bytes`` (503 +
+    ``Retry-After``): a request reserves its Content-Length (a chunked one, what has arrived)
+    until its answer is sent, so clients without the key, or many large uploads at once, cannot
+    make the server buffer more than that."""
+
+    def __init__(self, app, max_bytes: int, api_key: Optional[str] = None,
+                 max_inflight_bytes: Optional[int] = None):
         self.app = app
         self.max_bytes = int(max_bytes)
+        self.api_key = api_key
+        self.max_inflight = None if max_inflight_bytes is None else int(max_inflight_bytes)
+        self.inflight = 0       # bytes reserved by bodies being read or held (event loop only)
+
+    def _reserve(self, n: int) -> bool:
+        # (a lone request is always let in: a body under --max-body-mb must be answerable)
+        if self.max_inflight is not None and n > 0 and self.inflight > 0 \
+                and self.inflight + n > self.max_inflight:
+            return False
+        self.inflight += n
+        return True
+
+    def _busy(self) -> APIError:
+        from .engine import RETRY_AFTER_S
+        return APIError(503, f"the server holds {self.max_inflight} bytes of request bodies "
+                        f"already (--max-inflight-mb); retry in {RETRY_AFTER_S} s",
+                        headers={"Retry-After": str(RETRY_AFTER_S), "Connection": "close"})
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -70,6 +94,14 @@ class BodyLimit:
         length = headers.get(b"content-length")
         too_big = APIError(413, f"the request body is over the server's limit of "
                            f"{self.max_bytes} bytes (--max-body-mb)")
+        if self.api_key is not None and scope.get("path", "").startswith("/v1"):
+            try:
+                key_error(headers.get(b"authorization", b"").decode("latin-1"), self.api_key)
+            except APIError as e:
+                if scope.get("method") in ("POST", "PUT", "PATCH"):
+                    e.headers["Connection"] = "close"   # its body is never read
+                return await _send_error(send, e)
+        n = 0
         if length is not None:
             try:
                 n = int(length)
@@ -77,7 +109,17 @@ class BodyLimit:
                 return await _send_error(send, APIError(400, "bad Content-Length header"))
             if n > self.max_bytes:
                 return await _send_error(send, too_big)
+        held = [0]      # bytes this request has reserved, given back when it is answered
+        try:
+            await self._handle(scope, receive, send, n, too_big, held)
+        finally:
+            self.inflight -= held[0]
+
+    async def _handle(self, scope, receive, send, n, too_big, held):
         if scope.get("method") in ("POST", "PUT", "PATCH"):
+            if not self._reserve(n):
+                return await _send_error(send, self._busy())
+            held[0] = n
             chunks, seen = [], 0
             while True:
                 message = await receive()
@@ -91,6 +133,11 @@ class BodyLimit:
                     # the body, however long the client goes on sending.
                     too_big.headers["Connection"] = "close"
                     return await _send_error(send, too_big)
+                if seen > held[0]:          # chunked, or more than it declared
+                    if not self._reserve(seen - held[0]):
+                        chunks = None
+                        return await _send_error(send, self._busy())
+                    held[0] = seen
                 chunks.append(part)
                 if not message.get("more_body", False):
                     break
@@ -121,6 +168,14 @@ class BodyLimit:
             log.warning("request failed: %s", from_exception(e).message)
 
 
+def key_error(auth: str, api_key: str) -> None:
+    """Raise the 401 unless ``auth`` (the Authorization header) carries ``api_key``."""
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
+                                                             api_key.encode()):
+        raise APIError(401, "missing or wrong API key; send 'Authorization: Bearer <key>'")
+
+
 async def _send_error(send, err: APIError):
     body = _dumps(err.body())
     extra = [(k.lower().encode(), str(v).encode()) for k, v in err.headers.items()]
@@ -133,7 +188,8 @@ async def _send_error(send, err: APIError):
 
 def create_app(engine: Union[Engine, Callable[[], Engine]], limits: Limits = Limits(),
                api_key: Optional[str] = None, max_body_bytes: int = 100 * 2**20,
-               served_model_name: Optional[str] = None):
+               served_model_name: Optional[str] = None,
+               max_inflight_bytes: Optional[int] = 512 * 2**20):
     """The app around ``engine`` (an Engine, or a function that returns the process's engine,
     called on first use: how a Ray Serve replica shares the one it loaded)."""
     get_engine = (lambda: engine) if isinstance(engine, Engine) else engine
@@ -182,13 +238,8 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], limits: Limits = Lim
         return error_response(from_exception(exc))
 
     def check_key(request: Request) -> None:
-        if api_key is None:
-            return
-        auth = request.headers.get("authorization", "")
-        scheme, _, token = auth.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
-                                                                 api_key.encode()):
-            raise APIError(401, "missing or wrong API key; send 'Authorization: Bearer <key>'")
+        if api_key is not None:
+            key_error(request.headers.get("authorization", ""), api_key)
 
     @app.get("/health")
     async def health():
@@ -270,7 +321,8 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], limits: Limits = Lim
             media_type="text/event-stream",
             headers={WORKER_HEADER: worker_id(), "cache-control": "no-cache"})
 
-    observer = Observer(BodyLimit(app, max_body_bytes), lambda: get_engine().stats())
+    observer = Observer(BodyLimit(app, max_body_bytes, api_key, max_inflight_bytes),
+                        lambda: get_engine().stats())
     return observer
 
 

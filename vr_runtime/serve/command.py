@@ -58,7 +58,15 @@ def add_serve_parser(sub, positive_int, policy_help: str, dtypes) -> argparse.Ar
     p.add_argument("--max-video-mb", type=_positive_float, default=64.0,
                    help="largest data: (or downloaded) video (default: 64)")
     p.add_argument("--max-video-seconds", type=_positive_float, default=4 * 3600.0,
-                   help="longest video accepted (default: 14400)")
+                   help="longest video accepted, declared or counted while indexing "
+                        "(default: 14400)")
+    p.add_argument("--max-frame-pixels", type=positive_int("--max-frame-pixels"),
+                   default=7680 * 4320, metavar="N",
+                   help="largest frame (width x height; a GIF's logical screen) a video may "
+                        "have, checked before decoding (default: 33177600, 8K UHD)")
+    p.add_argument("--max-inflight-mb", type=_positive_float, default=512.0,
+                   help="request bodies held in memory at once, all requests together; "
+                        "more get 503 + Retry-After (default: 512)")
     p.add_argument("--max-frames", type=positive_int("--max-frames"), default=256,
                    help="largest num_frames a request may ask for (default: 256)")
     p.add_argument("--max-tokens", type=positive_int("--max-tokens"), default=4096,
@@ -123,7 +131,8 @@ def configs(args):
     media = MediaConfig(media_dir=pathlib.Path(args.media_dir),
                         max_video_bytes=int(args.max_video_mb * 2**20),
                         max_video_seconds=args.max_video_seconds,
-                        allow_remote=bool(args.allow_remote_media))
+                        allow_remote=bool(args.allow_remote_media),
+                        max_frame_pixels=getattr(args, "max_frame_pixels", 7680 * 4320))
     limits = Limits(num_frames=args.frames, max_length=args.max_length,
                     max_new_tokens=args.max_new_tokens, policy=args.policy,
                     scales=getattr(args, "scales", (2, 1, 4)), max_frames=args.max_frames,
@@ -132,7 +141,8 @@ def configs(args):
                     max_prompt_tokens=getattr(args, "max_prompt_tokens", None))
     app_kw = dict(limits=limits, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
                   max_body_bytes=int(args.max_body_mb * 2**20),
-                  served_model_name=args.served_model_name)
+                  served_model_name=args.served_model_name,
+                  max_inflight_bytes=int(getattr(args, "max_inflight_mb", 512.0) * 2**20))
     return engine, media, limits, app_kw
 
 

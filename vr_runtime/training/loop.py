@@ -83,7 +83,8 @@ def _all_finite(acc, loss) -> bool:
 class StageDataset(Dataset):
     """Examples -> dicts of tensors (features from the cache; question ids; labels)."""
 
-    def __init__(self, examples: List[Example], stage: int, tokenizer, cache=None):
+    def __init__(self, examples: List[Example], stage: int, tokenizer, cache=None,
+                 progress: bool = True):
         self.examples, self.stage, self.cache = examples, stage, cache
         self.q_ids = []
         for ex in examples:
@@ -91,7 +92,7 @@ class StageDataset(Dataset):
             ids = tokenizer(ex.routed_question, add_special_tokens=False)["input_ids"]
             self.q_ids.append(torch.tensor(ids, dtype=torch.long))
         if stage != 2 and cache is not None:
-            cache.fill([(ex.video, ex.frames) for ex in examples])
+            cache.fill([(ex.video, ex.frames) for ex in examples], progress=progress)
             for ex in examples:  # the labels index the sampled frames: their counts must agree
                 T = cache.get(ex.video, ex.frames).shape[0]
                 if ex.frame_labels is not None and len(cache.labels(ex.frame_labels)) != T:
@@ -260,7 +261,7 @@ def _train(cfg, acc, main, resume, progress, lm, pack, cache_dir, examples, fram
                              cache_dir or os.path.join(os.path.dirname(
                                  os.path.abspath(cfg.train_data)), ".vr_cache"))
     with acc.main_process_first():  # rank 0 fills the on-disk feature cache, others read it
-        ds = StageDataset(examples, cfg.stage, lm.tokenizer, cache)
+        ds = StageDataset(examples, cfg.stage, lm.tokenizer, cache, progress=progress and main)
     g = torch.Generator().manual_seed(cfg.seed)
     loader = DataLoader(ds, batch_size=cfg.per_device_train_batch_size, shuffle=True,
                         collate_fn=collate, generator=g, drop_last=False)
