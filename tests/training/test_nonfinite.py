@@ -70,7 +70,6 @@ def test_non_finite_weights_are_never_saved(tiny_data, tiny_lm, tmp_path, monkey
 def test_a_resumed_checkpoint_with_nan_weights_is_refused(tiny_data, tiny_lm, tmp_path, capsys):
     from safetensors import safe_open
     from safetensors.torch import save_file
-    from vr_runtime.training.__main__ import main as training_main
     out = tmp_path / "run"
     run(stage_config(2, tiny_data, out, max_steps=2, save_steps=1), tiny_lm)
     f = out / "checkpoint-2" / "model.safetensors"

@@ -13,7 +13,8 @@ and its slot frees only then, so the queue bound stays true.
 Work on recently seen videos is reused across requests by the runtime itself:
 ``answer(..., cache_visual=True)`` with ``VideoRouter(visual_cache_size=N)`` keeps the decoded
 frames, Z and the Image Router's question-independent state of the last N videos (LRU), keyed by
-the file's path, size and mtime and the frame count. Answers are the same with and without it
+the file's path, device, inode, size, mtime and ctime (a file rewritten in place is a new key) and
+the frame count. Answers are the same with and without it
 (tests/serve/test_serve_app.py checks).
 
 Limits before work: the prompt's text tokens (question + system text, in the model's chat

@@ -319,21 +319,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def probe_seconds(path: str) -> Optional[float]:
-    """The duration the container declares (PyAV, no decoding), or None if it declares none."""
-    try:
-        import av
-        with av.open(path, metadata_errors="ignore") as c:
-            if c.duration and c.duration > 0:
-                return c.duration / 1e6
-            s = c.streams.video[0]
-            if s.duration and s.time_base:
-                return float(s.duration * s.time_base)
-    except Exception:
-        return None
-    return None
-
-
 def _short(url: str, n: int = 80) -> str:
     return url if len(url) <= n else url[:n] + "..."
 
