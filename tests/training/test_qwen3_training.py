@@ -58,3 +58,29 @@ def test_qwen3_stage1_loss_falls_and_routers_reload(tiny_data, qwen3_bb, tmp_pat
     trained = res["trainee"].routers
     state = {k: v for k, v in trained.state_dict().items()}
     assert all(torch.equal(state[k], v) for k, v in loaded.state_dict().items())
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_qwen3_stages_2_and_3_train_their_groups(stage, tiny_data, qwen3_bb, tmp_path):
+    """Stage 2 (the Semantic Router) and Stage 3 (the joint fine-tune: the plan's pooled units,
+    DeepStack streams included, in the LLM's input) run a few steps on Qwen3-VL and move
+    exactly their parameter groups."""
+    r0 = Routers.from_backbone(qwen3_bb, RouterConfig(router_dim=32, num_heads=4, router_pool=2),
+                               seed=3)
+    r0.save(tmp_path / "r0.safetensors")
+    before = {g: [p.detach().clone() for p in ps] for g, ps in param_groups(qwen3_bb, r0).items()}
+    cfg = stage_config(stage, tiny_data, tmp_path / "out", routers=str(tmp_path / "r0.safetensors"),
+                       plan_from="labels" if stage == 3 else "routers", model="tiny-qwen3-vl")
+    res = train(cfg, lm=qwen3_bb, progress=False, evaluate=False)
+    assert res["global_step"] == 2
+    assert all(h["loss"] is not None for h in res["history"])
+    after = param_groups(qwen3_bb, res["trainee"].routers)
+    for g, ps in after.items():
+        moved = [not torch.equal(a, b.detach()) for a, b in zip(before[g], ps)]
+        assert any(moved) if g in cfg.trainable_groups else not any(moved), g
+    # Stage 3 moved the backbone: put it back for the other tests of this module
+    if stage == 3:
+        with torch.no_grad():
+            for g, ps in after.items():
+                for a, b in zip(before[g], ps):
+                    b.copy_(a)
