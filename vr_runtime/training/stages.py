@@ -278,6 +278,8 @@ class Trainee(nn.Module):
             ids, n_prompt, dest, pos = self.build_sequence(ex, plan)
             ids_t = torch.tensor(ids, device=Z.device)
             emb = self.embed(ids_t)                       # [L, D]; grad -> embed_tokens
+            if Z.shape[-1] != emb.shape[-1]:   # wide Z (DeepStack streams): zeros on text rows
+                emb = torch.cat([emb, emb.new_zeros(emb.shape[0], Z.shape[-1] - emb.shape[-1])], -1)
             emb = self.pack(Z.to(emb.dtype), plan, self.grid, emb, dest)
             logits = self.lm_logits(emb.unsqueeze(0), n_prompt - 1, pos)[0]  # predicts ids[n_prompt:]
             target = ids_t[n_prompt:]
@@ -300,6 +302,9 @@ class Trainee(nn.Module):
                   position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Decoder over the whole sequence; the LM head only on positions >= ``start``."""
         kw = {} if position_ids is None else {"position_ids": position_ids.to(inputs_embeds.device)}
-        h = self.bb.decoder()(inputs_embeds=inputs_embeds, use_cache=False, return_dict=True,
-                              **kw).last_hidden_state
+        from vr_runtime.backbones.base import deepstack_kwargs
+        D = self.bb.hidden_size
+        kw.update(deepstack_kwargs(inputs_embeds, D))   # wide rows: the DeepStack streams
+        h = self.bb.decoder()(inputs_embeds=inputs_embeds[..., :D], use_cache=False,
+                              return_dict=True, **kw).last_hidden_state
         return self.bb.lm_head()(h[:, start:-1])
