@@ -45,7 +45,10 @@ def _int_list(name):
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog=PROG, description="Accuracy of every method of the paper on a benchmark "
-                "read from local files.")
+                "read from local files.",
+               epilog="videorouter eval compare DIR_A DIR_B [--json]: two runs question by "
+                      "question (accuracy difference, McNemar's exact test, settings and "
+                      "weights compared).")
     p.add_argument("--make-synthetic", metavar="DIR", default=None,
                    help="write a small benchmark in Video-MME layout from the synthetic task, "
                         "print the command that evaluates the tiny model on it, and exit")
