@@ -56,6 +56,7 @@ DEMO_MAX_NEW_TOKENS = 16
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C'd program
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
 DECODERS = ("auto", "pyav", "decord")  # vr_runtime.decoders.DECODERS (not imported: heavy)
+SEEKS = ("exact", "keyframe")          # vr_runtime.decoders.SEEKS
 
 
 # ----------------------------------------------------------------------------- interrupts
@@ -146,6 +147,32 @@ def _positive_int(name):
     return arg_type(int, lambda v: v >= 1, "an integer >= 1", name)
 
 
+def _seconds(text: str) -> float:
+    """Seconds as S, M:SS or H:MM:SS (fractions allowed in the last part)."""
+    parts = text.strip().split(":")
+    if not 1 <= len(parts) <= 3 or any(not p.strip() for p in parts):
+        raise ValueError(text)
+    v = 0.0
+    for p in parts:
+        v = v * 60 + float(p)
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(text)
+    return v
+
+
+def time_window_arg(text: str) -> tuple:
+    """``--time-window START,END``: seconds (or M:SS / H:MM:SS) from the start of the video."""
+    try:
+        start, end = (_seconds(x) for x in str(text).split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected START,END in seconds (or M:SS / H:MM:SS), e.g. 600,900 or 10:00,15:00; "
+            f"got {text!r}") from None
+    if start >= end:
+        raise argparse.ArgumentTypeError(f"START must be before END, got {text!r}")
+    return (start, end)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog=PROG, description="Query-adaptive budgeted visual-token compression "
                      "for long-video question answering on InternVL3 and Qwen2.5-VL.")
@@ -190,8 +217,23 @@ def build_parser() -> argparse.ArgumentParser:
                           "N pixels, before decoding (default: 33177600, 8K UHD)")
     ask.add_argument("--decoder", choices=DECODERS, default="auto",
                      help="video decoding library: auto uses decord where it handles the "
-                          "codec and PyAV (FFmpeg) for everything else and as the fallback "
-                          "(default: auto)")
+                          "codec and PyAV (FFmpeg) for everything else and as the fallback; "
+                          "with several --decode-workers, PyAV (default: auto)")
+    ask.add_argument("--seek", choices=SEEKS, default="exact",
+                     help="exact decodes the sampled frames themselves (the paper's setting); "
+                          "keyframe takes the keyframe nearest each sampled time, decoding one "
+                          "frame a sample (much faster on long videos; each frame at most half "
+                          "a keyframe interval from the exact one; the report gives the true "
+                          "times) (default: exact)")
+    ask.add_argument("--time-window", type=time_window_arg, default=None,
+                     metavar="START,END",
+                     help="sample the frames from this part of the video only, in seconds "
+                          "(or M:SS / H:MM:SS) from its start, e.g. 600,900")
+    ask.add_argument("--decode-workers", type=_positive_int("--decode-workers"), default=None,
+                     metavar="N",
+                     help="parallel exact decoders, each on its own share of the video's "
+                          "keyframe intervals (default: the cores this process may use, a "
+                          "cgroup CPU quota included)")
     _add_common(ask, device=True)
 
     demo = sub.add_parser("demo", help="ask the bundled sample video with the tiny model",
@@ -252,10 +294,14 @@ def run_questions(args, questions) -> list:
         # Terminals only: captured stderr stays one line per error.
         print(f"loading model {args.model} on {device} ({str(dtype).replace('torch.', '')}) "
               f"while the video decodes...", file=sys.stderr, flush=True)
+    time_window = getattr(args, "time_window", None)
+    seek = getattr(args, "seek", "exact")
     future = prefetch_video(args.video, num_frames=args.frames, size=spec.size[0], mean=spec.mean,
                             std=spec.std, progress=stderr_is_tty() and not args.json,
                             decoder=getattr(args, "decoder", "auto"),
-                            memory_limit=_memory_for_video(args, device))
+                            memory_limit=_memory_for_video(args, device),
+                            time_window=time_window, seek=seek,
+                            decode_workers=getattr(args, "decode_workers", None))
     try:
         from .runtime import VideoRouter
         vr = VideoRouter.from_pretrained(args.model, routers=args.routers, device=device,
@@ -276,7 +322,8 @@ def run_questions(args, questions) -> list:
     base = AnswerOptions(num_frames=args.frames, max_length=args.max_length,
                          max_new_tokens=args.max_new_tokens, policy=args.policy,
                          ttft_budget_s=getattr(args, "ttft_budget", None) or None,
-                         scorer=scorer,
+                         scorer=scorer, time_window=time_window, seek=seek,
+                         decoder=getattr(args, "decoder", "auto"),
                          allow_over_length=bool(getattr(args, "allow_over_length", False)))
     outs = []
     for i, question in enumerate(questions):

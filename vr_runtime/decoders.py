@@ -40,9 +40,15 @@ import numpy as np
 from .errors import VideoError
 
 __all__ = ["VideoIndex", "probe", "decode_frames", "DECODERS", "available_decoders",
-           "scaled_size", "resolve_decoder", "Limits", "limits", "set_limits", "cancel_scope"]
+           "scaled_size", "resolve_decoder", "Limits", "limits", "set_limits", "cancel_scope",
+           "SEEKS", "resolve_seek", "keyframe_indices", "default_workers", "resolve_workers",
+           "split_by_gop"]
 
 DECODERS = ("auto", "pyav", "decord")
+# How sampled times become frames: "exact" decodes the sampled frame itself (InternVL's
+# sampling, the paper's setting); "keyframe" takes the keyframe nearest each sampled time and
+# decodes only it (one frame a sample; at most half a GOP from the exact frame).
+SEEKS = ("exact", "keyframe")
 
 
 @dataclass(frozen=True)
@@ -478,9 +484,122 @@ def resolve_decoder(decoder: str) -> str:
     return decoder
 
 
-def _candidates(info: VideoIndex, decoder: str) -> List[str]:
+def resolve_seek(seek: str) -> str:
+    """Check a ``seek=`` / ``--seek`` value."""
+    if seek not in SEEKS:
+        raise VideoError(f"seek: expected one of {', '.join(SEEKS)}, got {seek!r}")
+    return seek
+
+
+def keyframe_indices(info: VideoIndex, indices: Sequence[int]) -> List[int]:
+    """For ``seek="keyframe"``: the keyframe nearest in time to each sampled frame (the one
+    before it on a tie), distinct and increasing. Samples that share their nearest keyframe
+    give one frame, so the result may be shorter. A keyframe is at most half a GOP (half the
+    keyframe interval) from its sample. Files without timestamps have no keyframe index: their
+    samples are returned unchanged (decoded exactly)."""
+    idx = [int(k) for k in indices]
+    if not info.has_pts or not idx:
+        return idx
+    keys = np.unique(info.keyframe)
+    t = info.pts_s
+    out = set()
+    for k in idx:
+        j = int(np.searchsorted(keys, k, side="right")) - 1   # the keyframe at or before k
+        best = int(keys[max(j, 0)])
+        if j + 1 < keys.size:
+            nxt = int(keys[j + 1])
+            if abs(t[nxt] - t[k]) < abs(t[k] - t[best]):
+                best = nxt
+        out.add(best)
+    return sorted(out)
+
+
+# cgroup v2's "QUOTA PERIOD" file, then v1's quota and period files
+_CGROUP_CPU_FILES = (("/sys/fs/cgroup/cpu.max", None),
+                     ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us"))
+
+
+def _cgroup_cpus() -> Optional[float]:
+    """The CPUs a cgroup quota allows (v2 cpu.max, v1 cfs quota/period); None if unlimited."""
+    for quota_f, period_f in _CGROUP_CPU_FILES:
+        try:
+            with open(quota_f) as f:
+                parts = f.read().split()
+            if period_f is not None:
+                with open(period_f) as f:
+                    parts = parts[:1] + f.read().split()[:1]
+            if not parts or parts[0] in ("max", "-1"):
+                return None
+            quota, period = float(parts[0]), float(parts[1]) if len(parts) > 1 else 100000.0
+            if quota > 0 and period > 0:
+                return quota / period
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
+def default_workers() -> int:
+    """Cores this process may use: its CPU affinity (taskset, container cpusets), capped by a
+    cgroup CPU quota (docker --cpus, Kubernetes limits), at least 1."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    quota = _cgroup_cpus()
+    if quota is not None:
+        n = min(n, max(1, int(math.ceil(quota))))
+    return max(1, n)
+
+
+def resolve_workers(workers) -> int:
+    """Check a ``decode_workers=`` value: None -> :func:`default_workers`, else an int >= 1."""
+    if workers is None:
+        return default_workers()
+    if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
+        raise VideoError(f"decode_workers: expected an integer >= 1 (or None: the cores "
+                         f"available), got {workers!r}")
+    return int(workers)
+
+
+def split_by_gop(info: VideoIndex, indices: Sequence[int], workers: int) -> List[List[int]]:
+    """Positions in ``indices`` cut into at most ``workers`` contiguous shares for parallel
+    exact decoding. Indices that share a keyframe stay in one share (its worker decodes that
+    GOP once); shares are balanced by the frames each must decode (from each GOP's keyframe
+    to its last sampled frame)."""
+    n = len(indices)
+    if n == 0:
+        return []
+    groups: List[List[int]] = []
+    cost: List[int] = []
+    last_key = None
+    for pos, k in enumerate(indices):
+        key = int(info.keyframe[k]) if info.has_pts else 0
+        if key != last_key:
+            groups.append([])
+            cost.append(0)
+            last_key = key
+        groups[-1].append(pos)
+        cost[-1] = int(k) - key + 1
+    w = max(1, min(int(workers), len(groups)))
+    total = float(sum(cost))
+    shares: List[List[int]] = [[]]
+    acc = 0.0
+    for g, c in zip(groups, cost):
+        # start a new share once this one holds its fair part of the work (and shares remain)
+        if shares[-1] and len(shares) < w and acc >= total * len(shares) / w:
+            shares.append([])
+        shares[-1].extend(g)
+        acc += c
+    return shares
+
+
+def _candidates(info: VideoIndex, decoder: str, workers: int = 1) -> List[str]:
     if decoder != "auto":
         return [decoder]
+    # Several workers: PyAV's parallel decode (decord indexes the whole file per reader and
+    # decodes one GOP at a time).
+    if workers > 1 and info.has_pts:
+        return ["pyav"]
     if (info.codec in DECORD_CODECS and info.container.startswith(DECORD_CONTAINERS)
             and info.has_pts and not info.rotation and _decord_module() is not None):
         return ["decord", "pyav"]
@@ -491,23 +610,38 @@ OnFrame = Callable[[int, np.ndarray], None]
 
 
 def decode_frames(info: VideoIndex, indices: Sequence[int], scale: Tuple[int, int],
-                  on_frame: OnFrame, decoder: str = "auto") -> str:
+                  on_frame: OnFrame, decoder: str = "auto", workers: int = 1,
+                  seek: str = "exact") -> str:
     """Decode frames ``indices`` (increasing, distinct) of ``info`` as uint8 RGB scaled to
     ``scale`` = (width, height) of the coded frame and rotated for display, calling
-    ``on_frame(position_in_indices, frame)`` for each, in order. Returns the backend used.
+    ``on_frame(position_in_indices, frame)`` for each. Returns the backend used.
+
+    With one worker the calls come in order, from the calling thread. With ``workers`` > 1
+    (PyAV) the indices are split by GOP (:func:`split_by_gop`) over that many threads, each
+    with its own demuxer and decoder: ``on_frame`` is then called from those threads (one call
+    at a time) and out of order, and a position may be delivered again if decoding had to
+    restart. ``seek="keyframe"``: ``indices`` are keyframes (:func:`keyframe_indices`) and only
+    keyframes are decoded.
 
     With ``decoder="auto"`` a backend that fails before delivering a frame is replaced by the
     next; an explicit backend's failure is the user's answer."""
-    cands = _candidates(info, decoder)
+    resolve_seek(seek)
+    workers = max(1, int(workers))
+    cands = _candidates(info, decoder, workers if seek == "exact" else 2)
     last: Optional[BaseException] = None
     for name in cands:
         delivered = [0]
+        lock = threading.Lock()
 
-        def counted(i, f, _d=delivered):
-            _d[0] += 1
-            on_frame(i, f)
+        def counted(i, f, _d=delivered, _lock=lock):
+            with _lock:
+                _d[0] += 1
+                on_frame(i, f)
         try:
-            _BACKENDS[name](info, list(indices), scale, counted)
+            if name == "pyav":
+                _pyav(info, list(indices), scale, counted, workers=workers, seek=seek)
+            else:
+                _BACKENDS[name](info, list(indices), scale, counted)
             return name
         except VideoError as e:
             last = e
@@ -543,7 +677,8 @@ def _orient(frame: np.ndarray, rotation: int) -> np.ndarray:
 
 # --- PyAV
 
-def _pyav(info: VideoIndex, indices: List[int], scale: Tuple[int, int], on_frame: OnFrame) -> None:
+def _pyav(info: VideoIndex, indices: List[int], scale: Tuple[int, int], on_frame: OnFrame,
+          workers: int = 1, seek: str = "exact") -> None:
     import av
     w, h = scale
     interp = av.video.reformatter.Interpolation.AREA  # a box filter: right for shrinking
@@ -557,11 +692,20 @@ def _pyav(info: VideoIndex, indices: List[int], scale: Tuple[int, int], on_frame
             arr = frame.to_ndarray(format="rgb24", width=w, height=h, interpolation=interp)
         return _orient(arr, info.rotation)
 
+    if info.has_pts and workers > 1 and len(indices) > 1:
+        shares = split_by_gop(info, indices, workers)
+        if len(shares) > 1:
+            threads = max(1, default_workers() // len(shares))
+            try:
+                _parallel(info, indices, shares, rgb, on_frame, threads, seek)
+                return
+            except _NotByPts:
+                pass   # decoded frames lack the demuxer's pts: count them, below, on one thread
     holder = [av.open(info.open_path, metadata_errors="ignore")]
     try:
         if info.has_pts:
             try:
-                _pyav_by_pts(holder, info, indices, rgb, on_frame)
+                _pyav_by_pts(holder, info, indices, rgb, on_frame, seek=seek)
                 return
             except _NotByPts:
                 # Decoded frames do not carry the demuxer's timestamps: count them instead
@@ -576,30 +720,66 @@ def _pyav(info: VideoIndex, indices: List[int], scale: Tuple[int, int], on_frame
         holder[0].close()
 
 
-def _video_stream(container, info: VideoIndex):
+def _video_stream(container, info: VideoIndex, threads: Optional[int] = None):
     streams = list(container.streams.video)
     s = next((x for x in streams if not _is_attached_pic(x)), streams[0])
     s.thread_type = "AUTO"
     # Each frame thread holds frames of its own: a few threads are nearly as fast on the small
     # samples decoded here and keep a 4K decode's memory bounded on many-core machines.
-    s.codec_context.thread_count = min(4, os.cpu_count() or 1)
+    # ``threads``: a parallel decode's share of the cores, per worker.
+    s.codec_context.thread_count = min(4, threads or default_workers())
     return s
 
 
-def _frames(container, stream, path: str) -> Iterator:
+# Codecs whose decoders honour skip_frame="NONREF" by dropping only frames no other frame
+# references (H.264/HEVC nal_ref_idc / sub-layer non-reference NAL types, MPEG B-frames, VP8/VP9
+# frames that refresh no reference slot); the video corpus tests check the frames are still
+# ffmpeg's. Elsewhere every frame is decoded.
+_NONREF_CODECS = frozenset({"h264", "hevc", "mpeg1video", "mpeg2video", "mpeg4", "vp8", "vp9"})
+
+
+def _frames(container, stream, path: str, skip: Optional[Callable] = None) -> Iterator:
+    """Decoded frames from where the container is. ``skip(packet)``: the codec's skip_frame
+    for that packet ("DEFAULT", "NONREF", "NONKEY"), set before it is decoded."""
+    ctx = stream.codec_context
+    mode = "DEFAULT"
     for pkt in container.demux(stream):
         _check_cancel(path)
+        if skip is not None:
+            want = skip(pkt)
+            if want != mode:
+                ctx.skip_frame = mode = want
         for frame in pkt.decode():
             yield frame
     # demux ends with an empty packet whose decode() drains the decoder
 
 
-def _pyav_by_pts(holder: list, info: VideoIndex, indices: List[int], rgb, on_frame) -> None:
+def _skipper(info: VideoIndex, indices: Sequence[int], seek: str) -> Optional[Callable]:
+    """What ``_frames`` may skip: in keyframe mode every non-keyframe; in exact mode the
+    non-reference frames that are not sampled (nothing decodes from them, so the sampled
+    frames are unchanged), on the codecs known to honour it."""
+    if seek == "keyframe":
+        return lambda pkt: "NONKEY"
+    if info.codec not in _NONREF_CODECS:
+        return None
+    wanted = frozenset(int(info.pts[k]) for k in indices)
+
+    def skip(pkt):
+        # a packet without pts (or a sampled one) is decoded in full
+        return "DEFAULT" if pkt.pts is None or pkt.pts in wanted else "NONREF"
+    return skip
+
+
+def _pyav_by_pts(holder: list, info: VideoIndex, indices: List[int], rgb, on_frame,
+                 seek: str = "exact", threads: Optional[int] = None,
+                 positions: Optional[Sequence[int]] = None) -> None:
     """``holder[0]``: the open container (replaced, and closed by the caller, if decoding has
-    to restart from the top of the file)."""
+    to restart from the top of the file). ``positions``: what ``on_frame`` is told for each
+    of ``indices`` (default 0, 1, ...: a parallel worker's share says where it sits)."""
     import av
     container = holder[0]
-    stream = _video_stream(container, info)
+    stream = _video_stream(container, info, threads)
+    skip = _skipper(info, indices, seek)
     pts = info.pts
     gen: Optional[Iterator] = None
     pos = -1            # pts-order index of the last frame decoded in the current run
@@ -610,7 +790,7 @@ def _pyav_by_pts(holder: list, info: VideoIndex, indices: List[int], rgb, on_fra
             # Seek only when the target's keyframe lies ahead of where decoding is: between
             # nearby targets, decoding on is cheaper than seeking back to the same keyframe.
             container.seek(int(pts[key]), stream=stream, backward=True, any_frame=False)
-            gen, pos = _frames(container, stream, info.path), -1
+            gen, pos = _frames(container, stream, info.path, skip), -1
         frame = _advance(gen, target)
         back = 1.0
         while frame is None or frame.pts != target:
@@ -620,19 +800,79 @@ def _pyav_by_pts(holder: list, info: VideoIndex, indices: List[int], rgb, on_fra
             if back > 64 or frame is None:
                 container.close()
                 container = holder[0] = av.open(info.open_path, metadata_errors="ignore")
-                stream = _video_stream(container, info)
-                gen = _frames(container, stream, info.path)
+                stream = _video_stream(container, info, threads)
+                gen = _frames(container, stream, info.path, skip)
                 frame = _advance(gen, target)
                 if frame is None or frame.pts != target:
                     raise _NotByPts()
                 break
             offset = int(pts[key]) - int(back / info.time_base)
             container.seek(max(offset, 0), stream=stream, backward=True)
-            gen = _frames(container, stream, info.path)
+            gen = _frames(container, stream, info.path, skip)
             frame = _advance(gen, target)
             back *= 4
         pos = int(np.searchsorted(pts, frame.pts))
-        on_frame(n, rgb(frame))
+        on_frame(n if positions is None else positions[n], rgb(frame))
+
+
+def _parallel(info: VideoIndex, indices: List[int], shares: List[List[int]], rgb, on_frame,
+              threads: int, seek: str) -> None:
+    """Decode each share (positions in ``indices``) on its own thread with its own demuxer and
+    decoder (PyAV releases the GIL while FFmpeg decodes). Every thread is joined before this
+    returns or raises; the first failure stops the others at their next packet and is raised
+    as one line naming the file."""
+    import av
+    outer = getattr(_cancel, "fn", None)        # the caller's deadline, for every worker
+    failed: List[BaseException] = []
+    stop = threading.Event()
+
+    def should_stop():
+        if stop.is_set():
+            return "another decoding worker stopped"
+        return outer() if outer is not None else None
+
+    def work(share: List[int]) -> None:
+        holder = [None]
+        try:
+            with cancel_scope(should_stop):
+                holder[0] = av.open(info.open_path, metadata_errors="ignore")
+                _pyav_by_pts(holder, info, [indices[p] for p in share], rgb, on_frame,
+                             seek=seek, threads=threads, positions=share)
+        except BaseException as e:  # kept for the caller, which raises the first
+            failed.append(e)
+            stop.set()
+        finally:
+            if holder[0] is not None:
+                holder[0].close()
+
+    ts = [threading.Thread(target=work, args=(sh,), name=f"vr-decode-{i}", daemon=True)
+          for i, sh in enumerate(shares)]
+    try:
+        for t in ts:
+            t.start()
+    finally:
+        try:
+            for t in ts:
+                if t.ident is not None:
+                    t.join()
+        except BaseException:   # Ctrl-C while waiting: stop the workers, then let them end
+            stop.set()
+            for t in ts:
+                if t.ident is not None:
+                    t.join()
+            raise
+    if not failed:
+        return
+    # the worker that failed first on its own, not one stopped because of it
+    real = [e for e in failed if not (isinstance(e, VideoError)
+                                      and "another decoding worker stopped" in str(e))]
+    e = (real or failed)[0]
+    if isinstance(e, (_NotByPts, VideoError)):
+        raise e
+    if isinstance(e, av.error.FFmpegError):
+        raise VideoError(f"{info.path}: decoding the {info.codec_name} video failed; the file "
+                         f"is corrupt or truncated ({_reason(e)})") from None
+    raise VideoError(f"{info.path}: a decoding worker failed ({_clean_reason(e)})") from None
 
 
 class _NotByPts(Exception):

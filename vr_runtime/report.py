@@ -51,6 +51,7 @@ def build_report(vr, req, frames, decision, scores, fitted, prompt_tokens: int,
         "num_frames_used": T,
         "decoder": frames.decoder,
         "codec": frames.codec,
+        "seek": getattr(frames, "seek", None),
         "frame_indices": [int(i) for i in frames.indices],
         "frame_times_s": None if frames.times_s is None else [round(float(x), 4) for x in frames.times_s],
         "frame_scores": None if scores is None or scores.scores is None

@@ -34,7 +34,9 @@ class AnswerOptions:
     ``frame_batch``/``router_pool`` (the default Image Router scorer's frames per call and window
     on Z_t); ``cache_visual`` (reuse frames, Z and the Image Router's question-independent state
     for the next question on the same video); ``route_to`` (Semantic Router class -> policy);
-    ``decoder`` (the video library); ``ttft_budget_s`` (beyond the paper: the largest budget
+    ``decoder`` (the video library); ``seek`` ("exact": the sampled frames, the paper's
+    setting; "keyframe": the keyframe nearest each sampled time, one decoded frame a sample,
+    at most half a GOP away); ``ttft_budget_s`` (beyond the paper: the largest budget
     whose predicted TTFT fits); ``router_question`` (what the routers and scorers read when the
     question is a full LLM prompt); ``allow_over_length`` (an unbudgeted policy, dense, may
     exceed ``max_length``; never the model's context)."""
@@ -57,6 +59,7 @@ class AnswerOptions:
     cache_visual: bool = False
     route_to: Optional[Mapping[str, str]] = None
     decoder: str = "auto"
+    seek: str = "exact"
     ttft_budget_s: Optional[float] = None
     router_question: Optional[str] = None
     allow_over_length: bool = False
@@ -92,6 +95,8 @@ class AnswerOptions:
         if rq is not None and (not isinstance(rq, str) or not rq.strip()):
             raise ValueError("router_question: expected a non-empty string or None (None: the "
                              "routers read the question itself)")
+        if self.seek not in ("exact", "keyframe"):   # vr_runtime.decoders.SEEKS
+            raise ValueError(f"seek: expected exact or keyframe, got {self.seek!r}")
         if self.time_window is not None:
             object.__setattr__(self, "time_window", tuple(self.time_window))
         t = self.ttft_budget_s

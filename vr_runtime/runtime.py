@@ -68,6 +68,7 @@ class Frames:
     decode_s: Optional[float]
     decoder: Optional[str] = None  # which library decoded the file, and its codec
     codec: Optional[str] = None
+    seek: Optional[str] = None     # "exact" or "keyframe" (None: frames given as a tensor)
 
     @property
     def T(self) -> int:
@@ -243,7 +244,7 @@ class VideoRouter:
 
     # ------------------------------------------------------------------ stage: decode
     @staticmethod
-    def _video_key(video, num_frames, time_window, decoder="auto") -> tuple:
+    def _video_key(video, num_frames, time_window, decoder="auto", seek="exact") -> tuple:
         """Identity of a video input for ``cache_visual``. Paths: file identity + sampling
         arguments. Tensors and clips: the object itself (held by the cache, so its id cannot be
         reused) and, for tensors, its in-place version counter."""
@@ -258,7 +259,7 @@ class VideoRouter:
             except OSError:
                 ident = None
             tw = tuple(time_window) if time_window is not None else None
-            return ("path", str(p), ident, int(num_frames), tw, decoder)
+            return ("path", str(p), ident, int(num_frames), tw, decoder, seek)
         key = getattr(video, "source_key", None)
         if key is not None:   # a clip decoded from a file: that file's key (vr_runtime.video)
             return ("path",) + tuple(key)
@@ -266,18 +267,19 @@ class VideoRouter:
             return ("tensor", id(video), video._version, tuple(video.shape))
         return ("clip", id(video))
 
-    def has_frames(self, video, num_frames: int, time_window=None, decoder="auto") -> bool:
+    def has_frames(self, video, num_frames: int, time_window=None, decoder="auto",
+                   seek="exact") -> bool:
         """Whether the visual cache holds the decoded frames of ``video`` (a path) at these
         settings, so that answering it decodes nothing (the server decodes off the model's lock
         otherwise). A read of the cache only; safe from another thread."""
-        st = self._vcache.get(self._video_key(video, num_frames, time_window, decoder))
+        st = self._vcache.get(self._video_key(video, num_frames, time_window, decoder, seek))
         return st is not None and "frames" in st
 
     def video_state(self, req: Request) -> Optional[dict]:
         """The cached per-video state for ``cache_visual`` (a dict, ``{}`` on a miss), or None."""
         if not req.cache_visual:
             return None
-        key = self._video_key(req.video, req.num_frames, req.time_window, req.decoder)
+        key = self._video_key(req.video, req.num_frames, req.time_window, req.decoder, req.seek)
         obj = None if key[0] == "path" else req.video
         st = self._vcache.get(key)
         if st is not None and st["obj"] is obj:
@@ -294,9 +296,10 @@ class VideoRouter:
         if state is not None and "frames" in state:
             f = state["frames"]
             return Frames(f.pixel_values, f.indices, f.times_s, list(f.notes), None, f.decoder,
-                          f.codec)
+                          f.codec, f.seek)
         with timer.stage("decode"):
-            frames = self._decode(req.video, req.num_frames, req.time_window, req.decoder)
+            frames = self._decode(req.video, req.num_frames, req.time_window, req.decoder,
+                                  req.seek)
         spec = self.lm.frame_spec
         if tuple(frames.pixel_values.shape[-2:]) != tuple(spec.size):
             raise ValueError(f"video: frames are {tuple(frames.pixel_values.shape[-2:])}, the "
@@ -313,7 +316,7 @@ class VideoRouter:
             state["frames"] = frames
         return frames
 
-    def _decode(self, video, num_frames, time_window, decoder="auto") -> Frames:
+    def _decode(self, video, num_frames, time_window, decoder="auto", seek="exact") -> Frames:
         from .errors import VideoError
         if isinstance(video, torch.Tensor):
             if video.ndim != 4 or video.shape[1] != 3:
@@ -325,7 +328,8 @@ class VideoRouter:
         if isinstance(video, (str, pathlib.Path)):
             from .video import load_video
             clip = load_video(str(video), num_frames=num_frames, time_window=time_window,
-                              size=spec.size[0], mean=spec.mean, std=spec.std, decoder=decoder)
+                              size=spec.size[0], mean=spec.mean, std=spec.std, decoder=decoder,
+                              seek=seek)
         elif isinstance(video, cf.Future):  # from vr_runtime.video.prefetch_video
             clip = video.result()
         elif hasattr(video, "pixel_values") and hasattr(video, "frame_indices"):
@@ -336,7 +340,7 @@ class VideoRouter:
         notes = [clip.note] if getattr(clip, "note", None) else []
         return Frames(clip.pixel_values, list(clip.frame_indices), list(clip.timestamps_s), notes,
                       getattr(clip, "decode_s", None), getattr(clip, "decoder", None),
-                      getattr(clip, "codec", None))
+                      getattr(clip, "codec", None), getattr(clip, "seek", None))
 
     # ------------------------------------------------------------------ stage: policy
     def decide_policy(self, req: Request, timer: StageTimer) -> PolicyDecision:
@@ -670,7 +674,7 @@ class VideoRouter:
                 from .video import prefetch_video
                 return prefetch_video(str(v), num_frames=o.num_frames, time_window=o.time_window,
                                       size=spec.size[0], mean=spec.mean, std=spec.std,
-                                      decoder=o.decoder)
+                                      decoder=o.decoder, seek=o.seek)
             return v
 
         done: list = []

@@ -69,9 +69,11 @@ class VideoClip:
     decode_s: float = 0.0               # wall time spent decoding + preprocessing
     decoder: Optional[str] = None       # backend that decoded it: "decord" or "pyav"
     codec: Optional[str] = None         # FFmpeg codec name, e.g. "h264", "av1"
-    # (real path, file identity, num_frames, time_window, decoder): the runtime's visual cache
-    # keys a clip by the file it came from, as it keys that file's path
+    # (real path, file identity, num_frames, time_window, decoder, seek): the runtime's visual
+    # cache keys a clip by the file it came from, as it keys that file's path
     source_key: Optional[tuple] = None
+    seek: str = "exact"                 # "exact" or "keyframe" (vr_runtime.decoders.SEEKS)
+    decode_workers: int = 1             # parallel decoders used
 
     @property
     def num_frames(self) -> int:
@@ -226,7 +228,8 @@ def _norm(v, name) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- memory
 
-def estimate_memory(num_frames: int, size: int, width: int, height: int, bits: int = 8) -> int:
+def estimate_memory(num_frames: int, size: int, width: int, height: int, bits: int = 8,
+                    workers: int = 1) -> int:
     """Bytes that loading ``num_frames`` frames of a ``width`` x ``height`` video at ``size``
     needs at its peak; an upper estimate (bench/results/video_cpu.md compares it with the
     measured peak, decord and PyAV, 448p to 4K):
@@ -237,12 +240,15 @@ def estimate_memory(num_frames: int, size: int, width: int, height: int, bits: i
       resized copies, and four float32 temporaries of the normalisation;
     * the decoder's own frames at full source resolution: reference frames plus
       frame-threading buffers, taken as 32 frames of YUV 4:2:0 (2 bytes a sample above 8 bits);
+    * with ``workers`` parallel decoders (``decode_workers``), each holds its own decoder's
+      frames and one converted frame waiting for the staging;
     * a fixed 100 MB for the decoding libraries' contexts and allocator slack."""
     w2, h2 = D.scaled_size(width, height, size)
+    workers = max(1, int(workers))
     clip = int(num_frames) * 3 * size * size * 4
     staging = CHUNK * (w2 * h2 * 3 + size * size * 3 + 4 * 3 * size * size * 4)
     sample_bytes = 2 if bits > 8 else 1
-    decoder = 32 * int(width * height * 1.5) * sample_bytes
+    decoder = workers * (32 * int(width * height * 1.5) * sample_bytes + w2 * h2 * 3)
     return 2 * clip + staging + decoder + 100 * 2 ** 20
 
 
@@ -299,14 +305,16 @@ def _fmt_bytes(n: float) -> str:
 
 
 def _check_memory(path: str, info: "D.VideoIndex", n: int, size: int,
-                  limit: Optional[int]) -> None:
-    """Refuse before allocating when ``n`` frames cannot fit in memory."""
+                  limit: Optional[int], workers: int = 1) -> int:
+    """Refuse before allocating when ``n`` frames cannot fit in memory; returns the parallel
+    decoders that fit (``workers``, or fewer when each one's frames would not)."""
     avail = available_memory() if limit is None else int(limit)
     if avail is None:
-        return
+        return workers
+    for w in range(max(1, workers), 0, -1):
+        if estimate_memory(n, size, info.width, info.height, info.bits, w) <= avail:
+            return w
     need = estimate_memory(n, size, info.width, info.height, info.bits)
-    if need <= avail:
-        return
     per_frame = estimate_memory(2, size, info.width, info.height, info.bits) - \
         estimate_memory(1, size, info.width, info.height, info.bits)
     fixed = need - n * per_frame
@@ -315,7 +323,7 @@ def _check_memory(path: str, info: "D.VideoIndex", n: int, size: int,
               "free some memory first")
     raise VideoError(f"{path}: {n} frames at {size}x{size} need about {_fmt_bytes(need)} of "
                      f"memory but only {_fmt_bytes(avail)} is available; {advice}, or use a "
-                     f"time window")
+                     f"time window (--time-window START,END)")
 
 
 # ----------------------------------------------------------------------------- opening
@@ -441,9 +449,11 @@ class _Plan:
     std: Sequence[float]
     time_window: Optional[tuple] = None
     should_stop: Optional[object] = None
+    seek: str = "exact"
+    workers: int = 1
 
 
-def _plan(info, num_frames: int, time_window) -> Tuple[List[int], Optional[str]]:
+def _plan(info, num_frames: int, time_window, seek: str = "exact") -> Tuple[List[int], Optional[str]]:
     total = info.num_frames
     if time_window is None:
         indices = sample_indices(total, num_frames, info.fps)
@@ -455,6 +465,20 @@ def _plan(info, num_frames: int, time_window) -> Tuple[List[int], Optional[str]]
         frames = "frame" if len(indices) == 1 else "frames"
         note = (f"{where} only {len(indices)} {frames}; {num_frames} were asked for, "
                 f"so all {len(indices)} are used")
+    if seek == "keyframe":
+        sampled = len(indices)
+        indices = D.keyframe_indices(info, indices)
+        if not info.has_pts:
+            kf = "the file has no timestamps, so no keyframe index: its frames were decoded exactly"
+        elif len(indices) < sampled:
+            m = len(indices)
+            kf = (f"seek keyframe: the {sampled} sampled times fall nearest to {m} distinct "
+                  f"keyframe{'s' if m != 1 else ''}, so {m} frame{'s are' if m != 1 else ' is'} "
+                  f"used")
+        else:
+            kf = None
+        if kf:
+            note = kf if note is None else f"{note}; {kf}"
     # A cut-off file decodes up to the cut (as ffmpeg does); say so rather than silently
     # sampling from the part that survived.
     decodable = info.duration_s
@@ -468,20 +492,25 @@ def _plan(info, num_frames: int, time_window) -> Tuple[List[int], Optional[str]]
 
 
 def _prepare(path, num_frames, time_window, size, decoder, mean, std, memory_limit,
-             should_stop=None, limits=None) -> _Plan:
+             should_stop=None, limits=None, seek="exact", decode_workers=None) -> _Plan:
     """The cheap part: argument checks, probing/indexing, the sampling plan and the memory
     check (before anything large is allocated)."""
     _check_count(num_frames, "num_frames")
     _check_count(size, "size")
     _norm(mean, "mean"), _norm(std, "std")
     decoder = D.resolve_decoder(decoder)
+    seek = D.resolve_seek(seek)
+    workers = D.resolve_workers(decode_workers)
     path = os.fspath(path)
     with D.cancel_scope(should_stop):
         info = open_video(path, limits=limits)
-    indices, note = _plan(info, num_frames, time_window)
-    _check_memory(path, info, len(indices), size, memory_limit)
+    indices, note = _plan(info, num_frames, time_window, seek)
+    # keyframe seeking decodes one frame a sample: no parallel decoders to pay memory for
+    workers = _check_memory(path, info, len(indices), size, memory_limit,
+                            workers if seek == "exact" else 1)
     return _Plan(info, path, indices, num_frames, size, note, decoder, mean, std,
-                 tuple(time_window) if time_window is not None else None, should_stop)
+                 tuple(time_window) if time_window is not None else None, should_stop,
+                 seek, workers)
 
 
 def _finish(plan: _Plan, progress: bool, t0: float) -> VideoClip:
@@ -495,51 +524,60 @@ def _finish(plan: _Plan, progress: bool, t0: float) -> VideoClip:
         # delay: the bar shows only when decoding takes long enough to be worth watching.
         bar = tqdm(total=n, desc="decoding", unit="frame", file=sys.stderr,
                    leave=False, dynamic_ncols=True, delay=1.0)
-    pending: List[np.ndarray] = []
-    done = [0]
+    # Frames arrive by position: in order from one decoder, in any order from parallel ones
+    # (decode_frames serialises the calls), and a backend that starts over delivers a
+    # position again, which overwrites it.
+    pending: List[Tuple[int, np.ndarray]] = []
+    got = np.zeros(n, dtype=bool)
 
     def flush():
         if pending:
-            k = done[0]
-            out[k:k + len(pending)] = preprocess_frames(np.stack(pending), size, plan.mean,
-                                                        plan.std)
-            done[0] += len(pending)
-            if bar is not None:
-                bar.update(len(pending))
+            pos = [i for i, _ in pending]
+            x = preprocess_frames(np.stack([f for _, f in pending]), size, plan.mean, plan.std)
+            if pos == list(range(pos[0], pos[0] + len(pos))):
+                out[pos[0]:pos[0] + len(pos)] = x
+            else:
+                out[pos] = x
+            new = int((~got[pos]).sum())
+            got[pos] = True
+            if bar is not None and new:
+                bar.update(new)
             pending.clear()
 
     def on_frame(i: int, frame: np.ndarray):
-        if i < done[0] + len(pending):  # a fallback backend starts over
-            done[0], pending[:] = i, []
-        pending.append(frame)
+        pending.append((i, frame))
         if len(pending) == CHUNK:
             flush()
     try:
         with D.cancel_scope(plan.should_stop):
-            used = D.decode_frames(info, plan.indices, scale, on_frame, plan.decoder)
+            used = D.decode_frames(info, plan.indices, scale, on_frame, plan.decoder,
+                                   workers=plan.workers, seek=plan.seek)
         flush()
     finally:
         if bar is not None:
             bar.close()
-    if done[0] != n:
-        raise VideoError(f"{plan.path}: only {done[0]} of {n} sampled frames decoded; the "
+    done = int(got.sum())
+    if done != n:
+        raise VideoError(f"{plan.path}: only {done} of {n} sampled frames decoded; the "
                          f"file is corrupt or truncated")
     t = info.pts_s
     f = info.handle
     key = None if f is None else (f.real_path, f.identity, int(plan.num_frames),
-                                  plan.time_window, plan.decoder)
+                                  plan.time_window, plan.decoder, plan.seek)
     return VideoClip(pixel_values=out, frame_indices=list(plan.indices),
                      timestamps_s=[float(t[i]) for i in plan.indices], fps=info.fps,
                      total_frames=info.num_frames, requested=plan.num_frames, note=plan.note,
                      path=plan.path, decode_s=time.perf_counter() - t0, decoder=used,
-                     codec=info.codec, source_key=key)
+                     codec=info.codec, source_key=key, seek=plan.seek,
+                     decode_workers=plan.workers)
 
 
 def load_video(path, num_frames: int = 64, time_window: Optional[Tuple[float, float]] = None,
                size: int = 448, progress: bool = False, *, decoder: str = "auto",
                mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
                memory_limit: Optional[int] = None, should_stop=None,
-               limits: Optional["D.Limits"] = None) -> VideoClip:
+               limits: Optional["D.Limits"] = None, seek: str = "exact",
+               decode_workers: Optional[int] = None) -> VideoClip:
     """Decode ``num_frames`` frames of ``path`` with InternVL's sampling (optionally within
     ``time_window`` = (start_s, end_s), sampled by time) and preprocess them to
     ``[T, 3, size, size]`` normalised with ``mean`` / ``std``.
@@ -549,10 +587,16 @@ def load_video(path, num_frames: int = 64, time_window: Optional[Tuple[float, fl
     machine has free, see :func:`available_memory`); a request that cannot fit raises
     ``VideoError`` before decoding. ``should_stop()``: asked between packets and frames; a
     reason (a string) stops the decode with a ``VideoError`` (a deadline). ``limits``:
-    :class:`vr_runtime.decoders.Limits` (default the process's: ``--max-frame-pixels``)."""
+    :class:`vr_runtime.decoders.Limits` (default the process's: ``--max-frame-pixels``).
+
+    ``seek``: "exact" (the sampled frames themselves, the paper's setting) or "keyframe" (the
+    keyframe nearest each sampled time, one decoded frame a sample; at most half a GOP away,
+    and ``timestamps_s`` are the keyframes' own times). ``decode_workers``: parallel exact
+    decoders, each on its own share of the GOPs (default: the cores this process may use,
+    cgroup quota included; fewer when memory would not hold them all)."""
     t0 = time.perf_counter()
     plan = _prepare(path, num_frames, time_window, size, decoder, mean, std, memory_limit,
-                    should_stop, limits)
+                    should_stop, limits, seek, decode_workers)
     return _finish(plan, progress, t0)
 
 
@@ -588,7 +632,8 @@ def _submit(fn, *args) -> "cf.Future":
 def prefetch_video(path, num_frames: int = 64, time_window: Optional[Tuple[float, float]] = None,
                    size: int = 448, progress: bool = False, *, decoder: str = "auto",
                    mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
-                   memory_limit: Optional[int] = None) -> "cf.Future[VideoClip]":
+                   memory_limit: Optional[int] = None, seek: str = "exact",
+                   decode_workers: Optional[int] = None) -> "cf.Future[VideoClip]":
     """Start :func:`load_video` on a background thread and return its Future.
 
     The cheap checks run here, synchronously, so a missing, empty or non-video file, an
@@ -597,12 +642,13 @@ def prefetch_video(path, num_frames: int = 64, time_window: Optional[Tuple[float
     loading a model); the decoding and resizing, which release the GIL in FFmpeg and PIL,
     overlap whatever the caller does next."""
     t0 = time.perf_counter()
-    plan = _prepare(path, num_frames, time_window, size, decoder, mean, std, memory_limit)
+    plan = _prepare(path, num_frames, time_window, size, decoder, mean, std, memory_limit,
+                    seek=seek, decode_workers=decode_workers)
     # A damaged file usually fails on its last frames: find out now, not after loading. With
     # "auto", PyAV checks (one seek; decord would re-index the whole file first), and a
     # decord-only failure later still falls back to PyAV.
     last = plan.indices[-1]
     scale = D.scaled_size(plan.info.width, plan.info.height, min(plan.size, 64))
     D.decode_frames(plan.info, [last], scale, lambda i, f: None,
-                    "pyav" if plan.decoder == "auto" else plan.decoder)
+                    "pyav" if plan.decoder == "auto" else plan.decoder, seek=plan.seek)
     return _submit(_finish, plan, progress, t0)

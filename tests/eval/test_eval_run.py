@@ -129,6 +129,20 @@ def test_skip_missing_counts(synth_bench, tmp_path, capsys):
     assert f"skipped {k} question" in out
 
 
+def test_seek_and_time_window(synth_bench, tmp_path, capsys):
+    """--seek and --time-window reach every answer, and are settings a rerun must match."""
+    argv = ["--benchmark", "videomme", "--data", synth_bench["data"], "--videos",
+            synth_bench["videos"], "--methods", "uniform", "--budgets", "256", "--frames", 2,
+            "--out", tmp_path / "o", "--answer-mode", "option-text", "--no-progress",
+            "--max-new-tokens", 2, "--limit", 2, "--seek", "keyframe", "--time-window", "0,2"]
+    status, _, err = run_cli(argv, capsys)
+    assert status == 0, err
+    settings = json.loads((tmp_path / "o" / "settings.json").read_text())
+    assert settings["seek"] == "keyframe" and settings["time_window"] == [0.0, 2.0]
+    status, _, err = run_cli(argv[:-4], capsys)   # the default exact seek: not a resume
+    assert status == 2 and "seek" in err, err
+
+
 def test_routers_read_the_bare_question():
     """answer(prompt, router_question=bare): the Semantic Router and the Image Router decide on
     the bare question exactly as answer(bare) does, while the LLM reads the full prompt."""

@@ -128,3 +128,17 @@ def test_clip_mode_follows_evals_clip_methods(tmp_path):
     assert isinstance(matched.scorer.inner, CLIPScorer)
     fill = VideoRouterLMM(pretrained="tiny", clip=clip, clip_mode="fill", device="cpu")
     assert type(fill.scorer) is CLIPScorer
+
+
+def test_seek_and_time_window_model_args():
+    """model_args seek= and time_window=START:END (commas split model_args) are checked before
+    the model loads."""
+    from vr_runtime.eval.lmms_model import VideoRouterLMM, _time_window
+    assert _time_window("600:900") == (600.0, 900.0) and _time_window(None) is None
+    for bad in ("900:600", "a:b", "5"):
+        with pytest.raises(ValueError, match="time_window"):
+            _time_window(bad)
+    with pytest.raises(ValueError, match="seek 'nearest'"):
+        VideoRouterLMM(pretrained="no-such-model", seek="nearest", device="cpu")
+    with pytest.raises(ValueError, match="time_window"):
+        VideoRouterLMM(pretrained="no-such-model", time_window="1:0", device="cpu")

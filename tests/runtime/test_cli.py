@@ -104,6 +104,25 @@ def test_ask_table_and_plot(tmp_path):
         assert im.size[0] > 300 and im.size[1] > 200
 
 
+def test_ask_time_window_and_seek():
+    """--time-window samples that part of the video; the report says the seek mode."""
+    res = videorouter("ask", SAMPLE, "What shape is the red object?", "--frames", "4",
+                      "--time-window", "2,6", "--seek", "exact", "--max-length", "1200",
+                      "--max-new-tokens", "2", "--device", "cpu", "--dtype", "fp32", "--json")
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)["report"]
+    assert report["seek"] == "exact" and report["num_frames_used"] == 4
+    assert all(2.0 <= t < 6.0 for t in report["frame_times_s"]), report["frame_times_s"]
+
+
+def test_time_window_arg():
+    assert cli.time_window_arg("600,900") == (600.0, 900.0)
+    assert cli.time_window_arg("10:00,1:00:00.5") == (600.0, 3600.5)
+    for bad in ("5", "5,1", "a,b", "-1,4", "1,2,3", "1,inf"):
+        with pytest.raises(Exception, match="START"):
+            cli.time_window_arg(bad)
+
+
 def test_demo_question_matches_synthetic_task():
     from vr_runtime.training.synthetic import DEMO_QUESTIONS, demo_spec
     assert cli.DEMO_QUESTIONS == (DEMO_QUESTIONS["fragment"], DEMO_QUESTIONS["fragment_2"])
@@ -126,6 +145,8 @@ def test_empty_question():
 
 @pytest.mark.parametrize("args,needle", [
     (["--frames", "0"], "--frames"), (["--max-length", "-5"], "--max-length"),
+    (["--time-window", "5,1"], "--time-window"), (["--seek", "nearest"], "--seek"),
+    (["--decode-workers", "0"], "--decode-workers"),
 ])
 def test_bad_arguments(args, needle):
     assert_usage_error(videorouter("ask", SAMPLE, "What happens?", *args), needle)

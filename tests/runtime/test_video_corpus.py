@@ -17,6 +17,8 @@ ffmpeg (Debian package ``ffmpeg``) is required: without it these tests fail, lou
 skip; CI installs it (.ci/run).
 """
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -47,10 +49,11 @@ def ref(case):
     return _refs[case.path]
 
 
-def decode_native(info, indices, decoder):
+def decode_native(info, indices, decoder, workers=1, seek="exact"):
     got = {}
     used = D.decode_frames(info, indices, (info.width, info.height),
-                           lambda i, f: got.__setitem__(i, f), decoder)
+                           lambda i, f: got.__setitem__(i, f), decoder, workers=workers,
+                           seek=seek)
     assert sorted(got) == list(range(len(indices)))
     return np.stack([got[i] for i in range(len(indices))]), used
 
@@ -150,7 +153,13 @@ def test_auto_picks_a_working_backend(corpus):
     for name in ("av1", "vp9_realtime", "vp8", "gif", "prores", "mpeg2_ts", "hevc"):
         assert load_video(corpus[name].path, num_frames=2, size=16).decoder == "pyav", name
     want = "decord" if "decord" in D.available_decoders() else "pyav"
-    assert load_video(corpus["h264"].path, num_frames=2, size=16).decoder == want
+    assert load_video(corpus["h264"].path, num_frames=2, size=16,
+                      decode_workers=1).decoder == want
+    # parallel exact decoding (several workers) and keyframe seeking are PyAV's
+    assert load_video(corpus["h264"].path, num_frames=2, size=16,
+                      decode_workers=2).decoder == "pyav"
+    assert load_video(corpus["h264"].path, num_frames=2, size=16, decode_workers=1,
+                      seek="keyframe").decoder == "pyav"
     # explicit choice is honoured
     assert load_video(corpus["h264"].path, num_frames=2, size=16, decoder="pyav").decoder == "pyav"
     with pytest.raises(VideoError, match="decoder"):
@@ -162,7 +171,7 @@ def test_auto_falls_back_when_decord_fails(corpus, monkeypatch):
         raise RuntimeError("[12:00:00] /home/build/decord/src/video/video_reader.cc:151: boom")
     monkeypatch.setitem(D._BACKENDS, "decord", broken)
     monkeypatch.setattr(D, "_decord_module", lambda: object())
-    clip = load_video(corpus["h264"].path, num_frames=4, size=16)
+    clip = load_video(corpus["h264"].path, num_frames=4, size=16, decode_workers=1)
     assert clip.decoder == "pyav"
     with pytest.raises(VideoError) as e:  # an explicit decord: its error, without its path
         load_video(corpus["h264"].path, num_frames=4, size=16, decoder="decord")
@@ -254,3 +263,113 @@ def test_without_decord(corpus, monkeypatch):
     assert clip.decoder == "pyav" and clip.num_frames == 4
     with pytest.raises(VideoError, match="not installed"):
         load_video(corpus["h264"].path, num_frames=4, decoder="decord")
+
+
+# ----------------------------------------------------------------------------- seek, workers
+
+@pytest.mark.parametrize("name", ["h264", "h264_bframes_mkv", "hevc", "mpeg2_ts"])
+def test_keyframe_seek_matches_ffprobe_keyframes(corpus, name):
+    """seek="keyframe": each frame used is one of ffprobe's keyframes (-skip_frame nokey), the
+    one nearest a sampled time, reported at its own time, with ffmpeg's pixels."""
+    case = corpus[name]
+    frames, times = ref(case)
+    info = open_video(case.path)
+    kt = vc.keyframe_times(case.path)
+    assert len(kt) >= 2, "the corpus file should have several GOPs"
+    exact = sample_indices(info.num_frames, 8, info.fps)
+    clip = load_video(case.path, num_frames=8, size=100, seek="keyframe")
+    assert clip.seek == "keyframe" and clip.decoder == "pyav"
+    got = np.asarray(clip.timestamps_s)
+    np.testing.assert_allclose(got, times[clip.frame_indices], atol=TIME_TOL, rtol=0)
+    for t in got:
+        assert np.abs(kt - t).min() <= TIME_TOL, (t, kt)
+    for k in exact:
+        near = kt[np.argmin(np.abs(kt - times[k]))]
+        assert np.abs(got - near).min() <= TIME_TOL
+        # at most half the interval between the keyframes around the sample
+        before, after = kt[kt <= times[k] + TIME_TOL], kt[kt > times[k] + TIME_TOL]
+        if len(before) and len(after):
+            assert abs(near - times[k]) <= (after[0] - before[-1]) / 2 + TIME_TOL
+    ours, _ = decode_native(info, clip.frame_indices, "pyav", seek="keyframe")
+    diff = np.abs(ours.astype(np.int16) - frames[clip.frame_indices].astype(np.int16))
+    assert diff.max() <= 2, diff.max()
+
+
+@pytest.mark.parametrize("name", ["h264_bframes_mkv", "hevc", "av1", "vp9_realtime", "vp8",
+                                  "mpeg2_ts", "vfr", "ten_bit"])
+def test_parallel_workers_give_identical_frames(corpus, name):
+    """1, 2 and 3 workers (split by GOP, non-reference frames skipped) give the same bytes,
+    and those are ffmpeg's frames."""
+    case = corpus[name]
+    frames, _ = ref(case)
+    info = open_video(case.path)
+    idx = sample_indices(info.num_frames, 12, info.fps)
+    outs = [decode_native(info, idx, "pyav", workers=w)[0] for w in (1, 2, 3)]
+    for o in outs[1:]:
+        assert np.array_equal(outs[0], o)
+    diff = np.abs(outs[0].astype(np.int16) - frames[idx].astype(np.int16))
+    assert (diff.mean() <= 5.0) if info.bits > 8 else (diff.max() <= 2), diff.max()
+    # shares are contiguous, and frames that share a keyframe share a worker
+    shares = D.split_by_gop(info, idx, 3)
+    assert [p for s in shares for p in s] == list(range(len(idx)))
+    owner = {p: i for i, s in enumerate(shares) for p in s}
+    for a in range(len(idx) - 1):
+        if info.keyframe[idx[a]] == info.keyframe[idx[a + 1]]:
+            assert owner[a] == owner[a + 1]
+
+
+def test_load_video_workers_and_memory(corpus, monkeypatch):
+    from vr_runtime.video import estimate_memory
+    path = corpus["h264_bframes_mkv"].path
+    clips = [load_video(path, num_frames=10, size=32, decoder="pyav", decode_workers=w)
+             for w in (1, 3)]
+    assert torch.equal(clips[0].pixel_values, clips[1].pixel_values)
+    assert clips[1].decode_workers == 3 and clips[1].seek == "exact"
+    e1, e3 = (estimate_memory(10, 448, 1920, 1080, workers=w) for w in (1, 3))
+    assert e3 > e1 + 2 * 32 * 1920 * 1080   # each worker's decoder frames are counted
+    # memory for one decoder, not three: fewer workers, not a refusal
+    info = open_video(path)
+    one = estimate_memory(10, 32, info.width, info.height, info.bits, 1)
+    clip = load_video(path, num_frames=10, size=32, decode_workers=3, memory_limit=one)
+    assert clip.decode_workers == 1
+    with pytest.raises(VideoError, match="decode_workers"):
+        load_video(path, num_frames=2, decode_workers=0)
+    with pytest.raises(VideoError, match="seek"):
+        load_video(path, num_frames=2, seek="nearest")
+
+
+def test_a_dying_worker_is_one_line_and_no_thread_is_left(corpus, monkeypatch):
+    case = corpus["h264_bframes_mkv"]
+    info = open_video(case.path)
+    idx = sample_indices(info.num_frames, 12, info.fps)
+    real = D._pyav_by_pts
+
+    def dies_on_its_second_share(holder, info, indices, rgb, on_frame, **kw):
+        if kw.get("positions") and kw["positions"][0] > 0:
+            raise MemoryError("out of memory")
+        return real(holder, info, indices, rgb, on_frame, **kw)
+    monkeypatch.setattr(D, "_pyav_by_pts", dies_on_its_second_share)
+    before = threading.active_count()
+    with pytest.raises(VideoError) as e:
+        decode_native(info, idx, "pyav", workers=2)
+    msg = str(e.value)
+    assert msg.startswith(case.path) and "\n" not in msg and "worker" in msg, msg
+    assert threading.active_count() == before
+    assert not [t for t in threading.enumerate() if t.name.startswith("vr-decode-")]
+    monkeypatch.setattr(D, "_pyav_by_pts", real)
+    # a deadline reaches every worker
+    with D.cancel_scope(lambda: "deadline passed"), pytest.raises(VideoError, match="deadline"):
+        decode_native(info, idx, "pyav", workers=2)
+    assert threading.active_count() == before
+
+
+def test_default_workers_follow_affinity_and_cgroup(tmp_path, monkeypatch):
+    monkeypatch.setattr(D.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    cpu_max = tmp_path / "cpu.max"
+    monkeypatch.setattr(D, "_CGROUP_CPU_FILES", ((str(cpu_max), None),))
+    cpu_max.write_text("max 100000\n")
+    assert D.default_workers() == 8
+    cpu_max.write_text("250000 100000\n")        # docker --cpus 2.5
+    assert D.default_workers() == 3
+    cpu_max.write_text("50000 100000\n")
+    assert D.default_workers() == 1

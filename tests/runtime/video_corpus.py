@@ -166,3 +166,15 @@ def reference(path: str) -> Tuple[np.ndarray, np.ndarray]:
     t = np.array([float(x.strip().rstrip(",")) for x in times.split() if x.strip()
                   and x.strip().rstrip(",") != "N/A"])  # (raw streams have no times)
     return frames, t - start
+
+
+def keyframe_times(path: str) -> np.ndarray:
+    """ffprobe's keyframes: the times (s from the file's start) of the frames its decoder
+    outputs with ``-skip_frame nokey``, as ``-show_entries frame=pts_time`` reports them."""
+    fmt = _run(["ffprobe", "-v", "error", "-show_entries", "format=start_time", "-of",
+                "default=nw=1:nk=1", path]).decode().strip()
+    start = 0.0 if fmt in ("", "N/A") else float(fmt)
+    out = _run(["ffprobe", "-v", "error", "-select_streams", "v:0", "-skip_frame", "nokey",
+                "-show_entries", "frame=pts_time", "-of", "csv=p=0", path]).decode()
+    return np.array([float(x.strip().rstrip(",")) for x in out.split()
+                     if x.strip().rstrip(",") not in ("", "N/A")]) - start

@@ -107,6 +107,19 @@ def test_other_backbone_answer_equals_videorouter_ask(media):
     assert stable(r.json()["videorouter"]) == stable(want["report"])
 
 
+def test_seek_and_time_window(client, media):
+    """A request's seek and time_window reach the decoder; the report says the mode."""
+    url = (media / "sample.mp4").as_uri()
+    r = post(client, video_body(url, Q, time_window=[2, 6], **SET))
+    assert r.status_code == 200, r.text
+    rep = r.json()["videorouter"]
+    assert rep["seek"] == "exact" and all(2 <= t < 6 for t in rep["frame_times_s"])
+    r = post(client, video_body(url, Q, seek="keyframe", time_window="0,4", **SET))
+    assert r.status_code == 200, r.text
+    rep = r.json()["videorouter"]
+    assert rep["seek"] == "keyframe" and rep["frame_times_s"] == [0.0]  # its one keyframe
+
+
 def test_visual_cache_does_not_change_answers(vr):
     """cache_visual=True (miss, then hit) gives what a fresh uncached answer gives."""
     vr.clear_visual_cache()
@@ -205,6 +218,9 @@ def test_malformed_requests_are_400(client, raw, needle):
     ({"stop": ["\n"]}, "stop"),
     ({"stream": "yes"}, "stream"),
     ({"max_length": 50}, "max_length"),       # BudgetError from the runtime: too small
+    ({"seek": "nearest"}, "seek"),
+    ({"time_window": [5, 1]}, "time_window"),
+    ({"mm_processor_kwargs": {"time_window": "a,b"}}, "mm_processor_kwargs.time_window"),
 ])
 def test_bad_settings_are_400(client, media, extra, needle):
     r = post(client, video_body((media / "sample.mp4").as_uri(), Q, **extra))

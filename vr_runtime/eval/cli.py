@@ -96,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=None)
     p.add_argument("--title", default="", help="title of the markdown table and the plot")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--seek", choices=("exact", "keyframe"), default="exact",
+                   help="as for ask: exact decodes the sampled frames (the paper's setting), "
+                        "keyframe the keyframe nearest each sampled time (default: exact)")
+    from ..cli import time_window_arg
+    p.add_argument("--time-window", type=time_window_arg, default=None, metavar="START,END",
+                   help="as for ask: sample every video from this part only, in seconds")
     p.add_argument("--batch-size", type=int, default=1, metavar="N",
                    help="prefill and decode up to N questions of one video, method and budget "
                         "together (VideoRouter.answer_batch): the same predictions, faster; "
@@ -153,6 +159,7 @@ def _config(a, argv: List[str]):
                       progress=not a.no_progress, title=a.title,
                       scales=a.scales if a.scales is not None else PAPER_SCALES,
                       batch_size=a.batch_size, scorer=a.scorer, scorer_model=a.scorer_model,
+                      seek=a.seek, time_window=a.time_window,
                       command=" ".join(["videorouter eval"] + [shlex.quote(x) for x in argv]))
 
 

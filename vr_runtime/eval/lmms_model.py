@@ -33,7 +33,8 @@ class VideoRouterLMM(lmms):
                  clip: Optional[str] = None, device: Optional[str] = None,
                  dtype: Optional[str] = None, max_new_tokens=None, batch_size=1,
                  visual_tokens_log: Optional[str] = None, scales=None, clip_mode: str = "matched",
-                 allow_over_length=False, **kwargs) -> None:
+                 allow_over_length=False, seek: str = "exact", time_window=None,
+                 **kwargs) -> None:
         super().__init__()
         import torch
 
@@ -57,6 +58,10 @@ class VideoRouterLMM(lmms):
         from ..scales import parse_scales
         # model_args are split at commas, so scales are written 4:1:8 (or "auto")
         self.scales = parse_scales(scales, "videorouter: scales")
+        if seek not in ("exact", "keyframe"):
+            raise ValueError(f"videorouter: seek {seek!r}: expected exact or keyframe")
+        self.seek = seek
+        self.time_window = _time_window(time_window)
         from accelerate import PartialState
         dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
         state = PartialState(cpu=dev == "cpu")
@@ -126,6 +131,7 @@ class VideoRouterLMM(lmms):
                              max_new_tokens=max_new, policy=self.policy, budget=self.budget,
                              cache_visual=True, scorer=self.scorer,
                              allow_over_length=self.allow_over_length,
+                             seek=self.seek, time_window=self.time_window,
                              router_question=bare if isinstance(bare, str) and bare.strip()
                              else None, **scales)
         return self.vr.answer(video, text, options=opts)
@@ -174,3 +180,17 @@ class VideoRouterLMM(lmms):
 
 
 __all__ = ["VideoRouterLMM"]
+
+
+def _time_window(v) -> Optional[tuple]:
+    """model_args' ``time_window=START:END`` (seconds; commas split model_args), or a pair."""
+    if v is None or v == "":
+        return None
+    try:
+        start, end = (float(x) for x in (v.split(":") if isinstance(v, str) else v))
+        if 0 <= start < end < float("inf"):
+            return (start, end)
+    except (TypeError, ValueError):
+        pass
+    raise ValueError(f"videorouter: time_window {v!r}: expected START:END in seconds with "
+                     f"0 <= START < END")

@@ -73,6 +73,8 @@ class EvalConfig:
     batch_size: int = 1   # questions of one video, method and budget prefilled together
     scorer: str = "image-router"          # --scorer: of the methods without a scorer of their own
     scorer_model: Optional[str] = None    # --scorer-model DIR
+    seek: str = "exact"                   # --seek: exact (the paper's) or keyframe
+    time_window: Optional[tuple] = None   # --time-window: (start_s, end_s) of every video
 
 
 Key = Tuple[str, str, Optional[int], int]   # (id, method, budget, frames)
@@ -196,7 +198,8 @@ class Evaluator:
         elif vr is not self._models[m.model]:   # decoded at the sibling's size, in its own cache
             clip = q.video
         kw.update(num_frames=n, max_length=max_length, max_new_tokens=cfg.max_new_tokens,
-                  budget=budget, cache_visual=n == frames, router_question=q.question)
+                  budget=budget, cache_visual=n == frames, router_question=q.question,
+                  seek=cfg.seek, time_window=cfg.time_window)
         from ..request import AnswerOptions
         return vr, (clip, prompt), AnswerOptions(**kw)
 
@@ -310,6 +313,8 @@ def settings_of(cfg: EvalConfig) -> dict:
             "prompt_style": cfg.prompt.style, "pre_prompt": cfg.prompt.pre_prompt,
             "post_prompt": cfg.prompt.post_prompt, "answer_mode": cfg.prompt.answer_mode,
             "max_new_tokens": cfg.max_new_tokens, "scales": _scales_label(cfg.scales),
+            "seek": cfg.seek,
+            "time_window": list(cfg.time_window) if cfg.time_window is not None else None,
             # the weights themselves, not only their names: retrained or overwritten weights
             # must not resume from the predictions of the old ones
             "weights": {k: weights_fingerprint(v) for k, v in (
@@ -325,7 +330,8 @@ def _scales_label(scales) -> str:
 
 # Settings added later, with the value every earlier run had: an OUT written before they
 # existed still resumes when they are at that value.
-SETTINGS_BEFORE = {"scales": "2,1,4", "scorer": "image-router", "scorer_model": None}
+SETTINGS_BEFORE = {"scales": "2,1,4", "scorer": "image-router", "scorer_model": None,
+                   "seek": "exact", "time_window": None}
 
 
 def check_settings(out: pathlib.Path, cfg: EvalConfig, write: bool) -> None:
@@ -427,7 +433,8 @@ def _answer_all(ev: Evaluator, todo, part: pathlib.Path, progress: bool, world: 
         if i < len(order) and order[i] not in futures:
             v, F = order[i]
             try:
-                futures[order[i]] = prefetch_video(v, num_frames=F, size=size)
+                futures[order[i]] = prefetch_video(v, num_frames=F, size=size, seek=ev.cfg.seek,
+                                                   time_window=ev.cfg.time_window)
             except Exception as e:  # noqa: BLE001 - the video's failure, recorded below
                 futures[order[i]] = f = cf.Future()
                 f.set_exception(e)

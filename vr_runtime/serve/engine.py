@@ -367,7 +367,8 @@ class Engine:
     def _batch_key(s: Settings) -> tuple:
         """Requests with equal keys can share one ``answer_batch`` call (all but the video and
         the question)."""
-        return (s.system, s.num_frames, s.max_length, s.max_new_tokens, s.policy, str(s.scales))
+        return (s.system, s.num_frames, s.max_length, s.max_new_tokens, s.policy, str(s.scales),
+                s.seek, s.time_window)
 
     def _run_batch(self) -> None:
         """One model-pool job per batchable request: takes the oldest one still waiting (if an
@@ -451,7 +452,8 @@ class Engine:
         video = self.media.resolve(s.video_url)
         try:
             cached = getattr(self.vr, "has_frames", None)   # (absent on test doubles)
-            if self.config.visual_cache > 0 and cached and cached(video.path, s.num_frames):
+            if self.config.visual_cache > 0 and cached and cached(video.path, s.num_frames,
+                                                                  s.time_window, "auto", s.seek):
                 return video
             while not self._clip_slots.acquire(timeout=0.05):   # bounds clips held in memory
                 if should_stop():
@@ -461,7 +463,8 @@ class Engine:
                 from ..video import load_video
                 clip = load_video(video.path, num_frames=s.num_frames, size=spec.size[0],
                                   mean=spec.mean, std=spec.std, should_stop=should_stop,
-                                  limits=self.media.config.limits())
+                                  limits=self.media.config.limits(),
+                                  time_window=s.time_window, seek=s.seek)
             except BaseException:
                 self._clip_slots.release()
                 raise
@@ -489,7 +492,7 @@ class Engine:
         return AnswerOptions(num_frames=s.num_frames, max_length=s.max_length,
                              max_new_tokens=s.max_new_tokens, policy=s.policy, system=s.system,
                              cache_visual=self.config.visual_cache > 0, scorer=self.scorer,
-                             **scales)
+                             seek=s.seek, time_window=s.time_window, **scales)
 
     # ------------------------------------------------------------------ one process, one model
     def run_sync(self, fn: Callable):

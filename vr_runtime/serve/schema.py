@@ -11,6 +11,7 @@ call; :func:`completion` and :func:`chunk` build the answers.
 """
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from .errors import APIError
 # The per-request settings a client may give at the top level or under mm_processor_kwargs
 # (docs/CONTRACT.md section 6); media_io_kwargs {"video": {"num_frames": N}} is what lmms-eval's `openai`
 # model sends with pass_video_url=True (vLLM's spelling for the frames its video loader samples).
-SETTINGS = ("num_frames", "max_length", "policy", "scales")
+SETTINGS = ("num_frames", "max_length", "policy", "scales", "seek", "time_window")
 
 
 class _Strict(BaseModel):
@@ -89,6 +90,8 @@ class ChatRequest(_Strict):
     max_length: Optional[int] = None
     policy: Optional[str] = None
     scales: Union[str, List[Any], None] = None    # "2,1,4" / [2, 1, 4] / "auto" (vr_runtime.scales)
+    seek: Optional[str] = None                     # "exact" (default) or "keyframe"
+    time_window: Union[List[Any], str, None] = None   # [start_s, end_s] or "START,END"
     mm_processor_kwargs: Optional[Dict[str, Any]] = None
     media_io_kwargs: Optional[Dict[str, Any]] = None
 
@@ -106,6 +109,8 @@ class Settings:
     stream: bool
     include_usage: bool
     scales: Any = (2, 1, 4)      # (s_g, s_1, s_0) or "auto"
+    seek: str = "exact"          # "exact" or "keyframe" (vr_runtime.decoders.SEEKS)
+    time_window: Optional[tuple] = None   # (start_s, end_s): sample only this part
 
 
 @dataclass(frozen=True)
@@ -341,10 +346,34 @@ def to_settings(req: ChatRequest, limits: Limits, model_names) -> Settings:
                        "max_completion_tokens")
     new_tokens = req.max_completion_tokens or req.max_tokens or limits.max_new_tokens
     new_tokens = _int_setting("max_tokens", new_tokens, 1, limits.max_new_tokens_limit)
+    seek, where = _merged_setting(req, "seek")
+    if seek is None:
+        seek = "exact"
+    elif seek not in ("exact", "keyframe"):
+        raise APIError(400, f"{where}: expected exact or keyframe, got {seek!r}", where)
+    window, where = _merged_setting(req, "time_window")
+    window = None if window is None else _time_window(window, where)
     system = "\n".join(p for p in system_parts if p) or None
     return Settings(video_urls[0], question, system, frames, max_length, new_tokens, policy,
                     bool(req.stream),
-                    bool(req.stream_options and req.stream_options.include_usage), scales)
+                    bool(req.stream_options and req.stream_options.include_usage), scales,
+                    seek, window)
+
+
+def _time_window(v, where: str) -> tuple:
+    """[start_s, end_s] or "START,END" seconds: finite, 0 <= start < end (whether the window
+    lies inside the video is checked when the video is opened)."""
+    items = v.split(",") if isinstance(v, str) else v
+    try:
+        if isinstance(items, (list, tuple)) and len(items) == 2 and not any(
+                isinstance(x, bool) for x in items):
+            start, end = (float(x) for x in items)
+            if math.isfinite(start) and math.isfinite(end) and 0 <= start < end:
+                return (start, end)
+    except (TypeError, ValueError):
+        pass
+    raise APIError(400, f"{where}: expected [start_s, end_s] (or \"START,END\") in seconds "
+                   f"with 0 <= start < end, got {v!r}", where)
 
 
 # ----------------------------------------------------------------------------- responses
