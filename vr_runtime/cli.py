@@ -297,7 +297,7 @@ def run_questions(args, questions) -> list:
     time_window = getattr(args, "time_window", None)
     seek = getattr(args, "seek", "exact")
     future = prefetch_video(args.video, num_frames=args.frames, size=spec.size[0], mean=spec.mean,
-                            std=spec.std, progress=stderr_is_tty() and not args.json,
+                            std=spec.std, progress=_show_progress(args),
                             decoder=getattr(args, "decoder", "auto"),
                             memory_limit=_memory_for_video(args, device),
                             time_window=time_window, seek=seek,
@@ -333,10 +333,20 @@ def run_questions(args, questions) -> list:
             max_new_tokens=args.max_new_tokens))
         # answer() records clip.decode_s (which overlapped the model load) as the decode time;
         # later questions reuse the decoded frames, so they report no decoding.
-        res = vr.answer(clip if i == 0 else dataclasses.replace(clip, decode_s=0.0), question,
-                        options=opts)
+        from .progress import stage_status
+        # the running stage on a terminal (vision, router, prefill...: seconds of silence
+        # otherwise at many frames)
+        with stage_status(_show_progress(args)):
+            res = vr.answer(clip if i == 0 else dataclasses.replace(clip, decode_s=0.0),
+                            question, options=opts)
         outs.append({"answer": res.text, "report": dict(res.report)})
     return outs
+
+
+def _show_progress(args) -> bool:
+    """Bars and stage status: on a terminal, never with --json or --no-progress."""
+    return stderr_is_tty() and not getattr(args, "json", False) \
+        and not getattr(args, "no_progress", False)
 
 
 def _demo_title(question: str, out: dict) -> str:

@@ -48,6 +48,21 @@ class _NVML:
             return None
 
 
+# Callables ``fn(stage, started)`` told when any timer's stage starts and ends: how a terminal
+# shows which stage is running (vr_runtime.progress). Empty unless something listens.
+_listeners: list = []
+
+
+@contextlib.contextmanager
+def stage_listener(fn):
+    """Within it, ``fn(stage_name, started: bool)`` is called at each stage's start and end."""
+    _listeners.append(fn)
+    try:
+        yield
+    finally:
+        _listeners.remove(fn)
+
+
 class StageTimer:
     """``with timer.stage("vision"): ...`` accumulates seconds per stage name."""
 
@@ -70,11 +85,15 @@ class StageTimer:
     def stage(self, name: str):
         _sync(self.device)
         t0 = time.perf_counter()
+        for fn in list(_listeners):
+            fn(name, True)
         try:
             yield
         finally:
             _sync(self.device)
             self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
+            for fn in list(_listeners):
+                fn(name, False)
             used = self._nvml.used()
             if used is not None:
                 self.nvml_peak = max(self.nvml_peak or 0, used)
@@ -104,4 +123,4 @@ class StageTimer:
         return None, None, None
 
 
-__all__ = ["StageTimer"]
+__all__ = ["StageTimer", "stage_listener"]
