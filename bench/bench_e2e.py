@@ -543,6 +543,11 @@ def summarise(reports: List[dict]) -> dict:
         peak_mem_gb=gb(max((r["_torch_peak"] or 0) for r in reports) or None),
         nvml_stage_peak_gb=gb(max((r.get("peak_memory_nvml_bytes") or 0) for r in reports) or None),
         outside_peak_gb=gb(max((r["_outside_peak"] or 0) for r in reports) or None),
+        # the runtime's own: CUDA, the allocator's peak minus the weights on the device; CPU,
+        # the resident set's rise over the request (vr_runtime.memory)
+        activation_peak_gb=gb(max((r.get("peak_activation_bytes") or 0) for r in reports) or None),
+        weights_gb=gb((last.get("weights_bytes") or {}).get("total")),
+        shadow_stack_gb=gb((last.get("weights_bytes") or {}).get("shadow_stack")),
     )
 
 

@@ -95,6 +95,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     import torch
 
     from common import environment, environment_line, finish, markdown_table
+    torch.set_num_threads(args.threads)   # as the rows' processes (the results file says so)
     rows = []
     for row in args.rows.split(","):
         cmd = [sys.executable, os.path.abspath(__file__), "--one", row, "--frames",
