@@ -28,22 +28,42 @@ def _ask(vr, video, q, **kw):
     return ids, res.report
 
 
-def test_same_plan_reuses_the_visual_prefix(pair):
+def _first_logits(vr, monkeypatch):
+    """The last prefill pass's last-row logits of each answer (the first token's)."""
+    seen = []
+    orig = vr.lm.forward
+
+    def forward(**k):
+        out = orig(**k)
+        if k.get("inputs_embeds") is not None:
+            seen.append(out.logits[0, -1].clone())
+        return out
+    monkeypatch.setattr(vr.lm, "forward", forward)
+    return seen
+
+
+def test_same_plan_reuses_the_visual_prefix(pair, monkeypatch):
     plain, cached = pair
     video = torch.randn(4, 3, 448, 448, generator=torch.Generator().manual_seed(1))
     kw = dict(num_frames=4, max_new_tokens=6, policy="global")
     cached.clear_visual_cache()
-    statuses = []
+    statuses, first = [], []
     for q in QS:
+        seen = _first_logits(plain, monkeypatch)
         want, _ = _ask(plain, video, q, **kw)                       # one full prefill
         got, rep = _ask(cached, video, q, cache_visual=True, **kw)
+        monkeypatch.undo()
         assert got == want and len(got) > 0
+        # the first token's logits: the plain prefill's (close: two passes instead of one)
+        torch.testing.assert_close(seen[-1], seen[0], rtol=1e-4, atol=1e-4)
+        first.append(seen[-1])
         statuses.append(rep["prefix_cache"]["status"])
         P = rep["prefix_cache"]["tokens"]
         ids, _ = cached.lm.build_prompt(q, rep["frame_tokens"])
         last_visual = int((ids == cached.lm.image_token_id).nonzero()[-1])
         assert P == last_visual + 1 and P < rep["prompt_tokens"]
     assert statuses == ["miss", "hit", "hit"]
+    assert torch.equal(first[0], first[2])   # a hit computes exactly what the miss did
     assert any("visual prefix cache hit" in n for n in rep["notes"])
 
 
