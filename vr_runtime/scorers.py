@@ -236,8 +236,15 @@ class CLIPScorer(FrameScorer):
 
     @torch.no_grad()
     def similarities(self, pixel_values: torch.Tensor, frame_spec, question: str) -> torch.Tensor:
-        """Cosine similarity [T] of each frame to the question."""
+        """Cosine similarity [T] of each frame to the question. Units of k frames ([T, 3k, H, W],
+        ``Backbone.units``: Qwen3-VL's temporal patches) score as their most similar frame, as a
+        unit is relevant when one of its frames is."""
         import torch.nn.functional as F
+        k = pixel_values.shape[1] // 3
+        if k > 1:
+            U = pixel_values.shape[0]
+            frames = pixel_values.reshape(U * k, 3, *pixel_values.shape[-2:])
+            return self.similarities(frames, frame_spec, question).view(U, k).max(1).values
         dev = next(self.model.parameters()).device
         dt = next(self.model.parameters()).dtype
         m = torch.tensor(frame_spec.mean).view(1, 3, 1, 1)

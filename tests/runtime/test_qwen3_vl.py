@@ -349,3 +349,20 @@ def test_ask_serve_eval_take_a_qwen3_vl_directory(bb, tmp_path):
     r = json.loads(out.stdout)["report"]
     assert r["backbone"] == "qwen3_vl" and r["scales"] == [2, 2]   # 4 frames, 2 temporal patches
     assert len(r["frame_times_s"]) == 2
+
+
+def test_clip_scores_a_unit_as_its_best_frame(vr, tmp_path):
+    """The CLIP scorers read units of two frames: a unit's similarity is its best frame's, and
+    `--scorer clip-fill` runs on Qwen3-VL."""
+    from vr_runtime.eval.synthetic import make_random_clip
+    from vr_runtime.scorers import CLIPScorer
+    clip = CLIPScorer.from_pretrained(make_random_clip(tmp_path))
+    c = _clip()
+    spec = vr.lm.frame_spec
+    per_frame = clip.similarities(c.pixel_values, spec, Q)
+    pv, _, _ = vr.lm.units(c.pixel_values, c.frame_indices, None)
+    torch.testing.assert_close(clip.similarities(pv, spec, Q), per_frame.view(4, 2).max(1).values)
+    r = vr.answer(c, Q, num_frames=8, max_new_tokens=1, policy="fragment", budget=2 * 196 + 40,
+                  scorer=clip).report
+    assert r["scorer"] == "clip" and len(r["frame_scores"]) == 4
+    assert r["visual_tokens"] <= 2 * 196 + 40
