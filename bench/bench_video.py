@@ -46,6 +46,10 @@ print(json.dumps({"base_mb": base / 1024, "peak_mb": peak / 1024, "wall_s": wall
 
 
 def main(argv=None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["ttf"]:
+        return ttf_main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--frames", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=4.0)
@@ -90,6 +94,171 @@ def main(argv=None) -> int:
     md = markdown_table(rows, ["source", "decoder", "frames", "clip_mb",
                                "peak_above_imports_mb", "estimate_mb", "wall_s"])
     finish(args.out, payload, md, show=False)
+    return 0
+
+
+# ----------------------------------------------------------------------------- time to frames
+
+# name: (file, seconds, ffmpeg arguments that make it). Made once into the cache directory
+# (not the repository): libx264 at -preset veryfast keeps x264's default GOP (keyint 250, with
+# scene cuts), 3 B-frames and CABAC, so the decode cost is that of the defaults.
+TTF_CLIPS = {
+    "h264_720p": ("h264_720p_600s.mp4", 600,
+                  ["-f", "lavfi", "-i", "testsrc2=size=1280x720:rate=30", "-c:v", "libx264",
+                   "-preset", "veryfast", "-pix_fmt", "yuv420p"]),
+    "vp9_720p": ("vp9_720p_120s.webm", 120,
+                 ["-f", "lavfi", "-i", "testsrc2=size=1280x720:rate=30", "-c:v", "libvpx-vp9",
+                  "-deadline", "realtime", "-cpu-used", "8", "-b:v", "2M", "-g", "240"]),
+    "hevc_1080p": ("hevc_1080p_120s.mp4", 120,
+                   ["-f", "lavfi", "-i", "testsrc2=size=1920x1080:rate=30", "-c:v", "libx265",
+                    "-preset", "ultrafast", "-x265-params", "log-level=0", "-tag:v", "hvc1"]),
+}
+
+
+def ttf_clip(cache: str, name: str) -> str:
+    fname, seconds, args = TTF_CLIPS[name]
+    path = os.path.join(cache, fname)
+    if not os.path.exists(path):
+        os.makedirs(cache, exist_ok=True)
+        tmp = path + ".tmp" + os.path.splitext(path)[1]
+        subprocess.run(["ffmpeg", "-v", "error", "-y", *args[:4], "-t", str(seconds), *args[4:],
+                        tmp], check=True)
+        os.replace(tmp, path)
+    return path
+
+
+def needed_frames(info, indices) -> int:
+    """Frames a decoder must decode for ``indices``: from each sampled frame's keyframe to it,
+    a keyframe interval decoded once for all its samples."""
+    n, last_key, last = 0, None, -1
+    for k in indices:
+        key = int(info.keyframe[k])
+        if key != last_key or k <= last:
+            n += k - key + 1
+        else:
+            n += k - last
+        last_key, last = key, k
+    return n
+
+
+def ffmpeg_rate(path: str, frames: int = 1500) -> float:
+    """ffmpeg's own single-thread decode rate of this clip (frames/s), output discarded."""
+    import time
+    t0 = time.perf_counter()
+    subprocess.run(["ffmpeg", "-v", "error", "-threads", "1", "-i", path, "-map", "0:v:0",
+                    "-frames:v", str(frames), "-f", "null", "-"], check=True)
+    return frames / (time.perf_counter() - t0)
+
+
+def _decode(info, indices, scale, decoder, workers, seek):
+    import hashlib
+    import time
+
+    import numpy as np
+    from vr_runtime import decoders as D
+    got = {}
+    t0 = time.perf_counter()
+    D.decode_frames(info, indices, scale, lambda i, f: got.__setitem__(i, f), decoder,
+                    workers=workers, seek=seek)
+    wall = time.perf_counter() - t0
+    h = hashlib.sha1()
+    for i in range(len(indices)):
+        h.update(np.ascontiguousarray(got[i]).tobytes())
+    return wall, h.hexdigest()
+
+
+def ttf_main(argv) -> int:
+    ap = argparse.ArgumentParser(prog="bench_video.py ttf",
+                                 description="time to frames: seconds until the sampled frames "
+                                             "are decoded, by method, against ffmpeg's single-"
+                                             "thread limit")
+    ap.add_argument("--clips", default=",".join(TTF_CLIPS))
+    ap.add_argument("--frames", default="16,32,64,256")
+    ap.add_argument("--cache", default=os.environ.get(
+        "VIDEOROUTER_BENCH_CACHE", os.path.expanduser("~/.cache/videorouter-bench")))
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
+                                                  "video_ttf_cpu.json"))
+    args = ap.parse_args(argv)
+    import numpy as np
+    from vr_runtime import decoders as D
+    from vr_runtime.video import open_video, sample_indices
+    cores = D.default_workers()
+    rows = []
+    for name in args.clips.split(","):
+        path = ttf_clip(args.cache, name)
+        info = open_video(path)
+        keys = np.unique(info.keyframe)
+        gop = float(np.mean(np.diff(keys))) if keys.size > 1 else float(info.num_frames)
+        rate = ffmpeg_rate(path)
+        scale = D.scaled_size(info.width, info.height, 448)
+        for T in (int(x) for x in args.frames.split(",")):
+            idx = sample_indices(info.num_frames, T, info.fps)
+            need = needed_frames(info, idx)
+            limit = need / rate
+            kidx = D.keyframe_indices(info, idx)
+            methods = [("decord", "decord", 1, "exact")] if "decord" in \
+                D.available_decoders() else []
+            methods += [("PyAV (1 decoder, no frame skipping)", "pyav-plain", 1, "exact"),
+                        ("ours exact, 1 worker", "pyav", 1, "exact")]
+            methods += [(f"ours exact, {w} workers" + (" (all cores)" if w == cores else ""),
+                         "pyav", w, "exact") for w in sorted({2, cores}) if w > 1]
+            methods += [("ours keyframe, 1 worker", "pyav", 1, "keyframe")]
+            methods += [(f"ours keyframe, {cores} workers (all cores)", "pyav", cores,
+                         "keyframe")] if cores > 1 else []
+            ref_hash = key_hash = None
+            for label, dec, w, seek in methods:
+                saved = D._NONREF_CODECS
+                if dec == "pyav-plain":   # the decode as it was: every frame decoded
+                    D._NONREF_CODECS = frozenset()
+                try:
+                    wall, digest = _decode(info, kidx if seek == "keyframe" else idx, scale,
+                                           "pyav" if dec == "pyav-plain" else dec, w, seek)
+                finally:
+                    D._NONREF_CODECS = saved
+                if dec == "pyav-plain":
+                    ref_hash = digest
+                if seek == "keyframe":   # the keyframe rows against each other
+                    same = "-" if dec != "pyav" or w == 1 else \
+                        ("same as 1 worker" if digest == key_hash else "NO")
+                    key_hash = digest if w == 1 else key_hash
+                else:
+                    same = "-" if ref_hash is None else ("yes" if digest == ref_hash else "NO")
+                rows.append({"clip": name, "frames": T, "method": label,
+                             "time_s": round(wall, 2), "x_limit": round(wall / limit, 3),
+                             "frames_used": len(kidx) if seek == "keyframe" else len(idx),
+                             "identical_to_pyav": same})
+                print(rows[-1], flush=True)
+            rows.append({"clip": name, "frames": T,
+                         "method": f"limit: ffmpeg -threads 1, {need} frames at "
+                                   f"{rate:.0f} frames/s", "time_s": round(limit, 2),
+                         "x_limit": 1.0, "frames_used": len(idx), "identical_to_pyav": "-"})
+            print(rows[-1], flush=True)
+        rows.append({"clip": name, "frames": "-", "method": f"({info.codec} {info.width}x"
+                     f"{info.height}, {info.duration_s:.0f} s, {info.num_frames} frames, "
+                     f"mean keyframe interval {gop:.0f} frames)", "time_s": "-",
+                     "x_limit": "-", "frames_used": "-", "identical_to_pyav": "-"})
+    import av
+    env = environment()
+    env.update(pyav=av.__version__, ffmpeg_in_pyav=av.ffmpeg_version_info,
+               cores_available=cores, cpu_count=os.cpu_count())
+    if "decord" in D.available_decoders():
+        import decord
+        env["decord"] = decord.__version__
+    try:
+        env["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    payload = {"benchmark": "time to frames: decode the sampled frames (InternVL sampling) at "
+                            "the pipeline's decode size, by method",
+               "label": f"CPU, {cores} cores (shared machine: other jobs ran; ratios are from "
+                        f"one run)",
+               "limit": "ffmpeg's own single-thread decode rate of the clip (ffmpeg -threads 1 "
+                        "-f null, first 1500 frames) times the frames the samples need (each "
+                        "sample's keyframe to it, a keyframe interval once for its samples)",
+               "environment": env, "settings": vars(args), "rows": rows}
+    md = markdown_table(rows, ["clip", "frames", "method", "time_s", "x_limit", "frames_used",
+                               "identical_to_pyav"])
+    finish(args.out, payload, md, show=True)
     return 0
 
 

@@ -705,7 +705,10 @@ def _pyav(info: VideoIndex, indices: List[int], scale: Tuple[int, int], on_frame
     try:
         if info.has_pts:
             try:
-                _pyav_by_pts(holder, info, indices, rgb, on_frame, seek=seek)
+                if seek == "keyframe":
+                    _pyav_keyframes(holder, info, indices, rgb, on_frame)
+                else:
+                    _pyav_by_pts(holder, info, indices, rgb, on_frame, seek=seek)
                 return
             except _NotByPts:
                 # Decoded frames do not carry the demuxer's timestamps: count them instead
@@ -815,6 +818,43 @@ def _pyav_by_pts(holder: list, info: VideoIndex, indices: List[int], rgb, on_fra
         on_frame(n if positions is None else positions[n], rgb(frame))
 
 
+def _pyav_keyframes(holder: list, info: VideoIndex, indices: List[int], rgb, on_frame,
+                    positions: Optional[Sequence[int]] = None) -> None:
+    """Keyframes only: for each, seek to it, decode its packet alone and drain the decoder
+    (a keyframe references nothing, so this is ffmpeg's frame; without the drain a decoder
+    that reorders would hold it back until later frames arrive). A keyframe the demuxer does
+    not land on goes through the general path (decoding on from the seek point)."""
+    import av
+    container = holder[0]
+    stream = _video_stream(container, info, 1)   # one frame per seek: threads only add latency
+    ctx = stream.codec_context
+    for n, k in enumerate(indices):
+        _check_cancel(info.path)
+        target = int(info.pts[k])
+        container.seek(target, stream=stream, backward=True, any_frame=False)
+        frame = None
+        for pkt in container.demux(stream):
+            if pkt.size == 0 or pkt.pts is None:
+                continue
+            if pkt.pts == target:
+                for f in list(ctx.decode(pkt)) + list(ctx.decode(None)):
+                    if f.pts == target:
+                        frame = f
+                ctx.flush_buffers()
+                break
+            if pkt.is_keyframe and pkt.pts > target:
+                break                  # the seek landed past it
+        if frame is None:   # on a container of its own (this one's decoder is set up)
+            sub = [av.open(info.open_path, metadata_errors="ignore")]
+            try:
+                _pyav_by_pts(sub, info, [k], rgb, on_frame, seek="keyframe",
+                             positions=[n if positions is None else positions[n]])
+            finally:
+                sub[0].close()
+            continue
+        on_frame(n if positions is None else positions[n], rgb(frame))
+
+
 def _parallel(info: VideoIndex, indices: List[int], shares: List[List[int]], rgb, on_frame,
               threads: int, seek: str) -> None:
     """Decode each share (positions in ``indices``) on its own thread with its own demuxer and
@@ -836,8 +876,12 @@ def _parallel(info: VideoIndex, indices: List[int], shares: List[List[int]], rgb
         try:
             with cancel_scope(should_stop):
                 holder[0] = av.open(info.open_path, metadata_errors="ignore")
-                _pyav_by_pts(holder, info, [indices[p] for p in share], rgb, on_frame,
-                             seek=seek, threads=threads, positions=share)
+                if seek == "keyframe":
+                    _pyav_keyframes(holder, info, [indices[p] for p in share], rgb, on_frame,
+                                    positions=share)
+                else:
+                    _pyav_by_pts(holder, info, [indices[p] for p in share], rgb, on_frame,
+                                 seek=seek, threads=threads, positions=share)
         except BaseException as e:  # kept for the caller, which raises the first
             failed.append(e)
             stop.set()

@@ -505,9 +505,7 @@ def _prepare(path, num_frames, time_window, size, decoder, mean, std, memory_lim
     with D.cancel_scope(should_stop):
         info = open_video(path, limits=limits)
     indices, note = _plan(info, num_frames, time_window, seek)
-    # keyframe seeking decodes one frame a sample: no parallel decoders to pay memory for
-    workers = _check_memory(path, info, len(indices), size, memory_limit,
-                            workers if seek == "exact" else 1)
+    workers = _check_memory(path, info, len(indices), size, memory_limit, workers)
     return _Plan(info, path, indices, num_frames, size, note, decoder, mean, std,
                  tuple(time_window) if time_window is not None else None, should_stop,
                  seek, workers)

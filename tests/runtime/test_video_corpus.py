@@ -293,6 +293,8 @@ def test_keyframe_seek_matches_ffprobe_keyframes(corpus, name):
     ours, _ = decode_native(info, clip.frame_indices, "pyav", seek="keyframe")
     diff = np.abs(ours.astype(np.int16) - frames[clip.frame_indices].astype(np.int16))
     assert diff.max() <= 2, diff.max()
+    two, _ = decode_native(info, clip.frame_indices, "pyav", workers=2, seek="keyframe")
+    assert np.array_equal(ours, two)
 
 
 @pytest.mark.parametrize("name", ["h264_bframes_mkv", "hevc", "av1", "vp9_realtime", "vp8",
