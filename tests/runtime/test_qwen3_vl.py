@@ -366,3 +366,26 @@ def test_clip_scores_a_unit_as_its_best_frame(vr, tmp_path):
                   scorer=clip).report
     assert r["scorer"] == "clip" and len(r["frame_scores"]) == 4
     assert r["visual_tokens"] <= 2 * 196 + 40
+
+
+def test_budget_resize_view_and_rule(bb):
+    """budget-resize on Qwen3-VL: the rule counts temporal patches (ceil(F / 2) units) at
+    factor 32, never above full size; the view at the chosen size equals HF's forward on the
+    same units at that size (window 1), and the model itself is untouched."""
+    assert bb.budget_frame_size(64, 12288) == (448, 448)          # 32 x 196 fits already
+    h, w = bb.budget_frame_size(64, 3000)
+    assert 32 * (h // 32) * (w // 32) <= 3000 < 32 * (h // 32 + 1) * (w // 32 + 1)
+    with pytest.raises(ValueError, match="multiples of 32"):
+        bb.at_resolution(224, 250)
+    v = bb.at_resolution(224, 256)
+    assert v.grid == (7, 8) and v.frame_spec.size == (224, 256) and bb.grid == (14, 14)
+    frames = torch.randn(4, 3, 224, 256, generator=torch.Generator().manual_seed(8))
+    pv, _, times = v.units(frames, [0, 1, 2, 3], [0.0, 0.5, 1.0, 1.5])
+    ids, starts = v.build_prompt(Q, [56, 56], times=times)
+    with torch.no_grad():
+        Z = v.encode_frames(pv)
+        E = reconstruct_embeds(v.model, ids, Z, [1, 1], v.image_token_id, v.grid,
+                               frame_starts=starts)
+        ours = v.forward(inputs_embeds=E, position_ids=v.position_ids(ids, [1, 1], starts))
+        ref = v.model(**v.reference_inputs(ids, pv)).logits[0, -1]
+    torch.testing.assert_close(ours.logits[0, -1], ref, rtol=1e-4, atol=1e-4)

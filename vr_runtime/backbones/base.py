@@ -94,7 +94,7 @@ class Backbone(abc.ABC):
         raise ValueError(f"backbone {self.family!r} ({self.name}) cannot run at {height}x{width}: "
                          f"its vision tower takes {self.frame_spec.size[0]}x"
                          f"{self.frame_spec.size[1]} frames only; a reduced-resolution baseline "
-                         f"(budget-resize) needs a Qwen2.5-VL model")
+                         f"(budget-resize) needs a Qwen2.5-VL or Qwen3-VL model")
 
     def budget_frame_size(self, frames: int, budget: int) -> Tuple[int, int]:
         """The largest frame size (this family's own resize rule) at which ``frames`` frames fit
@@ -102,7 +102,7 @@ class Backbone(abc.ABC):
         raise ValueError(f"backbone {self.family!r} ({self.name}) has no reduced-resolution "
                          f"budget rule: its vision tower takes {self.frame_spec.size[0]}x"
                          f"{self.frame_spec.size[1]} frames only; budget-resize needs a "
-                         f"Qwen2.5-VL model (InternVL3's budget baseline is `budget`)")
+                         f"Qwen2.5-VL or Qwen3-VL model (InternVL3's budget baseline is `budget`)")
 
     @classmethod
     @abc.abstractmethod

@@ -118,6 +118,7 @@ class Qwen3VLBackbone(Backbone):
     model_types = ("qwen3_vl",)
     vision_tokens = QWEN3_TOKENS
     uses_frame_times = True
+    resizes_frames = True   # at_resolution / budget_frame_size: the budget-resize baseline
 
     def __init__(self, model, tokenizer, device, dtype, name):
         super().__init__(model, tokenizer, device, dtype, name)
@@ -132,6 +133,8 @@ class Qwen3VLBackbone(Backbone):
             raise ModelFilesError(f"model {name!r}: patch {self.patch_size} x merge "
                                   f"{self.merge_size} does not tile {FRAME_SIZE} frames")
         self.streams = 1 + len(vc.deepstack_visual_indexes)
+        # (H, W) of every frame: FRAME_SIZE, or a view's own size (at_resolution)
+        self.frame_size: Tuple[int, int] = FRAME_SIZE
         self._trunk = VisionTrunk(visual)
         self._mergers = nn.ModuleList([visual.merger, *visual.deepstack_merger_list])
         self._group = _MergeGroups(self.merge_size ** 2)
@@ -155,7 +158,41 @@ class Qwen3VLBackbone(Backbone):
     @property
     def grid(self) -> Tuple[int, int]:
         u = self.patch_size * self.merge_size
-        return FRAME_SIZE[0] // u, FRAME_SIZE[1] // u
+        return self.frame_size[0] // u, self.frame_size[1] // u
+
+    @property
+    def frame_spec(self) -> FrameSpec:
+        return FrameSpec(size=self.frame_size, mean=QWEN3_MEAN, std=QWEN3_STD)
+
+    def at_resolution(self, height: int, width: int) -> "Qwen3VLBackbone":
+        """A view of this model (same weights, tokenizer and merger-swap lock) whose frames are
+        ``height`` x ``width`` (multiples of patch x merge = 32): frame spec, grid, vision call,
+        prompt counts and positions follow (the tower interpolates its learned position grid
+        to any size, as for any video Qwen3-VL's processor resizes)."""
+        import copy
+        unit = self.patch_size * self.merge_size
+        size = (height, width)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= unit and v % unit == 0
+                   for v in size):
+            raise ValueError(f"at_resolution: {height}x{width} is not a frame size of this model; "
+                             f"height and width must be positive multiples of {unit} "
+                             f"(patch {self.patch_size} x merge {self.merge_size})")
+        if size == tuple(self.frame_size):
+            return self
+        view = copy.copy(self)
+        view.frame_size = size
+        return view
+
+    def budget_frame_size(self, frames: int, budget: int) -> Tuple[int, int]:
+        """The budget baseline's frame size on Qwen3-VL: the largest ``smart_resize`` size
+        (factor 32, at least a 2x2 merged grid) of the full frame whose ceil(frames / 2) units
+        fit ``budget`` tokens -- Qwen2.5-VL's rule (``qwen2_5_vl.budget_frame_size``) with
+        Qwen3-VL's factor, counted in temporal patches."""
+        from .qwen2_5_vl import budget_frame_size
+        unit = self.patch_size * self.merge_size
+        units = -(-int(frames) // self.frames_per_unit) if isinstance(frames, int) else frames
+        return budget_frame_size(units, budget, size=FRAME_SIZE, factor=unit,
+                                 min_pixels=(2 * unit) ** 2)
 
     @classmethod
     def spec_from_config(cls, config: dict) -> FrameSpec:
@@ -220,9 +257,10 @@ class Qwen3VLBackbone(Backbone):
         if pixel_values.ndim != 4 or pixel_values.shape[1] != 3 * k:
             raise ValueError(f"pixel_values: expected units [U, {3 * k}, H, W] ({k} frames each, "
                              f"Backbone.units), got {tuple(pixel_values.shape)}")
-        if tuple(pixel_values.shape[-2:]) != FRAME_SIZE:
+        if tuple(pixel_values.shape[-2:]) != tuple(self.frame_size):
             raise ValueError(f"pixel_values: this Qwen3-VL model takes frames of "
-                             f"{FRAME_SIZE[0]}x{FRAME_SIZE[1]}, got {tuple(pixel_values.shape[-2:])}")
+                             f"{self.frame_size[0]}x{self.frame_size[1]}, got "
+                             f"{tuple(pixel_values.shape[-2:])}")
         if not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size: expected an int >= 1, got {chunk_size!r}")
 
@@ -234,7 +272,7 @@ class Qwen3VLBackbone(Backbone):
         self._check_units(pixel_values, chunk_size)
         visual = self.model.model.visual
         p = next(self._trunk.parameters())
-        gh, gw = FRAME_SIZE[0] // self.patch_size, FRAME_SIZE[1] // self.patch_size
+        gh, gw = self.frame_size[0] // self.patch_size, self.frame_size[1] // self.patch_size
         n = self.grid[0] * self.grid[1]
         for i in range(0, pixel_values.shape[0], chunk_size):
             pv = pixel_values[i:i + chunk_size].to(device=p.device, dtype=p.dtype, non_blocking=True)
@@ -288,7 +326,7 @@ class Qwen3VLBackbone(Backbone):
         """Keyword arguments of HF's own ``model(...)`` for prompt ``ids`` [L] holding every
         unit of ``pixel_values`` [U, 6, 448, 448] at window 1 (one video of U temporal patches)."""
         ids = ids.reshape(1, -1).to(self.device)
-        gh, gw = FRAME_SIZE[0] // self.patch_size, FRAME_SIZE[1] // self.patch_size
+        gh, gw = self.frame_size[0] // self.patch_size, self.frame_size[1] // self.patch_size
         return {"input_ids": ids,
                 "pixel_values_videos": unit_patches(pixel_values, self.patch_size,
                                                     self.merge_size,
