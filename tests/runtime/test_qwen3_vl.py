@@ -389,3 +389,71 @@ def test_budget_resize_view_and_rule(bb):
         ours = v.forward(inputs_embeds=E, position_ids=v.position_ids(ids, [1, 1], starts))
         ref = v.model(**v.reference_inputs(ids, pv)).logits[0, -1]
     torch.testing.assert_close(ours.logits[0, -1], ref, rtol=1e-4, atol=1e-4)
+
+
+def test_moe_window1_equals_hf_and_routes(tmp_path):
+    """Qwen3-VL MoE (tiny-qwen3-vl-moe): the same equivalence with HF's forward and generate,
+    the shadow stack's MoE layers (experts copied) give the LLM's features after layer 4, a
+    policy at scales 1,1,1 is dense's answer, and router weights of the dense family are
+    refused."""
+    from vr_runtime.backbones.qwen3_vl import Qwen3VLMoeBackbone
+    from vr_runtime.errors import RouterWeightsError
+    from vr_runtime.routers import RouterConfig, Routers, embed_question
+    from vr_runtime.runtime import VideoRouter
+    b = Qwen3VLMoeBackbone.tiny()
+    assert type(b.decoder().layers[0].mlp).__name__.endswith("SparseMoeBlock")
+    frames = _frames(4, seed=12)
+    ref = _processor_inputs(b, frames, indices=INDICES[:4])
+    ids, E, pos, Z = _ours(b, frames, [1, 1], indices=INDICES[:4])
+    assert torch.equal(ids, ref["input_ids"][0])
+    with torch.no_grad():
+        torch.testing.assert_close(b.forward(inputs_embeds=E, position_ids=pos).logits[0, -1],
+                                   b.model(**ref).logits[0, -1], rtol=1e-4, atol=1e-4)
+        gen = b.model.generate(**ref, max_new_tokens=4, do_sample=False,
+                               eos_token_id=sorted(b.stop_token_ids()), pad_token_id=0)
+        vr = VideoRouter(b, warmup_frames=0)
+        mine = vr.generate(E, 4, position_ids=pos)
+    stops = b.stop_token_ids()
+    hf = gen[0, ids.numel():].tolist()
+    assert mine == hf[:next((i for i, t in enumerate(hf) if t in stops), 4)]
+    # the shadow stack over MoE layers, with DeepStack: the LLM's features after layer 4
+    q_ids = b.tokenizer(Q, add_special_tokens=False)["input_ids"]
+    unit = Z[:1]
+    x_ids = torch.tensor([[b.image_token_id] * unit.shape[1] + q_ids])
+    pv, _, _ = b.units(frames[:2], [0, 1], None)
+    with torch.no_grad():
+        hs = b.model(input_ids=x_ids, pixel_values_videos=unit_patches(pv),
+                     video_grid_thw=torch.tensor([[1, 28, 28]]),
+                     mm_token_type_ids=(x_ids == b.image_token_id).int() * 2,
+                     output_hidden_states=True).hidden_states[4]
+        q = embed_question(b.model, b.tokenizer, Q)
+        x = torch.cat([unit, torch.cat([q, q.new_zeros(len(q_ids), unit.shape[-1] - q.shape[-1])],
+                                       -1)[None]], 1)
+        r = Routers.from_backbone(b, RouterConfig(router_dim=32, num_heads=4))
+        H = b.decoder().norm(r.shadow(x, position_ids=b.router_position_ids(b.grid, len(q_ids), 1)))
+    torch.testing.assert_close(H, hs, rtol=1e-5, atol=1e-5)
+    c = _clip(4)
+    kw = dict(num_frames=4, max_new_tokens=3, global_scale=1, high=1, low=1)
+    assert vr.answer(c, Q, policy="fragment", budget=2 * 196, **kw).text == \
+        vr.answer(c, Q, policy="dense", **kw).text
+    r.save(tmp_path / "moe.st")
+    with pytest.raises(RouterWeightsError, match="trained on a qwen3_vl_moe backbone"):
+        Routers.load(tmp_path / "moe.st", Qwen3VLBackbone.tiny())
+
+
+def test_moe_shape_preset():
+    """Qwen3-VL-30B-A3B as released: 31.07B parameters; the cost model's MLP is the active
+    experts' width (8 x 768)."""
+    from transformers import Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
+    d = json.loads((CONFIGS / "qwen3_vl_30b_a3b.json").read_text())
+    d.pop("_comment")
+    cfg = Qwen3VLMoeConfig.from_dict(d)
+    tc = cfg.text_config
+    assert (tc.num_experts, tc.num_experts_per_tok, tc.moe_intermediate_size,
+            tc.num_hidden_layers, tc.hidden_size) == (128, 8, 768, 48, 2048)
+    with torch.device("meta"):
+        model = Qwen3VLMoeForConditionalGeneration._from_config(cfg)
+    assert sum(p.numel() for p in model.parameters()) == 31_070_754_032
+    from vr_runtime.cost_model import load_shape
+    s = load_shape(str(CONFIGS / "qwen3_vl_30b_a3b.json"))
+    assert s.ff == 8 * 768 and s.tokens_per_frame == 196 and s.layers == 48

@@ -20,12 +20,14 @@ MODEL_TYPES = {
     "internvl": "internvl3:InternVL3Backbone",
     "qwen2_5_vl": "qwen2_5_vl:Qwen25VLBackbone",
     "qwen3_vl": "qwen3_vl:Qwen3VLBackbone",
+    "qwen3_vl_moe": "qwen3_vl:Qwen3VLMoeBackbone",
 }
 # preset name -> the model_type whose class builds it with ``.tiny()``
 PRESETS = {
     "tiny": "internvl",
     "tiny-qwen2.5-vl": "qwen2_5_vl",
     "tiny-qwen3-vl": "qwen3_vl",
+    "tiny-qwen3-vl-moe": "qwen3_vl_moe",
 }
 
 
@@ -33,7 +35,6 @@ PRESETS = {
 UNSUPPORTED = {
     "internvl_chat": "use the OpenGVLab/InternVL3-*-hf conversion, not the remote-code "
                      "'internvl_chat' checkpoint",
-    "qwen3_vl_moe": "Qwen3-VL's MoE checkpoints are not supported yet, its dense ones are",
     "qwen3_5": "Qwen3.5's hybrid (Gated DeltaNet) decoder is not supported yet",
 }
 

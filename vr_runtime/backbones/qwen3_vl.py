@@ -119,6 +119,10 @@ class Qwen3VLBackbone(Backbone):
     vision_tokens = QWEN3_TOKENS
     uses_frame_times = True
     resizes_frames = True   # at_resolution / budget_frame_size: the budget-resize baseline
+    # transformers classes (names, imported on use) and the checkpoint layout of this family
+    hf_model, hf_config, layout = ("Qwen3VLForConditionalGeneration", "Qwen3VLConfig",
+                                   "Qwen3-VL-*-Instruct")
+    preset = "tiny-qwen3-vl"
 
     def __init__(self, model, tokenizer, device, dtype, name):
         super().__init__(model, tokenizer, device, dtype, name)
@@ -456,12 +460,18 @@ class Qwen3VLBackbone(Backbone):
 
     # ------------------------------------------------------------------ construction
     @classmethod
+    def _hf(cls, name: str):
+        import transformers
+        return getattr(transformers, name)
+
+    @classmethod
     def load(cls, path, device="cpu", dtype=None,
              attn_implementation: Optional[str] = None) -> "Qwen3VLBackbone":
-        """A local Qwen3-VL-*-Instruct directory (dense), in eval mode."""
-        from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration
+        """A local Qwen3-VL-*-Instruct directory (``layout``), in eval mode."""
+        from transformers import AutoTokenizer
+        Qwen3VLForConditionalGeneration = cls._hf(cls.hf_model)
         path = pathlib.Path(path).expanduser()
-        check_weights_dir(path, "qwen3_vl", "Qwen3-VL-*-Instruct")
+        check_weights_dir(path, cls.model_types[0], cls.layout)
         dev = resolve_device(device)
         dt = resolve_dtype(dtype, dev)
         attn = pick_attn_implementation(attn_implementation, dev, dt)
@@ -488,18 +498,22 @@ class Qwen3VLBackbone(Backbone):
         return cls(model.eval(), tok, dev, dt, path.name)
 
     @classmethod
-    def preset_config(cls, name: str = "tiny-qwen3-vl") -> dict:
+    def tiny_config(cls, vocab_size: int, ids) -> dict:
+        return tiny_config_dict(vocab_size, ids)
+
+    @classmethod
+    def preset_config(cls, name: Optional[str] = None) -> dict:
         tok = tiny_tokenizer()
-        return tiny_config_dict(len(tok), special_ids(tok))
+        return cls.tiny_config(len(tok), special_ids(tok))
 
     @classmethod
     def tiny(cls, device="cpu", dtype=None, attn_implementation: Optional[str] = None,
              seed: int = 0) -> "Qwen3VLBackbone":
-        """The ``tiny-qwen3-vl`` preset: :func:`tiny_config_dict`, deterministic random weights
-        (built and filled on the CPU, then moved)."""
+        """The family's tiny preset (``preset``): :meth:`tiny_config`, deterministic random
+        weights (built and filled on the CPU, then moved)."""
         tok = tiny_tokenizer()
-        cfg = tiny_config_dict(len(tok), special_ids(tok))
-        return cls._build(cfg, tok, "tiny-qwen3-vl", device, dtype, seed, attn_implementation,
+        cfg = cls.tiny_config(len(tok), special_ids(tok))
+        return cls._build(cfg, tok, cls.preset, device, dtype, seed, attn_implementation,
                           build_on_cpu=True)
 
     @classmethod
@@ -510,8 +524,9 @@ class Qwen3VLBackbone(Backbone):
         tokenizer (token ids rewritten to its ids), for latency benchmarks."""
         if not isinstance(config, dict):
             raise ValueError(f"config: expected a path or a dict, got {type(config).__name__}")
-        if config.get("model_type", "qwen3_vl") != "qwen3_vl":
-            raise ValueError(f"config: model_type {config.get('model_type')!r}, expected 'qwen3_vl'")
+        want = cls.model_types[0]
+        if config.get("model_type", want) != want:
+            raise ValueError(f"config: model_type {config.get('model_type')!r}, expected {want!r}")
         tok = tiny_tokenizer()
         cfg = with_token_ids(config, special_ids(tok), len(tok))
         return cls._build(cfg, tok, name, device, dtype, seed, attn_implementation)
@@ -519,14 +534,46 @@ class Qwen3VLBackbone(Backbone):
     @classmethod
     def _build(cls, cfg: dict, tok, name, device, dtype, seed, attn_implementation,
                build_on_cpu: bool = False) -> "Qwen3VLBackbone":
-        from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
         dev = resolve_device(device)
         dt = resolve_dtype(dtype, dev)
         attn = pick_attn_implementation(attn_implementation, dev, dt)
         where = torch.device("cpu") if build_on_cpu else dev
-        model = build_model(Qwen3VLForConditionalGeneration, Qwen3VLConfig.from_dict(cfg),
+        model = build_model(cls._hf(cls.hf_model), cls._hf(cls.hf_config).from_dict(cfg),
                             dt, attn, bool(attn_implementation), where, seed)
         return cls(model.to(dev).eval(), tok, dev, dt, name)
+
+
+class Qwen3VLMoeBackbone(Qwen3VLBackbone):
+    """Qwen3-VL's MoE checkpoints (``Qwen3VLMoeForConditionalGeneration``, e.g. 30B-A3B): the
+    same vision tower, DeepStack, video prompt and positions; the LLM's MLPs are sparse
+    mixture-of-experts blocks. The shadow stack copies the first k layers whatever their MLP
+    (``AutoModel.from_config`` of the MoE text config, experts and router included)."""
+    family = "qwen3_vl_moe"
+    model_types = ("qwen3_vl_moe",)
+    hf_model, hf_config, layout = ("Qwen3VLMoeForConditionalGeneration", "Qwen3VLMoeConfig",
+                                   "Qwen3-VL-*-A*-Instruct")
+    preset = "tiny-qwen3-vl-moe"
+
+    @classmethod
+    def tiny_config(cls, vocab_size: int, ids) -> dict:
+        """``tiny-qwen3-vl``'s config with a sparse LLM: 4 experts of width 64, 2 a token, in
+        every layer (the 30B-A3B's 128 of 768, 8 a token, scaled down)."""
+        cfg = tiny_config_dict(vocab_size, ids)
+        cfg["model_type"] = "qwen3_vl_moe"
+        cfg["architectures"] = ["Qwen3VLMoeForConditionalGeneration"]
+        cfg["vision_config"]["model_type"] = "qwen3_vl_moe"
+        cfg["text_config"].update(model_type="qwen3_vl_moe_text", moe_intermediate_size=64,
+                                  num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1)
+        return cfg
+
+    @classmethod
+    def cost_shape(cls, config: dict) -> CostShape:
+        """As the dense model's, with the MLP width of the experts a token goes through
+        (``num_experts_per_tok`` x ``moe_intermediate_size``): the active compute."""
+        t = config["text_config"]
+        active = int(t["num_experts_per_tok"]) * int(t["moe_intermediate_size"])
+        dense = dict(config, text_config=dict(t, intermediate_size=active))
+        return super().cost_shape(dense)
 
 
 # ----------------------------------------------------------------------------- tiny preset
@@ -566,6 +613,6 @@ def tiny_config_dict(vocab_size: int, ids) -> dict:
     }
 
 
-__all__ = ["Qwen3VLBackbone", "QWEN3_TOKENS", "QWEN3_MEAN", "QWEN3_STD", "FRAME_SIZE",
+__all__ = ["Qwen3VLBackbone", "Qwen3VLMoeBackbone", "QWEN3_TOKENS", "QWEN3_MEAN", "QWEN3_STD", "FRAME_SIZE",
            "unit_patches", "group_units", "unit_times", "timestamp",
            "tiny_config_dict"]
