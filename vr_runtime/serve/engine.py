@@ -67,7 +67,6 @@ class EngineConfig:
     visual_cache: int = 4                 # videos whose per-video state is kept; 0 = off
     max_queue: int = 64
     timeout_s: float = 300.0
-    media_threads: int = 2
     max_batch: int = 1                    # >1: answer up to this many waiting requests together
     scorer: str = "image-router"          # --scorer: a registered frame scorer (vr_runtime.scorers)
     scorer_model: Optional[str] = None    # --scorer-model DIR, for scorers that load a model
