@@ -46,7 +46,8 @@ def _read_run(d) -> Tuple[pathlib.Path, Dict[Key, Dict[str, dict]], dict, dict]:
             p = json.loads(line)
             key = (str(p["method"]), p["budget"], int(p["frames"]))
             qid = str(p["id"])
-            p["correct"]
+            if "correct" not in p:
+                raise KeyError("correct")
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             what = f"missing field {e}" if isinstance(e, KeyError) else "not a prediction"
             raise BenchmarkError(f"{f}:{i}: {what}") from None
