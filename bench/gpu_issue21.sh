@@ -5,7 +5,8 @@
 #
 # Stages and the rows they measure (InternVL3-8B shape, random weights, bf16, 64 frames,
 # budget 12,288 unless said):
-#   tests    pytest -m gpu of the new paths (graph decoding == eager, batched answers, ...)
+#   tests    pytest -m gpu of the new paths (graph decoding == eager, batched answers and their
+#            one pool_pack, activation peak below Dense, the reused visual prefix, ...)
 #   decode   bench_decode.py: ms a new token, dynamic / static / CUDA-graph decoding, batch 1
 #            and 4                                         -> row "decoding, wall time per token"
 #   e2e      bench_e2e.py main rows at router pool 1 and 2 -> rows "TTFT VideoRouter / Dense",
@@ -58,7 +59,8 @@ for stage in "${STAGES[@]}"; do
     case "$stage" in
     tests)
         run tests python3 -m pytest -m gpu -q tests/runtime/test_decode.py \
-            tests/runtime/test_runtime.py tests/runtime/test_qwen2_5_vl.py ;;
+            tests/runtime/test_runtime.py tests/runtime/test_qwen2_5_vl.py \
+            tests/runtime/test_memory.py tests/runtime/test_prefix_cache.py ;;
     decode)
         run decode python3 bench/bench_decode.py --runs 3 --warmup 1 \
             --out "$DEST/decode_gpu_8b.json" ;;

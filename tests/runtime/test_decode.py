@@ -170,6 +170,33 @@ def test_one_pool_pack_for_the_batch(vr, monkeypatch):
         assert not x[b, lengths[b]:].any()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["tiny", "tiny-qwen2.5-vl"])
+def test_one_pool_pack_for_the_batch_cuda(name):
+    """CUDA, the Triton kernel (bench/gpu_issue21.sh, stage tests): the batch's one pool_pack
+    gives each request's own rows bit for bit, and the one-by-one tokens."""
+    from vr_runtime.backbones import load_backbone
+    torch.manual_seed(0)
+    v = VideoRouter(load_backbone(name, device="cuda", dtype=torch.bfloat16), warmup_frames=0)
+    g = torch.Generator().manual_seed(11)
+    videos = [torch.randn(T, 3, 448, 448, generator=g) for T in (4, 2, 3)]
+    opts = [dict(policy="fragment", relevant=[True, False, False, True]),
+            dict(policy="global"), dict(policy="uniform")]
+    kw = dict(max_new_tokens=5, budget=300)
+    alone = [v._prepare(v.request(x, q, num_frames=x.shape[0], **kw, **o))
+             for x, q, o in zip(videos, QUESTIONS, opts)]
+    done = [v._prepare(v.request(x, q, num_frames=x.shape[0], **kw, **o), pack=False)
+            for x, q, o in zip(videos, QUESTIONS, opts)]
+    x, lengths = v._pack_batch(done)
+    for b, p in enumerate(alone):
+        assert torch.equal(x[b, :lengths[b]], p.embeds[0])
+    texts = [v.answer(x_, q, num_frames=x_.shape[0], **kw, **o).text
+             for x_, q, o in zip(videos, QUESTIONS, opts)]
+    got = v.answer_batch(videos, QUESTIONS, [dict(num_frames=x_.shape[0], **kw, **o)
+                                             for x_, o in zip(videos, opts)])
+    assert [a.text for a in got] == texts
+
+
 def test_batched_answers_do_not_correct_the_latency_model(vr, monkeypatch):
     """ttft_budget_s: a batch's shared prefill time must not be observed as one request's."""
     from types import SimpleNamespace

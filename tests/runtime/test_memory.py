@@ -76,3 +76,26 @@ def test_kept_frames_are_encoded_chunk_by_chunk(tiny_vr, frames, monkeypatch):
     monkeypatch.undo()
     assert seen == [2, 2, 1]
     assert torch.equal(Z, tiny_vr.lm.encode_frames(pv[keep], 2))
+
+
+@pytest.mark.gpu
+def test_cuda_activation_peak_below_dense():
+    """CUDA (bench/gpu_issue21.sh, stage tests): the report's peak minus the weights on the
+    device, Dense against Global and Fragment with both routers run, tiny model, bf16."""
+    from vr_runtime.runtime import VideoRouter
+    vr = VideoRouter.from_pretrained("tiny", device="cuda", dtype="bf16", warm_request=False)
+    T = 16
+    video = torch.randn(T, 3, 448, 448, generator=torch.Generator().manual_seed(2))
+    kw = dict(num_frames=T, max_new_tokens=1, chunk_size=1)
+    runs = {"dense": dict(policy="dense", allow_over_length=True),
+            "global": dict(policy="global"),
+            "fragment": dict(policy="fragment", scorer=FixedRelevance(
+                [t % 4 == 0 for t in range(T)], run_routers=True))}
+    vr.answer(video, Q, **kw, policy="global")
+    got = {}
+    for name, o in runs.items():
+        r = vr.answer(video, Q, **kw, **o).report
+        assert r["peak_memory_source"].startswith("CUDA")
+        assert r["weights_bytes"]["shadow_stack"] > 0
+        got[name] = r["peak_activation_bytes"]
+    assert got["global"] < got["dense"] and got["fragment"] < got["dense"], got

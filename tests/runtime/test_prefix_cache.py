@@ -85,3 +85,23 @@ def test_another_plan_or_prompt_head_is_a_miss(pair):
     # without cache_visual there is no video entry to keep a prefix in
     _, rep = _ask(cached, video, QS[0], num_frames=3, max_new_tokens=2, policy="global")
     assert rep["prefix_cache"] is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["tiny", "tiny-qwen2.5-vl"])
+def test_prefix_cache_cuda(name):
+    """CUDA (bench/gpu_issue21.sh, stage tests): the same tokens with the prefix reused."""
+    from vr_runtime.backbones import load_backbone
+    torch.manual_seed(0)
+    lm = load_backbone(name, device="cuda", dtype=torch.float32)
+    plain = VideoRouter(lm, Routers.from_backbone(lm), warmup_frames=0)
+    cached = VideoRouter(lm, Routers.from_backbone(lm), warmup_frames=0, prefix_cache=True)
+    video = torch.randn(4, 3, 448, 448, generator=torch.Generator().manual_seed(1))
+    kw = dict(num_frames=4, max_new_tokens=6, policy="global")
+    statuses = []
+    for q in QS:
+        want, _ = _ask(plain, video, q, **kw)
+        got, rep = _ask(cached, video, q, cache_visual=True, **kw)
+        assert got == want
+        statuses.append(rep["prefix_cache"]["status"])
+    assert statuses == ["miss", "hit", "hit"]
