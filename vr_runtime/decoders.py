@@ -23,6 +23,14 @@ twice the model's input size) by the decoder's scaler, one frame at a time, so a
 no full-resolution RGB frames (bench/results/video_cpu.md: 32 frames of 4K cost ~0.1 GB more
 than of 448p). Rotation metadata (phone
 videos) is applied, as ffmpeg does by default.
+
+Exact decoding costs the frames from each sample's keyframe to it (about half a keyframe
+interval a sample: ~125 frames on libx264's defaults), so PyAV's path (1) skips the unsampled
+frames no other frame references (``skip_frame="NONREF"`` packet by packet, on the codecs in
+``_NONREF_CODECS``) and (2) with ``workers`` > 1 splits the samples by keyframe interval over
+threads, each with its own demuxer and decoder (:func:`split_by_gop`). ``seek="keyframe"``
+instead decodes only the keyframe nearest each sample (:func:`keyframe_indices`): its packet
+alone, the decoder drained, one frame a sample.
 """
 from __future__ import annotations
 
