@@ -38,6 +38,8 @@ COLUMNS = [  # (key, header, format)
     ("nvml_peak_gb", "NVML peak GB", "{:.2f}"),
     ("ttft_x_dense", "TTFT x Dense", "{:.2f}"),
     ("mem_x_dense", "Mem x Dense", "{:.2f}"),
+    # the runtime's report: peak minus the weights on the device (CPU: the resident rise)
+    ("activation_x_dense", "Activations x Dense", "{:.2f}"),
 ]
 
 
@@ -55,7 +57,8 @@ def add_ratios(rows: List[dict]) -> None:
     dense = {key(r): r for r in rows if r["policy"] == "dense" and not r.get("error")}
     for r in rows:
         d = dense.get(key(r))
-        for mine, ratio in (("ttft_s", "ttft_x_dense"), ("peak_mem_gb", "mem_x_dense")):
+        for mine, ratio in (("ttft_s", "ttft_x_dense"), ("peak_mem_gb", "mem_x_dense"),
+                            ("activation_peak_gb", "activation_x_dense")):
             a, b = r.get(mine), (d or {}).get(mine)
             r[ratio] = a / b if a is not None and b else None
 
@@ -64,7 +67,7 @@ def memory_headers(cpu: bool) -> dict:
     """On CPU the memory columns are process RSS, not GPU memory: the headers say so."""
     if cpu:
         return {"peak_mem_gb": "Peak RSS GB (CPU)", "nvml_peak_gb": "-",
-                "mem_x_dense": "RSS x Dense"}
+                "mem_x_dense": "RSS x Dense", "activation_x_dense": "RSS rise x Dense (CPU)"}
     return {}
 
 
@@ -129,6 +132,7 @@ CSV_FIELDS = ["sweep", "policy", "label", "frames", "budget", "batch", "batch_mo
               "visual_tokens", "dense_visual_tokens", "router_s", "vision_s", "compress_s",
               "vision_compress_s", "prefill_s", "ttft_s", "generate_s", "total_s",
               "per_video_s", "peak_mem_gb", "nvml_peak_gb", "ttft_x_dense", "mem_x_dense",
+              "activation_peak_gb", "activation_x_dense", "weights_gb", "shadow_stack_gb",
               "runs", "ttft_min_s", "ttft_max_s", "reused_from", "error"]
 
 
