@@ -141,13 +141,19 @@ def needed_frames(info, indices) -> int:
     return n
 
 
-def ffmpeg_rate(path: str, frames: int = 1500) -> float:
-    """ffmpeg's own single-thread decode rate of this clip (frames/s), output discarded."""
+def ffmpeg_rate(path: str, frames: int = 1500):
+    """ffmpeg's own single-thread decode rate of this clip, output discarded: (frames per
+    wall second, frames per CPU second)."""
+    import resource
     import time
+    c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     subprocess.run(["ffmpeg", "-v", "error", "-threads", "1", "-i", path, "-map", "0:v:0",
                     "-frames:v", str(frames), "-f", "null", "-"], check=True)
-    return frames / (time.perf_counter() - t0)
+    wall = time.perf_counter() - t0
+    c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
+    return frames / wall, frames / max(cpu, 1e-9)
 
 
 def _decode(info, indices, scale, decoder, workers, seek):
@@ -157,14 +163,16 @@ def _decode(info, indices, scale, decoder, workers, seek):
     import numpy as np
     from vr_runtime import decoders as D
     got = {}
+    c0 = time.process_time()
     t0 = time.perf_counter()
     D.decode_frames(info, indices, scale, lambda i, f: got.__setitem__(i, f), decoder,
                     workers=workers, seek=seek)
     wall = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     h = hashlib.sha1()
     for i in range(len(indices)):
         h.update(np.ascontiguousarray(got[i]).tobytes())
-    return wall, h.hexdigest()
+    return wall, cpu, h.hexdigest()
 
 
 def ttf_main(argv) -> int:
@@ -189,12 +197,12 @@ def ttf_main(argv) -> int:
         info = open_video(path)
         keys = np.unique(info.keyframe)
         gop = float(np.mean(np.diff(keys))) if keys.size > 1 else float(info.num_frames)
-        rate = ffmpeg_rate(path)
+        rate, cpu_rate = ffmpeg_rate(path)
         scale = D.scaled_size(info.width, info.height, 448)
         for T in (int(x) for x in args.frames.split(",")):
             idx = sample_indices(info.num_frames, T, info.fps)
             need = needed_frames(info, idx)
-            limit = need / rate
+            limit, limit_cpu = need / rate, need / cpu_rate
             kidx = D.keyframe_indices(info, idx)
             methods = [("decord", "decord", 1, "exact")] if "decord" in \
                 D.available_decoders() else []
@@ -211,7 +219,7 @@ def ttf_main(argv) -> int:
                 if dec == "pyav-plain":   # the decode as it was: every frame decoded
                     D._NONREF_CODECS = frozenset()
                 try:
-                    wall, digest = _decode(info, kidx if seek == "keyframe" else idx, scale,
+                    wall, cpu, digest = _decode(info, kidx if seek == "keyframe" else idx, scale,
                                            "pyav" if dec == "pyav-plain" else dec, w, seek)
                 finally:
                     D._NONREF_CODECS = saved
@@ -225,18 +233,21 @@ def ttf_main(argv) -> int:
                     same = "-" if ref_hash is None else ("yes" if digest == ref_hash else "NO")
                 rows.append({"clip": name, "frames": T, "method": label,
                              "time_s": round(wall, 2), "x_limit": round(wall / limit, 3),
+                             "cpu_s": round(cpu, 2), "cpu_x_limit": round(cpu / limit_cpu, 3),
                              "frames_used": len(kidx) if seek == "keyframe" else len(idx),
                              "identical_to_pyav": same})
                 print(rows[-1], flush=True)
             rows.append({"clip": name, "frames": T,
                          "method": f"limit: ffmpeg -threads 1, {need} frames at "
                                    f"{rate:.0f} frames/s", "time_s": round(limit, 2),
-                         "x_limit": 1.0, "frames_used": len(idx), "identical_to_pyav": "-"})
+                         "x_limit": 1.0, "cpu_s": round(limit_cpu, 2), "cpu_x_limit": 1.0,
+                         "frames_used": len(idx), "identical_to_pyav": "-"})
             print(rows[-1], flush=True)
         rows.append({"clip": name, "frames": "-", "method": f"({info.codec} {info.width}x"
                      f"{info.height}, {info.duration_s:.0f} s, {info.num_frames} frames, "
                      f"mean keyframe interval {gop:.0f} frames)", "time_s": "-",
-                     "x_limit": "-", "frames_used": "-", "identical_to_pyav": "-"})
+                     "x_limit": "-", "cpu_s": "-", "cpu_x_limit": "-", "frames_used": "-",
+                     "identical_to_pyav": "-"})
     import av
     env = environment()
     env.update(pyav=av.__version__, ffmpeg_in_pyav=av.ffmpeg_version_info,
@@ -256,8 +267,8 @@ def ttf_main(argv) -> int:
                         "-f null, first 1500 frames) times the frames the samples need (each "
                         "sample's keyframe to it, a keyframe interval once for its samples)",
                "environment": env, "settings": vars(args), "rows": rows}
-    md = markdown_table(rows, ["clip", "frames", "method", "time_s", "x_limit", "frames_used",
-                               "identical_to_pyav"])
+    md = markdown_table(rows, ["clip", "frames", "method", "time_s", "x_limit", "cpu_s",
+                               "cpu_x_limit", "frames_used", "identical_to_pyav"])
     finish(args.out, payload, md, show=True)
     return 0
 
