@@ -81,7 +81,7 @@ class LatencyModel:
         import time
         bb, routers = vr.lm, vr.routers
         H, W = bb.frame_spec.size
-        pv = torch.zeros(frames, 3, H, W)
+        pv = torch.zeros(frames, 3 * bb.frames_per_unit, H, W)   # units (Backbone.units)
         x = torch.zeros(1, tokens, bb.hidden_size, device=bb.device, dtype=bb.dtype)
         q = torch.zeros(question_tokens, bb.hidden_size, device=bb.device, dtype=bb.dtype)
         sync = (lambda: torch.cuda.synchronize(bb.device)) if bb.device.type == "cuda" else \

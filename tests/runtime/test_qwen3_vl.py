@@ -457,3 +457,11 @@ def test_moe_shape_preset():
     from vr_runtime.cost_model import load_shape
     s = load_shape(str(CONFIGS / "qwen3_vl_30b_a3b.json"))
     assert s.ff == 8 * 768 and s.tokens_per_frame == 196 and s.layers == 48
+
+
+def test_ttft_budget_on_qwen3_vl(vr):
+    """--ttft-budget: the cost model takes Qwen3-VL's cost shape (a unit is a frame of the
+    model) and the warm probe encodes units."""
+    r = vr.answer(_clip(), Q, num_frames=8, max_new_tokens=1, policy="global",
+                  ttft_budget_s=30.0).report
+    assert r["ttft_predicted_s"] > 0 and r["visual_tokens"] <= r["budget"]
