@@ -466,14 +466,16 @@ class VideoRouter:
 
     # ------------------------------------------------------------------ stage: compress
     def compress(self, req: Request, plan: Sequence, Z: torch.Tensor, keep: Sequence[int],
-                 timer: StageTimer, times=None):
+                 timer: StageTimer, times=None, z_plan: Optional[Sequence] = None):
         """Prompt ids with per-frame placeholder counts; the kept frames of Z pooled straight
-        into their rows of inputs_embeds. -> (ids [L], embeds [1, L, D], position_ids or None)."""
+        into their rows of inputs_embeds. -> (ids [L], embeds [1, L, D], position_ids or None).
+        ``z_plan``: the window of each row of Z (0 for a dropped frame, when Z holds every
+        frame); None: Z holds the kept frames only."""
         lm = self.lm
         with timer.stage("compress"):
             ids, starts, kept_plan, pos = self._prompt(req, plan, keep, times)
-            embeds = reconstruct_embeds(lm.model, ids, Z, kept_plan, lm.image_token_id, lm.grid,
-                                        frame_starts=starts)
+            embeds = reconstruct_embeds(lm.model, ids, Z, kept_plan if z_plan is None else z_plan,
+                                        lm.image_token_id, lm.grid, frame_starts=starts)
         return ids, embeds, pos
 
     def _prompt(self, req: Request, plan: Sequence, keep: Sequence[int], times=None):
@@ -560,18 +562,20 @@ class VideoRouter:
         notes += fitted.notes
         keep = kept_frames(fitted.plan, self.lm.grid)
         if Z is None:   # plan-first policies encode only the frames they keep        # vision
-            Z = self.encode(frames, req, timer, state, keep)
-        elif len(keep) < T:
-            Z = Z[keep]
+            # (with a video cache, every frame once: the cached Z itself is packed below)
+            Z = self.encode(frames, req, timer, state, None if state is not None else keep)
+        # Z holds every frame (a relevance policy's, or the video cache's) or only the kept ones.
+        # pool_pack skips a frame whose window is 0, so the kept rows are never copied out of Z
+        z_plan = list(fitted.plan) if Z.shape[0] == T else [fitted.plan[t] for t in keep]
         packing = None
         if pack:
             ids, embeds, pos = self.compress(req, fitted.plan, Z, keep, timer,
-                                             frames.times_s)                        # compress
+                                             frames.times_s, z_plan)                # compress
         else:
             with timer.stage("compress"):
                 ids, starts, kept_plan, pos = self._prompt(req, fitted.plan, keep,
                                                            frames.times_s)
-            embeds, packing = None, (Z, kept_plan, starts)
+            embeds, packing = None, (Z, z_plan, starts)
         del Z   # the pooled rows are in embeds (or the batch's packing): Z is not kept past here
         if not planner.budgeted and ids.numel() + req.max_new_tokens > req.max_length:
             # only with allow_over_length (check_length refuses it otherwise)

@@ -78,6 +78,26 @@ def test_kept_frames_are_encoded_chunk_by_chunk(tiny_vr, frames, monkeypatch):
     assert torch.equal(Z, tiny_vr.lm.encode_frames(pv[keep], 2))
 
 
+def test_kept_rows_are_not_copied_out_of_z(tiny_vr, frames):
+    """With a video cache, Z of every frame is packed in place with the dropped frames' window
+    at 0 (no Z[keep] copy): the embeddings are bit for bit those of Z[keep] and the kept
+    windows."""
+    from vr_runtime.policies import kept_frames
+    from vr_runtime.reconstruct import reconstruct_embeds
+    pv = frames(6, seed=5)
+    tiny_vr.clear_visual_cache()
+    p = tiny_vr._prepare(tiny_vr.request(pv, Q, num_frames=6, policy="budget", budget=512,
+                                         cache_visual=True))
+    keep = kept_frames(p.fitted.plan, tiny_vr.lm.grid)
+    assert 0 < len(keep) < 6
+    Z = next(iter(tiny_vr._vcache.values()))["Z"]
+    assert Z.shape[0] == 6
+    want = reconstruct_embeds(tiny_vr.lm.model, p.ids, Z[keep], [p.fitted.plan[t] for t in keep],
+                              tiny_vr.lm.image_token_id, tiny_vr.lm.grid)
+    tiny_vr.clear_visual_cache()
+    assert torch.equal(p.embeds, want)
+
+
 @pytest.mark.gpu
 def test_cuda_activation_peak_below_dense():
     """CUDA (bench/gpu_issue21.sh, stage tests): the report's peak minus the weights on the
