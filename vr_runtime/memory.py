@@ -18,8 +18,7 @@
 """
 from __future__ import annotations
 
-import os
-import resource
+import sys
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -118,7 +117,12 @@ class ResidentPeak:
             hwm = _status_kib("VmHWM")
             if hwm is not None:
                 return hwm, CPU_HWM_SOURCE
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, CPU_MAXRSS_SOURCE
+        try:
+            import resource
+        except ImportError:   # no getrusage (Windows): no CPU figure
+            return None, None
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss   # KiB on Linux, bytes on macOS
+        return rss * (1 if sys.platform == "darwin" else 1024), CPU_MAXRSS_SOURCE
 
     def rise(self) -> Optional[int]:
         if not self.reset_ok or self.start_rss is None:
