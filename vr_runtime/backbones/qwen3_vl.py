@@ -1,4 +1,5 @@
-"""Qwen3-VL, dense (Hugging Face ``Qwen3VLForConditionalGeneration``) behind the backbone interface.
+"""Qwen3-VL, dense and MoE (Hugging Face ``Qwen3VLForConditionalGeneration`` /
+``Qwen3VLMoeForConditionalGeneration``) behind the backbone interface.
 
 Everything specific to Qwen3-VL lives here; nothing outside this module names it.
 
@@ -6,7 +7,9 @@ Loading
     A local ``Qwen3-VL-*-Instruct`` directory (``model_type`` ``qwen3_vl``) with
     ``local_files_only=True``, safetensors only, never ``trust_remote_code``; the
     ``tiny-qwen3-vl`` preset (:meth:`Qwen3VLBackbone.tiny`, random weights); random-weight shape
-    presets (``vr_runtime/configs/qwen3_vl_{2b,8b}.json``) paired with the tiny tokenizer.
+    presets (``vr_runtime/configs/qwen3_vl_{2b,8b}.json``) paired with the tiny tokenizer. The
+    MoE checkpoints (``qwen3_vl_moe``: :class:`Qwen3VLMoeBackbone`, ``tiny-qwen3-vl-moe``,
+    ``qwen3_vl_30b_a3b.json``) differ only in the LLM's MLPs, which the shadow stack copies.
 
 The routing unit: one temporal patch (the decision; docs/PAPER.md, Qwen3-VL row)
     Qwen3-VL's own video input: its tower embeds ``temporal_patch_size = 2`` consecutive frames
