@@ -220,7 +220,12 @@ def ttf_main(argv) -> int:
                     D._NONREF_CODECS = frozenset()
                 try:
                     wall, cpu, digest = _decode(info, kidx if seek == "keyframe" else idx, scale,
-                                           "pyav" if dec == "pyav-plain" else dec, w, seek)
+                                                "pyav" if dec == "pyav-plain" else dec, w, seek)
+                except Exception as e:   # decord on codecs it cannot decode: say so, go on
+                    rows.append({"clip": name, "frames": T, "method": label,
+                                 "time_s": "fails: " + str(e).splitlines()[0][:80]})
+                    print(rows[-1], flush=True)
+                    continue
                 finally:
                     D._NONREF_CODECS = saved
                 if dec == "pyav-plain":
