@@ -5,7 +5,10 @@ qwen3_vl.py). Every stream must be pooled with the same per-unit plan. Two layou
 
 * stacked   Z [U, N, S*D] (streams side by side), one ``pool_pack`` into [L, S*D] rows: what
             the runtime does (``reconstruct.reconstruct_embeds`` with a wide Z);
-* a stream  S tensors [U, N, D], S ``pool_pack`` calls, each into its own [L, D] rows.
+* a stream  S tensors [U, N, D], S ``pool_pack`` calls, each into its own [L, D] rows: with
+            the streams already apart (another Z layout, which the routers' per-unit reads and
+            the runtime's unit indexing do not want), and split from the runtime's wide Z
+            (a contiguous copy of each stream first), the per-stream path the runtime could take.
 
     python bench/bench_deepstack_pack.py [--units 16] [--hidden 4096] [--streams 4] [--out FILE]
 
@@ -60,12 +63,16 @@ def main(argv=None):
                           device=dev, rep=a.rep)
         per = time_fn(lambda: [pool_pack(z, plan, grid, out=o, dest=dest, **kw)
                                for z, o in zip(split, outs)], device=dev, rep=a.rep)
+        from_wide = time_fn(lambda: [pool_pack(wide[..., s * D:(s + 1) * D].contiguous(), plan,
+                                               grid, out=outs[s], dest=dest, **kw)
+                                     for s in range(S)], device=dev, rep=a.rep)
         ref = pool_pack(wide, plan, grid, out=out_wide, dest=dest, **kw)
         for s in range(S):
             got = pool_pack(split[s], plan, grid, out=outs[s], dest=dest, **kw)
             assert torch.equal(ref[:, s * D:(s + 1) * D], got), "the layouts disagree"
         rows[name] = {"tokens": L, "stacked_ms": round(stacked.median_ms, 3),
                       "per_stream_ms": round(per.median_ms, 3),
+                      "per_stream_from_wide_ms": round(from_wide.median_ms, 3),
                       "per_stream_over_stacked": round(per.median / stacked.median, 3)}
     res = {"environment": environment(dev), "dtype": a.dtype, "units": U,
            "tokens_per_unit": N, "hidden": D, "streams": S, "plans": rows}
