@@ -338,6 +338,10 @@ def test_load_video_workers_and_memory(corpus, monkeypatch):
         load_video(path, num_frames=2, decode_workers=0)
     with pytest.raises(VideoError, match="seek"):
         load_video(path, num_frames=2, seek="nearest")
+    from vr_runtime.request import AnswerOptions
+    assert AnswerOptions(seek="keyframe").seek == "keyframe"
+    with pytest.raises(ValueError, match="seek"):
+        AnswerOptions(seek="nearest")
 
 
 def test_a_dying_worker_is_one_line_and_no_thread_is_left(corpus, monkeypatch):
