@@ -84,3 +84,24 @@ def test_qwen3_stages_2_and_3_train_their_groups(stage, tiny_data, qwen3_bb, tmp
             for g, ps in after.items():
                 for a, b in zip(before[g], ps):
                     b.copy_(a)
+
+
+def test_training_prompts_carry_the_clips_timestamps(tiny_data, qwen3_bb, tmp_path):
+    """The feature cache keeps each unit's time (the processor's mean of its two frames' true
+    times), in memory and in the cached file, and the training sequence writes them as
+    inference does."""
+    from vr_runtime.backbones.qwen3_vl import timestamp, unit_times
+    from vr_runtime.training.data import read_jsonl
+    from vr_runtime.training.features import FeatureCache
+    from vr_runtime.training.stages import answer_sequence
+    from vr_runtime.video import load_video
+    ex = read_jsonl(tiny_data["relevance"], "relevance")[0]
+    cache = FeatureCache(qwen3_bb, 12, str(tmp_path / "cache"))
+    times = cache.times(ex.video, ex.frames)
+    want = unit_times(load_video(ex.video, num_frames=12).timestamps_s, 2)
+    assert times == want and len(times) == 6
+    again = FeatureCache(qwen3_bb, 12, str(tmp_path / "cache"))   # read back from the file
+    assert again.times(ex.video, ex.frames) == want and not again.mem.get((ex.video, 12)) is None
+    ids, _, _, _ = answer_sequence(qwen3_bb, "What is red?", "circle", [2] * 6, times)
+    text = qwen3_bb.tokenizer.decode(ids)
+    assert all(timestamp(t) in text for t in times)

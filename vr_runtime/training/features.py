@@ -8,6 +8,7 @@ Qwen2.5-VL's tower before the patch merger) are computed once and cached; the pr
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from typing import Dict, Iterable, Optional
 
@@ -43,6 +44,7 @@ class FeatureCache:
         if cache_dir:
             self.root = os.path.join(cache_dir, fingerprint(bb.vision_tower()))
         self.mem: Dict[tuple, torch.Tensor] = {}
+        self.unit_times: Dict[tuple, Optional[list]] = {}   # (video, T) -> each row's time (s)
 
     @property
     def cache_dir(self) -> Optional[str]:
@@ -74,6 +76,10 @@ class FeatureCache:
         f = self._file(video, T)
         if f and os.path.isfile(f):
             v = load_file(f)["v"]
+            from safetensors import safe_open
+            with safe_open(f, framework="pt") as fh:
+                meta = (fh.metadata() or {}).get("times")
+            self.unit_times[(video, T)] = json.loads(meta) if meta else None
         else:
             from vr_runtime.video import load_video
             spec = self.bb.frame_spec
@@ -81,13 +87,22 @@ class FeatureCache:
             clip = load_video(video, num_frames=T, size=spec.size[0], mean=spec.mean,
                               std=spec.std)
             # one row per routing unit (Backbone.units: a frame, or Qwen3-VL's temporal patch)
-            pv = self.bb.units(clip.pixel_values, clip.frame_indices, None)[0]
+            pv, _, times = self.bb.units(clip.pixel_values, clip.frame_indices,
+                                         clip.timestamps_s)
+            self.unit_times[(video, T)] = times
             v = vision_features(self.bb, pv).half().cpu()
             if f:
-                save_file({"v": v.contiguous()}, f + ".tmp")
+                save_file({"v": v.contiguous()}, f + ".tmp",
+                          metadata={"times": json.dumps(times)} if times is not None else None)
                 os.replace(f + ".tmp", f)
         self.mem[(video, T)] = v
         return v
+
+    def times(self, video: str, num_frames: Optional[int] = None) -> Optional[list]:
+        """The presentation times (s) of the cached rows of ``video`` (one per routing unit):
+        what a backbone with timestamps in its prompt (Qwen3-VL) writes there."""
+        self.get(video, num_frames)
+        return self.unit_times.get((video, int(num_frames or self.num_frames)))
 
     def labels(self, frame_labels):
         """Per-frame labels of the T sampled frames -> one per cached row (routing unit)."""

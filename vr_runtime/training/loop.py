@@ -115,6 +115,7 @@ class StageDataset(Dataset):
             d["labels"] = torch.tensor(labels, dtype=torch.float32)
         if self.stage != 2:
             d["v"] = self.cache.get(ex.video, ex.frames)   # the line's own T, if it has one
+            d["times"] = self.cache.times(ex.video, ex.frames)   # for prompts with timestamps
         return d
 
 

@@ -65,7 +65,13 @@ def _pack(Z, plan, grid, out, dest, backend="auto"):
     return vr_kernels.pool_pack(Z, list(plan), grid, out=out, dest=dest, backend=backend)
 
 
-def answer_sequence(bb, question: str, answer: str, plan):
+def _times(bb, times) -> dict:
+    """``times=`` for a backbone whose prompt writes each unit's time (as the runtime passes)."""
+    return {"times": times} if getattr(bb, "uses_frame_times", False) and times is not None \
+        else {}
+
+
+def answer_sequence(bb, question: str, answer: str, plan, times=None):
     """Prompt ids (the runtime's video prompt, chat template) + answer ids + end of turn, the
     prompt's length, per-frame dest rows and the backbone's position ids (None: 1-D). The one
     place a training sequence is laid out, so that it is the prompt ``answer()`` and
@@ -73,7 +79,7 @@ def answer_sequence(bb, question: str, answer: str, plan):
     from vr_kernels import pooled_counts
     from ..prompt import plan_dest
     counts = pooled_counts(plan, bb.grid)
-    ids, starts = bb.build_prompt(question, counts)
+    ids, starts = bb.build_prompt(question, counts, **_times(bb, times))
     ids = ids.tolist()
     ans = bb.tokenizer(answer, add_special_tokens=False)["input_ids"]
     end = bb.tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -196,7 +202,8 @@ class Trainee(nn.Module):
         s1, s0 = c.fragment_scales
         w = Windows(high=s1, low=s0, global_scale=c.global_scale)
         fitted = plan_fitted(get_planner(name), T, self.grid, relevant, w,
-                             lambda kept: self.bb.text_tokens(ex["question"], T, kept=kept),
+                             lambda kept: self.bb.text_tokens(ex["question"], T, kept=kept,
+                                                              **_times(self.bb, ex.get("times"))),
                              max_length or c.model_max_length, c.gen_tokens, c.margin,
                              budget=budget)
         return fitted.plan, fragment
@@ -247,12 +254,13 @@ class Trainee(nn.Module):
             plan = [ws[int(torch.randint(len(ws), ()))]] * T
         else:
             plan = [ws[int(i)] for i in torch.randint(len(ws), (T,))]
-        need = sum(pooled_counts(plan, self.grid)) + self.bb.text_tokens(ex["question"], T) \
+        need = sum(pooled_counts(plan, self.grid)) + \
+            self.bb.text_tokens(ex["question"], T, **_times(self.bb, ex.get("times"))) \
             + c.gen_tokens + c.margin
         return plan if need <= c.model_max_length else None
 
     def build_sequence(self, ex, plan):
-        return answer_sequence(self.bb, ex["question"], ex["answer"], plan)
+        return answer_sequence(self.bb, ex["question"], ex["answer"], plan, ex.get("times"))
 
     def stage3(self, batch):
         c = self.cfg
