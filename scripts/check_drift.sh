@@ -83,7 +83,7 @@ run_pytest() {  # run_pytest JUNIT_XML ARGS...
     local xml="$1"; shift
     TRITON_INTERPRET=1 "$PY" -m pytest -q -p no:cacheprovider --junitxml="$xml" "$@"
 }
-failed_ids() {  # node ids of the failed and errored tests in a junit xml file
+failed_ids() {  # failed_ids JUNIT_XML: node ids of the tests that failed or errored in it
     "$PY" - "$1" <<'PY'
 import os, sys, xml.etree.ElementTree as ET
 for case in ET.parse(sys.argv[1]).iter("testcase"):
@@ -113,18 +113,29 @@ if [ "${#FAILED[@]}" -eq 0 ] || [ ! -s "$VENV/suspects.txt" ]; then
     say "verdict: no package to blame (pytest exit $RC with nothing newer than the lock): a test or the machine"
     exit 1
 fi
+# Blame, test by test: a suspect is named for the failed tests that pass once it alone is back
+# at its locked version; a test no rollback fixes fails on the lock's versions too (not drift).
 BLAMED=()
+declare -A FIXED=()
 while read -r name locked newest; do
     "$PY" -m pip install --no-deps "$name==$locked" >>"$LOG" 2>&1
-    if run_pytest "$VENV/retry.xml" "${FAILED[@]}" >/dev/null 2>&1; then
-        BLAMED+=("$name $newest (locked $locked)")
-    fi
+    run_pytest "$VENV/retry.xml" "${FAILED[@]}" >/dev/null 2>&1 || true
+    mapfile -t STILL < <(failed_ids "$VENV/retry.xml")
+    FIXES=()
+    for t in "${FAILED[@]}"; do
+        if ! printf '%s\n' "${STILL[@]}" | grep -qxF -- "$t"; then FIXES+=("$t"); FIXED["$t"]=1; fi
+    done
+    [ "${#FIXES[@]}" -gt 0 ] && BLAMED+=("$name $newest (locked $locked) breaks: ${FIXES[*]}")
     "$PY" -m pip install --no-deps "$name==$newest" >>"$LOG" 2>&1
 done < "$VENV/suspects.txt"
 if [ "${#BLAMED[@]}" -gt 0 ]; then
-    say "verdict: the newest release of these breaks the suite (putting it back to the lock alone fixes it):"
+    say "verdict: the newest release of these breaks the suite (putting it back to the lock alone fixes the tests named):"
     printf '    %s\n' "${BLAMED[@]}" | tee -a "$REPORT"
-else
-    say "verdict: no single package's rollback fixes the failures; several together, or a test"
+fi
+OTHER=()
+for t in "${FAILED[@]}"; do [ -n "${FIXED[$t]:-}" ] || OTHER+=("$t"); done
+if [ "${#OTHER[@]}" -gt 0 ]; then
+    say "failing whatever single package is rolled back (a test, the machine, or several packages together):"
+    printf '    %s\n' "${OTHER[@]}" | tee -a "$REPORT"
 fi
 exit 1
