@@ -657,6 +657,8 @@ class VideoRouter:
         qs = [questions] * len(videos) if isinstance(questions, str) else list(questions)
         if len(qs) != len(videos):
             raise ValueError(f"questions: expected 1 or {len(videos)} questions, got {len(qs)}")
+        if not self.lm.pads_exactly:   # a recurrent LLM: padding would enter a shorter state
+            batch_prefill = False
         if options is None or isinstance(options, AnswerOptions):
             per = [options] * len(videos)
         else:

@@ -1,0 +1,91 @@
+"""Qwen3.5 (tiny-qwen3.5): Qwen3-VL's vision tower and video prompt over a hybrid LLM (Gated
+DeltaNet and full attention, 3:1), run on CPU with transformers' PyTorch fallback for the
+linear-attention layers. Window 1 against Hugging Face's forward and generate, the shadow stack
+over both layer kinds (and its cached prefix), every policy at scales 1,1,1, a batch answered
+as each request alone, and --ttft-budget refused in one line."""
+import types
+
+import pytest
+import torch
+
+from test_qwen3_vl import INDICES, Q, _clip, _frames, _ours, _processor_inputs
+from vr_runtime.backbones.qwen3_vl import Qwen35Backbone
+
+
+@pytest.fixture(scope="module")
+def bb():
+    return Qwen35Backbone.tiny()
+
+
+@pytest.fixture(scope="module")
+def vr(bb):
+    from vr_runtime.runtime import VideoRouter
+    return VideoRouter(bb, warmup_frames=0)
+
+
+def test_hybrid_layers_and_one_stream(bb):
+    assert bb.text_config.layer_types == ["linear_attention"] * 3 + ["full_attention"]
+    assert bb.streams == 1 and bb.frames_per_unit == 2 and not bb.pads_exactly
+
+
+def test_window1_equals_hf_forward_and_generate(bb, vr):
+    frames = _frames(len(INDICES), seed=21)
+    ref = _processor_inputs(bb, frames)
+    ids, E, pos, Z = _ours(bb, frames, [1, 1, 1])
+    assert torch.equal(ids, ref["input_ids"][0]) and Z.shape[-1] == bb.hidden_size
+    with torch.no_grad():
+        torch.testing.assert_close(bb.forward(inputs_embeds=E, position_ids=pos).logits[0, -1],
+                                   bb.model(**ref).logits[0, -1], rtol=1e-4, atol=1e-4)
+        n = 5
+        gen = bb.model.generate(**ref, max_new_tokens=n, do_sample=False,
+                                eos_token_id=sorted(bb.stop_token_ids()), pad_token_id=0)
+        mine = vr.generate(E, n, position_ids=pos)
+    hf = gen[0, ids.numel():].tolist()
+    stops = bb.stop_token_ids()
+    assert mine == hf[:next((i for i, t in enumerate(hf) if t in stops), n)] and mine
+
+
+def test_shadow_stack_copies_both_layer_kinds(bb):
+    """After 4 layers (3 Gated DeltaNet, 1 attention) the shadow stack's features equal the
+    LLM's, and the Image Router's cached [Z_t] prefix gives the uncached logits."""
+    from vr_runtime.routers import RouterConfig, Routers, embed_question
+    r = Routers.from_backbone(bb, RouterConfig(router_dim=32, num_heads=4))
+    x = torch.randn(2, 30, bb.hidden_size, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        hs = bb.decoder()(inputs_embeds=x, output_hidden_states=True).hidden_states[4]
+        torch.testing.assert_close(bb.decoder().norm(r.shadow(x)), hs, rtol=1e-5, atol=1e-5)
+        pv, _, _ = bb.units(_frames(4, seed=4), [0, 1, 2, 3], None)
+        Z = bb.encode_frames(pv)
+        q = embed_question(bb.model, bb.tokenizer, Q)
+        full = r.frame_logits(Z, q, grid=bb.grid)
+        cached = r.frame_logits_cached(r.visual_cache(Z, grid=bb.grid), q)
+    torch.testing.assert_close(full, cached, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("policy", ["global", "fragment", "uniform"])
+def test_every_policy_at_scales_1_is_dense(vr, policy):
+    c = _clip()
+    kw = dict(num_frames=8, max_new_tokens=3, global_scale=1, high=1, low=1)
+    dense = vr.answer(c, Q, policy="dense", **kw)
+    r = vr.answer(c, Q, policy=policy, budget=4 * 196, **kw)
+    assert r.text == dense.text and r.report["visual_tokens"] == 4 * 196
+    assert r.report["backbone"] == "qwen3_5"
+
+
+def test_batch_answers_each_request_as_alone(vr):
+    """Two requests of different lengths: a right-padded prefill would feed the padding into
+    the shorter one's recurrent state, so the batch is answered one by one (the same answers)."""
+    a, b = _clip(8, seed=1), _clip(4, seed=2)
+    kw = dict(max_new_tokens=4, policy="global")
+    alone = [vr.answer(a, Q, num_frames=8, **kw).text, vr.answer(b, "Is it red?", num_frames=4,
+                                                                  **kw).text]
+    both = vr.answer_batch([a, b], [Q, "Is it red?"], options=[{"num_frames": 8},
+                                                               {"num_frames": 4}], **kw)
+    assert [x.text for x in both] == alone
+
+
+def test_ttft_budget_refused_in_one_line(vr):
+    with pytest.raises(ValueError, match="gives no cost shape") as e:
+        vr.answer(_clip(), Q, num_frames=8, max_new_tokens=1, policy="global",
+                  ttft_budget_s=1.0)
+    assert "\n" not in str(e.value)
