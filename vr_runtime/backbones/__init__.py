@@ -21,6 +21,7 @@ MODEL_TYPES = {
     "qwen2_5_vl": "qwen2_5_vl:Qwen25VLBackbone",
     "qwen3_vl": "qwen3_vl:Qwen3VLBackbone",
     "qwen3_vl_moe": "qwen3_vl:Qwen3VLMoeBackbone",
+    "qwen3_5": "qwen3_vl:Qwen35Backbone",
 }
 # preset name -> the model_type whose class builds it with ``.tiny()``
 PRESETS = {
@@ -28,6 +29,7 @@ PRESETS = {
     "tiny-qwen2.5-vl": "qwen2_5_vl",
     "tiny-qwen3-vl": "qwen3_vl",
     "tiny-qwen3-vl-moe": "qwen3_vl_moe",
+    "tiny-qwen3.5": "qwen3_5",
 }
 
 
@@ -35,7 +37,7 @@ PRESETS = {
 UNSUPPORTED = {
     "internvl_chat": "use the OpenGVLab/InternVL3-*-hf conversion, not the remote-code "
                      "'internvl_chat' checkpoint",
-    "qwen3_5": "Qwen3.5's hybrid (Gated DeltaNet) decoder is not supported yet",
+    "qwen3_5_moe": "Qwen3.5's MoE checkpoints are not supported yet, its dense ones are",
 }
 
 

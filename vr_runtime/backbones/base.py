@@ -68,6 +68,10 @@ class Backbone(abc.ABC):
     # build_prompt / text_tokens take ``times=`` (each unit's time in seconds: a prompt with
     # timestamps); the runtime passes the decoded frames' times only to such a backbone.
     uses_frame_times: ClassVar[bool] = False
+    # A right-padded batched prefill gives each request what it gets alone (attention-only
+    # LLMs). False for an LLM with recurrent layers (padding would enter a shorter prompt's
+    # state): the runtime then answers a batch one request at a time.
+    pads_exactly: ClassVar[bool] = True
 
     def __init__(self, model, tokenizer, device: torch.device, dtype: torch.dtype, name: str):
         self.model = model

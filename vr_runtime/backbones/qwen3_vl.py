@@ -139,11 +139,13 @@ class Qwen3VLBackbone(Backbone):
         if FRAME_SIZE[0] % unit or FRAME_SIZE[1] % unit:
             raise ModelFilesError(f"model {name!r}: patch {self.patch_size} x merge "
                                   f"{self.merge_size} does not tile {FRAME_SIZE} frames")
-        self.streams = 1 + len(vc.deepstack_visual_indexes)
+        # DeepStack streams (Qwen3-VL: 3; a tower without them, Qwen3.5's: none)
+        self.streams = 1 + len(getattr(vc, "deepstack_visual_indexes", None) or ())
         # (H, W) of every frame: FRAME_SIZE, or a view's own size (at_resolution)
         self.frame_size: Tuple[int, int] = FRAME_SIZE
         self._trunk = VisionTrunk(visual)
-        self._mergers = nn.ModuleList([visual.merger, *visual.deepstack_merger_list])
+        self._mergers = nn.ModuleList([visual.merger,
+                                       *(getattr(visual, "deepstack_merger_list", None) or [])])
         self._group = _MergeGroups(self.merge_size ** 2)
         self._swap = threading.Lock()   # vision_features swaps the mergers out for one call
 
@@ -287,15 +289,19 @@ class Qwen3VLBackbone(Backbone):
             grid_thw = torch.tensor([[1, gh, gw]] * b, dtype=torch.long, device=p.device)
             # Swapping the mergers for a reshape runs exactly HF's forward up to them.
             with self._swap:
-                main, deep = visual.merger, visual.deepstack_merger_list
+                main = visual.merger
+                deep = getattr(visual, "deepstack_merger_list", None)
                 visual.merger = self._group
-                visual.deepstack_merger_list = nn.ModuleList([self._group] * len(deep))
+                if deep is not None:
+                    visual.deepstack_merger_list = nn.ModuleList([self._group] * len(deep))
                 try:
                     out = visual(unit_patches(pv, self.patch_size, self.merge_size,
                                               self.temporal_patch_size), grid_thw=grid_thw)
                 finally:
-                    visual.merger, visual.deepstack_merger_list = main, deep
-            streams = [out.pooler_output, *out.deepstack_features]
+                    visual.merger = main
+                    if deep is not None:
+                        visual.deepstack_merger_list = deep
+            streams = [out.pooler_output, *(getattr(out, "deepstack_features", None) or [])]
             del out
             yield i, torch.cat([s.reshape(b, n, -1) for s in streams], -1)
 
@@ -579,6 +585,51 @@ class Qwen3VLMoeBackbone(Qwen3VLBackbone):
         return super().cost_shape(dense)
 
 
+class Qwen35Backbone(Qwen3VLBackbone):
+    """Qwen3.5 (``Qwen3_5ForConditionalGeneration``): natively multimodal with Qwen3-VL's vision
+    tower (no DeepStack: one stream) and video prompt, over a hybrid LLM whose layers are Gated
+    DeltaNet (linear attention, a recurrent state) and full attention, 3:1. The shadow stack
+    copies the first k layers whatever their kind (``layer_types`` sliced), and since Gated
+    DeltaNet is causal, the cached [Z_t] prefix of the Image Router stays exact.
+
+    Two things differ from an attention-only LLM: a right-padded batched prefill would feed
+    the padding into a shorter prompt's recurrent state (``pads_exactly`` False: the runtime
+    answers such a batch one request at a time), and the cost model has no term for a
+    linear-attention layer yet (no ``cost_shape``: ``--ttft-budget`` is refused)."""
+    family = "qwen3_5"
+    model_types = ("qwen3_5",)
+    hf_model, hf_config, layout = ("Qwen3_5ForConditionalGeneration", "Qwen3_5Config",
+                                   "Qwen3.5-*")
+    preset = "tiny-qwen3.5"
+    pads_exactly = False
+
+    @classmethod
+    def cost_shape(cls, config: dict) -> CostShape:
+        return Backbone.cost_shape.__func__(cls, config)   # refused: no linear-attention term
+
+    @classmethod
+    def tiny_config(cls, vocab_size: int, ids) -> dict:
+        """``tiny-qwen3.5``: the tiny Qwen3-VL geometry (448x448, patch 16, merge 2, temporal
+        patch 2) without DeepStack, over 4 text layers of hidden 128: 3 Gated DeltaNet then 1
+        full attention (``full_attention_interval`` 4, Qwen3.5's 3:1), heads of 32 with half
+        the dimensions rotated, interleaved M-RoPE [2, 3, 3]."""
+        cfg = tiny_config_dict(vocab_size, ids)
+        v = cfg["vision_config"]
+        v.pop("deepstack_visual_indexes")
+        v["model_type"] = "qwen3_5_vision"
+        t = cfg["text_config"]
+        t.pop("rope_scaling")
+        t.pop("rope_theta")
+        t.update(model_type="qwen3_5_text", full_attention_interval=4,
+                 linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=32,
+                 linear_value_head_dim=32, linear_conv_kernel_dim=4,
+                 rope_parameters={"rope_type": "default", "rope_theta": 10000000,
+                                  "mrope_section": [2, 3, 3], "mrope_interleaved": True,
+                                  "partial_rotary_factor": 0.5})
+        cfg.update(model_type="qwen3_5", architectures=["Qwen3_5ForConditionalGeneration"])
+        return cfg
+
+
 # ----------------------------------------------------------------------------- tiny preset
 def tiny_config_dict(vocab_size: int, ids) -> dict:
     """Qwen3VLConfig (config.json layout, as the released checkpoints write it) of
@@ -616,6 +667,6 @@ def tiny_config_dict(vocab_size: int, ids) -> dict:
     }
 
 
-__all__ = ["Qwen3VLBackbone", "Qwen3VLMoeBackbone", "QWEN3_TOKENS", "QWEN3_MEAN", "QWEN3_STD", "FRAME_SIZE",
+__all__ = ["Qwen3VLBackbone", "Qwen3VLMoeBackbone", "Qwen35Backbone", "QWEN3_TOKENS", "QWEN3_MEAN", "QWEN3_STD", "FRAME_SIZE",
            "unit_patches", "group_units", "unit_times", "timestamp",
            "tiny_config_dict"]
