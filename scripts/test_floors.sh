@@ -27,6 +27,8 @@ FLOORS=(
 TESTS=(
     tests/runtime/test_qwen2_5_vl.py
     tests/runtime/test_qwen3_vl.py
+    tests/runtime/test_qwen3_5.py
+    tests/runtime/test_internvl3_5.py
     tests/runtime/test_model.py
     tests/runtime/test_runtime.py
     tests/runtime/test_backbones_e2e.py
