@@ -330,20 +330,21 @@ def _decoder_layers(st: _Stage, s: Shape, tokens: float, seqs: float, layers: in
     if layers <= 0 or tokens <= 0 or seqs <= 0:
         return
     L = tokens * seqs
-    hd = s.d // s.heads
+    hd = s.hd
+    q = s.heads * hd                              # = d, except where head_dim is set apart
     kv = s.kv_heads * hd
     for _ in range(layers):
         _rms_norm(st, L, s.d)                     # input RMSNorm
-        _linear(st, L, s.d, s.d, bias=True)       # q
+        _linear(st, L, s.d, q, bias=True)         # q
         _linear(st, L, s.d, kv, bias=True)        # k
         _linear(st, L, s.d, kv, bias=True)        # v
-        _rotary(st, L * s.d)                      # rotary on q
+        _rotary(st, L * q)                        # rotary on q
         _rotary(st, L * kv)                       # rotary on k
         if kv_cache:
             st.memory(L * kv)                     # keys into the cache (cat)
             st.memory(L * kv)                     # values into the cache (cat)
         st.attention(tokens, tokens, hd, seqs * s.heads, causal=True)
-        _linear(st, L, s.d, s.d)                  # o
+        _linear(st, L, q, s.d)                    # o
         st.memory(L * s.d, passes=3.0)            # residual add
         _rms_norm(st, L, s.d)                     # post-attention RMSNorm
         _linear(st, L, s.d, s.ff)                 # gate
@@ -474,8 +475,8 @@ def decoder_layer_params(shape: Shape) -> int:
     """Parameters of one Qwen2 decoder layer (InternVL3's and Qwen2.5-VL's LLM): q / k / v with
     biases, o without, gate / up / down, two RMSNorm weights. The shadow stack is ``k`` of them."""
     s = shape
-    kv = s.kv_heads * (s.d // s.heads)
-    return (s.d * s.d + s.d) + 2 * (s.d * kv + kv) + s.d * s.d + 3 * s.d * s.ff + 2 * s.d
+    q, kv = s.heads * s.hd, s.kv_heads * s.hd
+    return (s.d * q + q) + 2 * (s.d * kv + kv) + q * s.d + 3 * s.d * s.ff + 2 * s.d
 
 
 def shadow_stack_bytes(shape: Shape, layers: int = 4, dtype_bytes: int = 2) -> int:
@@ -487,7 +488,7 @@ def shadow_stack_bytes(shape: Shape, layers: int = 4, dtype_bytes: int = 2) -> i
 def kv_cache_bytes(shape: Shape, tokens: int, dtype_bytes: int = 2, layers: Optional[int] = None) -> int:
     """Keys and values of ``tokens`` positions in ``layers`` (default: all) decoder layers."""
     s = shape
-    kv = s.kv_heads * (s.d // s.heads)
+    kv = s.kv_heads * s.hd
     return (s.layers if layers is None else layers) * 2 * tokens * kv * dtype_bytes
 
 
@@ -503,7 +504,7 @@ def decode_step_costs(shape: Shape, context_tokens: int, device: Union[str, Devi
     dev = DEVICES[device] if isinstance(device, str) else device
     db = dev.dtype_bytes
     weights = s.layers * decoder_layer_params(s) + s.d + s.vocab * s.d   # layers, norm, LM head
-    kv = s.kv_heads * (s.d // s.heads)
+    kv = s.kv_heads * s.hd
     flops = batch * (2.0 * weights + s.layers * 4.0 * context_tokens * s.d)
     nbytes = db * (weights + batch * (kv_cache_bytes(s, context_tokens, 1) + s.layers * 2 * kv + s.d))
     return dict(flops=flops, bytes=nbytes, seconds=max(flops / dev.flops, nbytes / dev.bandwidth))

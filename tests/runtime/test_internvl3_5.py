@@ -127,4 +127,4 @@ def test_shape_presets(name, params, fields):
     assert sum(p.numel() for p in model.parameters()) == params
     from vr_runtime.cost_model import load_shape
     s = load_shape(str(CONFIGS / f"internvl3_5_{name}.json"))
-    assert s.tokens_per_frame == 256 and s.d == fields["hidden_size"]
+    assert s.tokens_per_frame == 256 and s.d == fields["hidden_size"] and s.hd == 128

@@ -457,6 +457,7 @@ def test_moe_shape_preset():
     from vr_runtime.cost_model import load_shape
     s = load_shape(str(CONFIGS / "qwen3_vl_30b_a3b.json"))
     assert s.ff == 8 * 768 and s.tokens_per_frame == 196 and s.layers == 48
+    assert s.hd == 128 != s.d // s.heads   # Qwen3's head_dim, not hidden / heads
 
 
 def test_ttft_budget_on_qwen3_vl(vr):

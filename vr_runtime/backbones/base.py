@@ -308,6 +308,12 @@ class CostShape:
     vis_window_tokens: int = 0      # tokens per attention window (0: full attention everywhere)
     vis_full_layers: int = 0        # with windows: the layers that still attend over the frame
     merge_hidden: int = 0           # projector's hidden width (0: the LLM's, as InternVL's)
+    head_dim: int = 0               # LLM attention head width (0: d // heads; Qwen3 sets its own)
+
+    @property
+    def hd(self) -> int:
+        """The LLM's attention head width."""
+        return self.head_dim or self.d // self.heads
 
 
 def output_cache(out):

@@ -82,7 +82,8 @@ class InternVL3Backbone(Backbone):
                          heads=t["num_attention_heads"],
                          kv_heads=t.get("num_key_value_heads", t["num_attention_heads"]),
                          ff=t["intermediate_size"], vocab=t["vocab_size"],
-                         patch_dim=3 * patch * patch)
+                         patch_dim=3 * patch * patch,
+                         head_dim=int(t.get("head_dim") or 0))   # Qwen3 (InternVL3.5): its own
 
     def decoder(self):
         return self._hf.language_model

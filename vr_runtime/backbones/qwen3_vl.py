@@ -226,7 +226,7 @@ class Qwen3VLBackbone(Backbone):
                          kv_heads=t.get("num_key_value_heads", t["num_attention_heads"]),
                          ff=t["intermediate_size"], vocab=t["vocab_size"],
                          patch_dim=3 * int(v.get("temporal_patch_size", 2)) * patch * patch,
-                         merge_hidden=merge * merge * d_vis)
+                         merge_hidden=merge * merge * d_vis, head_dim=int(t.get("head_dim") or 0))
 
     def decoder(self) -> nn.Module:
         return self.model.model.language_model   # Qwen3VLTextModel (takes the DeepStack streams)
