@@ -333,18 +333,21 @@ def _decoder_layers(st: _Stage, s: Shape, tokens: float, seqs: float, layers: in
     hd = s.hd
     q = s.heads * hd                              # = d, except where head_dim is set apart
     kv = s.kv_heads * hd
-    for _ in range(layers):
+    for i in range(layers):
         _rms_norm(st, L, s.d)                     # input RMSNorm
-        _linear(st, L, s.d, q, bias=True)         # q
-        _linear(st, L, s.d, kv, bias=True)        # k
-        _linear(st, L, s.d, kv, bias=True)        # v
-        _rotary(st, L * q)                        # rotary on q
-        _rotary(st, L * kv)                       # rotary on k
-        if kv_cache:
-            st.memory(L * kv)                     # keys into the cache (cat)
-            st.memory(L * kv)                     # values into the cache (cat)
-        st.attention(tokens, tokens, hd, seqs * s.heads, causal=True)
-        _linear(st, L, q, s.d)                    # o
+        if i < len(s.layer_kinds) and s.layer_kinds[i] == "linear_attention":
+            _gated_delta_net(st, s, L, tokens)    # a hybrid LLM's linear-attention layer
+        else:
+            _linear(st, L, s.d, q, bias=True)     # q
+            _linear(st, L, s.d, kv, bias=True)    # k
+            _linear(st, L, s.d, kv, bias=True)    # v
+            _rotary(st, L * q)                    # rotary on q
+            _rotary(st, L * kv)                   # rotary on k
+            if kv_cache:
+                st.memory(L * kv)                 # keys into the cache (cat)
+                st.memory(L * kv)                 # values into the cache (cat)
+            st.attention(tokens, tokens, hd, seqs * s.heads, causal=True)
+            _linear(st, L, q, s.d)                # o
         st.memory(L * s.d, passes=3.0)            # residual add
         _rms_norm(st, L, s.d)                     # post-attention RMSNorm
         _linear(st, L, s.d, s.ff)                 # gate
@@ -353,6 +356,28 @@ def _decoder_layers(st: _Stage, s: Shape, tokens: float, seqs: float, layers: in
         st.memory(L * s.ff, passes=3.0)           # * up
         _linear(st, L, s.ff, s.d)                 # down
         st.memory(L * s.d, passes=3.0)            # residual add
+
+
+def _gated_delta_net(st: _Stage, s: Shape, L: float, tokens: float, chunk: int = 64):
+    """One Gated DeltaNet layer (Qwen3.5's linear attention) over ``L`` rows: the q/k/v, gate and
+    beta/decay projections, a depthwise causal convolution over q/k/v, then the chunked gated
+    delta rule -- per head a [dk, dv] state updated and read once a token (three dk x dv
+    products) plus the chunk's intra-block products (``chunk`` rows of dk + dv) -- and the gated
+    RMSNorm and output projection. Linear in tokens: no attention over the sequence, no KV."""
+    kd, vd = s.lin_k_heads * s.lin_dk, s.lin_v_heads * s.lin_dv
+    conv = 2 * kd + vd
+    _linear(st, L, s.d, conv)                     # in_proj_qkv
+    _linear(st, L, s.d, vd)                       # in_proj_z (output gate)
+    _linear(st, L, s.d, 2 * s.lin_v_heads)        # in_proj_b, in_proj_a (beta, decay)
+    st.memory(L * conv, passes=float(s.lin_conv) + 1.0)   # causal conv1d + SiLU
+    f = 2.0 * L * s.lin_v_heads * (3.0 * s.lin_dk * s.lin_dv
+                                   + min(chunk, tokens) * (s.lin_dk + s.lin_dv))
+    st.matmul(L * s.lin_v_heads, s.lin_dk, s.lin_dv)      # operator time at the matmul rate
+    st.flops += max(f - 2.0 * L * s.lin_v_heads * s.lin_dk * s.lin_dv, 0.0)
+    st.seconds += max(f - 2.0 * L * s.lin_v_heads * s.lin_dk * s.lin_dv, 0.0) / st._rate
+    _rms_norm(st, L, vd)                          # gated RMSNorm
+    st.memory(L * vd, passes=3.0)                 # * SiLU(z)
+    _linear(st, L, vd, s.d)                       # out_proj
 
 
 def pool_pack_bytes(kept_tokens: float, rows: float, width: float, dtype_bytes: int, into_out: bool) -> float:
@@ -489,7 +514,10 @@ def kv_cache_bytes(shape: Shape, tokens: int, dtype_bytes: int = 2, layers: Opti
     """Keys and values of ``tokens`` positions in ``layers`` (default: all) decoder layers."""
     s = shape
     kv = s.kv_heads * s.hd
-    return (s.layers if layers is None else layers) * 2 * tokens * kv * dtype_bytes
+    n = s.layers if layers is None else layers
+    if s.layer_kinds:   # a hybrid LLM: only its full-attention layers keep keys and values
+        n = sum(1 for k in s.layer_kinds[:n] if k != "linear_attention")
+    return n * 2 * tokens * kv * dtype_bytes
 
 
 def decode_step_costs(shape: Shape, context_tokens: int, device: Union[str, DeviceSpec] = "h100",

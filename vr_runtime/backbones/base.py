@@ -309,6 +309,14 @@ class CostShape:
     vis_full_layers: int = 0        # with windows: the layers that still attend over the frame
     merge_hidden: int = 0           # projector's hidden width (0: the LLM's, as InternVL's)
     head_dim: int = 0               # LLM attention head width (0: d // heads; Qwen3 sets its own)
+    # A hybrid LLM (Qwen3.5): each layer's kind, "linear_attention" (Gated DeltaNet: linear in
+    # tokens, a recurrent state, no KV cache) or "full_attention"; () = all full attention.
+    layer_kinds: Tuple[str, ...] = ()
+    lin_k_heads: int = 0            # Gated DeltaNet key / value heads and their widths
+    lin_v_heads: int = 0
+    lin_dk: int = 0
+    lin_dv: int = 0
+    lin_conv: int = 4               # its causal convolution's kernel
 
     @property
     def hd(self) -> int:

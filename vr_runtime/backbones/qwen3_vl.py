@@ -592,10 +592,10 @@ class Qwen35Backbone(Qwen3VLBackbone):
     copies the first k layers whatever their kind (``layer_types`` sliced), and since Gated
     DeltaNet is causal, the cached [Z_t] prefix of the Image Router stays exact.
 
-    Two things differ from an attention-only LLM: a right-padded batched prefill would feed
-    the padding into a shorter prompt's recurrent state (``pads_exactly`` False: the runtime
-    answers such a batch one request at a time), and the cost model has no term for a
-    linear-attention layer yet (no ``cost_shape``: ``--ttft-budget`` is refused)."""
+    What differs from an attention-only LLM: a right-padded batched prefill would feed the
+    padding into a shorter prompt's recurrent state (``pads_exactly`` False: the runtime answers
+    such a batch one request at a time); the cost model prices a Gated DeltaNet layer linear in
+    tokens (``cost_shape``'s ``layer_kinds``)."""
     family = "qwen3_5"
     model_types = ("qwen3_5",)
     hf_model, hf_config, layout = ("Qwen3_5ForConditionalGeneration", "Qwen3_5Config",
@@ -605,7 +605,22 @@ class Qwen35Backbone(Qwen3VLBackbone):
 
     @classmethod
     def cost_shape(cls, config: dict) -> CostShape:
-        return Backbone.cost_shape.__func__(cls, config)   # refused: no linear-attention term
+        """Qwen3-VL's tower, then the hybrid LLM: each layer's kind (``layer_types``, or every
+        ``full_attention_interval``-th layer full) and the Gated DeltaNet widths, which the
+        cost model prices linear in tokens."""
+        import dataclasses
+        t = config["text_config"]
+        n = int(t["num_hidden_layers"])
+        kinds = t.get("layer_types") or [
+            "full_attention" if (i + 1) % int(t.get("full_attention_interval", 4)) == 0
+            else "linear_attention" for i in range(n)]
+        base = super().cost_shape(config)
+        return dataclasses.replace(
+            base, layer_kinds=tuple(kinds), lin_k_heads=int(t.get("linear_num_key_heads", 16)),
+            lin_v_heads=int(t.get("linear_num_value_heads", 32)),
+            lin_dk=int(t.get("linear_key_head_dim", 128)),
+            lin_dv=int(t.get("linear_value_head_dim", 128)),
+            lin_conv=int(t.get("linear_conv_kernel_dim", 4)))
 
     @classmethod
     def tiny_config(cls, vocab_size: int, ids) -> dict:
