@@ -105,3 +105,30 @@ def test_cost_model_prices_each_layer_kind(vr):
     r = vr.answer(_clip(), Q, num_frames=8, max_new_tokens=1, policy="global",
                   ttft_budget_s=30.0).report
     assert r["ttft_predicted_s"] > 0 and r["visual_tokens"] <= r["budget"]
+
+
+def test_moe_window1_equals_hf_and_routes():
+    """Qwen3.5 MoE (tiny-qwen3.5-moe): HF's forward at window 1, the shadow stack over hybrid
+    MoE layers, and a policy at scales 1,1,1 equal to dense."""
+    from vr_runtime.backbones.qwen3_vl import Qwen35MoeBackbone
+    from vr_runtime.routers import RouterConfig, Routers
+    from vr_runtime.runtime import VideoRouter
+    b = Qwen35MoeBackbone.tiny()
+    assert type(b.decoder().layers[0].mlp).__name__.endswith("SparseMoeBlock")
+    frames = _frames(4, seed=23)
+    ref = _processor_inputs(b, frames, indices=INDICES[:4])
+    ids, E, pos, _ = _ours(b, frames, [1, 1], indices=INDICES[:4])
+    assert torch.equal(ids, ref["input_ids"][0])
+    r = Routers.from_backbone(b, RouterConfig(router_dim=32, num_heads=4))
+    x = torch.randn(1, 24, b.hidden_size, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(b.forward(inputs_embeds=E, position_ids=pos).logits[0, -1],
+                                   b.model(**ref).logits[0, -1], rtol=1e-4, atol=1e-4)
+        hs = b.decoder()(inputs_embeds=x, output_hidden_states=True).hidden_states[4]
+        torch.testing.assert_close(b.decoder().norm(r.shadow(x)), hs, rtol=1e-5, atol=1e-5)
+    vr = VideoRouter(b, warmup_frames=0)
+    c = _clip(4)
+    kw = dict(num_frames=4, max_new_tokens=3, global_scale=1, high=1, low=1)
+    assert vr.answer(c, Q, policy="global", budget=2 * 196, **kw).text == \
+        vr.answer(c, Q, policy="dense", **kw).text
+    assert Qwen35MoeBackbone.cost_shape(b.model.config.to_dict()).ff == 2 * 64 + 64

@@ -269,11 +269,11 @@ def test_unsupported_family_names_the_supported_ones(tmp_path):
     from vr_runtime.errors import ModelFilesError
     d = tmp_path / "m"
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({"model_type": "qwen3_5_moe"}))
+    (d / "config.json").write_text(json.dumps({"model_type": "qwen2_vl"}))
     with pytest.raises(ModelFilesError) as e:
         load_backbone(d)
     msg = str(e.value)
-    assert "\n" not in msg and "'qwen3_5_moe' is not supported" in msg
+    assert "\n" not in msg and "'qwen2_vl' is not supported" in msg
     assert "qwen3_vl" in msg and "qwen2_5_vl" in msg and "internvl" in msg
 
 

@@ -22,6 +22,7 @@ MODEL_TYPES = {
     "qwen3_vl": "qwen3_vl:Qwen3VLBackbone",
     "qwen3_vl_moe": "qwen3_vl:Qwen3VLMoeBackbone",
     "qwen3_5": "qwen3_vl:Qwen35Backbone",
+    "qwen3_5_moe": "qwen3_vl:Qwen35MoeBackbone",
 }
 # preset name -> the model_type whose class builds it with ``.tiny()``
 PRESETS = {
@@ -30,6 +31,7 @@ PRESETS = {
     "tiny-qwen3-vl": "qwen3_vl",
     "tiny-qwen3-vl-moe": "qwen3_vl_moe",
     "tiny-qwen3.5": "qwen3_5",
+    "tiny-qwen3.5-moe": "qwen3_5_moe",
 }
 
 
@@ -37,7 +39,7 @@ PRESETS = {
 UNSUPPORTED = {
     "internvl_chat": "use the OpenGVLab/InternVL3-*-hf conversion, not the remote-code "
                      "'internvl_chat' checkpoint",
-    "qwen3_5_moe": "Qwen3.5's MoE checkpoints are not supported yet, its dense ones are",
+    "qwen2_vl": "Qwen2-VL is not supported; Qwen2.5-VL and the later Qwen families are",
 }
 
 

@@ -645,6 +645,36 @@ class Qwen35Backbone(Qwen3VLBackbone):
         return cfg
 
 
+class Qwen35MoeBackbone(Qwen35Backbone):
+    """Qwen3.5's MoE checkpoints (``Qwen3_5MoeForConditionalGeneration``): Qwen3.5 with sparse
+    expert MLPs (plus a shared expert) in the hybrid LLM; the shadow stack copies them as any
+    layer."""
+    family = "qwen3_5_moe"
+    model_types = ("qwen3_5_moe",)
+    hf_model, hf_config, layout = ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeConfig",
+                                   "Qwen3.5-*-A*")
+    preset = "tiny-qwen3.5-moe"
+
+    @classmethod
+    def tiny_config(cls, vocab_size: int, ids) -> dict:
+        """``tiny-qwen3.5`` with 4 experts of width 64 (2 a token) and a shared expert."""
+        cfg = super().tiny_config(vocab_size, ids)
+        cfg.update(model_type="qwen3_5_moe", architectures=["Qwen3_5MoeForConditionalGeneration"])
+        cfg["vision_config"]["model_type"] = "qwen3_5_moe_vision"
+        cfg["text_config"].update(model_type="qwen3_5_moe_text", moe_intermediate_size=64,
+                                  shared_expert_intermediate_size=64, num_experts=4,
+                                  num_experts_per_tok=2)
+        return cfg
+
+    @classmethod
+    def cost_shape(cls, config: dict) -> CostShape:
+        """Qwen3.5's, with the MLP width a token goes through: its experts and the shared one."""
+        t = config["text_config"]
+        active = int(t["num_experts_per_tok"]) * int(t["moe_intermediate_size"]) + \
+            int(t.get("shared_expert_intermediate_size", 0))
+        return super().cost_shape(dict(config, text_config=dict(t, intermediate_size=active)))
+
+
 # ----------------------------------------------------------------------------- tiny preset
 def tiny_config_dict(vocab_size: int, ids) -> dict:
     """Qwen3VLConfig (config.json layout, as the released checkpoints write it) of
@@ -682,6 +712,6 @@ def tiny_config_dict(vocab_size: int, ids) -> dict:
     }
 
 
-__all__ = ["Qwen3VLBackbone", "Qwen3VLMoeBackbone", "Qwen35Backbone", "QWEN3_TOKENS", "QWEN3_MEAN", "QWEN3_STD", "FRAME_SIZE",
+__all__ = ["Qwen3VLBackbone", "Qwen3VLMoeBackbone", "Qwen35Backbone", "Qwen35MoeBackbone", "QWEN3_TOKENS", "QWEN3_MEAN", "QWEN3_STD", "FRAME_SIZE",
            "unit_patches", "group_units", "unit_times", "timestamp",
            "tiny_config_dict"]
