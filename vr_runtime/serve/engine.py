@@ -470,6 +470,11 @@ class Engine:
             return dataclasses.replace(video, clip=clip)
         except BaseException as e:
             self.media.release(video)
+            if slot.cancel.is_set() and isinstance(e, Exception):
+                # Stopped because the request was given up: its answer is the reason it was
+                # given up (503 on a drain, 504 past the deadline), not the decode's error.
+                raise _Skipped(504, "the request was given up while its video was decoded") \
+                    from None
             if isinstance(e, Exception) and not isinstance(e, APIError):
                 raise from_exception(e, video.names()) from None
             raise
