@@ -86,6 +86,10 @@ class GreedyDecoder:
         "cudagraphs" (the eager kernels recorded into CUDA graphs: a much shorter compile)."""
         self.lm = lm
         self.mode = resolve_decoding(mode, lm.device)
+        if self.mode != "dynamic" and not getattr(lm, "static_kv_cache", True):
+            raise ValueError(f"decoding {mode!r}: backbone {lm.family!r} keeps a recurrent state "
+                             f"besides keys and values, which the static KV cache does not hold; "
+                             f"use 'dynamic' (or 'auto')")
         if not isinstance(bucket, int) or bucket < 1:
             raise ValueError(f"bucket: expected an int >= 1, got {bucket!r}")
         if graph_backend not in ("inductor", "cudagraphs"):

@@ -132,3 +132,11 @@ def test_moe_window1_equals_hf_and_routes():
     assert vr.answer(c, Q, policy="global", budget=2 * 196, **kw).text == \
         vr.answer(c, Q, policy="dense", **kw).text
     assert Qwen35MoeBackbone.cost_shape(b.model.config.to_dict()).ff == 2 * 64 + 64
+
+
+def test_static_decoding_refused_in_one_line(bb):
+    from vr_runtime.runtime import VideoRouter
+    with pytest.raises(ValueError, match="decoding 'static': backbone 'qwen3_5' keeps a "
+                                         "recurrent state") as e:
+        VideoRouter(bb, warmup_frames=0, decoding="static")
+    assert "\n" not in str(e.value)

@@ -72,6 +72,9 @@ class Backbone(abc.ABC):
     # LLMs). False for an LLM with recurrent layers (padding would enter a shorter prompt's
     # state): the runtime then answers a batch one request at a time.
     pads_exactly: ClassVar[bool] = True
+    # Every layer's decoding state is keys and values, so the static KV cache (decoding
+    # "static" / "graph") holds it; False for a recurrent LLM: those modes are refused.
+    static_kv_cache: ClassVar[bool] = True
 
     def __init__(self, model, tokenizer, device: torch.device, dtype: torch.dtype, name: str):
         self.model = model

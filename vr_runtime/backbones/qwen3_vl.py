@@ -594,14 +594,16 @@ class Qwen35Backbone(Qwen3VLBackbone):
 
     What differs from an attention-only LLM: a right-padded batched prefill would feed the
     padding into a shorter prompt's recurrent state (``pads_exactly`` False: the runtime answers
-    such a batch one request at a time); the cost model prices a Gated DeltaNet layer linear in
-    tokens (``cost_shape``'s ``layer_kinds``)."""
+    such a batch one request at a time); decoding with the static KV cache ("static", "graph")
+    is refused (``static_kv_cache`` False); the cost model prices a Gated DeltaNet layer linear
+    in tokens (``cost_shape``'s ``layer_kinds``)."""
     family = "qwen3_5"
     model_types = ("qwen3_5",)
     hf_model, hf_config, layout = ("Qwen3_5ForConditionalGeneration", "Qwen3_5Config",
                                    "Qwen3.5-*")
     preset = "tiny-qwen3.5"
     pads_exactly = False
+    static_kv_cache = False   # a Gated DeltaNet layer's state is no keys and values
 
     @classmethod
     def cost_shape(cls, config: dict) -> CostShape:
