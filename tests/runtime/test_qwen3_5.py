@@ -140,3 +140,15 @@ def test_static_decoding_refused_in_one_line(bb):
                                          "recurrent state") as e:
         VideoRouter(bb, warmup_frames=0, decoding="static")
     assert "\n" not in str(e.value)
+
+
+def test_prefix_cache_keeps_the_recurrent_state(bb, vr):
+    """VideoRouter(prefix_cache=True): the visual prefix's cache (Gated DeltaNet states
+    included) serves a second question with the answers a plain runtime gives."""
+    from vr_runtime.runtime import VideoRouter
+    c = _clip()
+    kw = dict(num_frames=8, max_new_tokens=4, policy="global", cache_visual=True)
+    want = [vr.answer(c, q, **kw).text for q in (Q, "Is it red?")]
+    pc = VideoRouter(bb, warmup_frames=0, prefix_cache=True)
+    got = [pc.answer(c, q, **kw) for q in (Q, "Is it red?")]
+    assert [a.text for a in got] == want and got[1].report["prefix_cache"]["status"] == "hit"
