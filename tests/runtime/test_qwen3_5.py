@@ -59,7 +59,10 @@ def test_shadow_stack_copies_both_layer_kinds(bb):
         q = embed_question(bb.model, bb.tokenizer, Q)
         full = r.frame_logits(Z, q, grid=bb.grid)
         cached = r.frame_logits_cached(r.visual_cache(Z, grid=bb.grid), q)
-    torch.testing.assert_close(full, cached, rtol=1e-4, atol=1e-5)
+    # atol 1e-4: transformers 5.5.4's torch fallback runs the cached continuation through
+    # another form of the gated delta rule (chunked vs recurrent): the same sums in another
+    # order (2.6e-5 seen there; 0 on newer releases).
+    torch.testing.assert_close(full, cached, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("policy", ["global", "fragment", "uniform"])
