@@ -33,6 +33,7 @@ import sys
 import threading
 from typing import Optional
 
+from .cli_common import time_window_arg  # noqa: F401  (ask --time-window)
 from .cli_common import (PROG, SCALES_HELP, Parser, add_scorer_args, arg_type, check_inputs,
                          device_dtype, fail_with, jsonable, quiet_libraries, scales_arg,
                          stderr_is_tty)
@@ -145,32 +146,6 @@ _positive_seconds = arg_type(float, lambda v: 0 < v < float("inf"), "a number of
 
 def _positive_int(name):
     return arg_type(int, lambda v: v >= 1, "an integer >= 1", name)
-
-
-def _seconds(text: str) -> float:
-    """Seconds as S, M:SS or H:MM:SS (fractions allowed in the last part)."""
-    parts = text.strip().split(":")
-    if not 1 <= len(parts) <= 3 or any(not p.strip() for p in parts):
-        raise ValueError(text)
-    v = 0.0
-    for p in parts:
-        v = v * 60 + float(p)
-    if not math.isfinite(v) or v < 0:
-        raise ValueError(text)
-    return v
-
-
-def time_window_arg(text: str) -> tuple:
-    """``--time-window START,END``: seconds (or M:SS / H:MM:SS) from the start of the video."""
-    try:
-        start, end = (_seconds(x) for x in str(text).split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected START,END in seconds (or M:SS / H:MM:SS), e.g. 600,900 or 10:00,15:00; "
-            f"got {text!r}") from None
-    if start >= end:
-        raise argparse.ArgumentTypeError(f"START must be before END, got {text!r}")
-    return (start, end)
 
 
 def build_parser() -> argparse.ArgumentParser:

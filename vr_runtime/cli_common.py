@@ -7,6 +7,7 @@ imported inside the functions that need them, so ``--help`` and a bad flag stay 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import pathlib
 import sys
@@ -38,6 +39,32 @@ def fail(message: str, status: int = EXIT_USAGE):
 
 def one_line(message: str) -> str:
     return " ".join(str(message).split()) or "unknown error"
+
+
+def _seconds(text: str) -> float:
+    """Seconds as S, M:SS or H:MM:SS (fractions allowed in the last part)."""
+    parts = text.strip().split(":")
+    if not 1 <= len(parts) <= 3 or any(not p.strip() for p in parts):
+        raise ValueError(text)
+    v = 0.0
+    for p in parts:
+        v = v * 60 + float(p)
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(text)
+    return v
+
+
+def time_window_arg(text: str) -> tuple:
+    """``--time-window START,END``: seconds (or M:SS / H:MM:SS) from the start of the video."""
+    try:
+        start, end = (_seconds(x) for x in str(text).split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected START,END in seconds (or M:SS / H:MM:SS), e.g. 600,900 or 10:00,15:00; "
+            f"got {text!r}") from None
+    if start >= end:
+        raise argparse.ArgumentTypeError(f"START must be before END, got {text!r}")
+    return (start, end)
 
 
 def arg_type(convert, ok, what: str, name: str = ""):

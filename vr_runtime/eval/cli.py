@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seek", choices=("exact", "keyframe"), default="exact",
                    help="as for ask: exact decodes the sampled frames (the paper's setting), "
                         "keyframe the keyframe nearest each sampled time (default: exact)")
-    from ..cli import time_window_arg
+    from ..cli_common import time_window_arg
     p.add_argument("--time-window", type=time_window_arg, default=None, metavar="START,END",
                    help="as for ask: sample every video from this part only, in seconds")
     p.add_argument("--batch-size", type=int, default=1, metavar="N",
