@@ -527,8 +527,16 @@ def _finish(plan: _Plan, progress: bool, t0: float) -> VideoClip:
     # position again, which overwrites it.
     pending: List[Tuple[int, np.ndarray]] = []
     got = np.zeros(n, dtype=bool)
+    # Parallel decoders call flush from their own threads, where the caller's inference mode
+    # (thread-local) is off: ``out``, made under it, may only be written under it.
+    inference = torch.is_inference_mode_enabled()
 
     def flush():
+        if pending:
+            with torch.inference_mode(inference):
+                write()
+
+    def write():
         if pending:
             pos = [i for i, _ in pending]
             x = preprocess_frames(np.stack([f for _, f in pending]), size, plan.mean, plan.std)

@@ -216,6 +216,21 @@ def test_bundled_sample_ground_truth():
     assert (denorm(ref) - rgb).abs().mean() < 3.0
 
 
+def test_parallel_workers_under_the_callers_inference_mode(tmp_path):
+    """Workers deliver frames from their own threads, where inference mode (thread-local) is
+    off; the clip made under the caller's inference mode is still written, and equals one
+    worker's."""
+    import subprocess
+    path = tmp_path / "gops.mp4"   # a keyframe every 8 frames: several shares for 2 workers
+    subprocess.run(["ffmpeg", "-v", "error", "-f", "lavfi", "-i", "testsrc=size=96x64:rate=16",
+                    "-t", "4", "-c:v", "libx264", "-g", "8", "-pix_fmt", "yuv420p", str(path)],
+                   check=True)
+    with torch.inference_mode():
+        two = load_video(path, num_frames=16, size=64, decoder="pyav", decode_workers=2)
+        one = load_video(path, num_frames=16, size=64, decoder="pyav", decode_workers=1)
+    assert torch.equal(two.pixel_values, one.pixel_values)
+
+
 # ----------------------------------------------------------------------------- bad inputs
 
 @pytest.mark.parametrize("kind,match", [
