@@ -40,7 +40,7 @@ ROUTER_CALL_TOKENS = 8192  # vr_runtime.routers.MAX_ROUTER_TOKENS: tokens per sh
 VISION_CHUNK = 16         # AnswerOptions.chunk_size: frames per vision-tower call
 
 # The one H100 run (2026-11-24, InternVL3-8B shape, random weights, 64 frames, budget 12,288),
-# as recorded in the issue that asked for this table; no results file of it is in bench/results.
+# from its results files in bench/results/gpu_h100_2026-11-24 (README there: commands, versions).
 H100_2026_11_24 = {
     "ttft_ratio": "0.68x", "ttft_s": "-", "router_share": "16%",
     "ttft_ratio_256": "-", "decode_ms": "20-45 ms wall (8.4 ms GPU work)",
@@ -197,7 +197,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         "operator (H100 SXM nominal dense bf16 and HBM3); 'model' = the cost model's H100 spec "
         "(70% / 90% of those), the figures BENCHMARKS.md's predicted tables use.",
         "The H100 column is the one run of 2026-11-24 (8B shape, random weights, 64 frames, budget "
-        "12,288) as recorded in the issue; it predates the batched pool_pack, the memory "
+        "12,288; bench/results/gpu_h100_2026-11-24); it predates the batched pool_pack, the memory "
         "changes, static/graph decoding and the router-pool plumbing. 'GPU run' is what "
         "`PYTHONPATH=.:bench bash bench/gpu_issue21.sh` fills (the stage named per row).",
         f"Shapes: {FRAMES} frames, {TEXT} text tokens, Dense {DENSE_TOKENS:,} and VideoRouter "

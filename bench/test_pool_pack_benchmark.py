@@ -38,7 +38,7 @@ output row once; backward reads every output-row gradient once and writes every 
 gradient once.
 
 Regressions: save a baseline and compare with ``--benchmark-compare-fail=median:10%`` on a
-GPU (issue 21's spread target across processes is 10%), ``median:25%`` on a shared CPU (3-20%
+GPU (the goal for the spread across processes is 10%), ``median:25%`` on a shared CPU (3-20%
 spread measured across processes there); a row slower than that by the median fails the run.
 """
 from __future__ import annotations
