@@ -96,3 +96,37 @@ def _dir_chat_template(path: pathlib.Path) -> Optional[str]:
 
 
 __all__ = ["cached_snapshot", "looks_like_hub_id", "check_weights_dir", "read_model_type", "load_dir_tokenizer"]
+
+
+def load_hf_model(model_cls, path: pathlib.Path, device="cpu", dtype=None,
+                  attn_implementation: Optional[str] = None):
+    """``model_cls.from_pretrained`` on a checked local directory (safetensors only, never
+    remote code), in eval mode, and the directory's tokenizer -> (model, tokenizer, device,
+    dtype). A flash-attention implementation picked automatically but refused falls back to
+    sdpa; weights absent from the files (which transformers only warns about, leaving them
+    random) are one ``ModelFilesError``."""
+    from transformers import AutoTokenizer
+    from ..devices import pick_attn_implementation, resolve_device, resolve_dtype
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    attn = pick_attn_implementation(attn_implementation, dev, dt)
+    kw = dict(local_files_only=True, use_safetensors=True, trust_remote_code=False,
+              device_map={"": str(dev)}, output_loading_info=True)
+    try:
+        try:
+            model, info = model_cls.from_pretrained(str(path), dtype=dt, attn_implementation=attn,
+                                                    **kw)
+        except (ImportError, ValueError):
+            if attn == "sdpa" or attn_implementation:
+                raise
+            model, info = model_cls.from_pretrained(str(path), dtype=dt,
+                                                    attn_implementation="sdpa", **kw)
+    except (OSError, ImportError, ValueError) as e:
+        raise ModelFilesError(f"model {str(path)!r}: could not be loaded "
+                              f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from e
+    missing = sorted((info or {}).get("missing_keys") or [])
+    if missing:
+        raise ModelFilesError(f"model {str(path)!r}: the safetensors files lack {len(missing)} "
+                              f"weight(s) (e.g. {', '.join(missing[:3])}); the checkpoint is "
+                              f"incomplete")
+    return model.eval(), load_dir_tokenizer(path, AutoTokenizer), dev, dt

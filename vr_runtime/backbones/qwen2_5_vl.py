@@ -85,7 +85,7 @@ from ..errors import ModelFilesError
 from ..devices import pick_attn_implementation, resolve_device, resolve_dtype
 from .base import (Backbone, CostShape, FrameSpec, VisionTokens, build_model, cache_kwargs,
                    check_pixels)
-from .files import check_weights_dir, load_dir_tokenizer
+from .files import check_weights_dir, load_hf_model
 
 QWEN_TOKENS = VisionTokens("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")
 # Added to the tiny BPE for the tiny-qwen2.5-vl preset (ChatML's tokens are already in it).
@@ -444,35 +444,12 @@ class Qwen25VLBackbone(Backbone):
     def load(cls, path, device="cpu", dtype=None,
              attn_implementation: Optional[str] = None) -> "Qwen25VLBackbone":
         """A local Qwen2.5-VL-*-Instruct directory, in eval mode."""
-        from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
+        from transformers import Qwen2_5_VLForConditionalGeneration
         path = pathlib.Path(path).expanduser()
         check_weights_dir(path, "qwen2_5_vl", "Qwen2.5-VL-*-Instruct")
-        dev = resolve_device(device)
-        dt = resolve_dtype(dtype, dev)
-        attn = pick_attn_implementation(attn_implementation, dev, dt)
-        kw = dict(local_files_only=True, use_safetensors=True, trust_remote_code=False,
-                  device_map={"": str(dev)}, output_loading_info=True)
-        try:
-            try:
-                model, info = Qwen2_5_VLForConditionalGeneration.from_pretrained(
-                    str(path), dtype=dt, attn_implementation=attn, **kw)
-            except (ImportError, ValueError):
-                if attn == "sdpa" or attn_implementation:
-                    raise
-                # flash-attention chosen automatically but refused: sdpa is always supported.
-                model, info = Qwen2_5_VLForConditionalGeneration.from_pretrained(
-                    str(path), dtype=dt, attn_implementation="sdpa", **kw)
-        except (OSError, ImportError, ValueError) as e:
-            raise ModelFilesError(f"model {str(path)!r}: could not be loaded "
-                                  f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from e
-        # transformers only warns about weights absent from the files (and leaves them random)
-        missing = sorted((info or {}).get("missing_keys") or [])
-        if missing:
-            raise ModelFilesError(f"model {str(path)!r}: the safetensors files lack {len(missing)} "
-                                  f"weight(s) (e.g. {', '.join(missing[:3])}); the checkpoint is "
-                                  f"incomplete")
-        tok = load_dir_tokenizer(path, AutoTokenizer)
-        return cls(model.eval(), tok, dev, dt, path.name)
+        model, tok, dev, dt = load_hf_model(Qwen2_5_VLForConditionalGeneration, path, device,
+                                            dtype, attn_implementation)
+        return cls(model, tok, dev, dt, path.name)
 
     @classmethod
     def preset_config(cls, name: str = "tiny-qwen2.5-vl") -> dict:

@@ -63,7 +63,7 @@ from ..devices import pick_attn_implementation, resolve_device, resolve_dtype
 from ..errors import ModelFilesError
 from .base import (Backbone, CostShape, FrameSpec, VisionTokens, build_model, cache_kwargs,
                    deepstack_kwargs)
-from .files import check_weights_dir, load_dir_tokenizer
+from .files import check_weights_dir, load_hf_model
 from .qwen2_5_vl import (_MergeGroups, mrope_position_ids, plan_grids, special_ids,
                          tiny_tokenizer, with_token_ids)
 
@@ -477,34 +477,11 @@ class Qwen3VLBackbone(Backbone):
     def load(cls, path, device="cpu", dtype=None,
              attn_implementation: Optional[str] = None) -> "Qwen3VLBackbone":
         """A local Qwen3-VL-*-Instruct directory (``layout``), in eval mode."""
-        from transformers import AutoTokenizer
-        Qwen3VLForConditionalGeneration = cls._hf(cls.hf_model)
         path = pathlib.Path(path).expanduser()
         check_weights_dir(path, cls.model_types[0], cls.layout)
-        dev = resolve_device(device)
-        dt = resolve_dtype(dtype, dev)
-        attn = pick_attn_implementation(attn_implementation, dev, dt)
-        kw = dict(local_files_only=True, use_safetensors=True, trust_remote_code=False,
-                  device_map={"": str(dev)}, output_loading_info=True)
-        try:
-            try:
-                model, info = Qwen3VLForConditionalGeneration.from_pretrained(
-                    str(path), dtype=dt, attn_implementation=attn, **kw)
-            except (ImportError, ValueError):
-                if attn == "sdpa" or attn_implementation:
-                    raise
-                model, info = Qwen3VLForConditionalGeneration.from_pretrained(
-                    str(path), dtype=dt, attn_implementation="sdpa", **kw)
-        except (OSError, ImportError, ValueError) as e:
-            raise ModelFilesError(f"model {str(path)!r}: could not be loaded "
-                                  f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from e
-        missing = sorted((info or {}).get("missing_keys") or [])
-        if missing:
-            raise ModelFilesError(f"model {str(path)!r}: the safetensors files lack {len(missing)} "
-                                  f"weight(s) (e.g. {', '.join(missing[:3])}); the checkpoint is "
-                                  f"incomplete")
-        tok = load_dir_tokenizer(path, AutoTokenizer)
-        return cls(model.eval(), tok, dev, dt, path.name)
+        model, tok, dev, dt = load_hf_model(cls._hf(cls.hf_model), path, device, dtype,
+                                            attn_implementation)
+        return cls(model, tok, dev, dt, path.name)
 
     @classmethod
     def tiny_config(cls, vocab_size: int, ids) -> dict:
