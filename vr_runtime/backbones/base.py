@@ -65,6 +65,8 @@ class Backbone(abc.ABC):
     # keeps or drops): 1, or k for a tower that embeds k consecutive frames together (Qwen3-VL's
     # temporal patch of 2). ``units`` groups the decoded frames; every stage after it sees units.
     frames_per_unit: int = 1
+    # the config field holding the placeholder's token id (``vision_tokens.context``)
+    placeholder_id_key: ClassVar[str] = "image_token_id"
     # build_prompt / text_tokens take ``times=`` (each unit's time in seconds: a prompt with
     # timestamps); the runtime passes the decoded frames' times only to such a backbone.
     uses_frame_times: ClassVar[bool] = False
@@ -143,9 +145,10 @@ class Backbone(abc.ABC):
             if len(tok.encode(t, add_special_tokens=False)) != 1:
                 raise ModelFilesError(f"model {self.name!r}: the tokenizer does not hold {t!r} as "
                                       f"one token")
-        image_token_id = int(self.model.config.image_token_id)
+        key = self.placeholder_id_key
+        image_token_id = int(getattr(self.model.config, key))
         if tok.convert_tokens_to_ids(vt.context) != image_token_id:
-            raise ModelFilesError(f"model {self.name!r}: config.image_token_id {image_token_id} is "
+            raise ModelFilesError(f"model {self.name!r}: config.{key} {image_token_id} is "
                                   f"not the tokenizer's {vt.context} id "
                                   f"{tok.convert_tokens_to_ids(vt.context)}")
         return image_token_id

@@ -229,7 +229,70 @@ def budget_frame_size(frames: int, budget: int, size: Tuple[int, int] = FRAME_SI
 
 
 # ----------------------------------------------------------------------------- the backbone
-class Qwen25VLBackbone(Backbone):
+class QwenGridPositions:
+    """What the Qwen-VL backbones (2.5-VL, 3-VL and 3.5) share over their merged patch grid:
+    views at another frame size and M-RoPE positions for prompts of pooled grids. Needs
+    ``patch_size``, ``merge_size``, ``frame_size``, ``grid``, ``image_token_id``,
+    ``vision_tokens``, ``frames_per_unit`` and ``device``."""
+
+    def at_resolution(self, height: int, width: int) -> "Backbone":
+        """A view of this model (the same weights, tokenizer and merger-swap lock) whose frames
+        are ``height`` x ``width`` (multiples of patch x merge: 28 for Qwen2.5-VL, 32 for
+        Qwen3-VL): its frame spec, token grid, vision call, prompt counts and M-RoPE positions
+        all follow, as Qwen's processor would run the model on frames of that size (the
+        Qwen2.5-VL Budget baseline; :func:`budget_frame_size` picks the size)."""
+        unit = self.patch_size * self.merge_size
+        size = (height, width)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= unit and v % unit == 0
+                   for v in size):
+            raise ValueError(f"at_resolution: {height}x{width} is not a frame size of this model; "
+                             f"height and width must be positive multiples of {unit} "
+                             f"(patch {self.patch_size} x merge {self.merge_size})")
+        if size == tuple(self.frame_size):
+            return self
+        view = copy.copy(self)   # shallow: shares model, tokenizer, trunk, merger and _swap
+        view.frame_size = size
+        return view
+
+    def position_ids(self, ids: torch.Tensor, plan: Sequence, frame_starts: Sequence[int],
+                     grid: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+        """M-RoPE positions [3, 1, L] (int64, on the model's device) of a prompt ``ids`` [L]
+        whose kept units hold the grids of ``plan`` (one window per unit: a frame, or
+        Qwen3-VL's temporal patch; 0 = dropped) starting at ``frame_starts`` (one row per kept
+        unit, in order): ``get_rope_index``'s placement, one block per unit."""
+        ids = ids.reshape(-1)
+        units = "frames" if self.frames_per_unit == 1 else "units"
+        placeholder = self.vision_tokens.context
+        grids = plan_grids(plan, tuple(grid or self.grid))
+        kept = [g for g in grids if g is not None]
+        starts = [int(s) for s in frame_starts]
+        if len(starts) != len(kept):
+            raise ValueError(f"frame_starts: {len(starts)} entries for {len(kept)} kept {units}")
+        total = sum(gh * gw for gh, gw in kept)
+        n_ph = int((ids == self.image_token_id).sum())
+        if n_ph != total:
+            raise ValueError(f"ids: {n_ph} {placeholder} rows but the plan's kept {units} "
+                             f"hold {total} tokens; build the prompt from the same plan")
+        blocks = [(s, gh, gw) for s, (gh, gw) in zip(starts, kept)]
+        for s, gh, gw in blocks:
+            if not bool((ids[s:s + gh * gw] == self.image_token_id).all()):
+                raise ValueError(f"frame_starts: rows {s}..{s + gh * gw - 1} are not all "
+                                 f"{placeholder} placeholders")
+        return mrope_position_ids(ids.numel(), blocks).unsqueeze(1).to(self.device)
+
+    def router_position_ids(self, tokens_grid: Tuple[int, int], num_text: int,
+                            batch: int) -> torch.Tensor:
+        """Positions [3, batch, gh*gw + num_text] of [Z_t; q]: the unit's (pooled) grid as a
+        block at position 0, then the question."""
+        gh, gw = (int(v) for v in tokens_grid)
+        if gh < 1 or gw < 1 or num_text < 0 or batch < 1:
+            raise ValueError(f"router_position_ids: bad grid {tokens_grid}, num_text {num_text} "
+                             f"or batch {batch}")
+        pos = mrope_position_ids(gh * gw + int(num_text), [(0, gh, gw)])
+        return pos.unsqueeze(1).expand(3, int(batch), -1).to(self.device)
+
+
+class Qwen25VLBackbone(QwenGridPositions, Backbone):
     family = "qwen2_5_vl"
     resizes_frames = True
     model_types = ("qwen2_5_vl",)
@@ -262,25 +325,6 @@ class Qwen25VLBackbone(Backbone):
     @property
     def frame_spec(self) -> FrameSpec:
         return FrameSpec(size=self.frame_size, mean=CLIP_MEAN, std=CLIP_STD)
-
-    def at_resolution(self, height: int, width: int) -> "Qwen25VLBackbone":
-        """A view of this model (the same weights, tokenizer and merger-swap lock) whose frames
-        are ``height`` x ``width`` (multiples of patch x merge = 28): its frame spec, token
-        grid (h/28, w/28), vision call (``grid_thw`` [1, h/14, w/14] per frame), prompt counts
-        and M-RoPE positions all follow, as Qwen's processor would run the model on images of
-        that size (the Qwen2.5-VL Budget baseline; :func:`budget_frame_size` picks the size)."""
-        unit = self.patch_size * self.merge_size
-        size = (height, width)
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= unit and v % unit == 0
-                   for v in size):
-            raise ValueError(f"at_resolution: {height}x{width} is not a frame size of this model; "
-                             f"height and width must be positive multiples of {unit} "
-                             f"(patch {self.patch_size} x merge {self.merge_size})")
-        if size == tuple(self.frame_size):
-            return self
-        view = copy.copy(self)   # shallow: shares model, tokenizer, trunk, merger and _swap
-        view.frame_size = size
-        return view
 
     def budget_frame_size(self, frames: int, budget: int) -> Tuple[int, int]:
         """The Qwen2.5-VL Budget rule (:func:`budget_frame_size`) for this model's full frame
@@ -384,40 +428,6 @@ class Qwen25VLBackbone(Backbone):
                 "mm_token_type_ids": (ids == self.image_token_id).int()}
 
     # ------------------------------------------------------------------ positions
-    def position_ids(self, ids: torch.Tensor, plan: Sequence, frame_starts: Sequence[int],
-                     grid: Optional[Tuple[int, int]] = None) -> torch.Tensor:
-        """M-RoPE positions [3, 1, L] (int64, on the model's device) of a prompt ``ids`` [L]
-        whose kept frames hold the grids of ``plan`` (one window per sampled frame, 0 =
-        dropped) starting at ``frame_starts`` (one row per kept frame, in order)."""
-        ids = ids.reshape(-1)
-        grids = plan_grids(plan, tuple(grid or self.grid))
-        kept = [g for g in grids if g is not None]
-        starts = [int(s) for s in frame_starts]
-        if len(starts) != len(kept):
-            raise ValueError(f"frame_starts: {len(starts)} entries for {len(kept)} kept frames")
-        total = sum(gh * gw for gh, gw in kept)
-        n_ph = int((ids == self.image_token_id).sum())
-        if n_ph != total:
-            raise ValueError(f"ids: {n_ph} {QWEN_TOKENS.context} rows but the plan's kept frames "
-                             f"hold {total} tokens; build the prompt from the same plan")
-        blocks = [(s, gh, gw) for s, (gh, gw) in zip(starts, kept)]
-        for s, gh, gw in blocks:
-            if not bool((ids[s:s + gh * gw] == self.image_token_id).all()):
-                raise ValueError(f"frame_starts: rows {s}..{s + gh * gw - 1} are not all "
-                                 f"{QWEN_TOKENS.context} placeholders")
-        return mrope_position_ids(ids.numel(), blocks).unsqueeze(1).to(self.device)
-
-    def router_position_ids(self, tokens_grid: Tuple[int, int], num_text: int,
-                            batch: int) -> torch.Tensor:
-        """Positions [3, batch, gh*gw + num_text] of [Z_t; q]: the frame's (pooled) grid as an
-        image at position 0, then the question."""
-        gh, gw = (int(v) for v in tokens_grid)
-        if gh < 1 or gw < 1 or num_text < 0 or batch < 1:
-            raise ValueError(f"router_position_ids: bad grid {tokens_grid}, num_text {num_text} "
-                             f"or batch {batch}")
-        pos = mrope_position_ids(gh * gw + int(num_text), [(0, gh, gw)])
-        return pos.unsqueeze(1).expand(3, int(batch), -1).to(self.device)
-
     def step_position_ids(self, position: int) -> torch.Tensor:
         """[3, 1, 1]: a decoded token is text, all three axes at ``position`` (the base
         class's ``next_position``, max + 1, is where HF's rope_deltas put the first one)."""
@@ -566,6 +576,6 @@ def with_token_ids(config: dict, ids: Dict[str, int], vocab_needed: int) -> dict
     return cfg
 
 
-__all__ = ["Qwen25VLBackbone", "QWEN_TOKENS", "QWEN_SPECIAL_TOKENS", "CLIP_MEAN", "CLIP_STD",
+__all__ = ["Qwen25VLBackbone", "QwenGridPositions", "QWEN_TOKENS", "QWEN_SPECIAL_TOKENS", "CLIP_MEAN", "CLIP_STD",
            "FRAME_SIZE", "QWEN_MIN_PIXELS", "VisionTrunk", "budget_frame_size", "smart_resize", "frame_patches", "mrope_position_ids", "plan_grids",
            "tiny_tokenizer", "tiny_config_dict", "special_ids", "with_token_ids"]

@@ -64,8 +64,8 @@ from ..errors import ModelFilesError
 from .base import (Backbone, CostShape, FrameSpec, VisionTokens, build_model, cache_kwargs,
                    deepstack_kwargs)
 from .files import check_weights_dir, load_hf_model
-from .qwen2_5_vl import (_MergeGroups, mrope_position_ids, plan_grids, special_ids,
-                         tiny_tokenizer, with_token_ids)
+from .qwen2_5_vl import (QwenGridPositions, _MergeGroups, special_ids, tiny_tokenizer,
+                         with_token_ids)
 
 QWEN3_TOKENS = VisionTokens("<|vision_start|>", "<|vision_end|>", "<|video_pad|>")
 # Qwen3-VL's processor (Qwen3VLVideoProcessor image_mean / image_std).
@@ -116,10 +116,11 @@ class VisionTrunk(nn.Module):
         self.blocks = visual.blocks
 
 
-class Qwen3VLBackbone(Backbone):
+class Qwen3VLBackbone(QwenGridPositions, Backbone):
     family = "qwen3_vl"
     model_types = ("qwen3_vl",)
     vision_tokens = QWEN3_TOKENS
+    placeholder_id_key = "video_token_id"   # the placeholder is <|video_pad|>, not the image's
     uses_frame_times = True
     resizes_frames = True   # at_resolution / budget_frame_size: the budget-resize baseline
     # transformers classes (names, imported on use) and the checkpoint layout of this family
@@ -149,20 +150,6 @@ class Qwen3VLBackbone(Backbone):
         self._group = _MergeGroups(self.merge_size ** 2)
         self._swap = threading.Lock()   # vision_features swaps the mergers out for one call
 
-    def _check_tokens(self) -> int:
-        """The placeholder is ``<|video_pad|>``: ``video_token_id`` (not the image id)."""
-        tok, vt = self.tokenizer, self.vision_tokens
-        for t in (vt.start, vt.end, vt.context):
-            if len(tok.encode(t, add_special_tokens=False)) != 1:
-                raise ModelFilesError(f"model {self.name!r}: the tokenizer does not hold {t!r} as "
-                                      f"one token")
-        vid = int(self.model.config.video_token_id)
-        if tok.convert_tokens_to_ids(vt.context) != vid:
-            raise ModelFilesError(f"model {self.name!r}: config.video_token_id {vid} is not the "
-                                  f"tokenizer's {vt.context} id "
-                                  f"{tok.convert_tokens_to_ids(vt.context)}")
-        return vid
-
     # ------------------------------------------------------------------ identity and parts
     @property
     def grid(self) -> Tuple[int, int]:
@@ -172,25 +159,6 @@ class Qwen3VLBackbone(Backbone):
     @property
     def frame_spec(self) -> FrameSpec:
         return FrameSpec(size=self.frame_size, mean=QWEN3_MEAN, std=QWEN3_STD)
-
-    def at_resolution(self, height: int, width: int) -> "Qwen3VLBackbone":
-        """A view of this model (same weights, tokenizer and merger-swap lock) whose frames are
-        ``height`` x ``width`` (multiples of patch x merge = 32): frame spec, grid, vision call,
-        prompt counts and positions follow (the tower interpolates its learned position grid
-        to any size, as for any video Qwen3-VL's processor resizes)."""
-        import copy
-        unit = self.patch_size * self.merge_size
-        size = (height, width)
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= unit and v % unit == 0
-                   for v in size):
-            raise ValueError(f"at_resolution: {height}x{width} is not a frame size of this model; "
-                             f"height and width must be positive multiples of {unit} "
-                             f"(patch {self.patch_size} x merge {self.merge_size})")
-        if size == tuple(self.frame_size):
-            return self
-        view = copy.copy(self)
-        view.frame_size = size
-        return view
 
     def budget_frame_size(self, frames: int, budget: int) -> Tuple[int, int]:
         """The budget baseline's frame size on Qwen3-VL: the largest ``smart_resize`` size
@@ -402,38 +370,6 @@ class Qwen3VLBackbone(Backbone):
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"]) - len(kept)
 
     # ------------------------------------------------------------------ positions
-    def position_ids(self, ids: torch.Tensor, plan: Sequence, frame_starts: Sequence[int],
-                     grid: Optional[Tuple[int, int]] = None) -> torch.Tensor:
-        """Interleaved-M-RoPE positions [3, 1, L] of a prompt whose kept units hold the pooled
-        grids of ``plan`` (``get_rope_index``'s placement, one block per temporal patch)."""
-        ids = ids.reshape(-1)
-        kept = [g for g in plan_grids(plan, tuple(grid or self.grid)) if g is not None]
-        starts = [int(s) for s in frame_starts]
-        if len(starts) != len(kept):
-            raise ValueError(f"frame_starts: {len(starts)} entries for {len(kept)} kept units")
-        total = sum(gh * gw for gh, gw in kept)
-        n_ph = int((ids == self.image_token_id).sum())
-        if n_ph != total:
-            raise ValueError(f"ids: {n_ph} {QWEN3_TOKENS.context} rows but the plan's kept units "
-                             f"hold {total} tokens; build the prompt from the same plan")
-        blocks = [(s, gh, gw) for s, (gh, gw) in zip(starts, kept)]
-        for s, gh, gw in blocks:
-            if not bool((ids[s:s + gh * gw] == self.image_token_id).all()):
-                raise ValueError(f"frame_starts: rows {s}..{s + gh * gw - 1} are not all "
-                                 f"{QWEN3_TOKENS.context} placeholders")
-        return mrope_position_ids(ids.numel(), blocks).unsqueeze(1).to(self.device)
-
-    def router_position_ids(self, tokens_grid: Tuple[int, int], num_text: int,
-                            batch: int) -> torch.Tensor:
-        """[3, batch, gh*gw + num_text]: the unit's (pooled) grid as a block at 0, then the
-        question."""
-        gh, gw = (int(v) for v in tokens_grid)
-        if gh < 1 or gw < 1 or num_text < 0 or batch < 1:
-            raise ValueError(f"router_position_ids: bad grid {tokens_grid}, num_text {num_text} "
-                             f"or batch {batch}")
-        pos = mrope_position_ids(gh * gw + int(num_text), [(0, gh, gw)])
-        return pos.unsqueeze(1).expand(3, int(batch), -1).to(self.device)
-
     def step_position_ids(self, position: int) -> torch.Tensor:
         return torch.full((3, 1, 1), int(position), dtype=torch.long, device=self.device)
 
