@@ -80,16 +80,18 @@ class Server:
 
 
 @contextlib.contextmanager
-def serve(media_dir, *extra, startup_timeout: float = 180.0):
-    """``videorouter serve --port 0`` on 127.0.0.1 as a subprocess; yields a :class:`Server`."""
+def serve(media_dir, *extra, startup_timeout: float = 180.0, source: pathlib.Path = ROOT,
+          launcher=("-m", "vr_runtime.cli")):
+    """``videorouter serve --port 0`` on 127.0.0.1 as a subprocess, run from the source tree
+    ``source`` (``python LAUNCHER serve ...``); yields a :class:`Server`."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(source) + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("OMP_NUM_THREADS", "1")
     log = tempfile.NamedTemporaryFile("w+", prefix="videorouter-serve-", suffix=".log",
                                       delete=False)
-    cmd = [sys.executable, "-m", "vr_runtime.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+    cmd = [sys.executable, *launcher, "serve", "--host", "127.0.0.1", "--port", "0",
            "--media-dir", str(media_dir), *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=str(ROOT))
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=str(source))
     server = None
     try:
         t0 = time.monotonic()

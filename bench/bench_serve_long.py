@@ -31,7 +31,7 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from bench_serve import SAMPLE, Server, _quantile, _video_body  # noqa: E402
+from bench_serve import SAMPLE, _quantile, _video_body, serve  # noqa: E402
 
 CACHE = pathlib.Path.home() / ".cache" / "videorouter-bench" / "serve-long"
 CLIPS = ((60, 0), (66, 7), (72, 13), (78, 21))   # (seconds, testsrc2 start offset in seconds)
@@ -60,39 +60,14 @@ def make_clips() -> list:
 @contextlib.contextmanager
 def serve_from(source: pathlib.Path, media_dir, *extra, startup_timeout: float = 180.0):
     """bench_serve.serve, but from the given source tree: yields (Server, module file)."""
-    env = dict(os.environ, PYTHONPATH=str(source), OMP_NUM_THREADS="1")
-    log = tempfile.NamedTemporaryFile("w+", prefix="vr-serve-long-", suffix=".log", delete=False)
     # Prints the file the server's vr_runtime comes from, then runs the CLI as `videorouter`.
     boot = ("import sys, vr_runtime, vr_runtime.cli as c; "
             "print('VR_FILE=' + vr_runtime.__file__, file=sys.stderr, flush=True); "
             "sys.argv[0] = 'videorouter'; sys.exit(c.main())")
-    cmd = [sys.executable, "-c", boot, "serve", "--host", "127.0.0.1", "--port", "0",
-           "--media-dir", str(media_dir), *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=str(source))
-    server = None
-    try:
-        t0 = time.monotonic()
-        while server is None:
-            text = pathlib.Path(log.name).read_text()
-            m = re.search(r"http://127\.0\.0\.1:(\d+)/v1", text)
-            if m:
-                server = Server(proc, int(m.group(1)), log.name)
-                vr_file = re.search(r"VR_FILE=(\S+)", text).group(1)
-            elif proc.poll() is not None:
-                raise RuntimeError(f"serve exited with {proc.returncode}: {text}")
-            elif time.monotonic() - t0 > startup_timeout:
-                raise RuntimeError(f"serve did not start in {startup_timeout} s: {text}")
-            else:
-                time.sleep(0.2)
-        yield server, vr_file
-    finally:
-        if server is not None:
-            server.stop()
-        elif proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        log.close()
-        os.unlink(log.name)
+    with serve(media_dir, *extra, startup_timeout=startup_timeout, source=source,
+               launcher=("-c", boot)) as server:
+        text = pathlib.Path(server.stderr_path).read_text()
+        yield server, re.search(r"VR_FILE=(\S+)", text).group(1)
 
 
 async def _send(url, bodies, concurrency, time_limit):
