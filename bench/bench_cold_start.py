@@ -107,7 +107,7 @@ def _options(a, vr):
     from vr_runtime.request import AnswerOptions
     if a.shape == "tiny":  # trained routers decide: what `videorouter ask` runs
         return AnswerOptions(num_frames=a.frames, max_new_tokens=a.max_new_tokens)
-    from vr_runtime.scorers import FixedRelevance
+    from vr_runtime.routing.scorers import FixedRelevance
     T = a.frames
     k = max(1, round(T * 28 / 64))
     relevant = [i * T // k for i in range(k)]
@@ -169,7 +169,7 @@ def child(a) -> None:
                warm_ttft_s=again["ttft_s"], warm_router_s=again["router_s"], warm_wall_s=again["wall_s"],
                kernel_warmup={k: v for k, v in warm.items() if k != "best"},
                cold=cold, warm=again, device=str(device), threads=torch.get_num_threads(), dtype=str(vr.lm.dtype).replace("torch.", ""))
-    from vr_runtime.atomic import write_atomic
+    from vr_runtime.data.atomic import write_atomic
     write_atomic(a.child, json.dumps(out, indent=2, default=str) + "\n")
 
 

@@ -1,5 +1,5 @@
 """Decoding speed after the prefill, per decoding mode (issue 21 row "decoding, wall time per
-new token"; vr_runtime.decode).
+new token"; vr_runtime.generate).
 
 For each mode (dynamic cache / static cache / static cache + CUDA graphs through inductor or
 through the plain ``cudagraphs`` backend) and batch size, the same prompt of ``--prompt-tokens``
@@ -91,14 +91,14 @@ def build_backbone(args, device, dtype):
 
 
 def decoder_for(lm, mode: str):
-    from vr_runtime.decode import GreedyDecoder
+    from vr_runtime.generate import GreedyDecoder
     if mode == "graph-cudagraphs":
         return GreedyDecoder(lm, "graph", graph_backend="cudagraphs")
     return GreedyDecoder(lm, mode)
 
 
 def timed(dec, prompts, n: int, device) -> tuple:
-    from vr_runtime.timing import StageTimer
+    from vr_runtime.telemetry.timing import StageTimer
     timer = StageTimer(device)
     gens = dec.generate(prompts, [n] * len(prompts), [None] * len(prompts), set(), timer)
     return timer.get("generate"), gens
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     rows = measure(args, lm, device)
     env = common.environment(device)
     label = ("CPU figures (not comparable with the paper's GPU)" if args.cpu else "GPU figures")
-    doc = dict(benchmark="decode (vr_runtime.decode modes)", label=label, environment=env,
+    doc = dict(benchmark="decode (vr_runtime.generate modes)", label=label, environment=env,
                settings=dict(shape=args.shape, dtype=str(dtype).replace("torch.", ""),
                              prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                              runs=args.runs, warmup=args.warmup,

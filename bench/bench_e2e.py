@@ -51,7 +51,7 @@ What is measured, and how:
 * Batch: B different videos per row through the runtime's ``answer_batch`` when it has one
   (else B ``answer`` calls): one batched prefill and decode by default, ``--no-batch-prefill``
   the videos one after another; total and per-video wall time, peak memory over the batch.
-* ``--decoding`` picks VideoRouter's decode mode (vr_runtime.decode); the rows report the mode
+* ``--decoding`` picks VideoRouter's decode mode (vr_runtime.generate); the rows report the mode
   used and ``decode_ms_per_token``. ``--router-pool`` reaches every row that runs the routers.
 * Targets (issue): on an H100/H200 at 8B / 64 frames / 12,288, VideoRouter (1,4) TTFT <= 0.40x
   Dense and <= 1.0 s, routers <= 8% of its TTFT, peak memory <= 20 GB; evaluated and printed
@@ -156,7 +156,7 @@ def parse_args(argv=None):
                     "the CLIP row (default: random weights in CLIP ViT-B/16's shape)")
     ap.add_argument("--decoding", choices=("auto", "dynamic", "static", "graph"), default="auto",
                     help="VideoRouter(decoding=): auto = the eager dynamic cache; graph = CUDA "
-                    "graphs over a static KV cache, opt-in (vr_runtime.decode)")
+                    "graphs over a static KV cache, opt-in (vr_runtime.generate)")
     ap.add_argument("--no-batch-prefill", action="store_true",
                     help="batch sweep: answer_batch(batch_prefill=False), the videos one after "
                     "another (default: one batched prefill and decode)")
@@ -259,7 +259,7 @@ def router_layers(args) -> Optional[int]:
     if args.model or not (args.text_layers or args.shape == "tiny"):
         return None
     if args.shape == "tiny":
-        from vr_runtime.tiny import ASSETS
+        from vr_runtime.backbones.tiny import ASSETS
         depth = json.loads((ASSETS / "config.json").read_text())["text_config"]["num_hidden_layers"]
         full = 28
     else:
@@ -272,7 +272,7 @@ def router_layers(args) -> Optional[int]:
 def build(args, device, dtype):
     """A VideoRouter on ``device``: real checkpoint, the tiny preset, or a random-weight shape."""
     from vr_runtime import VideoRouter
-    from vr_runtime.routers import RouterConfig
+    from vr_runtime.routing.routers import RouterConfig
     k = None if args.routers else router_layers(args)
     rc = RouterConfig(num_layers=k) if k else None
     if args.model:
@@ -286,7 +286,7 @@ def build(args, device, dtype):
         # synthetic task's frames; the benchmark feeds random frames, so it keeps its fixed
         # relevance protocol (untrained routers, decisions imposed) unless --routers is given.
         from vr_runtime.backbones import load_backbone
-        from vr_runtime.routers import Routers
+        from vr_runtime.routing.routers import Routers
         lm = load_backbone("tiny", device=device, dtype=dtype)
         return VideoRouter(lm, Routers.from_backbone(lm, rc), decoding=args.decoding)
     return VideoRouter.from_config(shape_config(args), routers=args.routers, device=device,
@@ -329,7 +329,7 @@ CLIP_SHAPES = {
 
 
 def _matched_clip_class():
-    from vr_runtime.scorers import FrameScorer, FrameScores
+    from vr_runtime.routing.scorers import FrameScorer, FrameScores
 
     class MatchedCLIPScorer(FrameScorer):
         """CLIP similarities (really computed, timed as routing); the ``k`` most similar
@@ -353,7 +353,7 @@ def _matched_clip_class():
 
 def clip_model(args, vr):
     """The CLIPScorer of the CLIP row: --clip, else random weights (shape per mode)."""
-    from vr_runtime.scorers import CLIPScorer
+    from vr_runtime.routing.scorers import CLIPScorer
     dev, dt = vr.lm.device, vr.lm.dtype
     if args.clip:
         return CLIPScorer.from_pretrained(args.clip, device=dev, dtype=dt)
@@ -434,14 +434,14 @@ def random_video(num_frames: int, seed: int) -> torch.Tensor:
 
 def needs_relevance(kw: dict) -> bool:
     """Whether a row's planner reads frame relevance: asked of its registration
-    (vr_runtime.policies), so a new relevance planner gets the relevance rows' treatment."""
-    from vr_runtime.policies import get_planner
+    (vr_runtime.planning.policies), so a new relevance planner gets the relevance rows' treatment."""
+    from vr_runtime.planning.policies import get_planner
     return get_planner(kw["policy"]).needs_relevance
 
 
 def budgeted(kw: dict) -> bool:
     """Whether a row's planner (or the ones auto routes to) plans under a visual budget."""
-    from vr_runtime.policies import is_budgeted
+    from vr_runtime.planning.policies import is_budgeted
     return is_budgeted(kw["policy"])
 
 
@@ -451,7 +451,7 @@ def answer_options(args, num_frames: int, max_length: int, budget: int, kw: dict
     routers: with a fixed ``relevant`` pattern through ``FixedRelevance(run_routers=True)``
     (decisions imposed, cost real), else policy "auto" as a trained deployment would."""
     from vr_runtime.request import AnswerOptions
-    from vr_runtime.scorers import FixedRelevance
+    from vr_runtime.routing.scorers import FixedRelevance
     out = dict(num_frames=num_frames, max_length=max_length, max_new_tokens=args.max_new_tokens,
                margin=args.margin, **kw)
     if budgeted(kw):
@@ -544,7 +544,7 @@ def summarise(reports: List[dict]) -> dict:
         nvml_stage_peak_gb=gb(max((r.get("peak_memory_nvml_bytes") or 0) for r in reports) or None),
         outside_peak_gb=gb(max((r["_outside_peak"] or 0) for r in reports) or None),
         # the runtime's own: CUDA, the allocator's peak minus the weights on the device; CPU,
-        # the resident set's rise over the request (vr_runtime.memory)
+        # the resident set's rise over the request (vr_runtime.telemetry.memory)
         activation_peak_gb=gb(max((r.get("peak_activation_bytes") or 0) for r in reports) or None),
         weights_gb=gb((last.get("weights_bytes") or {}).get("total")),
         shadow_stack_gb=gb((last.get("weights_bytes") or {}).get("shadow_stack")),

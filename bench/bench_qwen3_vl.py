@@ -3,7 +3,7 @@ CPU TTFT by policy for the tiny-qwen3-vl preset (measured).
 
     python bench/bench_qwen3_vl.py [--out bench/results/qwen3_vl] [--runs 3]
 
-1. Model: ``vr_runtime.cost_model.predict_ttft`` with Qwen3VLBackbone.cost_shape of
+1. Model: ``vr_runtime.planning.cost_model.predict_ttft`` with Qwen3VLBackbone.cost_shape of
    ``vr_runtime/configs/qwen3_vl_8b.json`` on the nominal H100 and H200 specs: 128 sampled
    frames = 64 units (temporal patches) of 196 tokens at 448x448, B_img = 12,288, per policy
    (Fragment with 28 of 64 units relevant, as the paper's 28 of 64 frames). The text is an
@@ -37,8 +37,8 @@ UNITS, PER_UNIT, BUDGET, TEXT, RELEVANT = 64, 196, 12288, 620, 28
 
 def model_rows(config_path: str):
     from vr_kernels import pooled_counts
-    from vr_runtime.cost_model import predict_ttft
-    from vr_runtime.budget import plan_fragment, plan_global, plan_uniform
+    from vr_runtime.planning.cost_model import predict_ttft
+    from vr_runtime.planning.budget import plan_fragment, plan_global, plan_uniform
     grid = (14, 14)
     rel = [u % 16 < 7 for u in range(UNITS)]   # 28 of 64
     plans = {
@@ -67,7 +67,7 @@ def model_rows(config_path: str):
 def cpu_rows(runs: int):
     from vr_runtime.runtime import VideoRouter
     from vr_runtime.backbones import load_backbone
-    from vr_runtime.scorers import FixedRelevance
+    from vr_runtime.routing.scorers import FixedRelevance
     vr = VideoRouter(load_backbone("tiny-qwen3-vl"), warmup_frames=0)
     g = torch.Generator().manual_seed(0)
     clip = type("Clip", (), {})()

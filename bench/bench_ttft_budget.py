@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     from vr_runtime import VideoRouter
-    from vr_runtime.tiny import ASSETS
+    from vr_runtime.backbones.tiny import ASSETS
     video = str(ASSETS.parent / "sample.mp4")
     vr = VideoRouter.from_pretrained("tiny")
     rng = random.Random(args.seed)

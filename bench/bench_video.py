@@ -6,7 +6,7 @@ and decoder (CPU figures).
 
 Each case runs in a fresh subprocess so its peak RSS (``ru_maxrss``) is its own; the table gives
 the peak above the process's RSS after the imports (torch, PyAV, decord), i.e. what decoding and
-preprocessing cost, next to ``vr_runtime.video.estimate_memory`` (what the --frames refusal
+preprocessing cost, next to ``vr_runtime.video.load.estimate_memory`` (what the --frames refusal
 check budgets). Sources are ffmpeg's ``testsrc2`` encoded with libx264 (ffmpeg must be on
 PATH). Writes bench/results/video_cpu.json and .md.
 """
@@ -29,8 +29,8 @@ SOURCES = {"448p": (800, 448), "1080p": (1920, 1080), "4K": (3840, 2160)}
 CHILD = r"""
 import json, resource, sys, time
 import torch, av  # imports first: their memory is the baseline
-from vr_runtime import decoders
-from vr_runtime.video import load_video
+from vr_runtime.video import decoders
+from vr_runtime.video.load import load_video
 if "decord" in decoders.available_decoders():
     import decord  # noqa: F401
 torch.set_num_threads(1)
@@ -56,8 +56,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
                                                   "video_cpu.json"))
     args = ap.parse_args(argv)
-    from vr_runtime.decoders import available_decoders
-    from vr_runtime.video import estimate_memory
+    from vr_runtime.video.decoders import available_decoders
+    from vr_runtime.video.load import estimate_memory
     decoders = available_decoders()
     rows = []
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -161,7 +161,7 @@ def _decode(info, indices, scale, decoder, workers, seek):
     import time
 
     import numpy as np
-    from vr_runtime import decoders as D
+    from vr_runtime.video import decoders as D
     got = {}
     c0 = time.process_time()
     t0 = time.perf_counter()
@@ -188,8 +188,8 @@ def ttf_main(argv) -> int:
                                                   "video_ttf_cpu.json"))
     args = ap.parse_args(argv)
     import numpy as np
-    from vr_runtime import decoders as D
-    from vr_runtime.video import open_video, sample_indices
+    from vr_runtime.video import decoders as D
+    from vr_runtime.video.load import open_video, sample_indices
     cores = D.default_workers()
     rows = []
     for name in args.clips.split(","):

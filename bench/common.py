@@ -31,7 +31,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from vr_runtime.atomic import write_files_atomically
+from vr_runtime.data.atomic import write_files_atomically
 
 __all__ = [
     "Timing", "device_name", "environment", "time_fn", "gbps", "write_results",

@@ -1,4 +1,4 @@
-"""The TTFT cost model (``vr_runtime.cost_model``): CPU validation and the predicted H100 table.
+"""The TTFT cost model (``vr_runtime.planning.cost_model``): CPU validation and the predicted H100 table.
 
     python bench/cost_model.py [--out bench/results/cost_model.json] [--rep 3]
 
@@ -34,7 +34,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
 from common import environment, environment_line, finish, markdown_table  # noqa: E402
-from vr_runtime.cost_model import DEVICES, cpu_device, predict_ttft  # noqa: E402
+from vr_runtime.planning.cost_model import DEVICES, cpu_device, predict_ttft  # noqa: E402
 
 # The paper's Table (latency breakdown, InternVL3-8B, 64 frames): method, visual tokens, router s,
 # vision+compress s, prefill s, TTFT s. Frames encoded: all 64, except Budget (as many
@@ -87,7 +87,7 @@ def _measure(cfg: dict, frames: int, visual_tokens: int, text_tokens: int, route
         q = torch.randn(1, question_tokens, d)
         zq = torch.cat([Z, q.expand(frames, -1, -1)], 1)
         # The shadow stack: the first k decoder layers (here the model's own, k = its depth), run
-        # as vr_runtime.routers runs it: no KV cache, no final norm.
+        # as vr_runtime.routing.routers runs it: no KV cache, no final norm.
         norm, lm.norm = lm.norm, torch.nn.Identity()
         out["router"] = _median_time(lambda: (lm(inputs_embeds=zq, use_cache=False),
                                               lm(inputs_embeds=q, use_cache=False)), rep)
@@ -129,7 +129,7 @@ def validate(dev, rep: int) -> List[Dict]:
         k = k or cfg["text_config"]["num_hidden_layers"]
         meas = _measure(cfg, frames, vt, tt, k, qtok, rep)
         pred = predict_ttft(cfg, vt, tt, frames, dev, router_layers=k, question_tokens=qtok)["stages_s"]
-        # Probe calibration (what vr_runtime.latency does at run time): each stage's measured /
+        # Probe calibration (what vr_runtime.planning.latency does at run time): each stage's measured /
         # predicted ratio on this model at the probe shape scales its prediction at the validated one.
         probe_m = _measure(cfg, pf, pvt, tt, k, qtok, rep)
         probe_p = predict_ttft(cfg, pvt, tt, pf, dev, router_layers=k, question_tokens=qtok)["stages_s"]
@@ -153,7 +153,7 @@ def validate(dev, rep: int) -> List[Dict]:
 def causal_check(dev, rep: int) -> List[Dict]:
     """The CPU flash kernel's causal work: causal / non-causal time of ``scaled_dot_product_attention``
     (1 thread, head dim 32) against :func:`causal_key_fraction` (whole 512-key blocks)."""
-    from vr_runtime.cost_model import causal_key_fraction
+    from vr_runtime.planning.cost_model import causal_key_fraction
     rows = []
     for n in (272, 512, 1024, 1624, 2048):
         qkv = torch.randn(3, 1, max(1, 2**22 // (n * n)), n, 32)
@@ -204,7 +204,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         "H100/H200 rows are the MODEL, NOT MEASURED: nominal dense bf16 rate x 0.7 and HBM bandwidth x 0.9, "
         "fused attention, text 180 tokens; the paper's own figures are beside them.",
     ]
-    md = ["# TTFT cost model (vr_runtime/cost_model.py)", "",
+    md = ["# TTFT cost model (vr_runtime/planning/cost_model.py)", "",
           environment_line(env), "",
           f"CPU calibration: {dev.flops / 1e9:.1f} GFLOP/s fp32 matmul, {dev.bandwidth / 1e9:.1f} GB/s copy, "
           f"{dev.op_overhead_s * 1e6:.1f} us per operator, {dev.pack_call_s * 1e6:.1f} us per pool_pack call "
@@ -217,7 +217,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
                    f"operator, pool_pack call and index_copy_ costs): "
                    f"{len(ok)} of {len(val)} within 25%. With the probe calibration (each stage's "
                    f"measured / predicted ratio on the same model at a smaller shape, the `probe` "
-                   f"column, applied at the validated shape; what `vr_runtime.latency` does at run "
+                   f"column, applied at the validated shape; what `vr_runtime.planning.latency` does at run "
                    f"time): {sum(r['within_25pct_probe'] for r in val)} of {len(val)} within 25%."]
     md += ["", "## CPU flash attention: causal / non-causal time (head dim 32) vs the model's block count", "",
            markdown_table(causal, ["keys", "measured_causal_over_full", "modelled", "ideal"])]

@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import numpy as np
 import decord
 import video_corpus as vc
-from vr_runtime.video import open_video, sample_indices
+from vr_runtime.video.load import open_video, sample_indices
 out = {"decord": decord.__version__, "from": "unpacked wheel" if "site-packages" not in decord.__file__ else "installed", "load_avg_1m": round(os.getloadavg()[0], 2), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 import tempfile
 corpus = vc.make_corpus(tempfile.mkdtemp(prefix="corpus"))

@@ -99,8 +99,8 @@ def nvml_reader(device_index: int = 0):
 
 def _nvml_handle(pynvml, torch, device_index: int):
     # NVML numbers GPUs physically, torch in CUDA_VISIBLE_DEVICES order (indices, UUIDs or MIG
-    # instances): matched on the device's UUID (vr_runtime/nvml.py)
-    from vr_runtime.nvml import nvml_handle
+    # instances): matched on the device's UUID (vr_runtime/telemetry/nvml.py)
+    from vr_runtime.telemetry.nvml import nvml_handle
     return nvml_handle(pynvml, device_index)
 
 

@@ -7,7 +7,7 @@ figures, nothing measured), beside the one H100 measurement and the goals.
   ``meta`` device (no memory): vision tower, projector, language model, LM head; the routers'
   shadow stack (a 4-layer decoder of the same config) and heads (RouterConfig's defaults at
   D = 3,584: Image Router width 1,024), checked against ``cost_model.shadow_stack_bytes``.
-* Stages (``vr_runtime.cost_model``): vision, router, compress, prefill (``stage_costs``) and one
+* Stages (``vr_runtime.planning.cost_model``): vision, router, compress, prefill (``stage_costs``) and one
   decode step (``decode_step_costs``), for Dense and VideoRouter (s=2,4) at the paper's setting
   (64 frames, budget 12,288, 180 text tokens; VideoRouter 7,748 visual tokens as in the paper's
   table): FLOPs, bytes, the time floor at the H100's nominal peak (989 TFLOP/s dense bf16,
@@ -36,7 +36,7 @@ FRAMES, BUDGET, TEXT = 64, 12288, 180
 VR_TOKENS = 7748          # the paper's VideoRouter (s=2,4) row (28 relevant frames at 1x1, the rest 4x4)
 DENSE_TOKENS = FRAMES * 256
 NEW_TOKENS = 16           # bench_e2e.py's --max-new-tokens default (the batch row's decode)
-ROUTER_CALL_TOKENS = 8192  # vr_runtime.routers.MAX_ROUTER_TOKENS: tokens per shadow-stack call
+ROUTER_CALL_TOKENS = 8192  # vr_runtime.routing.routers.MAX_ROUTER_TOKENS: tokens per shadow-stack call
 VISION_CHUNK = 16         # AnswerOptions.chunk_size: frames per vision-tower call
 
 # The one H100 run (2026-11-24, InternVL3-8B shape, random weights, 64 frames, budget 12,288),
@@ -66,7 +66,7 @@ def counted_weights(cfg: dict) -> Dict[str, int]:
     import torch
     from transformers import AutoConfig, AutoModel, InternVLConfig, InternVLForConditionalGeneration
 
-    from vr_runtime.routers import ImageRouter, RouterConfig, SemanticRouter
+    from vr_runtime.routing.routers import ImageRouter, RouterConfig, SemanticRouter
 
     def n(m):
         return sum(p.numel() for p in m.parameters())
@@ -91,7 +91,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     import torch
 
     from common import environment, finish, markdown_table
-    from vr_runtime.cost_model import (DEVICES, DeviceSpec, decode_step_costs, kv_cache_bytes,
+    from vr_runtime.planning.cost_model import (DEVICES, DeviceSpec, decode_step_costs, kv_cache_bytes,
                                        load_shape, pool_pack_bytes, predict_ttft,
                                        prefill_activation_bytes, shadow_stack_bytes, stage_costs)
     with open(CONFIG) as f:
@@ -193,7 +193,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     env = environment(torch.device("cpu"))
     notes = [
         "MODEL figures, not measurements: counted from vr_runtime/configs/internvl3_8b.json "
-        "(vr_runtime/cost_model.py). 'floor' = max(FLOPs / 989 TFLOP/s, bytes / 3.35 TB/s) per "
+        "(vr_runtime/planning/cost_model.py). 'floor' = max(FLOPs / 989 TFLOP/s, bytes / 3.35 TB/s) per "
         "operator (H100 SXM nominal dense bf16 and HBM3); 'model' = the cost model's H100 spec "
         "(70% / 90% of those), the figures BENCHMARKS.md's predicted tables use.",
         "The H100 column is the one run of 2026-11-24 (8B shape, random weights, 64 frames, budget "

@@ -8,7 +8,7 @@ not counted), then one answer on ``--frames`` random frames (the decoded video, 
 measurement) with
 
 * the **activation peak**: the most bytes PyTorch's CPU allocator had handed out at once during
-  the answer, above what was live at its start (``vr_runtime.memory.TorchAllocationPeak``: the
+  the answer, above what was live at its start (``vr_runtime.telemetry.memory.TorchAllocationPeak``: the
   profiler's memory events) -- the weights, loaded before, are not in it;
 * the report's CPU figures: ``peak_memory_bytes`` (the process's resident high-water mark over
   the request, VmHWM reset at its start) and ``peak_activation_bytes`` (its rise over the
@@ -45,7 +45,7 @@ def relevance(T: int) -> List[bool]:
 
 def options(row: str, T: int, chunk_size: int):
     from vr_runtime.request import AnswerOptions
-    from vr_runtime.scorers import FixedRelevance
+    from vr_runtime.routing.scorers import FixedRelevance
     kw = dict(num_frames=T, max_new_tokens=4, chunk_size=chunk_size)
     if row == "dense":
         return AnswerOptions(policy="dense", allow_over_length=True, **kw)
@@ -58,7 +58,7 @@ def options(row: str, T: int, chunk_size: int):
 def one(row: str, frames: int, threads: int, chunk_size: int) -> Dict:
     import torch
 
-    from vr_runtime.memory import TorchAllocationPeak
+    from vr_runtime.telemetry.memory import TorchAllocationPeak
     from vr_runtime.runtime import VideoRouter
     torch.set_num_threads(threads)
     vr = VideoRouter.from_pretrained("tiny", warmup_frames=0)

@@ -21,7 +21,7 @@ import torch
 
 def target_rows(spec, color, plan, dest, n, coverage=0.5):
     """Rows of the sequence that are the queried color's object (cell coverage > ``coverage``)."""
-    from vr_runtime.training import synthetic as S
+    from vr_runtime.data import synthetic_videos as S
     from vr_runtime.training.pretrain import object_coverage
     mask = torch.zeros(n)
     for t, w in enumerate(plan):
@@ -39,7 +39,7 @@ def target_rows(spec, color, plan, dest, n, coverage=0.5):
 def probe(model: str, videos: int, seed: int) -> dict:
     import vr_kernels
     from vr_runtime.backbones import load_backbone
-    from vr_runtime.training import synthetic as S
+    from vr_runtime.data import synthetic_videos as S
     from vr_runtime.training.labeller import RouteSupervision, video_features
     from vr_runtime.training.stages import answer_sequence
     bb = load_backbone(model, attn_implementation="eager")
@@ -92,7 +92,7 @@ def main(argv=None):
         if m != "tiny" and not os.path.isdir(m):
             sys.exit(f"--models: {m!r} is not a directory (train it: python -m "
                      f"vr_runtime.training labeller)")
-    from vr_runtime.environment import environment
+    from vr_runtime.fingerprint import environment
     res = {"what": "mean attention weight per head (list: heads 0..3) of each decoder layer on the "
                    "queried target's tokens (cell coverage > 0.5), from the question's color word "
                    "and from the answer row, and of the answer row on the color word; rendered "

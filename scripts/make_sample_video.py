@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerate the bundled demo video ``vr_runtime/assets/sample.mp4``.
 
-The video is the synthetic evidence task's demo clip (``vr_runtime.training.synthetic.demo_spec``),
+The video is the synthetic evidence task's demo clip (``vr_runtime.data.synthetic_videos.demo_spec``),
 so the demo is in the distribution the tiny model's routers are trained on:
 
 - 16 frames, 448x448, 2 fps (8 s), H.264 (libx264, yuv420p, crf 12), black background;
@@ -28,7 +28,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vr_runtime.training.synthetic import DEMO_QUESTIONS, demo_spec, make_video  # noqa: E402
+from vr_runtime.data.synthetic_videos import DEMO_QUESTIONS, demo_spec, make_video  # noqa: E402
 
 DEFAULT_OUT = ROOT / "vr_runtime" / "assets" / "sample.mp4"
 

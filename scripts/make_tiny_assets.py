@@ -5,7 +5,7 @@ The tokenizer is a byte-level BPE trained with the ``tokenizers`` library on the
 below (the vocabulary of the synthetic "coloured objects in frames" QA task plus common English),
 so it is built locally and is the same on every machine that runs this script with the same
 ``tokenizers`` version. The shipped files are what the runtime loads; this script only exists
-so that they can be rebuilt and reviewed. Weights are not written here: ``vr_runtime.tiny``
+so that they can be rebuilt and reviewed. Weights are not written here: ``vr_runtime.backbones.tiny``
 initialises them from a fixed seed unless trained ``model.safetensors`` is present.
 
     python scripts/make_tiny_assets.py [--out vr_runtime/assets/tiny]
@@ -23,7 +23,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vr_runtime.backbones.internvl3 import tiny_config_dict  # noqa: E402
-from vr_runtime.tiny import SPECIAL_TOKENS  # noqa: E402
+from vr_runtime.backbones.tiny import SPECIAL_TOKENS  # noqa: E402
 
 VOCAB_SIZE = 1024
 

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from vr_runtime.environment import environment
+from vr_runtime.fingerprint import environment
 from vr_runtime.training.config import ConfigError
 from vr_runtime.training.pretrain import PretrainConfig, pretrain
 

@@ -34,7 +34,7 @@ def main(argv=None):
         if not os.path.exists(path):
             sys.exit(f"{path}: not found; run `python -m vr_runtime.training label-study --work "
                      f"{args.study}` and scripts/train_tiny.sh first")
-    from vr_runtime.environment import environment
+    from vr_runtime.fingerprint import environment
     from vr_runtime.training.config import load_config
     from vr_runtime.training.loop import train
     out = {"what": "Stage 1 (tiny_stage1) trained from rule (a)'s counterfactual frame labels vs "

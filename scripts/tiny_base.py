@@ -10,7 +10,7 @@ import sys
 import torch
 from transformers import InternVLConfig, InternVLForConditionalGeneration
 
-from vr_runtime.tiny import ASSETS, init_weights_, load_tiny_tokenizer
+from vr_runtime.backbones.tiny import ASSETS, init_weights_, load_tiny_tokenizer
 
 
 def main(out: str) -> None:

@@ -1,5 +1,8 @@
 """VideoRouter runtime on InternVL3 and Qwen2.5-VL (docs/CONTRACT.md sections 2 to 4, 7)."""
+from ._aliases import install as _install_moved
 from .errors import DeviceError, ModelFilesError, RouterWeightsError, VideoError
+
+_install_moved()  # old module paths (vr_runtime.policies, ...) for one release
 
 __all__ = ["BudgetError", "visual_budget", "plan_global", "plan_fragment", "plan_dense",
            "plan_budget", "plan_uniform", "plan_tokens", "uniform_sample", "VideoRouter",
@@ -11,9 +14,9 @@ __all__ = ["BudgetError", "visual_budget", "plan_global", "plan_fragment", "plan
 # milliseconds instead of after seconds of imports.
 _BUDGET = ("BudgetError", "visual_budget", "plan_global", "plan_fragment", "plan_dense",
            "plan_budget", "plan_uniform", "plan_tokens", "uniform_sample")
-_LAZY = {**{n: "budget" for n in _BUDGET}, "VideoRouter": "runtime", "Answer": "runtime",
+_LAZY = {**{n: "planning.budget" for n in _BUDGET}, "VideoRouter": "runtime", "Answer": "runtime",
          "AnswerOptions": "request",
-         "Routers": "routers", "RouterConfig": "routers", "load_backbone": "backbones",
+         "Routers": "routing.routers", "RouterConfig": "routing.routers", "load_backbone": "backbones",
          "backbone_from_config": "backbones"}
 
 

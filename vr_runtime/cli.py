@@ -33,17 +33,17 @@ import sys
 import threading
 from typing import Optional
 
-from .cli_common import time_window_arg  # noqa: F401  (ask --time-window)
-from .cli_common import (PROG, SCALES_HELP, Parser, add_scorer_args, arg_type, check_inputs,
+from .cli_args import time_window_arg  # noqa: F401  (ask --time-window)
+from .cli_args import (PROG, SCALES_HELP, Parser, add_scorer_args, arg_type, check_inputs,
                          device_dtype, fail_with, jsonable, quiet_libraries, scales_arg,
                          stderr_is_tty)
 
-# Shown in --help; the accepted set is vr_runtime.policies.policy_names(), checked after
+# Shown in --help; the accepted set is vr_runtime.planning.policies.policy_names(), checked after
 # parsing (importing the planners pulls in torch, which --help and a bad flag should not wait for).
 POLICY_HELP = "auto|global|fragment|dense|budget|uniform"
 DTYPES = ("bf16", "fp16", "fp32")
 SAMPLE_VIDEO = pathlib.Path(__file__).resolve().parent / "assets" / "sample.mp4"
-# The bundled clip's two Fragment questions (vr_runtime.training.synthetic.DEMO_QUESTIONS): a
+# The bundled clip's two Fragment questions (vr_runtime.data.synthetic_videos.DEMO_QUESTIONS): a
 # red circle is on screen in frames 5-7 (2.5-4.0 s) only, a blue square in frames 11-12
 # (5.5-6.5 s) only. The demo asks both: query-adaptive routing keeps different frames.
 DEMO_QUESTIONS = ("What shape is the red object?", "What shape is the blue object?")
@@ -56,8 +56,8 @@ DEMO_MAX_NEW_TOKENS = 16
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C'd program
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
-DECODERS = ("auto", "pyav", "decord")  # vr_runtime.decoders.DECODERS (not imported: heavy)
-SEEKS = ("exact", "keyframe")          # vr_runtime.decoders.SEEKS
+DECODERS = ("auto", "pyav", "decord")  # vr_runtime.video.decoders.DECODERS (not imported: heavy)
+SEEKS = ("exact", "keyframe")          # vr_runtime.video.decoders.SEEKS
 
 
 # ----------------------------------------------------------------------------- interrupts
@@ -258,9 +258,9 @@ def run_questions(args, questions) -> list:
     decoded once (the demo's two questions); one {"answer", "report"} per question."""
     check_inputs(args)
     device, dtype = device_dtype(args)
-    from . import decoders
+    from .video import decoders
     decoders.set_limits(max_frame_pixels=getattr(args, "max_frame_pixels", 7680 * 4320))
-    from .video import prefetch_video
+    from .video.load import prefetch_video
     # Opens and validates the video now; decoding runs while the model loads below.
     from .backbones import frame_spec_for
     spec = frame_spec_for(args.model)   # from config.json: decoding overlaps the model load
@@ -288,11 +288,11 @@ def run_questions(args, questions) -> list:
         raise
     clip = future.result()  # raises VideoError if the file breaks part-way through
     from .request import AnswerOptions
-    from .scorers import DEFAULT_SCORER, build_scorer
+    from .routing.scorers import DEFAULT_SCORER, build_scorer
     scorer = build_scorer(getattr(args, "scorer", DEFAULT_SCORER),
                           getattr(args, "scorer_model", None), device=device, dtype=dtype,
                           cache_visual=False)
-    from .scales import answer_kwargs as scale_kwargs, parse_scales
+    from .planning.scales import answer_kwargs as scale_kwargs, parse_scales
     scales = getattr(args, "scales", None) or parse_scales(None)
     base = AnswerOptions(num_frames=args.frames, max_length=args.max_length,
                          max_new_tokens=args.max_new_tokens, policy=args.policy,
@@ -308,7 +308,7 @@ def run_questions(args, questions) -> list:
             max_new_tokens=args.max_new_tokens))
         # answer() records clip.decode_s (which overlapped the model load) as the decode time;
         # later questions reuse the decoded frames, so they report no decoding.
-        from .progress import stage_status
+        from .telemetry.progress import stage_status
         # the running stage on a terminal (vision, router, prefill...: seconds of silence
         # otherwise at many frames)
         with stage_status(_show_progress(args)):
@@ -326,7 +326,7 @@ def _show_progress(args) -> bool:
 
 def _demo_title(question: str, out: dict) -> str:
     """One line per demo question: what the model kept at full resolution, and its answer."""
-    from .plot import frame_rows
+    from .report import frame_rows
     full = [r["frame"] for r in frame_rows(out["report"]) if r["scale"] == "1x1"]
     kept = ", ".join(map(str, full)) if full else "none"
     return f"{question} -> {out['answer'].strip()!r}; frames at full resolution: {kept}"
@@ -336,7 +336,7 @@ def _memory_for_video(args, device) -> Optional[int]:
     """Bytes the decoded frames may take: the machine's free memory less the model's weights
     when they will load into host memory (a CPU run)."""
     from .backbones import PRESETS
-    from .video import available_memory
+    from .video.load import available_memory
     avail = available_memory()
     if avail is None or args.model in PRESETS or str(device) != "cpu":
         return avail
@@ -402,7 +402,7 @@ def _timing_line(report: dict) -> str:
 
 def print_result(out: dict, stream=None) -> None:
     """The answer, the per-frame table and the timings, for people."""
-    from .plot import frame_rows
+    from .report import frame_rows
     stream = stream or sys.stdout
     report = out["report"]
     rows = frame_rows(report)
@@ -487,7 +487,7 @@ def main(argv: Optional[list] = None) -> int:
             if args.command == "demo":
                 out = dict(out, demo=[dict(o, question=q) for q, o in zip(questions, outs)])
             if args.plot:
-                from .plot import plot_reports
+                from .report import plot_reports
                 # Written under a temporary name and renamed: an interrupt never leaves a
                 # half-written PNG at the user's path.
                 plot = pathlib.Path(args.plot)

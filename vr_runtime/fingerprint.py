@@ -7,11 +7,18 @@ them, and a local directory can be overwritten in place. The fingerprint does: i
 each weight file, its name, its size and its first, middle and last 4 MiB (the whole file when
 it is smaller than 12 MiB). Retraining changes every tensor, so it changes the fingerprint;
 reading 12 MiB a shard keeps it to milliseconds a checkpoint. It is an identity for a resume
-check, not a checksum against corruption."""
+check, not a checksum against corruption.
+
+:func:`environment` is the other half of a results file's identity: where it ran (device,
+date, Python, torch and transformers versions), as eval tables, routing-eval and the label
+tools write it. The benchmarks' fuller record (command, triton, load, GPU memory) is
+bench/common.py's."""
 from __future__ import annotations
 
+import datetime
 import hashlib
 import pathlib
+import platform
 from typing import List, Optional, Union
 
 CHUNK = 4 << 20
@@ -64,3 +71,15 @@ def weights_fingerprint(target: Union[str, pathlib.Path, None]) -> Optional[str]
                 fh.seek(offset)
                 h.update(fh.read(CHUNK))
     return h.hexdigest()[:16]
+
+
+def environment() -> dict:
+    import torch
+    import transformers
+    dev = "cpu"
+    if torch.cuda.is_available():
+        dev = torch.cuda.get_device_name(0)
+    return {"device": dev, "cpu": platform.processor() or platform.machine(),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__}

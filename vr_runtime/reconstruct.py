@@ -13,7 +13,7 @@ import torch
 
 from vr_kernels import pool_pack, pooled_counts
 
-from .prompt import plan_dest
+from .backbones.prompt import plan_dest
 
 def _backend_kw(device: torch.device, backend: Optional[str]) -> dict:
     """On CPU the runtime takes pool_pack's vectorised torch path even under TRITON_INTERPRET=1:
@@ -44,7 +44,7 @@ def reconstruct_embeds(model, input_ids: torch.Tensor, Z: torch.Tensor, plan: Se
     """inputs_embeds [1, L, D] for the prompt ``input_ids`` with frame t of ``Z`` pooled by
     ``plan[t]`` in its placeholders.
 
-    ``frame_starts`` (from :func:`vr_runtime.prompt.build_video_prompt`) avoids a device sync to
+    ``frame_starts`` (from :func:`vr_runtime.backbones.prompt.build_video_prompt`) avoids a device sync to
     find the placeholders; without it they are located on the host. ``backend``: passed to
     ``pool_pack`` (None: "torch" on CPU, "auto" -- Triton -- on CUDA)."""
     ids = input_ids.reshape(-1)
@@ -56,7 +56,7 @@ def reconstruct_embeds(model, input_ids: torch.Tensor, Z: torch.Tensor, plan: Se
     if n_ph is not None and n_ph != sum(counts):
         raise ValueError(f"input_ids: {n_ph} image placeholders (id {image_token_id}) but the plan "
                          f"pools the frames into {sum(counts)} tokens; build the prompt from the "
-                         f"same plan (vr_runtime.prompt.build_video_prompt with pooled_counts(plan))")
+                         f"same plan (vr_runtime.backbones.prompt.build_video_prompt with pooled_counts(plan))")
     if frame_starts is None:
         frame_starts = placeholder_starts(ids, counts, image_token_id)
     dest = plan_dest(counts, frame_starts)

@@ -1,11 +1,22 @@
 """The JSON report of one answer (docs/CONTRACT.md section 3 fields and extras), built from the pipeline's
-typed stage results in one place."""
+typed stage results in one place.
+
+``videorouter ask --plot`` draws the same reports (:func:`plot_report`): bars are the tokens
+each sampled frame keeps (its pooled row count; 0 = dropped) at the frame's time, the line
+(second axis) the Image Router's relevance probability with the 0.5 decision threshold.
+Rendered with matplotlib's Agg canvas directly, so no pyplot global state and no display are
+touched."""
 from __future__ import annotations
 
-from typing import List, Optional
+import math
+import os
+from typing import List, Optional, Sequence
 
 from vr_kernels import pooled_counts
 from vr_kernels.windows import normalize_window
+
+__all__ = ["build_report", "json_window", "STAGES", "TTFT_STAGES", "frame_rows", "plot_report",
+           "plot_reports"]
 
 STAGES = ("decode", "vision", "router", "compress", "prefill", "generate")
 TTFT_STAGES = ("vision", "router", "compress", "prefill")   # after decoding, as in the paper
@@ -33,7 +44,7 @@ def build_report(vr, req, frames, decision, scores, fitted, prompt_tokens: int,
         timings["decode"] = round(float(frames.decode_s), 6)  # includes a prefetch that overlapped
     timings["ttft"] = round(sum(t.get(k, 0.0) for k in TTFT_STAGES), 6)
     fragment = scores is not None   # only relevance policies (fragment, fragment-literal) score
-    from .memory import device_weight_bytes, weight_bytes
+    from .telemetry.memory import device_weight_bytes, weight_bytes
     weights = weight_bytes(vr)
     peak, peak_source, activation = timer.peak(
         device_weight_bytes(vr, lm.device) if timer.device.type == "cuda" else 0)
@@ -85,4 +96,122 @@ def build_report(vr, req, frames, decision, scores, fitted, prompt_tokens: int,
     }
 
 
-__all__ = ["build_report", "json_window", "STAGES", "TTFT_STAGES"]
+# One colour per pooling scale so the eye groups frames by resolution.
+_SCALE_COLORS = {1: "#d62728", 2: "#1f77b4", 3: "#9467bd", 4: "#7f7f7f"}
+_OTHER = "#bcbd22"
+
+
+def _grid(report: dict):
+    g = report.get("grid") or (16, 16)
+    return int(g[0]), int(g[1])
+
+
+def _window(w):
+    return normalize_window(tuple(w) if isinstance(w, list) else w)
+
+
+def scale_label(w) -> str:
+    """``0`` -> "drop", ``2`` / ``(2, 2)`` -> "2x2"."""
+    nw = _window(w)
+    return "drop" if nw is None else f"{nw[0]}x{nw[1]}"
+
+
+def frame_rows(report: dict, timestamps_s: Optional[Sequence[float]] = None) -> list:
+    """One dict per sampled frame: frame (source index), time_s, score (or None), scale (label),
+    tokens, window ((sh, sw) or None when dropped).
+
+    Times come from ``timestamps_s``, else the report's ``frame_times_s``, else
+    ``frame_indices / fps``; None where none of those is known. Tokens are the report's
+    ``frame_tokens``, or computed from ``scales`` on the report's ``grid`` (default 16x16)."""
+    idx = list(report.get("frame_indices") or [])
+    scales = list(report.get("scales") or [])
+    if len(scales) != len(idx):
+        raise ValueError(f"report: {len(scales)} scales for {len(idx)} frame_indices")
+    scores = report.get("frame_scores")
+    scores = list(scores) if scores is not None else [None] * len(idx)
+    if timestamps_s is None:
+        timestamps_s = report.get("frame_times_s") or report.get("timestamps_s")
+    if timestamps_s is None and report.get("fps"):
+        timestamps_s = [i / float(report["fps"]) for i in idx]
+    times = list(timestamps_s) if timestamps_s is not None else [None] * len(idx)
+    counts = report.get("frame_tokens")
+    if counts is None or len(counts) != len(idx):
+        counts = pooled_counts([tuple(w) if isinstance(w, list) else w for w in scales],
+                               _grid(report))
+    return [{"frame": int(f), "time_s": t, "score": s, "scale": scale_label(w), "tokens": n,
+             "window": _window(w)} for f, t, s, w, n in zip(idx, times, scores, scales, counts)]
+
+
+def plot_report(report: dict, path, timestamps_s: Optional[Sequence[float]] = None,
+                title: Optional[str] = None) -> str:
+    """Write the tokens-per-frame / relevance plot of ``report`` to ``path`` (PNG)."""
+    return plot_reports([report], path, timestamps_s, None if title is None else [title])
+
+
+def plot_reports(reports: Sequence[dict], path, timestamps_s: Optional[Sequence[float]] = None,
+                 titles: Optional[Sequence[str]] = None) -> str:
+    """One panel per report, stacked (e.g. the demo's two questions on one video), to ``path``."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    if not reports:
+        raise ValueError("plot_reports: no report to plot")
+    if titles is not None and len(titles) != len(reports):
+        raise ValueError(f"plot_reports: {len(titles)} titles for {len(reports)} reports")
+    fig = Figure(figsize=(10, 4 * len(reports)), dpi=100)
+    FigureCanvasAgg(fig)
+    for i, report in enumerate(reports):
+        _draw(fig.add_subplot(len(reports), 1, i + 1), report, timestamps_s,
+              None if titles is None else titles[i])
+    fig.tight_layout()
+    path = os.fspath(path)
+    fig.savefig(path, format="png")
+    return path
+
+
+def _draw(ax, report: dict, timestamps_s, title: Optional[str]) -> None:
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    rows = frame_rows(report, timestamps_s)
+    have_times = rows and all(r["time_s"] is not None and math.isfinite(r["time_s"]) for r in rows)
+    xs = [r["time_s"] for r in rows] if have_times else [float(i) for i in range(len(rows))]
+    gaps = [b - a for a, b in zip(xs, xs[1:]) if b > a]
+    width = 0.8 * min(gaps) if gaps else 0.8
+
+    # square windows get their scale's colour; rectangular or unusual ones share "other"
+    colors = [_SCALE_COLORS.get(r["window"][0], _OTHER) if r["window"] and
+              r["window"][0] == r["window"][1] else (_OTHER if r["window"] else "#dddddd")
+              for r in rows]
+    ax.bar(xs, [r["tokens"] for r in rows], width=width, color=colors, edgecolor="black",
+           linewidth=0.4)
+    for x, r in zip(xs, rows):  # mark dropped frames, whose bars have no height
+        if r["tokens"] == 0:
+            ax.plot([x], [0], marker="x", color="#555555", markersize=5)
+    ax.set_xlabel("time (s)" if have_times else "sampled frame")
+    ax.set_ylabel("visual tokens")
+    ax.set_ylim(0, max([r["tokens"] for r in rows] + [1]) * 1.15)
+    handles = [Patch(color=c, label=f"{s}x{s}") for s, c in sorted(_SCALE_COLORS.items())
+               if any(r["scale"] == f"{s}x{s}" for r in rows)]
+    handles += [Patch(color=_OTHER, label="other")] if _OTHER in colors else []
+
+    scores = [r["score"] for r in rows]
+    if any(s is not None for s in scores):
+        ax2 = ax.twinx()
+        pts = [(x, s) for x, s in zip(xs, scores) if s is not None]
+        ax2.plot([p[0] for p in pts], [p[1] for p in pts], color="#2ca02c", marker="o",
+                 markersize=3, linewidth=1.2, label="relevance")
+        ax2.axhline(0.5, color="#2ca02c", linestyle="--", linewidth=0.8)
+        ax2.set_ylim(-0.02, 1.05)
+        ax2.set_ylabel("relevance (Image Router)", color="#2ca02c")
+        handles.append(Line2D([], [], color="#2ca02c", marker="o", label="relevance"))
+    if handles:
+        ax.legend(handles=handles, loc="upper left", fontsize=8, ncol=len(handles))
+
+    if title is None:
+        pol = report.get("policy", "?")
+        p = report.get("policy_probability")
+        ptxt = f" (p={p:.2f})" if isinstance(p, (int, float)) else ""
+        title = (f"policy {pol}{ptxt}: {report.get('visual_tokens', sum(r['tokens'] for r in rows))}"
+                 f" visual tokens, budget {report.get('budget', '?')}, "
+                 f"dense {report.get('dense_visual_tokens', '?')}")
+    ax.set_title(title, fontsize=10)

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Mapping, Optional, Sequence
 
-from .policies import SEMANTIC_CLASSES, Windows, get_planner, is_budgeted, policy_names
-from .scorers import CachedImageRouterScorer, FixedRelevance, FrameScorer, ImageRouterScorer
+from .planning.policies import SEMANTIC_CLASSES, Windows, get_planner, is_budgeted, policy_names
+from .routing.scorers import CachedImageRouterScorer, FixedRelevance, FrameScorer, ImageRouterScorer
 
 
 def _check_int(name: str, v, lo: int) -> None:
@@ -29,7 +29,7 @@ class AnswerOptions:
     """How to answer (see ``VideoRouter.answer``). Defaults are the paper's settings.
 
     ``relevant`` (fixed Image Router decisions, one bool per sampled frame) or ``scorer`` (a
-    :class:`~vr_runtime.scorers.FrameScorer`); ``high``/``low``/``global_scale`` (s1, s0, s_g);
+    :class:`~vr_runtime.routing.scorers.FrameScorer`); ``high``/``low``/``global_scale`` (s1, s0, s_g);
     ``budget`` (a fixed visual budget B_img instead of one derived from ``max_length``);
     ``frame_batch``/``router_pool`` (the default Image Router scorer's frames per call and window
     on Z_t); ``cache_visual`` (reuse frames, Z and the Image Router's question-independent state
@@ -83,7 +83,7 @@ class AnswerOptions:
                              "scorer; with scorer= set them on the scorer itself (e.g. "
                              "FixedRelevance(..., run_routers=True, router_pool=2))")
         if self.scorer is not None and not isinstance(self.scorer, FrameScorer):
-            raise ValueError(f"scorer: expected a vr_runtime.scorers.FrameScorer, got "
+            raise ValueError(f"scorer: expected a vr_runtime.routing.scorers.FrameScorer, got "
                              f"{type(self.scorer).__name__}")
         routes = self.routes
         for cls_name, target in routes.items():
@@ -95,7 +95,7 @@ class AnswerOptions:
         if rq is not None and (not isinstance(rq, str) or not rq.strip()):
             raise ValueError("router_question: expected a non-empty string or None (None: the "
                              "routers read the question itself)")
-        if self.seek not in ("exact", "keyframe"):   # vr_runtime.decoders.SEEKS
+        if self.seek not in ("exact", "keyframe"):   # vr_runtime.video.decoders.SEEKS
             raise ValueError(f"seek: expected exact or keyframe, got {self.seek!r}")
         if self.time_window is not None:
             object.__setattr__(self, "time_window", tuple(self.time_window))

@@ -16,13 +16,13 @@
 
 When the plan does not depend on Z (every policy but ``fragment``), it is made before the vision
 stage and only the frames it keeps are encoded. The latency budget lives in
-:mod:`vr_runtime.latency`, option scoring (labels, evaluation) in
+:mod:`vr_runtime.planning.latency`, option scoring (labels, evaluation) in
 :mod:`vr_runtime.eval.option_scoring`: this class is the inference path alone. Everything
 specific to a model family (frame spec, vision, prompt layout, positions, decoder) is behind
 ``self.lm``, a :class:`~vr_runtime.backbones.Backbone`.
 
 Untrained routers (no weights given, none shipped): ``auto`` does not pretend to route -- it falls
-back to :data:`~vr_runtime.policies.UNTRAINED_AUTO_POLICY` and the report says so.
+back to :data:`~vr_runtime.planning.policies.UNTRAINED_AUTO_POLICY` and the report says so.
 """
 from __future__ import annotations
 
@@ -37,18 +37,18 @@ import torch
 
 from vr_kernels import pooled_counts
 
-from . import budget as B
+from .planning import budget as B
 from .backbones import Backbone, backbone_from_config, load_backbone
-from .decode import GreedyDecoder
-from .policies import (AUTO, SEMANTIC_CLASSES, UNTRAINED_AUTO_POLICY, FittedPlan,
+from .generate import GreedyDecoder
+from .planning.policies import (AUTO, SEMANTIC_CLASSES, UNTRAINED_AUTO_POLICY, FittedPlan,
                        get_planner, is_budgeted, kept_frames, plan_fitted, policy_from_logits,
                        policy_names)
 from .reconstruct import reconstruct_embeds, reconstruct_embeds_batch
 from .report import build_report
 from .request import AnswerOptions, Request
-from .routers import RouterConfig, Routers, embed_question
-from .scorers import FrameScores, ScoringInput
-from .timing import StageTimer
+from .routing.routers import RouterConfig, Routers, embed_question
+from .routing.scorers import FrameScores, ScoringInput
+from .telemetry.timing import StageTimer
 
 POLICIES = policy_names()  # the built-in ones; register_planner adds more at run time
 
@@ -108,7 +108,7 @@ class VideoRouter:
     def __init__(self, lm: Backbone, routers: Optional[Routers] = None,
                  visual_cache_size: int = 1, warmup_frames: int = 256, decoding: str = "auto",
                  warm_request: Optional[bool] = None, prefix_cache: bool = False):
-        """``decoding``: how tokens after the first are generated (vr_runtime.decode): "auto"
+        """``decoding``: how tokens after the first are generated (vr_runtime.generate): "auto"
         (the eager dynamic cache; "graph", CUDA graphs over a static KV cache, is opt-in until
         measured on a GPU), "dynamic", "static" or "graph" -- the same greedy tokens in every mode.
         ``warm_request``: answer one throw-away request at load (:meth:`warm_up_request`);
@@ -150,7 +150,7 @@ class VideoRouter:
         cold start: 1.9 s of router stage in a fresh process). -> {"seconds", "frames"}."""
         import time
 
-        from .scorers import FixedRelevance
+        from .routing.scorers import FixedRelevance
         spec = self.lm.frame_spec
         frames = torch.randn(num_frames, 3, *spec.size, generator=torch.Generator().manual_seed(0))
         relevant = [t % 2 == 0 for t in range(num_frames)]   # both windows of the Fragment plan
@@ -176,7 +176,7 @@ class VideoRouter:
         lm = load_backbone(path_or_name, device=device, dtype=dtype,
                            attn_implementation=attn_implementation)
         if routers is None and str(path_or_name) == "tiny":
-            from .tiny import ASSETS
+            from .backbones.tiny import ASSETS
             shipped = ASSETS / "routers.safetensors"
             if shipped.is_file():
                 routers = shipped
@@ -261,7 +261,7 @@ class VideoRouter:
             tw = tuple(time_window) if time_window is not None else None
             return ("path", str(p), ident, int(num_frames), tw, decoder, seek)
         key = getattr(video, "source_key", None)
-        if key is not None:   # a clip decoded from a file: that file's key (vr_runtime.video)
+        if key is not None:   # a clip decoded from a file: that file's key (vr_runtime.video.load)
             return ("path",) + tuple(key)
         if isinstance(video, torch.Tensor):
             return ("tensor", id(video), video._version, tuple(video.shape))
@@ -326,11 +326,11 @@ class VideoRouter:
             return Frames(video, list(range(video.shape[0])), None, [], None)
         spec = self.lm.frame_spec
         if isinstance(video, (str, pathlib.Path)):
-            from .video import load_video
+            from .video.load import load_video
             clip = load_video(str(video), num_frames=num_frames, time_window=time_window,
                               size=spec.size[0], mean=spec.mean, std=spec.std, decoder=decoder,
                               seek=seek)
-        elif isinstance(video, cf.Future):  # from vr_runtime.video.prefetch_video
+        elif isinstance(video, cf.Future):  # from vr_runtime.video.load.prefetch_video
             clip = video.result()
         elif hasattr(video, "pixel_values") and hasattr(video, "frame_indices"):
             clip = video
@@ -417,7 +417,7 @@ class VideoRouter:
         fitted = plan_fitted(planner, T, grid, relevant, w, text_for, req.max_length,
                              req.max_new_tokens, req.margin, budget=req.budget)
         if req.ttft_budget_s is not None and planner.budgeted:
-            from .latency import fit_latency
+            from .planning.latency import fit_latency
             fitted = fit_latency(self, req, planner, T, relevant, fitted, text_for)
         if sum(pooled_counts(fitted.plan, grid)) == 0:
             raise B.BudgetError(f"visual budget {fitted.budget} holds no frame under policy "
@@ -596,7 +596,7 @@ class VideoRouter:
         token; it is shared only when an earlier question had the same plan and exactly the
         same ids (system prompt, frame labels, placeholders) and positions up to there -- the
         same Z then gives the same embeddings. One entry a video: another plan replaces it."""
-        from .decode import PrefixCache
+        from .generate import PrefixCache
         from .report import json_window
         rows = (ids == self.lm.image_token_id).nonzero()
         if not len(rows) or int(rows[-1]) + 1 >= ids.numel():
@@ -622,7 +622,7 @@ class VideoRouter:
         text = self.lm.tokenizer.decode(gen, skip_special_tokens=True).strip()
         extra = None
         if req.ttft_budget_s is not None:
-            from .latency import latency_report
+            from .planning.latency import latency_report
             # a reused prefix's prefill is not the model's prefill: not observed
             extra = latency_report(self, req, p.planner, T, p.fitted, p.timer,
                                    observe=batch == 1 and not (p.prefix and p.prefix[1] == "hit"))
@@ -650,7 +650,7 @@ class VideoRouter:
         Every stage before the prefill runs per video, decoding the next video file in the
         background while the model works on the current one. With ``batch_prefill`` (the
         default) the prompts are then prefilled in one decoder batch and decoded together
-        (vr_runtime.decode: right-padded, every answer the one it gets alone); each report's
+        (vr_runtime.generate: right-padded, every answer the one it gets alone); each report's
         "prefill" and "generate" are the batch's. ``batch_prefill=False``: one ``answer`` after
         another (the original path)."""
         videos = list(videos)
@@ -677,7 +677,7 @@ class VideoRouter:
         def start(i):
             v, o = videos[i], opts[i]
             if isinstance(v, (str, pathlib.Path)):
-                from .video import prefetch_video
+                from .video.load import prefetch_video
                 return prefetch_video(str(v), num_frames=o.num_frames, time_window=o.time_window,
                                       size=spec.size[0], mean=spec.mean, std=spec.std,
                                       decoder=o.decoder, seek=o.seek)

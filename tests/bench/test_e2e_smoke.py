@@ -118,7 +118,7 @@ def test_fixed_relevance_runs_the_routers_and_imposes_the_pattern():
     and the plan follows the imposed pattern, through the runtime's FrameScorer seam."""
     from vr_runtime import VideoRouter, plan_fragment
     from vr_runtime.backbones import load_backbone
-    from vr_runtime.scorers import FixedRelevance
+    from vr_runtime.routing.scorers import FixedRelevance
     tiny_vr = VideoRouter(load_backbone("tiny"))   # untrained routers: only their cost matters
     video = torch.randn(5, 3, 448, 448, generator=torch.Generator().manual_seed(2))
     calls = []

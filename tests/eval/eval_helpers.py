@@ -29,12 +29,12 @@ def counting_answers(monkeypatch):
 
 
 def failing_prefetch(bad_name: str):
-    """A ``vr_runtime.video.prefetch_video`` whose future fails for the file ``bad_name`` (the
+    """A ``vr_runtime.video.load.prefetch_video`` whose future fails for the file ``bad_name`` (the
     cheap checks pass, the background decode raises) and decodes every other file."""
     import concurrent.futures as cf
     import pathlib
 
-    from vr_runtime import video
+    from vr_runtime.video import load as video
     real = video.prefetch_video
 
     def prefetch(path, *a, **kw):

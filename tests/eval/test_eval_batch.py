@@ -90,7 +90,7 @@ def test_a_bad_video_is_recorded_as_failed_and_retried(synth_bench, sequential, 
                                                        capsys, monkeypatch):
     import pathlib
 
-    from vr_runtime import video
+    from vr_runtime.video import load as video
     bad_name = sorted(pathlib.Path(synth_bench["videos"]).iterdir())[1].name
     prefetch = failing_prefetch(bad_name)
 

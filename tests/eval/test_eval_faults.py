@@ -118,7 +118,7 @@ def test_a_truncated_video_does_not_stop_the_run(synth_bench, reference, tmp_pat
 def test_a_video_failing_while_decoding_in_the_background(synth_bench, tmp_path, capsys,
                                                           monkeypatch):
     """The other way a video fails: the cheap checks pass, the background decode raises."""
-    from vr_runtime import video
+    from vr_runtime.video import load as video
     bad_name = sorted(pathlib.Path(synth_bench["videos"]).iterdir())[0].name
     monkeypatch.setattr(video, "prefetch_video", failing_prefetch(bad_name))
     status, stdout, err = run_cli(argv_for(synth_bench, tmp_path / "o"), capsys)
@@ -206,7 +206,7 @@ def test_full_disk_names_the_file_and_keeps_a_consistent_set(reference, synth_be
 
 
 def test_write_files_atomically_is_all_or_nothing(tmp_path, monkeypatch):
-    from vr_runtime.atomic import write_files_atomically
+    from vr_runtime.data.atomic import write_files_atomically
     a, b = tmp_path / "a.txt", tmp_path / "b.txt"
     write_files_atomically({a: "old a", b: b"old b"})
     with monkeypatch.context() as m:
@@ -254,7 +254,7 @@ def test_other_settings_or_retrained_weights_stop_reuse(reference, synth_bench, 
     # The tiny preset's weights retrained in place (train_tiny.sh --install): same name, other
     # weights, so the old predictions must not be reused.
     import vr_runtime.fingerprint as fp
-    from vr_runtime.tiny import ASSETS
+    from vr_runtime.backbones.tiny import ASSETS
     retrained = tmp_path / "assets"
     shutil.copytree(ASSETS, retrained)
     data = bytearray((retrained / "routers.safetensors").read_bytes())

@@ -119,7 +119,7 @@ def test_clip_mode_follows_evals_clip_methods(tmp_path):
     protocol); clip_mode=fill is eval's `clip-fill`; a bad mode fails before the model loads."""
     from vr_runtime.eval.lmms_model import VideoRouterLMM
     from vr_runtime.eval.synthetic import make_random_clip
-    from vr_runtime.scorers import CLIPScorer, TokenMatchedScorer
+    from vr_runtime.routing.scorers import CLIPScorer, TokenMatchedScorer
     clip = make_random_clip(tmp_path / "clip")
     with pytest.raises(ValueError, match="clip_mode 'top'"):
         VideoRouterLMM(pretrained="no-such-model", clip=clip, clip_mode="top", device="cpu")

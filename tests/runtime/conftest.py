@@ -16,7 +16,7 @@ def tiny_lm():
 def tiny_vr(tiny_lm):
     """VideoRouter on the tiny model with fresh, *untrained* routers (independent of any
     routers.safetensors shipped in the assets, so results do not depend on training)."""
-    from vr_runtime.routers import Routers
+    from vr_runtime.routing.routers import Routers
     from vr_runtime.runtime import VideoRouter
     return VideoRouter(tiny_lm, Routers.from_backbone(tiny_lm))
 
@@ -34,7 +34,7 @@ def frames():
 def small_config():
     """Factory of a shape preset (HF config.json layout) smaller than tiny, for backbone_from_config tests."""
     import json
-    from vr_runtime.tiny import ASSETS
+    from vr_runtime.backbones.tiny import ASSETS
 
     def make(hidden=96, layers=4, vocab=2048):
         cfg = json.loads((ASSETS / "config.json").read_text())

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vr_runtime.backbones import frame_spec_for, load_backbone
-from vr_runtime.tiny import ASSETS
+from vr_runtime.backbones.tiny import ASSETS
 
 SAMPLE = ASSETS.parent / "sample.mp4"
 Q = "What shape is the red object?"
@@ -34,7 +34,7 @@ def test_qwen_every_policy(qwen_vr, policy):
 
 
 def test_qwen_decodes_with_its_own_normalisation(qwen_vr):
-    from vr_runtime.video import load_video
+    from vr_runtime.video.load import load_video
     spec = frame_spec_for("tiny-qwen2.5-vl")
     assert spec == qwen_vr.lm.frame_spec and spec.mean != frame_spec_for("tiny").mean
     frames = qwen_vr._decode(str(SAMPLE), 4, None)

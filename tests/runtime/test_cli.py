@@ -91,7 +91,7 @@ def test_ask_table_and_plot(tmp_path):
     rows = [ln.split() for ln in out.splitlines()
             if len(ln.split()) == 5 and ln.split()[0].isdigit()]
     assert len(rows) == 8
-    from vr_runtime.video import sample_indices
+    from vr_runtime.video.load import sample_indices
     assert [int(r[0]) for r in rows] == sample_indices(16, 8, 2.0)
     assert [float(r[1]) for r in rows] == [i / 2.0 for i in sample_indices(16, 8, 2.0)]
     assert all(0.0 <= float(r[2]) <= 1.0 for r in rows)
@@ -124,7 +124,7 @@ def test_time_window_arg():
 
 
 def test_demo_question_matches_synthetic_task():
-    from vr_runtime.training.synthetic import DEMO_QUESTIONS, demo_spec
+    from vr_runtime.data.synthetic_videos import DEMO_QUESTIONS, demo_spec
     assert cli.DEMO_QUESTIONS == (DEMO_QUESTIONS["fragment"], DEMO_QUESTIONS["fragment_2"])
     assert cli.DEMO_FRAMES == demo_spec().num_frames
 
@@ -173,7 +173,7 @@ def test_budget_too_small():
 def test_router_weights_do_not_match(tmp_path):
     import torch
     from safetensors.torch import save_file
-    from vr_runtime.routers import FORMAT, RouterConfig
+    from vr_runtime.routing.routers import FORMAT, RouterConfig
     path = tmp_path / "routers.safetensors"
     # routers trained for a model of a different width (hidden 999; the tiny model has 128)
     save_file({"semantic.weight": torch.zeros(2, 999)}, str(path),
@@ -210,7 +210,7 @@ def test_internal_error_is_one_line(monkeypatch, capsys, tmp_path):
 
 def test_frame_rows_and_plot(tmp_path):
     from vr_kernels.windows import window_tokens
-    from vr_runtime.plot import frame_rows, plot_report
+    from vr_runtime.report import frame_rows, plot_report
     rng = np.random.default_rng(3)
     T = 12
     choices = [0, 1, 2, 4, [2, 4], [1, 3]]

@@ -8,7 +8,7 @@ import pytest
 
 from vr_runtime import cli
 from vr_runtime.errors import did_you_mean
-from vr_runtime.policies import get_planner, policy_names
+from vr_runtime.planning.policies import get_planner, policy_names
 
 SAMPLE = str(cli.SAMPLE_VIDEO)
 

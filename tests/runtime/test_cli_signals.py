@@ -163,5 +163,5 @@ def test_bad_decoder_is_a_usage_error():
 
 
 def test_decoder_choices_match_the_decoders_module():
-    from vr_runtime import decoders
+    from vr_runtime.video import decoders
     assert cli.DECODERS == decoders.DECODERS

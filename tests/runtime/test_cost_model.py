@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from vr_runtime.cost_model import DEVICES, DeviceSpec, load_shape, predict_ttft, stage_costs
+from vr_runtime.planning.cost_model import DEVICES, DeviceSpec, load_shape, predict_ttft, stage_costs
 
 CFG = os.path.join(os.path.dirname(__file__), "..", "..", "vr_runtime", "configs", "internvl3_8b.json")
 
@@ -64,7 +64,7 @@ import random  # noqa: E402
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from vr_runtime import cost_model as cm  # noqa: E402
+from vr_runtime.planning import cost_model as cm  # noqa: E402
 
 
 def _causal_work_loop(q_len, k_len, kv_block):

@@ -1,4 +1,4 @@
-"""Greedy decoding (vr_runtime.decode, issue 21 items 2 and 4): the static-cache path and batched
+"""Greedy decoding (vr_runtime.generate, issue 21 items 2 and 4): the static-cache path and batched
 prefill give the tokens of the original eager dynamic-cache loop, on both tiny backbones
 (InternVL3: 1-D positions; Qwen2.5-VL: M-RoPE), for several prompts and lengths. The reference
 is that loop written out plainly here, with every step's logits recorded, so a wrong position
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vr_runtime.backbones.base import output_cache
-from vr_runtime.decode import GreedyDecoder, resolve_decoding
+from vr_runtime.generate import GreedyDecoder, resolve_decoding
 from vr_runtime.runtime import VideoRouter
 
 QUESTIONS = ["What shape is the red object?",
@@ -160,7 +160,7 @@ def test_one_pool_pack_for_the_batch(vr, monkeypatch):
     monkeypatch.setattr(rt, "reconstruct_embeds_batch", keep)
     got = vr.answer_batch(videos, QUESTIONS, [dict(num_frames=v.shape[0], **kw, **o)
                                               for v, o in zip(videos, opts)])
-    from vr_runtime.policies import kept_frames
+    from vr_runtime.planning.policies import kept_frames
     assert calls == [sum(len(kept_frames(p.fitted.plan, vr.lm.grid)) for p in alone)]
     assert [a.text for a in got] == texts
     (x, lengths), = packed

@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from vr_runtime import backbones, policies, scorers
+from vr_runtime import backbones
+from vr_runtime.planning import policies
+from vr_runtime.routing import scorers
 from vr_runtime.backbones.internvl3 import InternVL3Backbone
 from vr_runtime.cli import SAMPLE_VIDEO, main
 from vr_runtime.report import json_window

@@ -4,7 +4,7 @@ import shutil
 import pytest
 
 from vr_runtime import fingerprint as fp
-from vr_runtime.tiny import ASSETS
+from vr_runtime.backbones.tiny import ASSETS
 
 
 def test_small_files_any_byte_counts(tmp_path):

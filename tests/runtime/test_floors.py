@@ -1,13 +1,13 @@
-"""The cost model's weight, KV and decode counts (vr_runtime.cost_model), against the modules
+"""The cost model's weight, KV and decode counts (vr_runtime.planning.cost_model), against the modules
 themselves: a Qwen2 decoder layer of the 8B config built on the meta device, the tiny runtime's
 shadow stack; and the shape of the decode-step floor."""
 import json
 
 import torch
 
-from vr_runtime.cost_model import (DEVICES, decode_step_costs, decoder_layer_params,
+from vr_runtime.planning.cost_model import (DEVICES, decode_step_costs, decoder_layer_params,
                                    kv_cache_bytes, load_shape, shadow_stack_bytes)
-from vr_runtime.tiny import ASSETS
+from vr_runtime.backbones.tiny import ASSETS
 
 CONFIG_8B = "vr_runtime/configs/internvl3_8b.json"
 

@@ -10,9 +10,9 @@ import subprocess
 
 import pytest
 
-from vr_runtime import decoders as D
+from vr_runtime.video import decoders as D
 from vr_runtime.errors import VideoError
-from vr_runtime.video import VideoFile, load_video, open_video
+from vr_runtime.video.load import VideoFile, load_video, open_video
 
 SAMPLE = pathlib.Path(__file__).resolve().parents[2] / "vr_runtime" / "assets" / "sample.mp4"
 

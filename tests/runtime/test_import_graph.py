@@ -1,6 +1,6 @@
 """The package's import graph has no circles (function-level imports included): shared
-command-line helpers live in vr_runtime/cli_common.py, the prompt owns VisionTokens, and the
-results files' environment lives in vr_runtime/environment.py."""
+command-line helpers live in vr_runtime/cli_args.py, the prompt owns VisionTokens, and the
+results files' environment lives in vr_runtime/fingerprint.py."""
 import ast
 import pathlib
 
@@ -70,5 +70,5 @@ def test_the_finder_sees_a_circle():
 
 def test_no_import_circles():
     graph = _module_graph()
-    assert "vr_runtime.cli_common" in graph and graph["vr_runtime.runtime"]
+    assert "vr_runtime.cli_args" in graph and graph["vr_runtime.runtime"]
     assert _cycles(graph) == []

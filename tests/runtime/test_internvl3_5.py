@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vr_runtime.backbones.internvl3 import InternVL3Backbone
-from vr_runtime.prompt import build_video_prompt
+from vr_runtime.backbones.prompt import build_video_prompt
 from vr_runtime.reconstruct import reconstruct_embeds
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "vr_runtime" / "configs"
@@ -68,7 +68,7 @@ def test_window1_equals_hf_forward_and_generate(bb):
 @pytest.mark.parametrize("k", [2, 4])
 def test_shadow_stack_copies_qwen3_layers(bb, k):
     """The shadow stack's features after k layers equal the LLM's hidden states there."""
-    from vr_runtime.routers import RouterConfig, Routers
+    from vr_runtime.routing.routers import RouterConfig, Routers
     r = Routers.from_backbone(bb, RouterConfig(num_layers=k, router_dim=32, num_heads=4))
     x = torch.randn(1, 20, bb.hidden_size, generator=torch.Generator().manual_seed(k))
     with torch.no_grad():
@@ -125,6 +125,6 @@ def test_shape_presets(name, params, fields):
     with torch.device("meta"):
         model = InternVLForConditionalGeneration._from_config(cfg)
     assert sum(p.numel() for p in model.parameters()) == params
-    from vr_runtime.cost_model import load_shape
+    from vr_runtime.planning.cost_model import load_shape
     s = load_shape(str(CONFIGS / f"internvl3_5_{name}.json"))
     assert s.tokens_per_frame == 256 and s.d == fields["hidden_size"] and s.hd == 128

@@ -3,8 +3,8 @@ import random
 
 import pytest
 
-from vr_runtime.cost_model import DeviceSpec
-from vr_runtime.latency import LatencyModel, largest_fitting_budget
+from vr_runtime.planning.cost_model import DeviceSpec
+from vr_runtime.planning.latency import LatencyModel, largest_fitting_budget
 
 Q = "Which color is the square in the video?"
 

@@ -1,11 +1,11 @@
-"""Memory of a request (vr_runtime.memory, report fields): CPU peaks in the report, the weights
+"""Memory of a request (vr_runtime.telemetry.memory, report fields): CPU peaks in the report, the weights
 counted by part (the shadow stack included), the compressed path's activation peak below
 Dense's, and plan-first policies encoding their kept frames without copying all their pixels."""
 import pytest
 import torch
 
-from vr_runtime.memory import TorchAllocationPeak, weight_bytes
-from vr_runtime.scorers import FixedRelevance
+from vr_runtime.telemetry.memory import TorchAllocationPeak, weight_bytes
+from vr_runtime.routing.scorers import FixedRelevance
 
 Q = "Which color is the square in the video?"
 
@@ -36,7 +36,7 @@ def test_compressed_activation_peak_below_dense(tiny_lm, frames):
     all 256 tokens of a frame, wider than this language model's 128, the Image Router's own
     activations would exceed the 2K-token prefill (an artefact of the tiny widths; see
     BENCHMARKS.md for the 8B shape). The 256-frame figures: bench/results/memory_cpu_tiny_256.md."""
-    from vr_runtime.routers import RouterConfig, Routers
+    from vr_runtime.routing.routers import RouterConfig, Routers
     from vr_runtime.runtime import VideoRouter
     tiny_vr = VideoRouter(tiny_lm, Routers.from_backbone(
         tiny_lm, RouterConfig(router_dim=64, num_heads=4, router_pool=2)), warmup_frames=0)
@@ -63,7 +63,7 @@ def test_compressed_activation_peak_below_dense(tiny_lm, frames):
 def test_kept_frames_are_encoded_chunk_by_chunk(tiny_vr, frames, monkeypatch):
     """A plan-first policy encodes only its kept frames, a chunk of pixels at a time (no copy of
     every kept frame at once), into the Z that encoding pv[keep] gives."""
-    from vr_runtime.timing import StageTimer
+    from vr_runtime.telemetry.timing import StageTimer
     pv = frames(7, seed=4)
     keep = [0, 2, 3, 5, 6]
     req = tiny_vr.request(pv, Q, num_frames=7, chunk_size=2, policy="global")
@@ -82,7 +82,7 @@ def test_kept_rows_are_not_copied_out_of_z(tiny_vr, frames):
     """With a video cache, Z of every frame is packed in place with the dropped frames' window
     at 0 (no Z[keep] copy): the embeddings are bit for bit those of Z[keep] and the kept
     windows."""
-    from vr_runtime.policies import kept_frames
+    from vr_runtime.planning.policies import kept_frames
     from vr_runtime.reconstruct import reconstruct_embeds
     pv = frames(6, seed=5)
     tiny_vr.clear_visual_cache()

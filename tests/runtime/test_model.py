@@ -7,9 +7,9 @@ import torch
 
 from vr_runtime.errors import DeviceError, ModelFilesError
 from vr_runtime.backbones import backbone_from_config, load_backbone
-from vr_runtime.prompt import build_video_prompt
+from vr_runtime.backbones.prompt import build_video_prompt
 from vr_runtime.reconstruct import reconstruct_embeds
-from vr_runtime.tiny import SPECIAL_TOKENS, load_tiny_tokenizer
+from vr_runtime.backbones.tiny import SPECIAL_TOKENS, load_tiny_tokenizer
 
 
 def _hf_image_features(model, pv):
@@ -119,7 +119,7 @@ def test_flash_attention_only_when_transformers_accepts_it(monkeypatch, small_co
     import transformers.utils
 
     import vr_runtime.backbones.internvl3 as M
-    import vr_runtime.devices as DV
+    import vr_runtime.backbones.devices as DV
     cuda = torch.device("cuda")  # only inspected, nothing is allocated
     monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
     monkeypatch.setattr(transformers.utils, "is_flash_attn_2_available", lambda: False)

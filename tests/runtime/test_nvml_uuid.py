@@ -1,4 +1,4 @@
-"""torch's cuda:i is matched to its NVML device by UUID (vr_runtime/nvml.py), with a fake NVML
+"""torch's cuda:i is matched to its NVML device by UUID (vr_runtime/telemetry/nvml.py), with a fake NVML
 and fake device properties: no GPU needed. Two physical GPUs (NVML index 0 and 1) and one MIG
 instance on GPU 1; CUDA_VISIBLE_DEVICES reorders or names them, so index 0 in torch is not
 NVML's index 0."""
@@ -63,7 +63,7 @@ def _props(uuid=None, bus=None):
 
 
 def _used(index):
-    from vr_runtime.timing import _NVML
+    from vr_runtime.telemetry.timing import _NVML
     return _NVML(torch.device(f"cuda:{index}")).used()
 
 
@@ -86,7 +86,7 @@ def test_mig_without_a_uuid_match_reports_nothing_rather_than_the_whole_gpu(gpus
     calls = gpus("MIG-44444444-0000-0000-0000-000000000000", [_props(None, 0x65)])
     assert _used(0) is None
     assert not [c for c in calls if c[0] in ("bus", "index")]
-    from vr_runtime.nvml import nvml_handle
+    from vr_runtime.telemetry.nvml import nvml_handle
     with pytest.raises(LookupError, match="cuda:0: no NVML device matches"):
         nvml_handle(sys.modules["pynvml"], 0)
 

@@ -4,10 +4,10 @@ InternVL3* sampling its frame count from the context budget."""
 import pytest
 import torch
 
-from vr_runtime import budget as B
+from vr_runtime.planning import budget as B
 from vr_runtime.eval.methods import get_method
-from vr_runtime.policies import topk_of
-from vr_runtime.scorers import CLIPScorer, FixedRelevance, TokenMatchedScorer
+from vr_runtime.planning.policies import topk_of
+from vr_runtime.routing.scorers import CLIPScorer, FixedRelevance, TokenMatchedScorer
 
 Q = "Which color is the square in the video?"
 

@@ -1,6 +1,6 @@
 """policies.plan_fitted: the one fitting both the runtime's plan stage and Stage 3 training use."""
-import vr_runtime.policies as P
-from vr_runtime.budget import plan_tokens
+import vr_runtime.planning.policies as P
+from vr_runtime.planning.budget import plan_tokens
 
 
 def _text_for(kept):

@@ -3,9 +3,9 @@ its registration, never from its name, so a planner registered from outside the 
 the same treatment as the built-in ones (runtime checks, the report, eval's rows)."""
 import pytest
 
-from vr_runtime import policies
+from vr_runtime.planning import policies
 from vr_runtime.eval.methods import Method
-from vr_runtime.policies import PLANNERS, is_budgeted, register_planner
+from vr_runtime.planning.policies import PLANNERS, is_budgeted, register_planner
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def test_runtime_refuses_a_latency_budget_for_an_unbudgeted_planner(toy_planners
 def test_the_empty_relevance_note_comes_from_the_planner(toy_planners, tiny_vr, frames):
     """With no relevant frame, the report says what *this* planner did: the Global plan
     (fragment), every frame at s0 (fragment-literal), nothing for a planner that says nothing."""
-    from vr_runtime.scorers import FixedRelevance
+    from vr_runtime.routing.scorers import FixedRelevance
     video = frames(T=3)
     notes = {}
     for policy in ("fragment", "fragment-literal", "toy-relevance"):

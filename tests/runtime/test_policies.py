@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from vr_kernels import pooled_counts
-from vr_runtime import budget as B
-from vr_runtime import policies as P
+from vr_runtime.planning import budget as B
+from vr_runtime.planning import policies as P
 
 Q = "Which color is the square in the video?"
 
@@ -119,7 +119,7 @@ def test_exact_budget_uses_the_context_at_1200_frames(tiny_vr):
 
 
 def test_hopeless_budget_fails_before_decoding(tiny_vr, monkeypatch):
-    import vr_runtime.video as V
+    import vr_runtime.video.load as V
 
     def boom(*a, **k):
         raise AssertionError("decoded a video for a budget that cannot hold one frame")

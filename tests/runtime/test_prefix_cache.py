@@ -5,7 +5,7 @@ backbones (1-D positions; Qwen2.5-VL's M-RoPE)."""
 import pytest
 import torch
 
-from vr_runtime.routers import Routers
+from vr_runtime.routing.routers import Routers
 from vr_runtime.runtime import VideoRouter
 
 QS = ["What shape is the red object?", "Which color is the big square in the middle?",

@@ -1,11 +1,11 @@
-"""The terminal's stage status (vr_runtime.progress): shown for a stage past the delay, erased
+"""The terminal's stage status (vr_runtime.telemetry.progress): shown for a stage past the delay, erased
 when it ends, silent for short stages and for decoding, and never when disabled."""
 import io
 import threading
 import time
 
-from vr_runtime.progress import stage_status
-from vr_runtime.timing import StageTimer, _listeners
+from vr_runtime.telemetry.progress import stage_status
+from vr_runtime.telemetry.timing import StageTimer, _listeners
 
 
 class Tty(io.StringIO):

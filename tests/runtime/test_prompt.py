@@ -8,8 +8,8 @@ import torch
 
 from vr_kernels import pooled_counts
 from vr_kernels.reference import pool_pack_reference
-from vr_runtime import budget as B
-from vr_runtime.prompt import IMG_CONTEXT, build_video_prompt, text_tokens
+from vr_runtime.planning import budget as B
+from vr_runtime.backbones.prompt import IMG_CONTEXT, build_video_prompt, text_tokens
 from vr_runtime.reconstruct import reconstruct_embeds
 
 Q = "Which color is the triangle that appears after the red circle?"

@@ -66,7 +66,7 @@ def _compressed_embeds(bb, Z, plan, question=QUESTION, backend="torch"):
     counts = pooled_counts(plan, bb.grid)
     ids, starts = bb.build_prompt(question, counts)
     E = bb.embed_tokens(ids.to(bb.device))[None].clone()
-    from vr_runtime.prompt import plan_dest
+    from vr_runtime.backbones.prompt import plan_dest
     pool_pack(Z, list(plan), bb.grid, out=E.view(-1, E.shape[-1]), dest=plan_dest(counts, starts),
               backend=backend)
     return ids, E, bb.position_ids(ids, plan, starts)
@@ -311,7 +311,7 @@ def _layer_output(decoder, k, x, pos):
 
 @pytest.mark.parametrize("k", [2, 4])
 def test_shadow_stack_is_the_first_layers_with_mrope(bb, k):
-    from vr_runtime.routers import RouterConfig, Routers, ShadowStack
+    from vr_runtime.routing.routers import RouterConfig, Routers, ShadowStack
     dec = bb.decoder()
     shadow = ShadowStack(bb.text_config, k, source=dec).eval()
     with torch.no_grad():

@@ -138,7 +138,7 @@ def test_view_equals_hf_forward_at_that_size(bb, size):
     directly on the same frames at that size (window attention included: 11 and 13 merged
     tokens are not multiples of the 4x4 window)."""
     from vr_kernels import pool_pack
-    from vr_runtime.prompt import plan_dest
+    from vr_runtime.backbones.prompt import plan_dest
     v = bb.at_resolution(*size)
     gh, gw = size[0] // 28, size[1] // 28
     T = 3

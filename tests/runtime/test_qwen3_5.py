@@ -48,7 +48,7 @@ def test_window1_equals_hf_forward_and_generate(bb, vr):
 def test_shadow_stack_copies_both_layer_kinds(bb):
     """After 4 layers (3 Gated DeltaNet, 1 attention) the shadow stack's features equal the
     LLM's, and the Image Router's cached [Z_t] prefix gives the uncached logits."""
-    from vr_runtime.routers import RouterConfig, Routers, embed_question
+    from vr_runtime.routing.routers import RouterConfig, Routers, embed_question
     r = Routers.from_backbone(bb, RouterConfig(router_dim=32, num_heads=4))
     x = torch.randn(2, 30, bb.hidden_size, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
@@ -91,7 +91,7 @@ def test_cost_model_prices_each_layer_kind(vr):
     """The cost shape names each layer's kind; a Gated DeltaNet layer's prefill cost grows
     linearly with the tokens while an attention layer's grows faster; --ttft-budget runs."""
     import dataclasses
-    from vr_runtime.cost_model import DEVICES, _Stage, _decoder_layers
+    from vr_runtime.planning.cost_model import DEVICES, _Stage, _decoder_layers
     s = Qwen35Backbone.cost_shape(vr.lm.model.config.to_dict())
     assert s.layer_kinds == ("linear_attention",) * 3 + ("full_attention",)
     assert (s.lin_k_heads, s.lin_v_heads, s.lin_dk, s.lin_dv) == (2, 4, 32, 32)
@@ -114,7 +114,7 @@ def test_moe_window1_equals_hf_and_routes():
     """Qwen3.5 MoE (tiny-qwen3.5-moe): HF's forward at window 1, the shadow stack over hybrid
     MoE layers, and a policy at scales 1,1,1 equal to dense."""
     from vr_runtime.backbones.qwen3_vl import Qwen35MoeBackbone
-    from vr_runtime.routers import RouterConfig, Routers
+    from vr_runtime.routing.routers import RouterConfig, Routers
     from vr_runtime.runtime import VideoRouter
     b = Qwen35MoeBackbone.tiny()
     assert type(b.decoder().layers[0].mlp).__name__.endswith("SparseMoeBlock")

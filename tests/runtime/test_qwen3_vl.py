@@ -80,7 +80,7 @@ def _processor_inputs(bb, frames, indices=INDICES, fps=FPS, question=Q):
     expanded as the processor expands it (timestamps from the frames' indices and fps), and the
     video processor's patches. (The processor classes need torchvision to be built, which this
     project does not install; their methods are called unbound.)"""
-    from vr_runtime.prompt import render_chat
+    from vr_runtime.backbones.prompt import render_chat
     T = frames.shape[0]
     patches, gt, gh, gw = _patchify(frames)
     thw = torch.tensor([[gt, gh, gw]])
@@ -171,7 +171,7 @@ def test_deepstack_router_features_equal_hf_hidden_states(bb):
     output_hidden_states[k] on the same unit and question, with DeepStack stream k added at the
     visual rows (HF records a layer's output before its injection: what layer k + 1 reads), and
     for the last layer HF's final norm of it."""
-    from vr_runtime.routers import RouterConfig, Routers, embed_question
+    from vr_runtime.routing.routers import RouterConfig, Routers, embed_question
     pv, _, _ = bb.units(_frames(2, seed=5), [0, 1], None)
     Z = bb.encode_frames(pv)
     q_ids = bb.tokenizer(Q, add_special_tokens=False)["input_ids"]
@@ -254,7 +254,7 @@ def test_budget_fitted_to_max_length_with_timestamps(vr):
 def test_router_weights_of_another_backbone_are_refused(bb, tmp_path):
     from vr_runtime.backbones import load_backbone
     from vr_runtime.errors import RouterWeightsError
-    from vr_runtime.routers import RouterConfig, Routers
+    from vr_runtime.routing.routers import RouterConfig, Routers
     other = load_backbone("tiny-qwen2.5-vl")   # same hidden size and depth
     Routers.from_backbone(other, RouterConfig(router_dim=32, num_heads=4)).save(tmp_path / "r.st")
     with pytest.raises(RouterWeightsError, match="trained on a qwen2_5_vl backbone") as e:
@@ -296,7 +296,7 @@ def test_shape_presets(name, params, fields):
     with torch.device("meta"):
         model = Qwen3VLForConditionalGeneration._from_config(cfg)
     assert sum(p.numel() for p in model.parameters()) == params
-    from vr_runtime.cost_model import load_shape
+    from vr_runtime.planning.cost_model import load_shape
     s = load_shape(str(CONFIGS / f"qwen3_vl_{name}.json"))
     assert s.tokens_per_frame == 196 and s.vis_tokens == 784 and s.d == fields["hidden_size"]
     assert s.patch_dim == 3 * 2 * 16 * 16
@@ -325,7 +325,7 @@ def test_ask_serve_eval_take_a_qwen3_vl_directory(bb, tmp_path):
     import subprocess
     import sys
     from vr_runtime.backbones import load_backbone
-    from vr_runtime.tiny import ASSETS
+    from vr_runtime.backbones.tiny import ASSETS
     d = tmp_path / "Qwen3-VL-tiny-Instruct"
     bb.model.save_pretrained(str(d))
     bb.tokenizer.save_pretrained(str(d))
@@ -355,7 +355,7 @@ def test_clip_scores_a_unit_as_its_best_frame(vr, tmp_path):
     """The CLIP scorers read units of two frames: a unit's similarity is its best frame's, and
     `--scorer clip-fill` runs on Qwen3-VL."""
     from vr_runtime.eval.synthetic import make_random_clip
-    from vr_runtime.scorers import CLIPScorer
+    from vr_runtime.routing.scorers import CLIPScorer
     clip = CLIPScorer.from_pretrained(make_random_clip(tmp_path))
     c = _clip()
     spec = vr.lm.frame_spec
@@ -398,7 +398,7 @@ def test_moe_window1_equals_hf_and_routes(tmp_path):
     refused."""
     from vr_runtime.backbones.qwen3_vl import Qwen3VLMoeBackbone
     from vr_runtime.errors import RouterWeightsError
-    from vr_runtime.routers import RouterConfig, Routers, embed_question
+    from vr_runtime.routing.routers import RouterConfig, Routers, embed_question
     from vr_runtime.runtime import VideoRouter
     b = Qwen3VLMoeBackbone.tiny()
     assert type(b.decoder().layers[0].mlp).__name__.endswith("SparseMoeBlock")
@@ -454,7 +454,7 @@ def test_moe_shape_preset():
     with torch.device("meta"):
         model = Qwen3VLMoeForConditionalGeneration._from_config(cfg)
     assert sum(p.numel() for p in model.parameters()) == 31_070_754_032
-    from vr_runtime.cost_model import load_shape
+    from vr_runtime.planning.cost_model import load_shape
     s = load_shape(str(CONFIGS / "qwen3_vl_30b_a3b.json"))
     assert s.ff == 8 * 768 and s.tokens_per_frame == 196 and s.layers == 48
     assert s.hd == 128 != s.d // s.heads   # Qwen3's head_dim, not hidden / heads

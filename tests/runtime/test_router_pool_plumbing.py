@@ -4,7 +4,7 @@ rows -- and the report names the pool the Image Router actually ran at."""
 import pytest
 import torch
 
-from vr_runtime.scorers import FixedRelevance
+from vr_runtime.routing.scorers import FixedRelevance
 
 Q = "What shape is the red object?"
 
@@ -64,8 +64,8 @@ def test_router_pool_with_a_scorer_is_refused(tiny_vr, frames):
 
 
 def test_latency_inputs_use_the_scorers_pool(tiny_vr):
-    from vr_runtime.latency import plan_inputs
-    from vr_runtime.policies import get_planner
+    from vr_runtime.planning.latency import plan_inputs
+    from vr_runtime.planning.policies import get_planner
     req = tiny_vr.request(torch.zeros(2, 3, 448, 448), Q, num_frames=2, policy="fragment",
                           scorer=FixedRelevance([True, False], run_routers=True, router_pool=4))
     inputs = plan_inputs(tiny_vr, req, get_planner("fragment"), 2)([1, 0])

@@ -7,7 +7,7 @@ import torch
 
 from vr_runtime.errors import RouterWeightsError
 from vr_runtime.backbones import backbone_from_config
-from vr_runtime.routers import FORMAT, RouterConfig, Routers, embed_question
+from vr_runtime.routing.routers import FORMAT, RouterConfig, Routers, embed_question
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +176,7 @@ def test_visual_cache_matches_uncached(tiny_lm, routers, pool):
 def test_shadow_stack_with_real_pad_id(tiny_lm):
     """InternVL3 configs carry pad_token_id=151643: the shadow stack must not use it."""
     import copy
-    from vr_runtime.routers import ShadowStack
+    from vr_runtime.routing.routers import ShadowStack
     cfg = copy.deepcopy(tiny_lm.model.config.text_config)
     cfg.pad_token_id = 151643
     src = tiny_lm.decoder()

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from vr_kernels import pooled_counts
-from vr_runtime import budget as B
-from vr_runtime.routers import Routers
-from vr_runtime.policies import get_planner
+from vr_runtime.planning import budget as B
+from vr_runtime.routing.routers import Routers
+from vr_runtime.planning.policies import get_planner
 from vr_runtime.runtime import POLICIES, VideoRouter
 
 Q = "Which color is the square in the video?"
@@ -103,7 +103,7 @@ def test_auto_with_trained_routers_uses_semantic_router(tiny_lm, frames):
 
 def test_generation_matches_full_recompute(tiny_vr, tiny_lm, frames):
     """Greedy decoding with the KV cache == argmax of a full forward per step."""
-    from vr_runtime.prompt import build_video_prompt
+    from vr_runtime.backbones.prompt import build_video_prompt
     from vr_runtime.reconstruct import reconstruct_embeds
     lm = tiny_lm
     plan = [2, 1]
@@ -141,7 +141,7 @@ def test_stops_at_stop_token(tiny_vr, tiny_lm, frames):
 
 
 def _embeds(lm, pv, plan=(2, 2)):
-    from vr_runtime.prompt import build_video_prompt
+    from vr_runtime.backbones.prompt import build_video_prompt
     from vr_runtime.reconstruct import reconstruct_embeds
     ids, starts = build_video_prompt(lm.tokenizer, Q, pooled_counts(plan), lm.image_token_id)
     Z = lm.encode_frames(pv)
@@ -149,7 +149,7 @@ def _embeds(lm, pv, plan=(2, 2)):
 
 
 def test_video_clip_input_and_notes(tiny_vr, frames):
-    from vr_runtime.video import VideoClip
+    from vr_runtime.video.load import VideoClip
     T = 3
     clip = VideoClip(pixel_values=frames(T, seed=9), frame_indices=[5, 15, 25],
                      timestamps_s=[0.2, 0.6, 1.0], fps=25.0, total_frames=30, requested=8,

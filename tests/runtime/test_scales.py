@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vr_runtime import cli
-from vr_runtime.scales import (AUTO, COARSE_SCALES, PAPER_SCALES, ScalesError, answer_kwargs,
+from vr_runtime.planning.scales import (AUTO, COARSE_SCALES, PAPER_SCALES, ScalesError, answer_kwargs,
                                auto_scales, parse_scales)
 
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from vr_runtime import scorers
+from vr_runtime.routing import scorers
 from vr_runtime.cli import SAMPLE_VIDEO, main
 
 Q = "What shape is the red object?"

@@ -3,8 +3,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vr_runtime import budget as B
-from vr_runtime.scorers import (CachedImageRouterScorer, CLIPScorer, FixedRelevance,
+from vr_runtime.planning import budget as B
+from vr_runtime.routing.scorers import (CachedImageRouterScorer, CLIPScorer, FixedRelevance,
                                 ImageRouterScorer)
 
 Q = "Which color is the square in the video?"
@@ -79,7 +79,7 @@ def test_router_scorers_agree_and_fixed_is_fixed(tiny_vr, frames):
 
 def test_route_to_sends_a_semantic_class_to_another_planner(tiny_lm, frames):
     """The no-Image-Router ablation: the Semantic Router decides, Fragment plans uniformly."""
-    from vr_runtime.routers import Routers
+    from vr_runtime.routing.routers import Routers
     from vr_runtime.runtime import VideoRouter
     routers = Routers.from_backbone(tiny_lm, seed=4)
     with torch.no_grad():   # make the Semantic Router say Fragment whatever the question

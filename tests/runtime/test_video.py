@@ -1,4 +1,4 @@
-"""vr_runtime.video: InternVL sampling, time windows, preprocessing, prefetch and bad inputs."""
+"""vr_runtime.video.load: InternVL sampling, time windows, preprocessing, prefetch and bad inputs."""
 import pathlib
 import random
 from fractions import Fraction
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vr_runtime.errors import VideoError
-from vr_runtime.video import (IMAGENET_MEAN, IMAGENET_STD, VideoClip, load_video,
+from vr_runtime.video.load import (IMAGENET_MEAN, IMAGENET_STD, VideoClip, load_video,
                               prefetch_video, preprocess_frames, sample_indices)
 
 SAMPLE = pathlib.Path(__file__).resolve().parents[2] / "vr_runtime" / "assets" / "sample.mp4"
@@ -204,7 +204,7 @@ def test_prefetch_matches_load(videos):
 
 def test_bundled_sample_ground_truth():
     """The bundled demo clip is synthetic.demo_spec: the red circle is in frames 5-7 only."""
-    from vr_runtime.training.synthetic import demo_spec, render_frame
+    from vr_runtime.data.synthetic_videos import demo_spec, render_frame
     spec = demo_spec()
     clip = load_video(SAMPLE, num_frames=16)
     assert clip.frame_indices == list(range(spec.num_frames)) and clip.fps == spec.fps
@@ -296,7 +296,7 @@ def test_mjpeg_in_a_container_is_a_video(tmp_path):
 def test_sample_window_equals_internvl_on_constant_rate():
     """By-time window sampling is exactly InternVL's get_index(bound) when frames are evenly
     spaced (pts = i / fps), including the fewer-frames-than-asked case."""
-    from vr_runtime.video import sample_window
+    from vr_runtime.video.load import sample_window
     rng = random.Random(99)
     for _ in range(400):
         fps = rng.choice([1.0, 4.0, 23.976, 25.0, 29.97, 30.0, 60.0, rng.uniform(0.5, 60)])
@@ -314,7 +314,7 @@ def test_sample_window_equals_internvl_on_constant_rate():
 def test_sample_window_variable_rate():
     """Random VFR timelines: picks are distinct, increasing, on screen inside the window, and
     as many as asked when the window holds enough frames."""
-    from vr_runtime.video import sample_window
+    from vr_runtime.video.load import sample_window
     rng = np.random.default_rng(5)
     for _ in range(300):
         n = int(rng.integers(2, 400))

@@ -1,5 +1,5 @@
 """Real-world video input: a corpus made by ffmpeg at test time (tests/runtime/video_corpus.py)
-decoded through vr_runtime.decoders / vr_runtime.video, checked against ffmpeg's own decode.
+decoded through vr_runtime.video.decoders / vr_runtime.video.load, checked against ffmpeg's own decode.
 
 Tolerances (stated once, here):
 * timestamps: within 1 ms of ffprobe's ``best_effort_timestamp_time - start_time``;
@@ -24,9 +24,9 @@ import pytest
 import torch
 
 import video_corpus as vc
-from vr_runtime import decoders as D
+from vr_runtime.video import decoders as D
 from vr_runtime.errors import VideoError
-from vr_runtime.video import (IMAGENET_MEAN, IMAGENET_STD, load_video, open_video,
+from vr_runtime.video.load import (IMAGENET_MEAN, IMAGENET_STD, load_video, open_video,
                               preprocess_frames, prefetch_video, sample_indices)
 
 TIME_TOL = 1e-3
@@ -224,7 +224,7 @@ def test_one_frame(corpus):
 def test_memory_refused_before_decoding(corpus, monkeypatch):
     path = corpus["h264"].path
     info = open_video(path)
-    from vr_runtime.video import estimate_memory
+    from vr_runtime.video.load import estimate_memory
     limit = estimate_memory(10, 448, info.width, info.height) + 1
     with pytest.raises(VideoError) as e:
         prefetch_video(path, num_frames=30, memory_limit=limit)
@@ -321,7 +321,7 @@ def test_parallel_workers_give_identical_frames(corpus, name):
 
 
 def test_load_video_workers_and_memory(corpus, monkeypatch):
-    from vr_runtime.video import estimate_memory
+    from vr_runtime.video.load import estimate_memory
     path = corpus["h264_bframes_mkv"].path
     clips = [load_video(path, num_frames=10, size=32, decoder="pyav", decode_workers=w)
              for w in (1, 3)]

@@ -114,7 +114,7 @@ def make_corpus(d) -> Dict[str, Case]:
             data = open(path, "rb").read()
             path = os.path.join(str(d), "truncated.mkv")
             open(path, "wb").write(data[: int(len(data) * 0.6)])
-        from vr_runtime import decoders
+        from vr_runtime.video import decoders
         # decord is checked wherever "auto" would use it
         uses_decord = "decord" in decoders._candidates(decoders.probe(path), "auto")
         return name, Case(path, codec, w, h, decord=uses_decord)

@@ -227,7 +227,7 @@ def _body(data):
 def test_a_decode_past_the_deadline_stops_and_never_holds_the_model_lock(vr, media, undeclared,
                                                                          monkeypatch):
     from fastapi.testclient import TestClient
-    from vr_runtime import video as V
+    from vr_runtime.video import load as V
     app, engine = make_app(vr, media, engine_kw={"timeout_s": 1.0, "visual_cache": 0})
     real = V.preprocess_frames
     calls, locked = [], []

@@ -37,7 +37,7 @@ class SlowModel:
 
 
 def test_two_requests_take_less_than_the_sum_of_their_parts(vr, media, monkeypatch):
-    import vr_runtime.video as V
+    import vr_runtime.video.load as V
     from vr_runtime.serve.app import create_app
     from vr_runtime.serve.engine import Engine, EngineConfig
     from vr_runtime.serve.media import MediaConfig, MediaStore

@@ -22,7 +22,7 @@ def test_bad_scorer_stops_the_start(media, tmp_path, capsys):
 def test_the_engine_answers_with_the_named_scorer(media, tmp_path):
     from vr_runtime.cli import build_parser
     from vr_runtime.eval.synthetic import make_random_clip
-    from vr_runtime.scorers import CLIPScorer
+    from vr_runtime.routing.scorers import CLIPScorer
     from vr_runtime.serve.command import configs
     from vr_runtime.serve.engine import Engine
     from vr_runtime.serve.media import MediaStore

@@ -10,7 +10,7 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
     """Three 12-frame synthetic videos with all three JSONL files."""
-    from vr_runtime.training.synthetic import generate
+    from vr_runtime.data.synthetic_videos import generate
     root = tmp_path_factory.mktemp("syn")
     paths = generate(str(root), 3, seed=7, num_frames=12, split="train")
     return {"root": str(root), **paths}

@@ -18,7 +18,7 @@ def stage_config(stage, data, out, **kw):
 def stage3_trainee(lm, **over):
     """A Stage 3 Trainee on ``lm`` with small seeded routers, plans from the labels and no
     random plans (``over``: config overrides)."""
-    from vr_runtime.routers import RouterConfig, Routers
+    from vr_runtime.routing.routers import RouterConfig, Routers
     from vr_runtime.training.config import load_config
     from vr_runtime.training.stages import Trainee
     routers = Routers.from_backbone(lm, RouterConfig(router_dim=32, num_heads=4, router_pool=2),

@@ -9,7 +9,7 @@ import sys
 import torch
 from safetensors.torch import load_file
 
-from vr_runtime.routers import RouterConfig, Routers
+from vr_runtime.routing.routers import RouterConfig, Routers
 
 
 def _port():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vr_runtime.training import labeller as LB
-from vr_runtime.training import synthetic as S
+from vr_runtime.data import synthetic_videos as S
 from vr_runtime.training.config import ConfigError
 
 
@@ -68,7 +68,7 @@ def _plain_conversation_logprob(lm, Z, turns, plan):
     """Reference: the whole conversation as chat-template text, placeholders expanded and
     overwritten with each kept frame's tokens (full resolution only), one full forward, and the
     log-probabilities of each answer's tokens + end of turn, found by scanning the ids."""
-    from vr_runtime.prompt import INTERNVL_TOKENS, video_content
+    from vr_runtime.backbones.prompt import INTERNVL_TOKENS, video_content
     tok = lm.tokenizer
     kept = [t for t, w in enumerate(plan) if w]
     msgs = []
@@ -221,7 +221,7 @@ def test_route_loss_is_the_heads_own_attention_weight():
     assert r0 is None and n == n0
     torch.testing.assert_close(ce, ce0)
     # the reference: rebuild the same sequence, ask the eager attention for its weights
-    from vr_runtime.prompt import render_chat
+    from vr_runtime.backbones.prompt import render_chat
     from vr_runtime.training.stages import answer_sequence
     tok = lm.tokenizer
     ids, n_prompt, dest, _ = answer_sequence(lm, turns[0][0], turns[0][1], plan)

@@ -356,7 +356,7 @@ def test_label_study_keeps_the_generator_labels_next_to_its_own(tmp_path, monkey
     (Stage 1's control data on the same videos) is left as written. (The tiny model at its
     random fill: the file plumbing is under test, not the labels.)"""
     from vr_runtime import VideoRouter
-    from vr_runtime.tiny import init_weights_
+    from vr_runtime.backbones.tiny import init_weights_
 
     def random_tiny(cfg):
         vr = VideoRouter.from_pretrained("tiny", dtype=torch.float32, warmup_frames=0)

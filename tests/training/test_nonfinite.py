@@ -87,7 +87,7 @@ def test_a_resumed_checkpoint_with_nan_weights_is_refused(tiny_data, tiny_lm, tm
 
 def test_router_weights_with_nan_are_refused_at_load(tiny_lm, tmp_path):
     from vr_runtime.errors import RouterWeightsError
-    from vr_runtime.routers import Routers
+    from vr_runtime.routing.routers import Routers
     from vr_runtime.runtime import VideoRouter
     r = Routers.from_backbone(tiny_lm)
     with torch.no_grad():

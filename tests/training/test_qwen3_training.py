@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from stage_helpers import stage_config
-from vr_runtime.routers import RouterConfig, Routers
+from vr_runtime.routing.routers import RouterConfig, Routers
 from vr_runtime.training.loop import train
 from vr_runtime.training.stages import param_groups
 
@@ -20,7 +20,7 @@ def qwen3_bb():
 def _set_loss(bb, routers, data):
     """Mean BCE of the Image Router over every unit of the Stage 1 file."""
     import torch.nn.functional as F
-    from vr_runtime.routers import embed_question
+    from vr_runtime.routing.routers import embed_question
     from vr_runtime.training.data import read_jsonl
     from vr_runtime.training.features import FeatureCache
     cache = FeatureCache(bb, 12)
@@ -94,7 +94,7 @@ def test_training_prompts_carry_the_clips_timestamps(tiny_data, qwen3_bb, tmp_pa
     from vr_runtime.training.data import read_jsonl
     from vr_runtime.training.features import FeatureCache
     from vr_runtime.training.stages import answer_sequence
-    from vr_runtime.video import load_video
+    from vr_runtime.video.load import load_video
     ex = read_jsonl(tiny_data["relevance"], "relevance")[0]
     cache = FeatureCache(qwen3_bb, 12, str(tmp_path / "cache"))
     times = cache.times(ex.video, ex.frames)

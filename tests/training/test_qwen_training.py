@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from stage_helpers import stage_config
-from vr_runtime.routers import RouterConfig, Routers
+from vr_runtime.routing.routers import RouterConfig, Routers
 from vr_runtime.training.loop import train
 from vr_runtime.training.stages import param_groups
 

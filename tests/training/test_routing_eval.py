@@ -38,7 +38,7 @@ def test_check_targets_reads_every_metric_and_compares_both_ways():
 
 def test_routing_eval_on_generated_videos(tmp_path):
     from vr_runtime.runtime import VideoRouter
-    from vr_runtime.training.synthetic import generate
+    from vr_runtime.data.synthetic_videos import generate
     paths = generate(str(tmp_path), 2, seed=5, split="heldout")
     vr = VideoRouter.from_pretrained("tiny")
     m = R.eval_routing(vr, paths["conversations"], limit_videos=2)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vr_runtime.training import routing_eval as R
-from vr_runtime.training import synthetic as syn
+from vr_runtime.data import synthetic_videos as syn
 
 
 @pytest.fixture(scope="module")

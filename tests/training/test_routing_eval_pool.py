@@ -7,7 +7,7 @@ from vr_runtime.training import routing_eval as R
 
 def test_router_pool_reaches_every_image_router_call(tmp_path, monkeypatch):
     from vr_runtime.runtime import VideoRouter
-    from vr_runtime.training.synthetic import generate
+    from vr_runtime.data.synthetic_videos import generate
     paths = generate(str(tmp_path), 1, seed=6, split="heldout")
     vr = VideoRouter.from_pretrained("tiny")
     seen = []

@@ -17,9 +17,9 @@ pytestmark = pytest.mark.skipif(not (ASSETS / "routers.safetensors").is_file()
 @torch.no_grad()
 def test_shipped_routers_find_the_demo_evidence():
     from vr_runtime.backbones import load_backbone
-    from vr_runtime.routers import Routers, embed_question
-    from vr_runtime.training.synthetic import DEMO_QUESTIONS, demo_spec, render_frame
-    from vr_runtime.video import preprocess_frames
+    from vr_runtime.routing.routers import Routers, embed_question
+    from vr_runtime.data.synthetic_videos import DEMO_QUESTIONS, demo_spec, render_frame
+    from vr_runtime.video.load import preprocess_frames
 
     lm = load_backbone("tiny")
     routers = Routers.load(ASSETS / "routers.safetensors", lm)
@@ -51,7 +51,7 @@ def test_demo_answers_with_the_shipped_weights():
     from vr_runtime import VideoRouter
     from vr_runtime.cli import (DEMO_FRAMES, DEMO_MAX_LENGTH, DEMO_MAX_NEW_TOKENS, DEMO_QUESTIONS,
                                 SAMPLE_VIDEO)
-    from vr_runtime.training.synthetic import DEMO_ANSWERS, demo_spec
+    from vr_runtime.data.synthetic_videos import DEMO_ANSWERS, demo_spec
 
     vr = VideoRouter.from_pretrained("tiny")
     kw = dict(num_frames=DEMO_FRAMES, max_length=DEMO_MAX_LENGTH, max_new_tokens=DEMO_MAX_NEW_TOKENS)

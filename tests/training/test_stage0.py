@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from vr_runtime.training import pretrain as s0
-from vr_runtime.training.synthetic import COLORS, SHAPES
+from vr_runtime.data.synthetic_videos import COLORS, SHAPES
 
 
 def test_color_caption_names_every_color_once_with_its_shape():
@@ -40,7 +40,7 @@ def test_shape_caption_names_every_shape_once_with_its_color():
 
 
 def test_shape_answers_get_their_weight():
-    from vr_runtime.tiny import load_tiny_tokenizer
+    from vr_runtime.backbones.tiny import load_tiny_tokenizer
     toks = s0.CaptionTokens(load_tiny_tokenizer())
     tgt = torch.tensor([[toks.ids["circle"], -100, toks.ids["no"], -100, toks.ids["red"]]])
     w = s0.shape_answer_weight(tgt, toks, 3.0)
@@ -57,7 +57,7 @@ def test_two_shapes_do_not_overlap():
 
 
 def test_targets_follow_each_color_word():
-    from vr_runtime.tiny import load_tiny_tokenizer
+    from vr_runtime.backbones.tiny import load_tiny_tokenizer
     toks = s0.CaptionTokens(load_tiny_tokenizer())
     pairs = [("red", "circle"), ("blue", "no")]
     ids, tgt = toks.encode(pairs)
@@ -74,7 +74,7 @@ def test_config_rejects_unknown_fields():
 def _short_run(tmp_path, **kw):
     from vr_runtime.backbones import load_backbone
     from vr_runtime.backbones.internvl3 import InternVL3Backbone
-    from vr_runtime.tiny import init_weights_
+    from vr_runtime.backbones.tiny import init_weights_
     kw = {"projector_steps": 4, **kw}
     cfg = s0.PretrainConfig.load("tiny_stage0", frames=24, heldout_frames=6, steps=3,
                                  batch_size=4, warmup_steps=1, output_dir=str(tmp_path / "s0"),
@@ -149,7 +149,7 @@ def test_projector_is_trained_in_phase_a_and_frozen_in_phase_b(tmp_path, monkeyp
 def _reference_coverage(spec, grid):
     """Per-cell fraction of the rendered frame's pixels that show the (only) object's color."""
     import numpy as np
-    from vr_runtime.training.synthetic import COLORS, render_frame
+    from vr_runtime.data.synthetic_videos import COLORS, render_frame
     img = render_frame(spec, 0).astype(int)
     gh, gw = grid
     ch, cw = spec.size // gh, spec.size // gw
@@ -163,7 +163,7 @@ def _reference_coverage(spec, grid):
 
 @pytest.mark.parametrize("grid", [(16, 16), (7, 5)])
 def test_object_coverage_matches_the_rendered_pixels(grid):
-    from vr_runtime.training.synthetic import Shape, VideoSpec
+    from vr_runtime.data.synthetic_videos import Shape, VideoSpec
     rng = random.Random(3)
     for shape in SHAPES:
         for _ in range(3):
@@ -183,7 +183,7 @@ def test_object_coverage_matches_the_rendered_pixels(grid):
 @pytest.mark.parametrize("window,grid", [(1, (16, 16)), (2, (16, 16)), (4, (16, 16)),
                                          (2, (5, 7)), (3, (5, 7))])
 def test_object_readout_is_the_coverage_weighted_mean_of_pooled_tokens(window, grid):
-    from vr_runtime.routers import pool_frames
+    from vr_runtime.routing.routers import pool_frames
     torch.manual_seed(window)
     D, n = 12, grid[0] * grid[1]
     readout = s0.ObjectReadout(D)

@@ -3,7 +3,7 @@ kernel backends (vectorised torch, Triton under the interpreter) give the refere
 
 import torch
 
-from vr_runtime.routers import RouterConfig, Routers
+from vr_runtime.routing.routers import RouterConfig, Routers
 from vr_runtime.training.config import load_config
 from vr_runtime.training.stages import Trainee, apply_freezing
 

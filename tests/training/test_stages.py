@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from stage_helpers import stage_config
-from vr_runtime.routers import RouterConfig, Routers
+from vr_runtime.routing.routers import RouterConfig, Routers
 from vr_runtime.training.loop import train
 
 GROUP_OF = (("model.vision_tower.", "vision"), ("model.multi_modal_projector.", "projector"),

@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from vr_runtime.training import synthetic as syn
+from vr_runtime.data import synthetic_videos as syn
 from vr_runtime.training.config import ConfigError, load_config
 from vr_runtime.training.data import read_jsonl
 
@@ -71,7 +71,7 @@ def test_videos_decode_with_the_labelled_content(tmp_path):
     assert {e.policy for e in conv} == {0, 1}
     # only Fragment questions carry frame labels into Stage 3 (L_img)
     assert all((e.frame_labels is not None) == (e.policy == 1) for e in conv)
-    from vr_runtime.video import load_video
+    from vr_runtime.video.load import load_video
     clip = load_video(rel[0].video, num_frames=12)
     assert clip.pixel_values.shape == (12, 3, 448, 448)
     q = rel[0].question

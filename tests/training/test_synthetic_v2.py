@@ -11,9 +11,9 @@ import av
 import numpy as np
 import pytest
 
-from vr_runtime.training import synthetic as syn
+from vr_runtime.data import synthetic_videos as syn
 from vr_runtime.training.data import read_jsonl
-from vr_runtime.video import load_video, sample_indices
+from vr_runtime.video.load import load_video, sample_indices
 
 MEAN = np.array([0.485, 0.456, 0.406])[:, None, None]
 STD = np.array([0.229, 0.224, 0.225])[:, None, None]

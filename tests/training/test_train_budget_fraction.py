@@ -4,7 +4,7 @@ with ``answer(budget=...)`` (routing-eval measures at a quarter)."""
 import pytest
 import torch
 
-from vr_runtime.budget import plan_fragment, plan_global
+from vr_runtime.planning.budget import plan_fragment, plan_global
 from vr_runtime.runtime import VideoRouter
 from vr_runtime.training.config import ConfigError, load_config
 from stage_helpers import stage3_trainee

@@ -5,7 +5,7 @@ plan that says nothing about the question."""
 import pytest
 import torch
 
-from vr_runtime.budget import plan_fragment
+from vr_runtime.planning.budget import plan_fragment
 from vr_runtime.runtime import VideoRouter
 from vr_runtime.training.config import load_config
 from stage_helpers import stage3_trainee as _trainee

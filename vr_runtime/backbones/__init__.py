@@ -129,7 +129,7 @@ def load_backbone(path_or_name: Union[str, pathlib.Path] = "tiny", device="cpu",
 def _finite(lm: Backbone, name: str) -> Backbone:
     """Refuse weights holding NaN or inf (a diverged fine-tuning's): every answer from them
     would be garbage with no sign of why."""
-    from ..weights import nonfinite
+    from .weights import nonfinite
     bad = nonfinite(lm.model.named_parameters())
     if bad:
         raise ModelFilesError(f"model {name!r}: {bad}; the weights are damaged or come from a "

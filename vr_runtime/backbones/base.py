@@ -32,7 +32,7 @@ from typing import ClassVar, Iterator, Optional, Sequence, Tuple
 
 import torch
 
-from ..prompt import VisionTokens  # the prompt owns its framing strings
+from .prompt import VisionTokens  # the prompt owns its framing strings
 
 
 @dataclass(frozen=True)
@@ -215,7 +215,7 @@ class Backbone(abc.ABC):
     # ------------------------------------------------------------------ prompt
     def build_prompt(self, question: str, counts: Sequence[int], system: Optional[str] = None):
         """-> (ids [L] int64 CPU, first placeholder row of each kept frame)."""
-        from ..prompt import build_video_prompt
+        from .prompt import build_video_prompt
         return build_video_prompt(self.tokenizer, question, counts, self.image_token_id, system,
                                   tokens=self.vision_tokens)
 
@@ -223,7 +223,7 @@ class Backbone(abc.ABC):
                     kept: Optional[Sequence[int]] = None) -> int:
         """L_text: prompt tokens that are not visual placeholders, with the lines of ``kept``
         frames (default: all ``num_frames``)."""
-        from ..prompt import text_tokens
+        from .prompt import text_tokens
         return text_tokens(self.tokenizer, question, num_frames, system,
                            tokens=self.vision_tokens, kept=kept)
 
@@ -294,7 +294,7 @@ _CACHE_NAMES: dict = {}
 
 @dataclass(frozen=True)
 class CostShape:
-    """The dimensions ``vr_runtime.cost_model`` needs, given by each backbone from its
+    """The dimensions ``vr_runtime.planning.cost_model`` needs, given by each backbone from its
     config.json (:meth:`Backbone.cost_shape`). The defaults describe InternViT + its MLP
     projector; a tower that differs says so in the last five fields."""
     d_vis: int              # vision tower width
@@ -353,7 +353,7 @@ def build_model(model_cls, config, dtype: torch.dtype, attn: str, attn_explicit:
             raise
         model = build("sdpa")
     if seed is not None:
-        from ..tiny import init_weights_
+        from .tiny import init_weights_
         init_weights_(model, seed)
     return model
 

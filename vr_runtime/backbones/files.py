@@ -106,7 +106,7 @@ def load_hf_model(model_cls, path: pathlib.Path, device="cpu", dtype=None,
     sdpa; weights absent from the files (which transformers only warns about, leaving them
     random) are one ``ModelFilesError``."""
     from transformers import AutoTokenizer
-    from ..devices import pick_attn_implementation, resolve_device, resolve_dtype
+    from .devices import pick_attn_implementation, resolve_device, resolve_dtype
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     attn = pick_attn_implementation(attn_implementation, dev, dt)

@@ -19,9 +19,9 @@ from typing import Dict, Iterator, Optional, Tuple
 
 import torch
 
-from ..devices import pick_attn_implementation, resolve_device, resolve_dtype
+from .devices import pick_attn_implementation, resolve_device, resolve_dtype
 from ..errors import ModelFilesError
-from ..prompt import INTERNVL_TOKENS
+from .prompt import INTERNVL_TOKENS
 from .base import Backbone, CostShape, FrameSpec, build_model, check_pixels
 from .files import check_weights_dir, load_dir_tokenizer
 
@@ -154,7 +154,7 @@ class InternVL3Backbone(Backbone):
 
     @classmethod
     def preset_config(cls, name: str = "tiny") -> dict:
-        from ..tiny import ASSETS
+        from .tiny import ASSETS
         path = ASSETS / "config.json"
         if not path.is_file():
             raise ModelFilesError(f"tiny preset: {path} is missing; run scripts/make_tiny_assets.py")
@@ -164,7 +164,7 @@ class InternVL3Backbone(Backbone):
     def tiny(cls, device="cpu", dtype=None, attn_implementation: Optional[str] = None,
              weights: Optional[str] = None) -> "InternVL3Backbone":
         """The ``tiny`` preset with its shipped (trained) weights, or a deterministic fill."""
-        from ..tiny import ASSETS, load_safetensors_into, load_tiny_tokenizer, init_weights_
+        from .tiny import ASSETS, load_safetensors_into, load_tiny_tokenizer, init_weights_
         from transformers import InternVLConfig, InternVLForConditionalGeneration
         dev = resolve_device(device)
         dt = resolve_dtype(dtype, dev)
@@ -194,7 +194,7 @@ class InternVL3Backbone(Backbone):
         tokenizer: ``image_token_id`` and the eos/pad/bos ids are rewritten to its ids (timings
         depend on shapes and lengths, not on token identities)."""
         from transformers import InternVLConfig, InternVLForConditionalGeneration
-        from ..tiny import load_tiny_tokenizer, special_ids
+        from .tiny import load_tiny_tokenizer, special_ids
         dev = resolve_device(device)
         dt = resolve_dtype(dtype, dev)
         attn = pick_attn_implementation(attn_implementation, dev, dt)

@@ -82,7 +82,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import ModelFilesError
-from ..devices import pick_attn_implementation, resolve_device, resolve_dtype
+from .devices import pick_attn_implementation, resolve_device, resolve_dtype
 from .base import (Backbone, CostShape, FrameSpec, VisionTokens, build_model, cache_kwargs,
                    check_pixels)
 from .files import check_weights_dir, load_hf_model
@@ -510,7 +510,7 @@ class Qwen25VLBackbone(QwenGridPositions, Backbone):
 def tiny_tokenizer():
     """The shipped tiny BPE (``assets/tiny/tokenizer.json``) plus Qwen's vision special tokens,
     built locally (ids 1024.. after the BPE's 1024). ChatML's tokens are already in it."""
-    from ..tiny import load_tiny_tokenizer
+    from .tiny import load_tiny_tokenizer
     tok = load_tiny_tokenizer()
     tok.add_tokens(list(QWEN_SPECIAL_TOKENS), special_tokens=True)
     for t in QWEN_SPECIAL_TOKENS:

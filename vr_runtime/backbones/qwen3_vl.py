@@ -59,7 +59,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from ..devices import pick_attn_implementation, resolve_device, resolve_dtype
+from .devices import pick_attn_implementation, resolve_device, resolve_dtype
 from ..errors import ModelFilesError
 from .base import (Backbone, CostShape, FrameSpec, VisionTokens, build_model, cache_kwargs,
                    deepstack_kwargs)
@@ -338,7 +338,7 @@ class Qwen3VLBackbone(QwenGridPositions, Backbone):
         """Qwen3-VL's video prompt: per kept unit its timestamp and a block of ``counts[i]``
         placeholders, then the question, in the chat template -> (ids [L], first placeholder
         row of each kept unit)."""
-        from ..prompt import _check_question, render_chat
+        from .prompt import _check_question, render_chat
         question = _check_question(question, self.vision_tokens)
         counts = [int(c) for c in counts]
         if any(c < 0 for c in counts):
@@ -362,7 +362,7 @@ class Qwen3VLBackbone(QwenGridPositions, Backbone):
                     times: Optional[Sequence[float]] = None) -> int:
         """L_text: prompt tokens that are not placeholders (timestamps and delimiters count),
         with the ``kept`` units (default: all ``num_frames`` units)."""
-        from ..prompt import _check_question, render_chat
+        from .prompt import _check_question, render_chat
         question = _check_question(question, self.vision_tokens)
         times = self._times(int(num_frames), times)
         kept = range(int(num_frames)) if kept is None else list(kept)

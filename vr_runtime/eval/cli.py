@@ -23,7 +23,7 @@ import shlex
 import sys
 from typing import List, Optional
 
-from ..cli_common import SCALES_HELP, Parser, quiet_libraries, scales_arg
+from ..cli_args import SCALES_HELP, Parser, quiet_libraries, scales_arg
 from .methods import DEFAULT_METHODS, METHODS
 from .runner import PAPER_BUDGETS
 
@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--routers", default=None, metavar="PATH")
     p.add_argument("--clip", default=None, metavar="PATH",
                    help="local CLIPModel / SiglipModel directory (method clip)")
-    from ..cli_common import add_scorer_args
+    from ..cli_args import add_scorer_args
     add_scorer_args(p)   # the frame scorer of the methods that use the default Image Router
     p.add_argument("--data-ft-model", default=None, metavar="PATH",
                    help="the Data FT checkpoint directory (method data-ft)")
@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seek", choices=("exact", "keyframe"), default="exact",
                    help="as for ask: exact decodes the sampled frames (the paper's setting), "
                         "keyframe the keyframe nearest each sampled time (default: exact)")
-    from ..cli_common import time_window_arg
+    from ..cli_args import time_window_arg
     p.add_argument("--time-window", type=time_window_arg, default=None, metavar="START,END",
                    help="as for ask: sample every video from this part only, in seconds")
     p.add_argument("--batch-size", type=int, default=1, metavar="N",
@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _config(a, argv: List[str]):
     from .benchmarks import BenchmarkError
     from .prompting import DEFAULT_POST_PROMPT, PromptConfig
-    from ..scales import PAPER_SCALES
+    from ..planning.scales import PAPER_SCALES
     from .runner import EvalConfig
     for flag in ("benchmark", "data", "videos"):
         if getattr(a, flag) is None:
@@ -142,7 +142,7 @@ def _config(a, argv: List[str]):
         v = getattr(a, flag)
         if v is not None and not os.path.isdir(v):
             raise BenchmarkError(f"--{flag.replace('_', '-')} {v!r}: no such directory")
-    from ..scorers import check_scorer
+    from ..routing.scorers import check_scorer
     try:
         check_scorer(a.scorer, a.scorer_model)
     except ValueError as e:
@@ -187,7 +187,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             from .compare import main as compare_main
             return compare_main(argv[1:])
         except Exception as e:  # noqa: BLE001 - as below
-            from ..cli_common import fail_with
+            from ..cli_args import fail_with
             fail_with(e, debug)
     a = build_parser().parse_args(argv)
     try:
@@ -227,7 +227,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.stderr.write(f"{PROG}: interrupted (rerun the same command to resume)\n")
         return 130
     except Exception as e:  # noqa: BLE001 - the one place that turns errors into exit codes
-        from ..cli_common import fail_with
+        from ..cli_args import fail_with
         fail_with(e, debug)
     return 0
 

@@ -198,7 +198,7 @@ def text(c: dict) -> str:
 
 
 def main(argv: List[str]) -> int:
-    from ..cli_common import Parser
+    from ..cli_args import Parser
     p = Parser(prog="videorouter eval compare",
                description="Compare two evaluation runs question by question: per method and "
                            "budget, the accuracy difference and McNemar's exact test, and "

@@ -38,8 +38,8 @@ class VideoRouterLMM(lmms):
         super().__init__()
         import torch
 
-        from ..devices import resolve_device, resolve_dtype
-        from ..policies import policy_names
+        from ..backbones.devices import resolve_device, resolve_dtype
+        from ..planning.policies import policy_names
         from ..runtime import VideoRouter
         if kwargs:
             eval_logger.warning(f"videorouter: ignoring unknown model_args {sorted(kwargs)}")
@@ -55,7 +55,7 @@ class VideoRouterLMM(lmms):
                              f"{', '.join(CLIP_MODES)} (matched: as many frames at s1 as the "
                              f"Image Router marks relevant, the paper's protocol; fill: top CLIP "
                              f"frames until the budget is full)")
-        from ..scales import parse_scales
+        from ..planning.scales import parse_scales
         # model_args are split at commas, so scales are written 4:1:8 (or "auto")
         self.scales = parse_scales(scales, "videorouter: scales")
         if seek not in ("exact", "keyframe"):
@@ -81,7 +81,7 @@ class VideoRouterLMM(lmms):
         self.allow_over_length = str(allow_over_length).strip().lower() in ("1", "true", "yes")
         self.scorer = None
         if clip:   # as `videorouter eval`'s clip / clip-fill methods
-            from ..scorers import CLIPScorer, TokenMatchedScorer
+            from ..routing.scorers import CLIPScorer, TokenMatchedScorer
             inner = CLIPScorer.from_pretrained(clip, device=dev)
             self.scorer = TokenMatchedScorer(inner) if clip_mode == "matched" else inner
         self.visual_tokens_log = visual_tokens_log
@@ -123,7 +123,7 @@ class VideoRouterLMM(lmms):
         bare = doc.get("question") if isinstance(doc, dict) else None
         max_new = self.max_new_tokens or int(gen_kwargs.get("max_new_tokens", 16) or 16)
         from ..request import AnswerOptions
-        from ..scales import answer_kwargs as scale_kwargs
+        from ..planning.scales import answer_kwargs as scale_kwargs
         scales = scale_kwargs(self.scales, self.vr, question=text, num_frames=self.num_frames,
                               max_length=self.max_length, max_new_tokens=max_new,
                               budget=self.budget)

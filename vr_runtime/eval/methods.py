@@ -80,7 +80,7 @@ class Method:
     @property
     def budgeted(self) -> bool:
         """False: one row whatever the budget (dense). Asked of the planners it uses."""
-        from ..policies import is_budgeted
+        from ..planning.policies import is_budgeted
         return is_budgeted(self.policy, self.route_to)
 
     def answer_kwargs(self, resources: dict) -> dict:
@@ -157,7 +157,7 @@ def _clip_scorer(resources):
 
 
 def _clip_matched(resources):
-    from ..scorers import TokenMatchedScorer
+    from ..routing.scorers import TokenMatchedScorer
     return TokenMatchedScorer(resources["clip_scorer"])
 
 

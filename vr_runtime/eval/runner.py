@@ -69,7 +69,7 @@ class EvalConfig:
     progress: bool = True
     command: str = ""
     title: str = ""
-    scales: object = (2, 1, 4)   # (s_g, s_1, s_0) or "auto" (vr_runtime.scales)
+    scales: object = (2, 1, 4)   # (s_g, s_1, s_0) or "auto" (vr_runtime.planning.scales)
     batch_size: int = 1   # questions of one video, method and budget prefilled together
     scorer: str = "image-router"          # --scorer: of the methods without a scorer of their own
     scorer_model: Optional[str] = None    # --scorer-model DIR
@@ -142,7 +142,7 @@ class Evaluator:
 
     def load(self, methods: Sequence[Method]) -> None:
         import torch
-        from ..devices import resolve_device, resolve_dtype
+        from ..backbones.devices import resolve_device, resolve_dtype
         from ..runtime import VideoRouter
         dev = resolve_device(self.cfg.device)
         dtype = resolve_dtype(self.cfg.dtype, dev)
@@ -153,12 +153,12 @@ class Evaluator:
             routers = self.cfg.routers if m.model == "main" else None
             self._models[m.model] = VideoRouter.from_pretrained(
                 path, routers=routers, device=dev, dtype=dtype, visual_cache_size=1)
-        from ..scorers import DEFAULT_SCORER, build_scorer
+        from ..routing.scorers import DEFAULT_SCORER, build_scorer
         if self.cfg.scorer != DEFAULT_SCORER and self._scorer is None:
             self._scorer = build_scorer(self.cfg.scorer, self.cfg.scorer_model, device=dev,
                                         dtype=dtype, cache_visual=True)
         if any("clip" in m.needs for m in methods) and self._clip is None:
-            from ..scorers import CLIPScorer
+            from ..routing.scorers import CLIPScorer
             self._clip = CLIPScorer.from_pretrained(self.cfg.clip, device=dev,
                                                     dtype=torch.float32)
 
@@ -177,7 +177,7 @@ class Evaluator:
         else:
             max_length = budget + TEXT_ALLOWANCE
         kw = m.answer_kwargs(self.resources())
-        from ..scales import answer_kwargs as scale_kwargs
+        from ..planning.scales import answer_kwargs as scale_kwargs
         # The method's own windows (if any) win over --scales; auto reads the fixed budget.
         kw = {**scale_kwargs(cfg.scales, vr, question=prompt, num_frames=frames,
                              max_length=max_length, max_new_tokens=cfg.max_new_tokens,
@@ -324,7 +324,7 @@ def settings_of(cfg: EvalConfig) -> dict:
 
 
 def _scales_label(scales) -> str:
-    from ..scales import label
+    from ..planning.scales import label
     return label(scales)
 
 
@@ -336,7 +336,7 @@ SETTINGS_BEFORE = {"scales": "2,1,4", "scorer": "image-router", "scorer_model": 
 
 def check_settings(out: pathlib.Path, cfg: EvalConfig, write: bool) -> None:
     """A rerun resumes only with the settings the predictions in OUT were made with."""
-    from ..atomic import write_files_atomically
+    from ..data.atomic import write_files_atomically
     from .tables import WRITE_HINT
     from .benchmarks import BenchmarkError
     f = out / "settings.json"
@@ -421,7 +421,7 @@ def _answer_all(ev: Evaluator, todo, part: pathlib.Path, progress: bool, world: 
 
     from tqdm.auto import tqdm
 
-    from ..video import prefetch_video
+    from ..video.load import prefetch_video
     size = ev.main.lm.frame_spec.size[0]
     order: List[Tuple[str, int]] = []
     for q, _, _, F in todo:

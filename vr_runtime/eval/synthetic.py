@@ -1,5 +1,5 @@
 """``videorouter eval --make-synthetic DIR``: a small benchmark in Video-MME layout built from the
-tiny model's synthetic evidence task (``vr_runtime.training.synthetic``).
+tiny model's synthetic evidence task (``vr_runtime.data.synthetic_videos``).
 
 Everything that touches the generator is in :func:`make_synthetic` (re-point it when the
 generator grows). Video-MME's three duration groups become three video lengths at 2 fps:
@@ -30,7 +30,7 @@ TASK_TYPES = {"object_shape": "Object Recognition", "absent_color": "Object Reas
 
 def make_synthetic(out_dir, videos_per_split: int = 4, seed: int = 0) -> Dict[str, object]:
     """Write the benchmark; returns {"data": file, "videos": dir, "questions": n}."""
-    from ..training import synthetic as S
+    from ..data import synthetic_videos as S
     from .benchmarks import LETTERS
     if videos_per_split < 1:
         raise ValueError(f"--videos-per-split: expected >= 1, got {videos_per_split}")
@@ -108,7 +108,7 @@ def make_random_clip(out_dir, seed: int = 0) -> str:
     import torch
     from transformers import CLIPConfig, CLIPModel
 
-    from ..tiny import load_tiny_tokenizer
+    from ..backbones.tiny import load_tiny_tokenizer
     tok = load_tiny_tokenizer()
     cfg = CLIPConfig(
         text_config=dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64,

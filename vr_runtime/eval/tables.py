@@ -23,7 +23,7 @@ import pathlib
 from collections import Counter, defaultdict
 from typing import Dict, List, Optional, Sequence
 
-from ..atomic import write_files_atomically
+from ..data.atomic import write_files_atomically
 from .stats import wilson
 
 # What a failed write of an evaluation's files tells the user (runner.py's settings.json too).
@@ -251,7 +251,7 @@ def failed_questions(preds: Sequence[dict]) -> List[dict]:
 
 
 def write_outputs(out: pathlib.Path, preds: List[dict], bench, methods, cfg, world: int) -> dict:
-    from ..environment import environment
+    from ..fingerprint import environment
     env = environment()
     rows = aggregate(preds, methods)
     meta = {"benchmark": bench.name, "data": str(cfg.data), "model": cfg.model,

@@ -29,7 +29,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from ..scorers import CachedImageRouterScorer
+from ..routing.scorers import CachedImageRouterScorer
 
 
 def _sync(t: Optional[torch.Tensor]) -> None:

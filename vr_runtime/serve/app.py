@@ -49,7 +49,7 @@ WORKER_HEADER = "x-videorouter-worker"
 def _dumps(obj) -> bytes:
     # Exactly how `videorouter ask --json` serialises its object (NaN stays NaN, numpy values
     # become lists), so the "videorouter" report equals the CLI's.
-    from ..cli_common import jsonable
+    from ..cli_args import jsonable
     return json.dumps(obj, default=jsonable).encode()
 
 

@@ -89,7 +89,7 @@ def add_serve_parser(sub, positive_int, policy_help: str, dtypes) -> argparse.Ar
                    help="max_tokens of a request that gives none (default: 64, as ask)")
     p.add_argument("--policy", default="auto", metavar=policy_help,
                    help="policy of a request that gives none (default: auto, as ask)")
-    from ..cli_common import SCALES_HELP, add_scorer_args, scales_arg
+    from ..cli_args import SCALES_HELP, add_scorer_args, scales_arg
     add_scorer_args(p)
     p.add_argument("--scales", type=scales_arg, default=(2, 1, 4), metavar="S_G,S_1,S_0|auto",
                    help="scales of a request that gives none (its 'scales' field, or "
@@ -106,7 +106,7 @@ def add_serve_parser(sub, positive_int, policy_help: str, dtypes) -> argparse.Ar
 
 
 def _arg_types():
-    from ..cli_common import arg_type  # standard library only
+    from ..cli_args import arg_type  # standard library only
     inf = float("inf")
     return (arg_type(int, lambda v: 0 <= v <= 65535, "a port number 0-65535"),
             arg_type(int, lambda v: v >= 0, "an integer >= 0"),
@@ -148,7 +148,7 @@ def configs(args):
 
 def check_args(args) -> None:
     """What can be checked before anything heavy: raises a user error (ValueError)."""
-    from ..cli_common import UsageError, check_inputs
+    from ..cli_args import UsageError, check_inputs
     d = pathlib.Path(args.media_dir)
     if not d.is_dir():
         raise UsageError(f"--media-dir {args.media_dir!r}: no such directory")
@@ -188,7 +188,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def run_serve(args) -> int:
-    from ..cli_common import fail_with
+    from ..cli_args import fail_with
     debug = os.environ.get("VIDEOROUTER_DEBUG", "") not in ("", "0")
     try:
         check_args(args)
@@ -198,7 +198,7 @@ def run_serve(args) -> int:
         from .engine import Engine
         from .media import MediaStore
         media = MediaStore(media_cfg)
-        from ..cli_common import stderr_is_tty
+        from ..cli_args import stderr_is_tty
         if stderr_is_tty():   # as ask: say what the silent load is doing (terminals only)
             print(f"videorouter serve: loading model {args.model} ...", file=sys.stderr,
                   flush=True)

@@ -68,7 +68,7 @@ class EngineConfig:
     max_queue: int = 64
     timeout_s: float = 300.0
     max_batch: int = 1                    # >1: answer up to this many waiting requests together
-    scorer: str = "image-router"          # --scorer: a registered frame scorer (vr_runtime.scorers)
+    scorer: str = "image-router"          # --scorer: a registered frame scorer (vr_runtime.routing.scorers)
     scorer_model: Optional[str] = None    # --scorer-model DIR, for scorers that load a model
 
 
@@ -170,12 +170,12 @@ class Engine:
         """Load the model as ``videorouter ask`` does (same presets, devices, dtypes)."""
         import argparse
 
-        from ..cli_common import device_dtype
+        from ..cli_args import device_dtype
         from ..runtime import VideoRouter
         device, dtype = device_dtype(argparse.Namespace(device=config.device, dtype=config.dtype))
         vr = VideoRouter.from_pretrained(config.model, routers=config.routers, device=device,
                                          dtype=dtype, visual_cache_size=max(1, config.visual_cache))
-        from ..scorers import build_scorer
+        from ..routing.scorers import build_scorer
         scorer = build_scorer(config.scorer, config.scorer_model, device=device, dtype=dtype,
                               cache_visual=config.visual_cache > 0)
         return cls(vr, media, config, scorer=scorer)
@@ -220,7 +220,7 @@ class Engine:
     def prompt_tokens(self, settings: Settings) -> int:
         """Text tokens of the prompt (chat template, system text and question; no frames), with
         the engine's own copy of the tokenizer (call it on ``_text_pool``)."""
-        from ..prompt import text_tokens
+        from ..backbones.prompt import text_tokens
         lm = self.vr.lm
         if self._tokenizer is None:
             import copy
@@ -459,7 +459,7 @@ class Engine:
                     raise _Skipped(504, "the request was given up while waiting to decode")
             try:
                 spec = self.vr.lm.frame_spec
-                from ..video import load_video
+                from ..video.load import load_video
                 clip = load_video(video.path, num_frames=s.num_frames, size=spec.size[0],
                                   mean=spec.mean, std=spec.std, should_stop=should_stop,
                                   limits=self.media.config.limits(),
@@ -489,7 +489,7 @@ class Engine:
         """The request's :class:`~vr_runtime.request.AnswerOptions` (those of ``videorouter
         ask``, plus the server's visual cache)."""
         from ..request import AnswerOptions
-        from ..scales import answer_kwargs as scale_kwargs
+        from ..planning.scales import answer_kwargs as scale_kwargs
         scales = scale_kwargs(s.scales, self.vr, question=s.question, num_frames=s.num_frames,
                               max_length=s.max_length, max_new_tokens=s.max_new_tokens,
                               system=s.system)

@@ -43,7 +43,7 @@ class APIError(Exception):
 
 
 def one_line(message) -> str:
-    from ..cli_common import one_line
+    from ..cli_args import one_line
     return one_line(message)
 
 
@@ -68,7 +68,7 @@ def from_exception(e: BaseException, replace: Optional[dict] = None) -> APIError
     runtime refuses) -> 400; out of memory -> 503 (this request only; the server keeps serving);
     anything else -> 500 with the CLI's "internal error" line. ``replace`` maps server-side text
     (the path of a stored ``data:`` upload) to what the client sent."""
-    from ..cli_common import message, user_errors
+    from ..cli_args import message, user_errors
     from ..errors import VideoError
     if isinstance(e, APIError):
         return e

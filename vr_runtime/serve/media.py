@@ -7,11 +7,11 @@ made from their SHA-256, so sending the same clip again is the same file to the 
 visual cache). ``http(s)://`` URLs are refused unless the server was started with
 ``--allow-remote-media``; then they are downloaded (size cap, timeout) into the same store.
 
-Every accepted video is opened once (``vr_runtime.video.VideoFile``: a regular file, checked with
+Every accepted video is opened once (``vr_runtime.video.load.VideoFile``: a regular file, checked with
 ``fstat`` on the open descriptor; a FIFO, device or socket is a 422 before any read) and from then
 on read only through that descriptor (``/proc/self/fd/N``), so a folder swapped for a symlink after
 the check cannot redirect it; the descriptor's own path must lie inside ``--media-dir`` too. It is
-indexed by ``vr_runtime.video.open_video`` before it waits for the model, so a file that is not a
+indexed by ``vr_runtime.video.load.open_video`` before it waits for the model, so a file that is not a
 usable video is a 422 at once, with the message ``videorouter ask`` prints; a video longer than
 ``--max-video-seconds`` (declared, or counted while indexing when the container declares
 nothing) or with frames over ``--max-frame-pixels`` is a 422 too.
@@ -57,7 +57,7 @@ class MediaConfig:
     max_frame_pixels: int = 7680 * 4320      # --max-frame-pixels (8K UHD)
 
     def limits(self):
-        from ..decoders import Limits
+        from ..video.decoders import Limits
         return Limits(max_frame_pixels=self.max_frame_pixels,
                       max_seconds=self.max_video_seconds)
 
@@ -72,7 +72,7 @@ class Video:
     path: str
     label: str
     stored: bool    # in the upload store (pinned until release())
-    file: object = None             # the open vr_runtime.video.VideoFile (closed by release())
+    file: object = None             # the open vr_runtime.video.load.VideoFile (closed by release())
     shown: Optional[str] = None     # how messages name the file (its real path, or the label)
     clip: object = None             # its frames, decoded before the model's turn (the engine)
 
@@ -133,7 +133,7 @@ class MediaStore:
         socket is refused before any read), whose descriptor's own path lies inside the media
         directory (a folder swapped for a symlink between the check and the open is a 403)."""
         from ..errors import VideoError
-        from ..video import VideoFile
+        from ..video.load import VideoFile
         from .errors import from_exception
         real = self._local(url)
         try:
@@ -224,7 +224,7 @@ class MediaStore:
         """The written upload ``tmp`` takes its content's name (the same clip sent again is the
         same file, and keeps its identity: the runtime's cache key), pinned and opened."""
         from ..errors import VideoError
-        from ..video import VideoFile
+        from ..video.load import VideoFile
         from .errors import from_exception
         if tmp.stat().st_size == 0:
             raise APIError(422, f"{label}: the video is empty (0 bytes)", "video_url")
@@ -274,7 +274,7 @@ class MediaStore:
     def _check_video(self, video: Video) -> None:
         """``open_video`` on the opened file (the runtime's own checks and messages) with the
         server's caps: the frame size, and the duration declared or counted while indexing."""
-        from ..video import open_video
+        from ..video.load import open_video
         from .errors import from_exception
         try:
             info = open_video(video.shown or video.path, file=video.file,

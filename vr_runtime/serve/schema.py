@@ -89,7 +89,7 @@ class ChatRequest(_Strict):
     num_frames: Optional[int] = None
     max_length: Optional[int] = None
     policy: Optional[str] = None
-    scales: Union[str, List[Any], None] = None    # "2,1,4" / [2, 1, 4] / "auto" (vr_runtime.scales)
+    scales: Union[str, List[Any], None] = None    # "2,1,4" / [2, 1, 4] / "auto" (vr_runtime.planning.scales)
     seek: Optional[str] = None                     # "exact" (default) or "keyframe"
     time_window: Union[List[Any], str, None] = None   # [start_s, end_s] or "START,END"
     mm_processor_kwargs: Optional[Dict[str, Any]] = None
@@ -109,7 +109,7 @@ class Settings:
     stream: bool
     include_usage: bool
     scales: Any = (2, 1, 4)      # (s_g, s_1, s_0) or "auto"
-    seek: str = "exact"          # "exact" or "keyframe" (vr_runtime.decoders.SEEKS)
+    seek: str = "exact"          # "exact" or "keyframe" (vr_runtime.video.decoders.SEEKS)
     time_window: Optional[tuple] = None   # (start_s, end_s): sample only this part
 
 
@@ -258,7 +258,7 @@ def _text(content, where: str) -> str:
 
 def to_settings(req: ChatRequest, limits: Limits, model_names) -> Settings:
     """The checked settings of one request (400/404 on anything this server cannot honour)."""
-    from ..policies import policy_names
+    from ..planning.policies import policy_names
     if req.model is not None and req.model not in model_names:
         raise APIError(404, f"the model {req.model!r} does not exist; this server serves "
                        f"{', '.join(repr(m) for m in model_names)} (GET /v1/models)", "model")
@@ -335,7 +335,7 @@ def to_settings(req: ChatRequest, limits: Limits, model_names) -> Settings:
     if scales is None:
         scales = limits.scales
     else:
-        from ..scales import ScalesError, parse_scales
+        from ..planning.scales import ScalesError, parse_scales
         try:
             scales = parse_scales(scales, where)
         except ScalesError as e:

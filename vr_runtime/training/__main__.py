@@ -174,7 +174,7 @@ def _command(argv) -> str:
 
 
 def _synth(a, argv) -> None:
-    from .synthetic import generate
+    from ..data.synthetic_videos import generate
     splits = (("train", a.train), ("heldout", a.heldout), ("footage", a.footage))
     for split, n in splits:
         if n < 0:

@@ -28,7 +28,7 @@ import shutil
 import sys
 from typing import List, Optional, Sequence, Tuple
 
-from ..atomic import fsync_path, write_atomic
+from ..data.atomic import fsync_path, write_atomic
 
 STATE = "trainer_state.json"
 PREFIX = "checkpoint-"

@@ -155,7 +155,7 @@ class TrainConfig:
         if self.plan_from not in ("routers", "labels"):
             raise ConfigError(f"plan_from: expected 'routers' or 'labels', got {self.plan_from!r}")
         if self.plan_policy != "routers":
-            from vr_runtime.policies import PLANNERS
+            from vr_runtime.planning.policies import PLANNERS
             p = PLANNERS.get(self.plan_policy)
             if p is None or p.needs_relevance or not p.budgeted:
                 ok = [n for n, q in PLANNERS.items() if q.budgeted and not q.needs_relevance]

@@ -81,7 +81,7 @@ class FeatureCache:
                 meta = (fh.metadata() or {}).get("times")
             self.unit_times[(video, T)] = json.loads(meta) if meta else None
         else:
-            from vr_runtime.video import load_video
+            from vr_runtime.video.load import load_video
             spec = self.bb.frame_spec
             # non-square frames are squeezed to size x size (InternVL's resize, no crop)
             clip = load_video(video, num_frames=T, size=spec.size[0], mean=spec.mean,

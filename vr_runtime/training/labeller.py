@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from ..eval.option_scoring import option_logprobs
-from . import synthetic as S
+from ..data import synthetic_videos as S
 from .config import ConfigError
 
 FRAGMENT_CATEGORIES = ("object_shape", "absent_color")
@@ -113,7 +113,7 @@ class LabellerConfig:
 
 def video_features(bb, spec: S.VideoSpec) -> torch.Tensor:
     """A spec rendered frame by frame -> the frozen tower's pre-projector features [T, N, C]."""
-    from vr_runtime.video import preprocess_frames
+    from vr_runtime.video.load import preprocess_frames
     fs = bb.frame_spec
     frames = np.stack([S.render_frame(spec, t) for t in range(spec.num_frames)])
     px = preprocess_frames(frames, size=fs.size[0], mean=fs.mean, std=fs.std)
@@ -165,7 +165,7 @@ def conversation_loss(bb, Z: torch.Tensor, turns, plan, route: Optional["RouteSu
     ``plan`` (``stages.answer_sequence``, exactly what ``option_logprobs`` scores), the others
     follow it as further turns of the chat template. One forward pass supervises every turn."""
     import vr_kernels
-    from vr_runtime.prompt import render_chat
+    from vr_runtime.backbones.prompt import render_chat
     from .stages import answer_sequence
     if not turns:
         raise ValueError("turns: expected at least one (question, answer)")
@@ -384,7 +384,7 @@ def train_labeller(cfg: LabellerConfig, progress: bool = True, results: Optional
     with open(os.path.join(cfg.output_dir, "metrics.json"), "w") as f:
         json.dump(result, f, indent=2)
     if results:
-        from vr_runtime.environment import environment
+        from vr_runtime.fingerprint import environment
         os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
         tmp = results + ".tmp"
         with open(tmp, "w") as f:

@@ -40,7 +40,7 @@ multiple-choice QA file that ``videorouter eval`` reads (``vr_runtime.eval.bench
 
 (b) The A/B probe (Video-QTR style), :func:`ab_probe`: each question answered with forced
     ``global`` and forced ``fragment`` (frame scores from the routers' Image Router, or fixed
-    labels through :class:`~vr_runtime.scorers.FixedRelevance`), accuracy per question
+    labels through :class:`~vr_runtime.routing.scorers.FixedRelevance`), accuracy per question
     category (the reader's ``category``: the generic JSONL's ``category`` field, Video-MME's
     ``task_type``, LongVideoBench's ``question_category``, MLVU's ``question_type``) ->
     ``{"category", "acc_global", "acc_fragment", "n"}`` lines for ``policy-labels --tau``.
@@ -254,7 +254,7 @@ def load_questions(cfg: LabelConfig):
 
 
 def load_router(cfg: LabelConfig):
-    from ..devices import resolve_device, resolve_dtype
+    from ..backbones.devices import resolve_device, resolve_dtype
     from ..runtime import VideoRouter
     dev = resolve_device(cfg.device)
     return VideoRouter.from_pretrained(cfg.model, routers=cfg.routers, device=dev,
@@ -269,7 +269,7 @@ def by_video(questions) -> Dict[str, list]:
 
 
 def load_clip(vr, path: str, frames: int):
-    from ..video import load_video
+    from ..video.load import load_video
     spec = vr.lm.frame_spec
     return load_video(path, num_frames=frames, size=spec.size[0], mean=spec.mean, std=spec.std)
 
@@ -370,7 +370,7 @@ def ab_probe(vr, questions, cfg: LabelConfig, out: str, relevance: Optional[dict
     from ..eval.benchmarks import LETTERS
     from ..eval.prompting import PromptConfig, extract_answer, mc_prompt
     from ..report import json_window
-    from ..scorers import FixedRelevance
+    from ..routing.scorers import FixedRelevance
     if scoring not in SCORINGS:
         raise LabelError(f"--scoring {scoring!r}: expected one of {', '.join(SCORINGS)}")
     pcfg = PromptConfig(answer_mode=cfg.answer_mode, style=cfg.prompt_style)
@@ -455,7 +455,7 @@ def synthetic_mc(out_dir: str, videos: int, seed: int = 0, frames: int = 16) -> 
     ``frame_labels`` (the reader ignores them; the study compares against them). Absent-color
     questions (answer ``none``, no frame relevant) are kept: no frame should be labelled."""
     import random
-    from . import synthetic as S
+    from ..data import synthetic_videos as S
     paths = S.generate(out_dir, videos, seed=seed, num_frames=frames, split="study")
     rng = random.Random(f"label-study-{seed}")
     lines = []
@@ -478,7 +478,7 @@ def label_study(cfg: LabelConfig, work: str, results: str, videos: int = 8, seed
     of necessity and the minimal set alone) with the generator's, into ``results`` (JSON with
     device, date, versions, command); the labels also go to ``work/counterfactual_relevance.jsonl``
     (Stage 1's format), next to the generator's own ``work/study_relevance.jsonl``."""
-    from ..environment import environment
+    from ..fingerprint import environment
     check_config(cfg)
     os.makedirs(work, exist_ok=True)
     mc = synthetic_mc(work, videos, seed, cfg.frames)

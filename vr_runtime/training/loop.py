@@ -142,7 +142,7 @@ def _num_frames(cfg: TrainConfig, examples: List[Example]) -> int:
 def build(cfg: TrainConfig, device=None, lm=None):
     """Model, routers (with the stage's freezing) and the Trainee."""
     from vr_runtime.backbones import load_backbone
-    from vr_runtime.routers import RouterConfig, Routers
+    from vr_runtime.routing.routers import RouterConfig, Routers
     from .stages import Trainee, apply_freezing
     if lm is None:
         lm = load_backbone(cfg.model, device=device or "cpu", dtype=torch.float32)
@@ -420,7 +420,7 @@ def _train(cfg, acc, main, resume, progress, lm, pack, cache_dir, examples, fram
 
 def _nonfinite_weights(acc, trainee) -> Optional[str]:
     """What holds NaN or inf among the trained weights (None: all finite)."""
-    from vr_runtime.weights import nonfinite
+    from vr_runtime.backbones.weights import nonfinite
     model = acc.unwrap_model(trainee)
     return nonfinite((n, p) for n, p in model.named_parameters() if p.requires_grad)
 

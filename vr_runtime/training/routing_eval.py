@@ -238,7 +238,7 @@ def _all_differ(sets) -> bool:
 
 
 def _factor_order(row: str):
-    from .synthetic import FACTORS
+    from ..data.synthetic_videos import FACTORS
     name, value = row.split("=", 1)
     names = list(FACTORS)
     vals = [str(v) for v in FACTORS.get(name, ())]
@@ -344,8 +344,8 @@ def run(model: str, routers: Optional[str], data: str, out: str, max_length: int
         budget_fraction: Optional[float] = None) -> dict:
     """Load the model, evaluate, write ``out`` (JSON with device, date, versions, command,
     issue 8's targets, issue 23's goals overall and per factor, and the markdown table)."""
-    from vr_runtime.atomic import write_atomic
-    from vr_runtime.environment import environment
+    from vr_runtime.data.atomic import write_atomic
+    from vr_runtime.fingerprint import environment
     from vr_runtime.runtime import VideoRouter
     t0 = time.time()
     vr = VideoRouter.from_pretrained(model, routers=routers)

@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from vr_runtime.policies import Windows, get_planner, plan_fitted, relevant_from_logits
+from vr_runtime.planning.policies import Windows, get_planner, plan_fitted, relevant_from_logits
 
 GROUPS = ("vision", "projector", "language", "extractor", "semantic", "image")
 
@@ -77,7 +77,7 @@ def answer_sequence(bb, question: str, answer: str, plan, times=None):
     place a training sequence is laid out, so that it is the prompt ``answer()`` and
     ``option_logprobs`` build for the same plan."""
     from vr_kernels import pooled_counts
-    from ..prompt import plan_dest
+    from ..backbones.prompt import plan_dest
     counts = pooled_counts(plan, bb.grid)
     ids, starts = bb.build_prompt(question, counts, **_times(bb, times))
     ids = ids.tolist()

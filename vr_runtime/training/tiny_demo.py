@@ -15,7 +15,7 @@ import time
 
 from .config import load_config
 from .checkpoints import write_json_atomic
-from .synthetic import generate
+from ..data.synthetic_videos import generate
 
 # Task v2 trains Stage 3b's tight budgets as a fraction of each video's dense tokens (8 to 64
 # frames) instead of tiny_stage3b's absolute train_max_length [1000, 2200], which is this same

@@ -105,7 +105,7 @@ def policy_names() -> Tuple[str, ...]:
 def get_planner(name: str) -> Planner:
     p = PLANNERS.get(name)
     if p is None:
-        from .errors import expected_one_of
+        from ..errors import expected_one_of
         raise ValueError(f"policy {name!r}: {expected_one_of(name, policy_names())}")
     return p
 

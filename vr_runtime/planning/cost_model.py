@@ -1,6 +1,6 @@
 """A cost model of VideoRouter's time to first token: per-stage FLOPs, bytes and a time floor.
 
-    from vr_runtime.cost_model import predict_ttft, DEVICES, cpu_device
+    from vr_runtime.planning.cost_model import predict_ttft, DEVICES, cpu_device
     pred = predict_ttft("vr_runtime/configs/internvl3_8b.json", visual_tokens=6000, text_tokens=180,
                         num_frames=64, device=DEVICES["h100"])
     pred["stages_s"]  # {"vision": ..., "router": ..., "compress": ..., "prefill": ...}; pred["ttft_s"]
@@ -48,7 +48,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Dict, Optional, Union
 
-from .backbones.base import CostShape
+from ..backbones.base import CostShape
 
 
 @dataclass(frozen=True)
@@ -234,7 +234,7 @@ Shape = CostShape
 def load_shape(config: Union[str, dict]) -> Shape:
     """``config``: a path to an HF ``config.json`` (or a directory holding one), or its dict;
     its ``model_type`` picks the backbone that reads it (InternVL3, Qwen2.5-VL, ...)."""
-    from .backbones import backbone_class
+    from ..backbones import backbone_class
     if isinstance(config, (str, os.PathLike)):
         path = os.path.join(config, "config.json") if os.path.isdir(config) else config
         with open(path) as f:

@@ -6,7 +6,7 @@ Peak memory comes from two places: ``torch.cuda.max_memory_allocated`` (tensors 
 and NVML's used memory of the device (includes the CUDA context, the caching allocator's
 reserve and other processes), sampled at the end of each stage. Both are guarded, so CPU runs
 report ``None`` for them; on CPU a timer made with ``resident=True`` (one per request) instead
-resets the process's resident high-water mark and reports it (``vr_runtime.memory``).
+resets the process's resident high-water mark and reports it (``vr_runtime.telemetry.memory``).
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class _NVML:
             from .nvml import nvml_handle
             idx = device.index if device.index is not None else torch.cuda.current_device()
             # NVML numbers devices physically: matched by UUID, so CUDA_VISIBLE_DEVICES given
-            # as indices, UUIDs or MIG instances reads the GPU torch uses (vr_runtime/nvml.py)
+            # as indices, UUIDs or MIG instances reads the GPU torch uses (vr_runtime/telemetry/nvml.py)
             self.handle = nvml_handle(pynvml, idx)
             self._pynvml = pynvml
         except Exception:  # no driver library, MIG without permission, no match: report None
@@ -49,7 +49,7 @@ class _NVML:
 
 
 # Callables ``fn(stage, started)`` told when any timer's stage starts and ends: how a terminal
-# shows which stage is running (vr_runtime.progress). Empty unless something listens.
+# shows which stage is running (vr_runtime.telemetry.progress). Empty unless something listens.
 _listeners: list = []
 
 

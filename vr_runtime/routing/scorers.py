@@ -29,7 +29,7 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tupl
 
 import torch
 
-from .policies import Windows, relevant_from_probs, topk_of, topk_relevant
+from ..planning.policies import Windows, relevant_from_probs, topk_of, topk_relevant
 
 
 @dataclass
@@ -63,7 +63,7 @@ class ScoringInput:
     budget: int                          # visual budget (for rank-based scorers)
     windows: Windows
     video_state: Optional[Dict[str, Any]] = None  # per-video cache (cache_visual), or None
-    routers: Any = None                  # vr_runtime.routers.Routers (Semantic + Image Router)
+    routers: Any = None                  # vr_runtime.routing.routers.Routers (Semantic + Image Router)
     grid: Tuple[int, int] = (16, 16)     # the backbone's patch grid of one frame
     frame_spec: Any = None               # the backbone's FrameSpec (size, mean, std)
     embed: Optional[Callable[[str], torch.Tensor]] = None   # text -> Emb(text) [L, D]
@@ -194,7 +194,7 @@ class CLIPScorer(FrameScorer):
         """A cheap check of a CLIP/SigLIP directory (its config.json) -> its model_type;
         ``ModelFilesError`` naming ``flag`` otherwise. Nothing is loaded."""
         import json
-        from .errors import ModelFilesError
+        from ..errors import ModelFilesError
         p = pathlib.Path(path)
         if not (p / "config.json").is_file():
             raise ModelFilesError(f"{flag} {str(path)!r}: not a CLIP/SigLIP directory "
@@ -215,7 +215,7 @@ class CLIPScorer(FrameScorer):
         downloaded. Image size and mean/std come from its preprocessor config when present."""
         import json
         from transformers import AutoModel, AutoTokenizer
-        from .errors import ModelFilesError
+        from ..errors import ModelFilesError
         p = pathlib.Path(path)
         mtype = cls.check_dir(path, flag)
         try:
@@ -333,7 +333,7 @@ def scorer_names() -> List[str]:
 def get_scorer(name: str) -> ScorerEntry:
     entry = SCORERS.get(name)
     if entry is None:
-        from .errors import expected_one_of
+        from ..errors import expected_one_of
         raise ValueError(f"--scorer {name!r}: {expected_one_of(name, SCORERS)}")
     return entry
 

@@ -43,7 +43,7 @@ CHAT_TEMPLATE = (
 def _tokenizer_json() -> str:
     path = ASSETS / "tokenizer.json"
     if not path.is_file():
-        from .errors import ModelFilesError
+        from ..errors import ModelFilesError
         raise ModelFilesError(f"tiny preset: {path} is missing; run scripts/make_tiny_assets.py")
     return str(path)
 
@@ -102,7 +102,7 @@ def init_weights_(model: torch.nn.Module, seed: int = 0, std: float = 0.02) -> t
 def load_safetensors_into(model: torch.nn.Module, path) -> None:
     """Strict load of a safetensors state dict (never pickle); a clear error on mismatch."""
     from safetensors.torch import load_file
-    from .errors import ModelFilesError
+    from ..errors import ModelFilesError
     from .weights import copy_state_strict
     state = load_file(str(path), device=str(next(model.parameters()).device))
     misfit = copy_state_strict(model, state)

@@ -1,7 +1,7 @@
 """Latency-budgeted routing (beyond the paper): ``answer(..., ttft_budget_s=...)`` picks the
 largest visual budget whose *predicted* TTFT on this device fits the target.
 
-The prediction is :mod:`vr_runtime.cost_model` (per-stage FLOPs and bytes on a device spec:
+The prediction is :mod:`vr_runtime.planning.cost_model` (per-stage FLOPs and bytes on a device spec:
 H100 / H200 nominal, or this CPU calibrated by ``cost_model.cpu_device``), corrected per stage
 by what this process has measured: the ratio measured / predicted of each stage is kept (the
 last ``window`` of them) and a prediction is scaled by their maximum. The raw model is a floor
@@ -42,7 +42,7 @@ class LatencyModel:
 
     @classmethod
     def for_backbone(cls, bb, device_spec: Optional[DeviceSpec] = None) -> "LatencyModel":
-        from .errors import DeviceError
+        from ..errors import DeviceError
         bb = bb.lm if hasattr(bb, "lm") else bb
         shape = type(bb).cost_shape(bb.model.config.to_dict())   # first: a clear refusal
         if device_spec is None:

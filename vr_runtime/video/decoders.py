@@ -45,7 +45,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .errors import VideoError
+from ..errors import VideoError
 
 __all__ = ["VideoIndex", "probe", "decode_frames", "DECODERS", "available_decoders",
            "scaled_size", "resolve_decoder", "Limits", "limits", "set_limits", "cancel_scope",
@@ -153,7 +153,7 @@ class VideoIndex:
     truncated: bool = False        # demuxing stopped on a read error before the end
     bits: int = 8                  # bits per sample of the source (10 for 10-bit HDR etc.)
     source: Optional[str] = None   # what the decoders open (/proc/self/fd/N of the opened file)
-    handle: object = None          # keeps that file open (vr_runtime.video.VideoFile)
+    handle: object = None          # keeps that file open (vr_runtime.video.load.VideoFile)
 
     @property
     def open_path(self) -> str:

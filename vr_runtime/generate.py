@@ -178,7 +178,7 @@ class GreedyDecoder:
 
     def _generate(self, embeds, max_new_tokens, position_ids, stop_ids, timer, on_token=None,
                   lengths=None, prefix=None):
-        from .timing import StageTimer
+        from .telemetry.timing import StageTimer
         lm = self.lm
         packed = lengths is not None
         B = int(embeds.shape[0]) if packed else len(embeds)

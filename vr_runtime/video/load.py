@@ -1,4 +1,4 @@
-"""Video input (docs/CONTRACT.md section 3): decoding through :mod:`vr_runtime.decoders` (decord or PyAV,
+"""Video input (docs/CONTRACT.md section 3): decoding through :mod:`vr_runtime.video.decoders` (decord or PyAV,
 chosen per file), InternVL's frame sampling, 448x448 ImageNet preprocessing, a memory check
 before anything large is allocated, and a background prefetch so decoding overlaps model
 loading.
@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from . import decoders as D
-from .errors import VideoError
+from ..errors import VideoError
 
 __all__ = ["VideoClip", "VideoFile", "load_video", "sample_indices", "sample_window",
            "prefetch_video", "open_video", "preprocess_frames", "estimate_memory", "available_memory",
@@ -72,7 +72,7 @@ class VideoClip:
     # (real path, file identity, num_frames, time_window, decoder, seek): the runtime's visual
     # cache keys a clip by the file it came from, as it keys that file's path
     source_key: Optional[tuple] = None
-    seek: str = "exact"                 # "exact" or "keyframe" (vr_runtime.decoders.SEEKS)
+    seek: str = "exact"                 # "exact" or "keyframe" (vr_runtime.video.decoders.SEEKS)
     decode_workers: int = 1             # parallel decoders used
 
     @property
@@ -421,11 +421,11 @@ class VideoFile:
 
 def open_video(path, file: Optional[VideoFile] = None,
                limits: Optional["D.Limits"] = None) -> "D.VideoIndex":
-    """Validate ``path`` and index it: returns the :class:`vr_runtime.decoders.VideoIndex`
+    """Validate ``path`` and index it: returns the :class:`vr_runtime.video.decoders.VideoIndex`
     (codec, size, rotation, every frame's timestamp), which holds the file open
     (:class:`VideoFile`; ``file``: one already opened). Raises ``VideoError`` for a missing,
     empty, corrupt or non-video file, a pipe, device or socket, an undecodable codec, a frame
-    over the pixel cap and for zero frames (``limits``: :class:`vr_runtime.decoders.Limits`,
+    over the pixel cap and for zero frames (``limits``: :class:`vr_runtime.video.decoders.Limits`,
     default the process's)."""
     path = os.fspath(path)
     f = file if file is not None else VideoFile(path)
@@ -593,7 +593,7 @@ def load_video(path, num_frames: int = 64, time_window: Optional[Tuple[float, fl
     machine has free, see :func:`available_memory`); a request that cannot fit raises
     ``VideoError`` before decoding. ``should_stop()``: asked between packets and frames; a
     reason (a string) stops the decode with a ``VideoError`` (a deadline). ``limits``:
-    :class:`vr_runtime.decoders.Limits` (default the process's: ``--max-frame-pixels``).
+    :class:`vr_runtime.video.decoders.Limits` (default the process's: ``--max-frame-pixels``).
 
     ``seek``: "exact" (the sampled frames themselves, the paper's setting) or "keyframe" (the
     keyframe nearest each sampled time, one decoded frame a sample; at most half a GOP away,

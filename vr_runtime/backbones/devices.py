@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .errors import DeviceError
+from ..errors import DeviceError
 
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
            "float16": torch.float16, "half": torch.float16, "fp32": torch.float32,

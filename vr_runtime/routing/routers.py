@@ -27,10 +27,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .backbones.base import cache_kwargs, deepstack_kwargs, output_cache
-from .errors import RouterWeightsError
-from .policies import DEFAULT_THRESHOLD
-from .weights import copy_state_strict, nonfinite
+from ..backbones.base import cache_kwargs, deepstack_kwargs, output_cache
+from ..errors import RouterWeightsError
+from ..planning.policies import DEFAULT_THRESHOLD
+from ..backbones.weights import copy_state_strict, nonfinite
 
 FORMAT = "videorouter-routers-v1"
 
@@ -121,7 +121,7 @@ class ShadowStack(nn.Module):
         attn = getattr(text_config, "_attn_implementation", None)
         if attn:
             kw["attn_implementation"] = attn
-        from .backbones.base import no_init_weights
+        from ..backbones.base import no_init_weights
         dev, dt = torch.device("cpu"), torch.float32
         if source is not None:  # build on the source's device in its dtype (4 8B layers: ~2 GB)
             p = next(source.parameters())

@@ -38,7 +38,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from .data import write_jsonl
+from ..training.data import write_jsonl
 
 COLORS: Dict[str, tuple] = {
     "red": (230, 25, 25), "green": (25, 200, 40), "blue": (30, 60, 235),
@@ -167,7 +167,7 @@ class VideoSpec:
     def sampled_indices(self) -> List[int]:
         """The source frames the runtime decodes for ``frames_sampled`` frames: the runtime's
         own sampling function (InternVL's segment middles), so labels index what it sees."""
-        from vr_runtime.video import sample_indices
+        from vr_runtime.video.load import sample_indices
         return sample_indices(self.num_frames, self.frames_sampled, self.fps)
 
     def colors(self) -> List[str]:

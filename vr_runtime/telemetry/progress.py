@@ -1,7 +1,7 @@
 """A one-line status on a terminal for the stages of an answer that take more than about a
 second (vision, router, compress, prefill, generate): the stage's name and its elapsed time,
 redrawn in place on stderr and erased when the answer is done. Decoding has its own bar
-(vr_runtime.video), so it is not shown here.
+(vr_runtime.video.load), so it is not shown here.
 
 Used by ``videorouter ask``/``demo`` on a terminal only: never with ``--json``,
 ``--no-progress`` or a stderr that is not a tty, so captured output stays clean.

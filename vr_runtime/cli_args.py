@@ -13,7 +13,7 @@ import pathlib
 import sys
 import warnings
 
-from .scales import SCALES_HELP  # noqa: F401  (re-exported for the commands' --help; stdlib only)
+from .planning.scales import SCALES_HELP  # noqa: F401  (re-exported for the commands' --help; stdlib only)
 
 PROG = "videorouter"
 EXIT_USAGE = 2     # the user's input is wrong (docs/CONTRACT.md section 4)
@@ -84,8 +84,8 @@ def arg_type(convert, ok, what: str, name: str = ""):
 
 
 def scales_arg(text):
-    """``--scales``: checked at parse time, one line for a bad value (vr_runtime.scales)."""
-    from .scales import parse_scales
+    """``--scales``: checked at parse time, one line for a bad value (vr_runtime.planning.scales)."""
+    from .planning.scales import parse_scales
     try:
         return parse_scales(text)
     except ValueError as e:
@@ -97,7 +97,7 @@ scales_arg.__name__ = "--scales"
 
 def add_scorer_args(p) -> None:
     """``--scorer NAME`` and ``--scorer-model DIR`` (ask, serve, eval): which registered frame
-    scorer the relevance policies use (vr_runtime.scorers.register_scorer)."""
+    scorer the relevance policies use (vr_runtime.routing.scorers.register_scorer)."""
     p.add_argument("--scorer", default="image-router", metavar="NAME",
                    help="frame scorer of the relevance policies (fragment, auto's Fragment): "
                         "image-router (the paper's Image Router), clip (CLIP relevance pooling, "
@@ -110,7 +110,7 @@ def add_scorer_args(p) -> None:
 def check_scorer_args(args) -> None:
     """``--scorer``/``--scorer-model``, checked before any model loads (one line each)."""
     from .errors import ModelFilesError
-    from .scorers import check_scorer
+    from .routing.scorers import check_scorer
     try:
         check_scorer(args.scorer, getattr(args, "scorer_model", None))
     except ModelFilesError:
@@ -130,7 +130,7 @@ def check_inputs(args) -> None:
         parent = plot.parent if str(plot.parent) else pathlib.Path(".")
         if not parent.is_dir():
             raise UsageError(f"--plot {args.plot!r}: directory {str(parent)!r} does not exist")
-    from .policies import policy_names
+    from .planning.policies import policy_names
     if args.policy not in policy_names():
         from .errors import expected_one_of
         raise UsageError(f"--policy {args.policy!r}: "
@@ -152,7 +152,7 @@ def check_inputs(args) -> None:
 def device_dtype(args):
     """Resolve --device/--dtype now: asking for CUDA on a machine without it fails fast."""
     import torch
-    from .devices import resolve_device, resolve_dtype
+    from .backbones.devices import resolve_device, resolve_dtype
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dev = resolve_device(device)
     dtype = resolve_dtype(args.dtype, dev)
