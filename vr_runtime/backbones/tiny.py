@@ -19,7 +19,7 @@ from typing import Dict
 
 import torch
 
-ASSETS = pathlib.Path(__file__).resolve().parent / "assets" / "tiny"
+ASSETS = pathlib.Path(__file__).resolve().parents[1] / "assets" / "tiny"
 
 # Order fixes the ids 0..5 in the trained BPE vocabulary.
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<img>", "</img>", "<IMG_CONTEXT>")
