@@ -23,7 +23,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def run_train_tiny():
-    """``run(folder, *args)``: scripts/train_tiny.sh with a fake ``python`` first on PATH that
+    """``run(folder, *args)``: scripts/tiny/train_tiny.sh with a fake ``python`` first on PATH that
     records its arguments instead of training -> (CompletedProcess, [argv of each python
     call]). ``folder`` holds the fake and its log."""
     import json
@@ -31,7 +31,7 @@ def run_train_tiny():
     import subprocess
     import sys
 
-    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "train_tiny.sh"
+    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "tiny" / "train_tiny.sh"
 
     def run(folder, *args):
         bindir = folder / "bin"

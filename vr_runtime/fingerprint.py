@@ -2,7 +2,7 @@
 
 ``videorouter eval`` resumes a run from the predictions already in its ``--out``. The model's
 *name* does not say whether its weights are the ones those predictions were made with: the
-``tiny`` preset's shipped weights change when ``scripts/train_tiny.sh --install`` retrains
+``tiny`` preset's shipped weights change when ``scripts/tiny/train_tiny.sh --install`` retrains
 them, and a local directory can be overwritten in place. The fingerprint does: it hashes, for
 each weight file, its name, its size and its first, middle and last 4 MiB (the whole file when
 it is smaller than 12 MiB). Retraining changes every tensor, so it changes the fingerprint;

@@ -1,7 +1,7 @@
 """Docs that match the code (issue 24, item 4): the contract lives in the repository
 (docs/CONTRACT.md) and nothing points outside it; links between the markdown files resolve;
 the training README opens with a quick start whose commands name real configs and keys; and
-scripts/train_tiny.sh touches the shipped weights and bench/results only with --install."""
+scripts/tiny/train_tiny.sh touches the shipped weights and bench/results only with --install."""
 import pathlib
 import re
 import subprocess

@@ -1,4 +1,4 @@
-"""The shipped tiny weights (trained by scripts/train_tiny.sh) route the bundled demo clip by the
+"""The shipped tiny weights (trained by scripts/tiny/train_tiny.sh) route the bundled demo clip by the
 question: "red" keeps the red circle's frames (5-7), "blue" the blue square's (11-12), the colors
 that are not in the clip (magenta, cyan) mark no frame, the Global question is routed Global, and
 both shapes are answered right."""
@@ -11,7 +11,7 @@ import torch
 ASSETS = pathlib.Path(__file__).resolve().parents[2] / "vr_runtime" / "assets" / "tiny"
 pytestmark = pytest.mark.skipif(not (ASSETS / "routers.safetensors").is_file()
                                 or not (ASSETS / "model.safetensors").is_file(),
-                                reason="tiny weights not trained yet (scripts/train_tiny.sh)")
+                                reason="tiny weights not trained yet (scripts/tiny/train_tiny.sh)")
 
 
 @torch.no_grad()

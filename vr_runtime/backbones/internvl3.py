@@ -157,7 +157,7 @@ class InternVL3Backbone(Backbone):
         from .tiny import ASSETS
         path = ASSETS / "config.json"
         if not path.is_file():
-            raise ModelFilesError(f"tiny preset: {path} is missing; run scripts/make_tiny_assets.py")
+            raise ModelFilesError(f"tiny preset: {path} is missing; run scripts/tiny/make_tiny_assets.py")
         return json.loads(path.read_text())
 
     @classmethod
@@ -216,7 +216,7 @@ class InternVL3Backbone(Backbone):
 
 
 def tiny_config_dict(vocab_size: int, special_ids: Dict[str, int]) -> dict:
-    """The InternVLConfig (HF config.json layout) of the ``tiny`` preset (scripts/make_tiny_assets.py)."""
+    """The InternVLConfig (HF config.json layout) of the ``tiny`` preset (scripts/tiny/make_tiny_assets.py)."""
     return {
         "model_type": "internvl",
         "architectures": ["InternVLForConditionalGeneration"],

@@ -1,7 +1,7 @@
 """Assets shared by the tiny presets (``tiny``: InternVL3 architecture, built in
 ``backbones/internvl3.py``; ``tiny-qwen2.5-vl``: ``backbones/qwen2_5_vl.py``) and by the
 random-weight shape presets: the local byte-level BPE tokenizer (built with ``tokenizers`` by
-``scripts/make_tiny_assets.py``, shipped in ``assets/tiny/``), its ChatML template, the
+``scripts/tiny/make_tiny_assets.py``, shipped in ``assets/tiny/``), its ChatML template, the
 deterministic weight fill (:func:`init_weights_`, independent of transformers' initialisers)
 and the strict safetensors loader for shipped weights.
 
@@ -44,7 +44,7 @@ def _tokenizer_json() -> str:
     path = ASSETS / "tokenizer.json"
     if not path.is_file():
         from ..errors import ModelFilesError
-        raise ModelFilesError(f"tiny preset: {path} is missing; run scripts/make_tiny_assets.py")
+        raise ModelFilesError(f"tiny preset: {path} is missing; run scripts/tiny/make_tiny_assets.py")
     return str(path)
 
 

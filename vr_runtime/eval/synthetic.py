@@ -75,7 +75,7 @@ def make_synthetic(out_dir, videos_per_split: int = 4, seed: int = 0) -> Dict[st
             "num_videos": num_videos}
 
 
-# The quick path's settings for the tiny model, as in scripts/eval_tiny.sh: 16 frames (its
+# The quick path's settings for the tiny model, as in scripts/tiny/eval_tiny.sh: 16 frames (its
 # training length), two budgets, and the tiny model's answer format -- it answers with the
 # option's text ("circle"), not a letter, and was trained on the bare question (the defaults,
 # lmms-eval's lettered prompt and letter parsing, would score every answer as unanswered).

@@ -26,7 +26,7 @@ with its own plan. The first turn is the runtime's own prompt for the plan
 Routing (``route_weight``, :class:`RouteSupervision`): plain fine-tuning on these plans learned
 to answer from up to about four full-resolution frames and then said ``none`` to every shape
 question at the reference (16 frames, 4,096 visual tokens; training README). Attention maps of
-the shipped model show why (``scripts/attention_probe_tiny.py``): among all 16 frames its color
+the shipped model show why (``scripts/studies/attention_probe_tiny.py``): among all 16 frames its color
 words already attend to their color's object (layer 0, about half of two heads' weight on the
 object's cells, a few percent of the rows), but its answer row reads the frames directly and
 never the color word, which only works when the plan highlights the evidence by resolution. So

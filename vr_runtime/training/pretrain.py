@@ -28,7 +28,7 @@ measured no better than chance on the two-target task. Frames are pooled with a 
 tier) so the binding holds at every scale the runtime feeds. Trained: LLM and LM head.
 
 Options measured while looking for shape recognition, all off in the shipped config
-(``scripts/stage0_variant.py``, ``bench/results/stage0_variants.json``): ``shape_query_prob``
+(``scripts/studies/stage0_variant.py``, ``bench/results/stage0_variants.json``): ``shape_query_prob``
 (``shape``-mode captions, "which color is the circle"), ``shape_weight`` (up-weight shape
 answers) and ``train_vision`` (train the tower on fresh frames at ``vision_learning_rate``; no
 phase A then).

@@ -17,7 +17,7 @@ Questions: "What shape is the red object?" (Fragment: evidence frames 5-7; answe
 Frames are drawn with numpy from a fixed seed and x264 is deterministic, so rerunning the script
 with the same libx264 build gives the same bytes; the file is a few kB.
 
-    python scripts/make_sample_video.py [--out vr_runtime/assets/sample.mp4]
+    python scripts/tiny/make_sample_video.py [--out vr_runtime/assets/sample.mp4]
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import argparse
 import pathlib
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from vr_runtime.data.synthetic_videos import DEMO_QUESTIONS, demo_spec, make_video  # noqa: E402

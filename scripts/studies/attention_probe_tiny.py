@@ -3,7 +3,7 @@ the queried target's tokens, from the question's color word and from the row tha
 answer, and (answer row) on the color word itself. Rendered synthetic videos, every frame at full
 resolution (rule (a)'s reference) and, for comparison, only the target's frames kept.
 
-    python scripts/attention_probe_tiny.py [--models tiny runs/tiny/labeller/hf] [--videos 8] \
+    python scripts/studies/attention_probe_tiny.py [--models tiny runs/tiny/labeller/hf] [--videos 8] \
         [--out bench/results/labeller_attention_probe.json]
 
 This is the measurement behind ``vr_runtime/training/labeller.py``'s route supervision (training

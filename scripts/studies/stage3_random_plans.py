@@ -1,10 +1,10 @@
 """Stages 3 and 3b of the tiny run again, with ``random_plan_prob`` (measured, not shipped).
 
-    python scripts/stage3_random_plans.py --work runs/tiny_rp --freeze-projector
-    python scripts/stage3_random_plans.py --work runs/tiny_random      # projector trainable
+    python scripts/studies/stage3_random_plans.py --work runs/tiny_rp --freeze-projector
+    python scripts/studies/stage3_random_plans.py --work runs/tiny_random      # projector trainable
 
 Trains ``tiny_stage3`` then ``tiny_stage3b`` with ``random_plan_prob`` (default 0.25) from the
-Stage 0 model and Stage 2 routers of a finished ``scripts/train_tiny.sh`` run (``--tiny``,
+Stage 0 model and Stage 2 routers of a finished ``scripts/tiny/train_tiny.sh`` run (``--tiny``,
 default runs/tiny) into ``WORK/stage3`` and ``WORK/stage3b``; ``--freeze-projector`` also sets
 ``freeze_mlp``. Evaluate the result as the training README does::
 
@@ -35,7 +35,7 @@ def main(argv=None):
     data = os.path.join(args.tiny, "data")
     for path in (base, prev, data):
         if not os.path.exists(path):
-            sys.exit(f"{path}: not found; run scripts/train_tiny.sh first")
+            sys.exit(f"{path}: not found; run scripts/tiny/train_tiny.sh first")
     from vr_runtime.training.config import ConfigError, load_config
     from vr_runtime.training.loop import train
     try:   # every argument before any training

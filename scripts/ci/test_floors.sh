@@ -5,12 +5,12 @@
 # own, installs the project into it, and runs the backbone-equivalence and runtime tests there.
 # The interpreter that runs this script is never touched: everything goes into the venv.
 #
-#   bash scripts/test_floors.sh            # venv in ${TMPDIR:-/tmp}/videorouter-floors (kept, reused)
-#   VR_FLOORS_VENV=/some/dir bash scripts/test_floors.sh
+#   bash scripts/ci/test_floors.sh            # venv in ${TMPDIR:-/tmp}/videorouter-floors (kept, reused)
+#   VR_FLOORS_VENV=/some/dir bash scripts/ci/test_floors.sh
 #
 # .ci/run runs it after the main test command. Raise a floor here and in pyproject.toml together.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # The floors (pyproject.toml's lower bounds). huggingface_hub is transformers' own requirement
@@ -37,7 +37,7 @@ TESTS=(
 VENV="${VR_FLOORS_VENV:-${TMPDIR:-/tmp}/videorouter-floors}"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PY="$VENV/bin/python"
-# The CPU torch first (as scripts/setup_tests.sh does), so nothing later pulls a CUDA build.
+# The CPU torch first (as scripts/ci/setup_tests.sh does), so nothing later pulls a CUDA build.
 "$PY" -m pip install -q torch==2.13.0
 # The floors, and every other package at its version in the test lock (requirements/
 # test-lock.txt), so that this leg, like the main one, moves only when the lock does.

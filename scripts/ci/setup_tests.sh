@@ -11,11 +11,11 @@
 #     extra brings the packages its import path needs;
 #   * the project with its test, serving, Ray, evaluation and lmms extras.
 # Every package but torch is held at requirements/test-lock.txt (pip constraints), so an upstream
-# release changes nothing here until scripts/lock.sh is rerun. pip's own output goes to a log
+# release changes nothing here until scripts/ci/lock.sh is rerun. pip's own output goes to a log
 # file; this prints a line a step, and the log's tail when a step fails.
 # README.md's test command runs this, then pytest; .ci/run runs that same command.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 LOCK=requirements/test-lock.txt
 LOG="${TMPDIR:-/tmp}/videorouter-setup-tests.log"

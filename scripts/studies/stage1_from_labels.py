@@ -1,12 +1,12 @@
 """Issue 8, item 5: Stage 1 trained from the counterfactual labels of rule (a) instead of the
 generator's, on the same videos, both evaluated on the generator's held-out labels.
 
-    python scripts/stage1_from_labels.py [--study runs/label_study] [--tiny runs/tiny_v2]
+    python scripts/studies/stage1_from_labels.py [--study runs/label_study] [--tiny runs/tiny_v2]
 
 Reads ``STUDY/counterfactual_relevance.jsonl`` ((a)'s labels, written by ``python -m
 vr_runtime.training label-study``) and ``STUDY/study_relevance.jsonl`` (the generator's labels
 of the same synthetic videos, absent-color questions included), trains ``tiny_stage1`` on each
-from Stage 0's model (``TINY/stage0/hf``, as ``scripts/train_tiny.sh`` does), evaluates both on
+from Stage 0's model (``TINY/stage0/hf``, as ``scripts/tiny/train_tiny.sh`` does), evaluates both on
 every question of ``TINY/data/heldout_relevance.jsonl`` and writes
 ``bench/results/stage1_from_labels.json`` (device, date, versions, command, both metrics).
 """
@@ -33,7 +33,7 @@ def main(argv=None):
     for path in (*sources.values(), model, heldout):
         if not os.path.exists(path):
             sys.exit(f"{path}: not found; run `python -m vr_runtime.training label-study --work "
-                     f"{args.study}` and scripts/train_tiny.sh first")
+                     f"{args.study}` and scripts/tiny/train_tiny.sh first")
     from vr_runtime.fingerprint import environment
     from vr_runtime.training.config import load_config
     from vr_runtime.training.loop import train

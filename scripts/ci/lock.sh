@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # Regenerates requirements/test-lock.txt: the exact version of every package that the test
-# command (scripts/setup_tests.sh) installs beside the pinned CPU torch, resolved for every
+# command (scripts/ci/setup_tests.sh) installs beside the pinned CPU torch, resolved for every
 # Python the project supports (3.10+) and every platform, with uv's universal resolver.
 #
-#   bash scripts/lock.sh          # then run the tests, and commit the lock with what it fixed
+#   bash scripts/ci/lock.sh          # then run the tests, and commit the lock with what it fixed
 #
 # setup_tests.sh installs with the lock as a pip constraints file (-c), so a new upstream release
 # reaches the test environment only through this command. To see which newest releases break the
-# suite before locking them in, run scripts/check_drift.sh.
+# suite before locking them in, run scripts/ci/check_drift.sh.
 #
 # Versions only, no hashes: pip's hash-checking mode refuses editable installs (the test command
 # installs the project with -e) and would need a hash for torch, whose CPU wheel comes from
 # another index than PyPI's CUDA one.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 UV="$(command -v uv || true)"
@@ -35,8 +35,8 @@ echo "torch==2.13.0" > "$TORCH_PIN"   # the same pin as setup_tests.sh
     --config-file requirements/uv.toml -c "$TORCH_PIN" \
     --no-header --quiet -o requirements/test-lock.txt.new
 {
-    echo "# The test environment's lock: pip constraints for scripts/setup_tests.sh."
-    echo "# Made by scripts/lock.sh ($("$UV" --version)) on $(date -u +%Y-%m-%d); do not edit by hand."
+    echo "# The test environment's lock: pip constraints for scripts/ci/setup_tests.sh."
+    echo "# Made by scripts/ci/lock.sh ($("$UV" --version)) on $(date -u +%Y-%m-%d); do not edit by hand."
     echo "#"
     echo "# lmms-eval goes in without its requirements (setup_tests.sh says why); the lmms extra"
     echo "# brings those its import path needs, locked below."

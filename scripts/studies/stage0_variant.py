@@ -1,6 +1,6 @@
 """Run one Stage 0 variant (tiny-only) and record its held-out metrics.
 
-    python scripts/stage0_variant.py NAME '{"shape_query_prob": 0.5, "steps": 400}'
+    python scripts/studies/stage0_variant.py NAME '{"shape_query_prob": 0.5, "steps": 400}'
 
 trains ``tiny_stage0`` with the given overrides into ``runs/stage0_variants/NAME`` and writes
 its metrics, config, environment and command under NAME in
@@ -21,7 +21,7 @@ RESULTS = "bench/results/stage0_variants.json"
 
 def main(argv):
     if len(argv) not in (1, 2):
-        sys.exit("usage: python scripts/stage0_variant.py NAME ['{\"key\": value, ...}']")
+        sys.exit("usage: python scripts/studies/stage0_variant.py NAME ['{\"key\": value, ...}']")
     name = argv[0]
     try:
         overrides = json.loads(argv[1]) if len(argv) == 2 else {}
@@ -35,7 +35,7 @@ def main(argv):
     except ConfigError as e:
         sys.exit(f"overrides: {e}")
     res = pretrain(cfg)
-    entry = dict(environment(), command="python scripts/stage0_variant.py " + " ".join(
+    entry = dict(environment(), command="python scripts/studies/stage0_variant.py " + " ".join(
         [name] + [f"'{a}'" for a in argv[1:]]), overrides=overrides, **res)
     table = {}
     if os.path.isfile(RESULTS):

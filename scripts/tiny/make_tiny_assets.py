@@ -8,7 +8,7 @@ so it is built locally and is the same on every machine that runs this script wi
 so that they can be rebuilt and reviewed. Weights are not written here: ``vr_runtime.backbones.tiny``
 initialises them from a fixed seed unless trained ``model.safetensors`` is present.
 
-    python scripts/make_tiny_assets.py [--out vr_runtime/assets/tiny]
+    python scripts/tiny/make_tiny_assets.py [--out vr_runtime/assets/tiny]
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import sys
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from vr_runtime.backbones.internvl3 import tiny_config_dict  # noqa: E402

@@ -4,9 +4,9 @@
 # lmms-eval at 0.7.3, which the project pins on purpose) into a scratch virtual environment,
 # runs the CPU suite there, and names the packages whose newest release breaks it.
 #
-#   bash scripts/check_drift.sh              # venv in ${TMPDIR:-/tmp}/videorouter-drift (made anew)
-#   VR_DRIFT_VENV=/some/dir bash scripts/check_drift.sh
-#   bash scripts/check_drift.sh -- tests/eval   # pytest arguments after --: a part of the suite
+#   bash scripts/ci/check_drift.sh              # venv in ${TMPDIR:-/tmp}/videorouter-drift (made anew)
+#   VR_DRIFT_VENV=/some/dir bash scripts/ci/check_drift.sh
+#   bash scripts/ci/check_drift.sh -- tests/eval   # pytest arguments after --: a part of the suite
 #
 # How a package is named: every package whose newest version differs from
 # requirements/test-lock.txt is a suspect. When the suite fails, each suspect in turn is put
@@ -14,7 +14,7 @@
 # makes them pass is named. The verdict is the last lines printed, and drift-report.txt in the
 # venv. Not run by CI (it depends on what was released today); run it before moving the lock.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 ROOT="$PWD"
 LOCK="$ROOT/requirements/test-lock.txt"

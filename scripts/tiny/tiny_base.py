@@ -2,7 +2,7 @@
 before any fine-tuning (the vision tower stays this fill through every stage) -- as a Hugging
 Face directory, the starting point of the Data FT control (tiny_data_ft.json).
 
-    python scripts/tiny_base.py runs/tiny/base/hf
+    python scripts/tiny/tiny_base.py runs/tiny/base/hf
 """
 import json
 import sys

@@ -7,12 +7,12 @@
 #      plumbing, not CLIP's relevance)
 #   3. the benchmark and the evaluation (resumable: rerun to continue)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 W=${WORK:-runs/tiny}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 [ -f "$W/data/train_conversations.jsonl" ] || \
     python -m vr_runtime.training synth --out "$W/data" --train 160 --heldout 40
-[ -f "$W/base/hf/config.json" ] || python scripts/tiny_base.py "$W/base/hf"
+[ -f "$W/base/hf/config.json" ] || python scripts/tiny/tiny_base.py "$W/base/hf"
 [ -f "$W/data_ft/hf/config.json" ] || \
     python -m vr_runtime.training stage --config tiny_data_ft --no-progress \
         --set model="$W/base/hf" output_dir="$W/data_ft" \

@@ -5,7 +5,7 @@
 # to write and encode, about 9 minutes; Stage 0 9; Stages 1-3b 31; the evaluations 5; the wall
 # times are in training_metrics.json); task v1 about 20.
 #
-#   scripts/train_tiny.sh [--task v2|v1] [WORK_DIR]   (default v2, runs/tiny_v2; v1: runs/tiny)
+#   scripts/tiny/train_tiny.sh [--task v2|v1] [WORK_DIR]   (default v2, runs/tiny_v2; v1: runs/tiny)
 #       v2: issue 23's wider task (aspect ratios, lossy codecs and noise, moving targets,
 #       1-3 targets, 8-64 of 16-256 frames, look-alike distractors): 960 training videos with
 #       every factor random, a held-out split of 85 that varies one factor at a time.
@@ -15,7 +15,7 @@
 #       (WORK_DIR/stage3b/{model,routers}.safetensors) and the curves and metrics
 #       (WORK_DIR/results/training_curves.png, training_metrics.json). Nothing in the checkout
 #       changes.
-#   scripts/train_tiny.sh --install [WORK_DIR]
+#   scripts/tiny/train_tiny.sh --install [WORK_DIR]
 #       the same, then replace the shipped weights (vr_runtime/assets/tiny/{model,routers}
 #       .safetensors) and the committed results (bench/results/training_curves.png,
 #       training_metrics.json), and measure the held-out routing metrics of the new shipped
@@ -23,7 +23,7 @@
 #       bench/results/routing_heldout_v2.json, per factor; routing_footage_v2.json on 20 videos
 #       of the combined "footage" setting; routing_heldout.json on task v1's held-out split).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 INSTALL=0
 WORK=""
 TASK=v2
