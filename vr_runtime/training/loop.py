@@ -241,181 +241,255 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, progress: bool = True,
 
 def _train(cfg, acc, main, resume, progress, lm, pack, cache_dir, examples, frames, heldout,
            trackers) -> dict:
-    from transformers import get_scheduler
     if main:
         ckpt.tidy(cfg.output_dir)   # unfinished saves of a killed run
     acc.wait_for_everyone()
     resume_from = _resume_candidates(resume, cfg.output_dir, main)
+    run = _StageRun(cfg, acc, main, progress)
+    run.set_up(lm, pack, cache_dir, examples, frames, trackers)
+    run.restore(resume_from)
+    run.train_steps()
+    return run.finish(heldout, trackers)
 
-    lm, routers, trainee, params = build(cfg, device=acc.device, lm=lm)
-    if pack is not None:
-        trainee.pack = pack
-    if cfg.gradient_checkpointing and cfg.stage == 3:
-        # Safe because the plan is decided once, outside the recomputed region, under no_grad.
-        lm.decoder().gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs={"use_reentrant": False})
-        lm.decoder().train()
-    cache = None
-    if cfg.stage != 2:
+
+class _StageRun:
+    """The state of one stage's training on every rank: model, loader, optimizer and schedule
+    (``set_up``), the step counters and loss history a checkpoint restores (``restore``), the
+    optimisation steps (``train_steps``), checkpoints (``save``) and the final outputs
+    (``finish``). The calls run in that order; each consumes the random streams exactly as the
+    single function it replaces did, so resumed runs stay bit-identical."""
+
+    def __init__(self, cfg: TrainConfig, acc, main: bool, progress: bool):
+        self.cfg, self.acc, self.main, self.progress = cfg, acc, main, progress
+        self.step, self.epoch, self.skip, self.micro, self.elapsed = 0, 0, 0, 0, 0.0
+        self.history: List[dict] = []
+        self.window: List[dict] = []
+        self.saved = set()   # steps this run has checkpointed (the final save does not repeat one)
+        self.log_path = os.path.join(cfg.output_dir, "log.jsonl")
+        self.resumed_from = None   # the checkpoint loaded (kept by retention)
+        self.last_good = None      # the newest checkpoint known to hold finite weights
+        self.bar = None
+        self.t0 = 0.0
+
+    # -- set-up ------------------------------------------------------------------------------
+
+    def set_up(self, lm, pack, cache_dir, examples, frames, trackers) -> None:
+        cfg, acc = self.cfg, self.acc
+        self.lm, self.routers, trainee, self.params = build(cfg, device=acc.device, lm=lm)
+        if pack is not None:
+            trainee.pack = pack
+        if cfg.gradient_checkpointing and cfg.stage == 3:
+            # Safe because the plan is decided once, outside the recomputed region, under no_grad.
+            self.lm.decoder().gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.lm.decoder().train()
+        self.cache = self._feature_cache(frames, cache_dir)
+        with acc.main_process_first():  # rank 0 fills the on-disk feature cache, others read it
+            ds = StageDataset(examples, cfg.stage, self.lm.tokenizer, self.cache,
+                              progress=self.progress and self.main)
+        g = torch.Generator().manual_seed(cfg.seed)
+        loader = DataLoader(ds, batch_size=cfg.per_device_train_batch_size, shuffle=True,
+                            collate_fn=collate, generator=g, drop_last=False)
+        opt = _optimizer(self.params, cfg)
+        self.trainee, self.opt, self.loader = acc.prepare(trainee, opt, loader)
+        self._schedule()
+        if trackers:
+            acc.init_trackers(f"stage{cfg.stage}",
+                              config={k: v for k, v in cfg.to_dict().items()
+                                      if isinstance(v, (int, float, str, bool))})
+
+    def _feature_cache(self, frames: int, cache_dir: Optional[str]):
+        """The vision features of Stages 1 and 3 (Stage 2 reads none), cached on disk next to
+        the training file unless ``cache_dir`` names another folder."""
+        if self.cfg.stage == 2:
+            return None
         from .features import FeatureCache
-        cache = FeatureCache(lm, frames,
-                             cache_dir or os.path.join(os.path.dirname(
-                                 os.path.abspath(cfg.train_data)), ".vr_cache"))
-    with acc.main_process_first():  # rank 0 fills the on-disk feature cache, others read it
-        ds = StageDataset(examples, cfg.stage, lm.tokenizer, cache, progress=progress and main)
-    g = torch.Generator().manual_seed(cfg.seed)
-    loader = DataLoader(ds, batch_size=cfg.per_device_train_batch_size, shuffle=True,
-                        collate_fn=collate, generator=g, drop_last=False)
-    opt = _optimizer(params, cfg)
-    trainee, opt, loader = acc.prepare(trainee, opt, loader)
-    steps_per_epoch = math.ceil(len(loader) / cfg.gradient_accumulation_steps)
-    total = cfg.max_steps if cfg.max_steps > 0 else \
-        int(math.ceil(steps_per_epoch * cfg.num_train_epochs))
-    sched = get_scheduler(cfg.lr_scheduler_type, opt,
-                          num_warmup_steps=int(math.ceil(cfg.warmup_ratio * total)),
-                          num_training_steps=total)
-    acc.register_for_checkpointing(sched)
-    if trackers:
-        acc.init_trackers(f"stage{cfg.stage}",
-                          config={k: v for k, v in cfg.to_dict().items()
-                                  if isinstance(v, (int, float, str, bool))})
+        return FeatureCache(self.lm, frames,
+                            cache_dir or os.path.join(os.path.dirname(
+                                os.path.abspath(self.cfg.train_data)), ".vr_cache"))
 
-    step, epoch, skip, elapsed = 0, 0, 0, 0.0
-    history: List[dict] = []
-    window: List[dict] = []
-    saved = set()   # steps this run has checkpointed (the final save does not repeat one)
-    log_path = os.path.join(cfg.output_dir, "log.jsonl")
-    resume, st = _load_state(acc, resume_from, main)
-    last_good = resume    # the newest checkpoint known to hold finite weights
-    if resume:
-        bad = _nonfinite_weights(acc, trainee)
+    def _schedule(self) -> None:
+        """The total number of optimisation steps and the warm-up + decay learning rate."""
+        from transformers import get_scheduler
+        cfg = self.cfg
+        steps_per_epoch = math.ceil(len(self.loader) / cfg.gradient_accumulation_steps)
+        self.total = cfg.max_steps if cfg.max_steps > 0 else \
+            int(math.ceil(steps_per_epoch * cfg.num_train_epochs))
+        self.sched = get_scheduler(cfg.lr_scheduler_type, self.opt,
+                                   num_warmup_steps=int(math.ceil(cfg.warmup_ratio * self.total)),
+                                   num_training_steps=self.total)
+        self.acc.register_for_checkpointing(self.sched)
+
+    # -- restore -----------------------------------------------------------------------------
+
+    def restore(self, resume_from) -> None:
+        """Load the first loadable checkpoint of ``resume_from`` and continue its counters,
+        history and log; with none, start at step 0 with a fresh ``log.jsonl``."""
+        cfg, main = self.cfg, self.main
+        resume, st = _load_state(self.acc, resume_from, main)
+        self.resumed_from = self.last_good = resume
+        if not resume:
+            if main and os.path.exists(self.log_path):
+                os.remove(self.log_path)
+            return
+        bad = _nonfinite_weights(self.acc, self.trainee)
         if bad:
             raise ckpt.CheckpointError(f"checkpoint {resume!r}: {bad}; it was saved after the "
                                        f"training diverged: resume from an earlier one")
-        step, epoch, skip = st["global_step"], st["epoch"], st["micro_step_in_epoch"]
-        history, window = st["history"], st.get("window", [])
-        elapsed = float(st.get("elapsed_s", 0.0))
-        if os.path.realpath(resume) == os.path.realpath(ckpt.checkpoint_dir(cfg.output_dir, step)):
-            saved.add(step)
+        self.step, self.epoch, self.skip = st["global_step"], st["epoch"], st["micro_step_in_epoch"]
+        self.history, self.window = st["history"], st.get("window", [])
+        self.elapsed = float(st.get("elapsed_s", 0.0))
+        if os.path.realpath(resume) == os.path.realpath(
+                ckpt.checkpoint_dir(cfg.output_dir, self.step)):
+            self.saved.add(self.step)
         if main:
             # log.jsonl continues from the checkpoint: the steps logged after it are dropped
             # (they are run again), so no step appears twice
-            ckpt.write_lines_atomic(log_path, [json.dumps(r) + "\n" for r in history])
-            print(f"resumed from {resume} at step {step} (epoch {epoch}, batch {skip})")
-    elif main and os.path.exists(log_path):
-        os.remove(log_path)
+            ckpt.write_lines_atomic(self.log_path, [json.dumps(r) + "\n" for r in self.history])
+            print(f"resumed from {resume} at step {self.step} (epoch {self.epoch}, "
+                  f"batch {self.skip})")
 
-    def save(tag_step, ep, micro):
-        nonlocal last_good
-        if tag_step in saved:
+    # -- the steps ---------------------------------------------------------------------------
+
+    def train_steps(self) -> None:
+        """Epochs until ``total`` steps; a checkpoint per epoch when ``save_steps`` is 0, and
+        one at the end."""
+        self.trainee.train()
+        self.bar = tqdm(total=self.total, initial=self.step, desc=f"stage {self.cfg.stage}",
+                        disable=not (self.main and self.progress))
+        self.t0 = time.time() - self.elapsed   # elapsed_s continues from the checkpoint's
+        self.micro = self.skip
+        while self.step < self.total:
+            if self._epoch():
+                break
+            self.epoch += 1
+            self.skip = 0
+            if not self.cfg.save_steps:
+                self.save(self.step, self.epoch, 0)
+        self.bar.close()
+        self.save(self.step, self.epoch, self.micro)
+
+    def _epoch(self) -> bool:
+        """One pass over the loader, from batch ``skip`` when resuming inside an epoch; True
+        when the last step is reached before its end."""
+        cfg = self.cfg
+        self.loader.set_epoch(self.epoch)
+        it = self.acc.skip_first_batches(self.loader, self.skip) if self.skip else self.loader
+        self.micro = self.skip
+        for batch in it:
+            self.micro += 1
+            if not self._micro_step(batch):
+                continue
+            self.step += 1
+            self.bar.update(1)
+            if self.step % cfg.logging_steps == 0 or self.step == self.total:
+                self._log()
+            if cfg.save_steps and self.step % cfg.save_steps == 0:
+                self.save(self.step, self.epoch, self.micro)
+            if self.step >= self.total:
+                return True
+        return False
+
+    def _micro_step(self, batch) -> bool:
+        """Forward and backward of one batch; the optimizer steps once every
+        ``gradient_accumulation_steps`` batches. True when it stepped."""
+        acc, cfg = self.acc, self.cfg
+        with acc.accumulate(self.trainee):
+            out = self.trainee(to_device(batch, acc.device))
+            if not _all_finite(acc, out["loss"]):
+                self.diverged(self.step + 1, f"the loss is {float(out['loss'].detach()):g}")
+            acc.backward(out["loss"])
+            if acc.sync_gradients:
+                if cfg.max_grad_norm:
+                    acc.clip_grad_norm_(self.params, cfg.max_grad_norm)
+                self.opt.step()
+                self.sched.step()
+                self.opt.zero_grad(set_to_none=True)
+        self.window.append({k: float(v.detach()) for k, v in out.items()})
+        return acc.sync_gradients
+
+    def _log(self) -> None:
+        """The mean of the losses since the last record: history, trackers, ``log.jsonl``."""
+        window = self.window
+        rec = {k: _finite_or_none(sum(w[k] for w in window) / len(window)) for k in window[0]}
+        rec.update(step=self.step,
+                   epoch=round(self.epoch + self.micro / max(len(self.loader), 1), 3),
+                   lr=_finite_or_none(self.sched.get_last_lr()[0]),
+                   elapsed_s=round(time.time() - self.t0, 1))
+        self.window = []
+        self.history.append(rec)
+        self.acc.log({k: v for k, v in rec.items() if k != "step"}, step=self.step)
+        self.bar.set_postfix(loss=f"{rec['loss']:.4f}")
+        if self.main:
+            with open(self.log_path, "a") as f:
+                f.write(json.dumps(rec, allow_nan=False) + "\n")
+
+    # -- checkpoints and outputs -------------------------------------------------------------
+
+    def save(self, tag_step: int, ep: int, micro: int) -> None:
+        """``checkpoint-<tag_step>``, written whole or not at all (once per step)."""
+        cfg, acc, main = self.cfg, self.acc, self.main
+        if tag_step in self.saved:
             return
-        bad = _nonfinite_weights(acc, trainee)
+        bad = _nonfinite_weights(acc, self.trainee)
         if bad:
-            diverged(tag_step, f"the weights became non-finite ({bad})")
+            self.diverged(tag_step, f"the weights became non-finite ({bad})")
         tmp = ckpt.begin(cfg.output_dir, tag_step) if main else \
             ckpt.checkpoint_dir(cfg.output_dir, tag_step) + ckpt.TMP
         acc.wait_for_everyone()
         acc.save_state(tmp)
         acc.wait_for_everyone()   # every rank's shards are in tmp before it is committed
         if main:
-            routers.trained = True
-            acc.unwrap_model(trainee).routers.save(os.path.join(tmp, "routers.safetensors"))
+            self.routers.trained = True
+            acc.unwrap_model(self.trainee).routers.save(os.path.join(tmp, "routers.safetensors"))
             ckpt.commit(tmp, {"global_step": tag_step, "epoch": ep, "micro_step_in_epoch": micro,
-                              "history": history, "window": window,
-                              "elapsed_s": round(time.time() - t0, 3), "config": cfg.to_dict()})
+                              "history": self.history, "window": self.window,
+                              "elapsed_s": round(time.time() - self.t0, 3),
+                              "config": cfg.to_dict()})
             # Retention after the commit, never before: the new checkpoint is complete before
             # an old one goes, and the one resumed from stays (checkpoints.prune). accelerate's
             # ProjectConfiguration(total_limit=...) does not fit: it prunes only its own
             # automatic project_dir/checkpoints/checkpoint_<n> folders, and deletes before
             # writing the new one (a kill then can leave no complete checkpoint).
-            ckpt.prune(cfg.output_dir, cfg.save_total_limit, protect=(resume,))
-        saved.add(tag_step)
-        last_good = ckpt.checkpoint_dir(cfg.output_dir, tag_step)
+            ckpt.prune(cfg.output_dir, cfg.save_total_limit, protect=(self.resumed_from,))
+        self.saved.add(tag_step)
+        self.last_good = ckpt.checkpoint_dir(cfg.output_dir, tag_step)
         acc.wait_for_everyone()
 
-    def diverged(at_step, what):
-        bar.close()
+    def diverged(self, at_step: int, what: str):
+        self.bar.close()
+        last_good = self.last_good
         where = (f"the last finite checkpoint is {last_good} (--resume {last_good})"
                  if last_good else "no checkpoint was saved before it")
         raise DivergedError(f"training stopped at step {at_step}: {what}; {where}; lower "
-                            f"learning_rate (now {cfg.learning_rate:g}) or check the data")
+                            f"learning_rate (now {self.cfg.learning_rate:g}) or check the data")
 
-    trainee.train()
-    bar = tqdm(total=total, initial=step, desc=f"stage {cfg.stage}", disable=not (main and progress))
-    t0 = time.time() - elapsed   # elapsed_s continues from the checkpoint's
-    done = step >= total
-    micro = skip
-    while not done:
-        loader.set_epoch(epoch)
-        it = acc.skip_first_batches(loader, skip) if skip else loader
-        micro = skip
-        for batch in it:
-            micro += 1
-            with acc.accumulate(trainee):
-                out = trainee(to_device(batch, acc.device))
-                if not _all_finite(acc, out["loss"]):
-                    diverged(step + 1, f"the loss is {float(out['loss'].detach()):g}")
-                acc.backward(out["loss"])
-                if acc.sync_gradients:
-                    if cfg.max_grad_norm:
-                        acc.clip_grad_norm_(params, cfg.max_grad_norm)
-                    opt.step()
-                    sched.step()
-                    opt.zero_grad(set_to_none=True)
-            window.append({k: float(v.detach()) for k, v in out.items()})
-            if not acc.sync_gradients:
-                continue
-            step += 1
-            bar.update(1)
-            if step % cfg.logging_steps == 0 or step == total:
-                rec = {k: _finite_or_none(sum(w[k] for w in window) / len(window))
-                       for k in window[0]}
-                rec.update(step=step, epoch=round(epoch + micro / max(len(loader), 1), 3),
-                           lr=_finite_or_none(sched.get_last_lr()[0]),
-                           elapsed_s=round(time.time() - t0, 1))
-                window = []
-                history.append(rec)
-                acc.log({k: v for k, v in rec.items() if k != "step"}, step=step)
-                bar.set_postfix(loss=f"{rec['loss']:.4f}")
-                if main:
-                    with open(log_path, "a") as f:
-                        f.write(json.dumps(rec, allow_nan=False) + "\n")
-            if cfg.save_steps and step % cfg.save_steps == 0:
-                save(step, epoch, micro)
-            if step >= total:
-                done = True
-                break
-        else:
-            epoch += 1
-            skip = 0
-            if not done and not cfg.save_steps:
-                save(step, epoch, 0)
-            continue
-        break
-    bar.close()
-    save(step, epoch, micro)
-
-    result = {"global_step": step, "history": history, "output_dir": cfg.output_dir,
-              "metrics": {}, "trainee": acc.unwrap_model(trainee),
-              "num_processes": acc.num_processes}
-    acc.wait_for_everyone()
-    if main:
-        model = acc.unwrap_model(trainee)
-        model.eval()
-        routers.trained = True
-        model.routers.save(os.path.join(cfg.output_dir, "routers.safetensors"))
-        if cfg.stage == 3:
-            save_llm(model.model, lm.tokenizer, cfg.output_dir)
-        if heldout is not None:
-            from .evaluate import evaluate_stage
-            ev = heldout[:cfg.eval_limit] if cfg.eval_limit else heldout
-            result["metrics"] = evaluate_stage(model, ev, cache, progress=progress)
-        ckpt.write_json_atomic(os.path.join(cfg.output_dir, "metrics.json"),
-                               {"stage": cfg.stage, "global_step": step,
-                                "metrics": result["metrics"], "config": cfg.to_dict()}, indent=2)
-    if trackers:
-        acc.end_training()
-    return result
+    def finish(self, heldout, trackers) -> dict:
+        """The routers (and Stage 3's model) in ``output_dir``, the held-out evaluation in
+        ``metrics.json``; returns the result of ``train``."""
+        cfg, acc = self.cfg, self.acc
+        result = {"global_step": self.step, "history": self.history,
+                  "output_dir": cfg.output_dir, "metrics": {},
+                  "trainee": acc.unwrap_model(self.trainee), "num_processes": acc.num_processes}
+        acc.wait_for_everyone()
+        if self.main:
+            model = acc.unwrap_model(self.trainee)
+            model.eval()
+            self.routers.trained = True
+            model.routers.save(os.path.join(cfg.output_dir, "routers.safetensors"))
+            if cfg.stage == 3:
+                save_llm(model.model, self.lm.tokenizer, cfg.output_dir)
+            if heldout is not None:
+                from .evaluate import evaluate_stage
+                ev = heldout[:cfg.eval_limit] if cfg.eval_limit else heldout
+                result["metrics"] = evaluate_stage(model, ev, self.cache, progress=self.progress)
+            ckpt.write_json_atomic(os.path.join(cfg.output_dir, "metrics.json"),
+                                   {"stage": cfg.stage, "global_step": self.step,
+                                    "metrics": result["metrics"], "config": cfg.to_dict()},
+                                   indent=2)
+        if trackers:
+            acc.end_training()
+        return result
 
 
 def _nonfinite_weights(acc, trainee) -> Optional[str]:
