@@ -2,7 +2,8 @@ r"""``python -m vr_runtime.training``: data generation, the three stages, the ti
 
     python -m vr_runtime.training synth --out runs/tiny/data --train 240 --heldout 60
     python -m vr_runtime.training synth --task v2 --out runs/tiny_v2/data --train 40 --heldout 85
-        # issue 23's factors: aspect, codec, noise, motion, targets, frames, distractors
+        # factors real footage varies: aspect, codec, noise, motion, targets, frames,
+        # distractors
     python -m vr_runtime.training stage --config stage1 [--resume latest] [--set key=value ...]
     accelerate launch --num_processes 4 --use_deepspeed \
         --deepspeed_config_file vr_runtime/configs/ds_zero2.json \
@@ -14,14 +15,14 @@ r"""``python -m vr_runtime.training``: data generation, the three stages, the ti
     python -m vr_runtime.training ab-probe --data mc.jsonl --videos DIR --out ab.jsonl \
         [--routers r.safetensors | --relevance flr.jsonl] [--budget 1024]
     python -m vr_runtime.training label-study --work runs/label_study \
-        --results bench/results/label_study.json
+        --results studies/results/label_study.json
     python -m vr_runtime.training labeller [--config tiny_labeller] [--set key=value ...]
         # tiny-only: the model rule (a) labels the synthetic task with (training/labeller.py)
     python -m vr_runtime.training tiny [--work runs/tiny] [--ship]   # the whole tiny demo
     python -m vr_runtime.training routing-eval --data runs/tiny/data/heldout_conversations.jsonl \
-        --out bench/results/routing_heldout.json      # held-out routing metrics
+        --out studies/results/routing_heldout.json      # held-out routing metrics
         # on task v2 data also per factor value, answers at a quarter of the dense tokens
-    python -m vr_runtime.training curves --runs runs/tiny --out bench/results/training_curves.png
+    python -m vr_runtime.training curves --runs runs/tiny --out studies/results/training_curves.png
 """
 from __future__ import annotations
 
@@ -55,6 +56,19 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m vr_runtime.training", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
+    add_synth_parser(sub)
+    add_stage_parser(sub)
+    add_labeller_parser(sub)
+    add_policy_labels_parser(sub)
+    for name in ("frame-labels", "ab-probe", "label-study"):
+        add_labels_parser(sub, name)
+    add_tiny_parser(sub)
+    add_routing_eval_parser(sub)
+    add_curves_parser(sub)
+    return ap
+
+
+def add_synth_parser(sub) -> argparse.ArgumentParser:
     s = sub.add_parser("synth", help="write the synthetic evidence task (videos + JSONL)")
     s.add_argument("--out", required=True)
     s.add_argument("--train", type=int, default=240)
@@ -63,18 +77,26 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--task", default="v1", choices=("v1", "v2"),
                    help="v1: the original task (square, near-lossless H.264, static, 2 targets, "
-                        "16 frames); v2: issue 23's factors drawn at random in --train, one "
-                        "factor varied at a time in --heldout (--heldout 85: 5 videos for each "
-                        "of its 17 settings)")
+                        "16 frames); v2: the factors real footage varies, drawn at random in "
+                        "--train, one factor varied at a time in --heldout (--heldout 85: 5 "
+                        "videos for each of its 17 settings)")
     s.add_argument("--footage", type=int, default=0,
                    help="task v2: videos of the 'footage' split, every factor off its base at "
-                        "once as in issue 23's own videos (16:9, VP9, noise 4, 3 moving "
+                        "once, like harder real footage (16:9, VP9, noise 4, 3 moving "
                         "targets, 32 of 64 frames)")
+    return s
+
+
+def add_stage_parser(sub) -> argparse.ArgumentParser:
     s = sub.add_parser("stage", help="run one training stage from a config")
     s.add_argument("--config", required=True, help="JSON file or stage1..3 / tiny_stage1..3")
     s.add_argument("--resume", default=None, help="a checkpoint folder, or 'latest'")
     s.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="override config keys")
     s.add_argument("--no-progress", action="store_true")
+    return s
+
+
+def add_labeller_parser(sub) -> argparse.ArgumentParser:
     s = sub.add_parser("labeller", help="tiny-only: train the synthetic task's labeller")
     s.add_argument("--config", default="tiny_labeller", help="JSON file or a name in "
                    "vr_runtime/training/configs")
@@ -82,61 +104,85 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--results", default=None, help="also write the held-out metrics here, with "
                    "device, date, versions and command")
     s.add_argument("--no-progress", action="store_true")
+    return s
+
+
+def add_policy_labels_parser(sub) -> argparse.ArgumentParser:
     s = sub.add_parser("policy-labels", help="A/B accuracies -> Global/Fragment labels")
     s.add_argument("--accuracies", required=True)
     s.add_argument("--tau", type=float, required=True)
     s.add_argument("--questions", default=None)
     s.add_argument("--out", default=None)
-    for name, hlp in (("frame-labels", "counterfactual frame-relevance labels (Appendix A)"),
-                      ("ab-probe", "forced Global vs Fragment accuracy per category"),
-                      ("label-study", "frame-labels on the synthetic task vs its true labels")):
-        s = sub.add_parser(name, help=hlp)
-        if name == "label-study":
-            s.add_argument("--work", default="runs/label_study")
-            s.add_argument("--results", default="bench/results/label_study.json")
-            s.add_argument("--videos-count", type=int, default=8, dest="num_videos")
-            s.add_argument("--seed", type=int, default=0)
-        else:
-            s.add_argument("--data", required=True, help="questions (a file or a folder)")
-            s.add_argument("--videos", required=True, help="folder the video paths resolve in")
-            s.add_argument("--benchmark", default="jsonl",
-                           help="reader: jsonl (default), videomme, longvideobench, mlvu")
-            s.add_argument("--out", required=True)
-            s.add_argument("--limit", type=int, default=None)
-        s.add_argument("--model", default="tiny")
-        s.add_argument("--routers", default=None)
-        s.add_argument("--frames", type=int, default=16)
-        s.add_argument("--answer-mode", default="option-text" if name == "label-study"
-                       else "letter", choices=("letter", "option-text"))
-        s.add_argument("--prompt-style", default="bare" if name == "label-study" else "mc",
-                       choices=("mc", "bare"))
-        s.add_argument("--device", default="cpu")
-        s.add_argument("--dtype", default=None)
-        if name == "ab-probe":
-            s.add_argument("--relevance", default=None,
-                           help="JSONL of id + frame_labels for Fragment (default: the routers)")
-            s.add_argument("--scoring", default="loglik", choices=("loglik", "generate"))
-            s.add_argument("--max-length", type=int, default=12288)
-            s.add_argument("--budget", type=int, default=None)
-            s.add_argument("--max-new-tokens", type=int, default=16)
-            s.add_argument("--predictions", default=None)
-        else:
-            s.add_argument("--mode", default="drop", choices=("drop", "pool8"))
-            s.add_argument("--keep-window", type=int, default=1, dest="keep_window",
-                           help="window of the frames not ablated (1: full resolution, the "
-                                "paper; coarser for a model never trained on all frames at 1)")
-            s.add_argument("--margin", type=float, default=1.0)
-            s.add_argument("--rule", default="union",
-                           choices=("union", "necessary", "minimal-set"))
-            s.add_argument("--validate", default="correct",
-                           choices=("correct", "remove", "off"),
-                           help="the paper's counterfactual-necessity filter: mask the labelled "
-                                "frames; if the answer survives, add the evidence that carries "
-                                "it (correct) or drop the question (remove)")
-            s.add_argument("--max-set", type=int, default=None)
-            s.add_argument("--batch", type=int, default=8)
-        if name == "frame-labels":
-            s.add_argument("--diagnostics", default=None)
+    return s
+
+
+_LABELS_HELP = {"frame-labels": "counterfactual frame-relevance labels (Appendix A)",
+                "ab-probe": "forced Global vs Fragment accuracy per category",
+                "label-study": "frame-labels on the synthetic task vs its true labels"}
+
+
+def add_labels_parser(sub, name: str) -> argparse.ArgumentParser:
+    """frame-labels, ab-probe and label-study: the model arguments they share, then their own."""
+    s = sub.add_parser(name, help=_LABELS_HELP[name])
+    if name == "label-study":
+        s.add_argument("--work", default="runs/label_study")
+        s.add_argument("--results", default="bench/results/label_study.json")
+        s.add_argument("--videos-count", type=int, default=8, dest="num_videos")
+        s.add_argument("--seed", type=int, default=0)
+    else:
+        s.add_argument("--data", required=True, help="questions (a file or a folder)")
+        s.add_argument("--videos", required=True, help="folder the video paths resolve in")
+        s.add_argument("--benchmark", default="jsonl",
+                       help="reader: jsonl (default), videomme, longvideobench, mlvu")
+        s.add_argument("--out", required=True)
+        s.add_argument("--limit", type=int, default=None)
+    s.add_argument("--model", default="tiny")
+    s.add_argument("--routers", default=None)
+    s.add_argument("--frames", type=int, default=16)
+    s.add_argument("--answer-mode", default="option-text" if name == "label-study"
+                   else "letter", choices=("letter", "option-text"))
+    s.add_argument("--prompt-style", default="bare" if name == "label-study" else "mc",
+                   choices=("mc", "bare"))
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--dtype", default=None)
+    if name == "ab-probe":
+        _add_ab_probe_arguments(s)
+    else:
+        _add_frame_label_arguments(s)
+    if name == "frame-labels":
+        s.add_argument("--diagnostics", default=None)
+    return s
+
+
+def _add_ab_probe_arguments(s) -> None:
+    s.add_argument("--relevance", default=None,
+                   help="JSONL of id + frame_labels for Fragment (default: the routers)")
+    s.add_argument("--scoring", default="loglik", choices=("loglik", "generate"))
+    s.add_argument("--max-length", type=int, default=12288)
+    s.add_argument("--budget", type=int, default=None)
+    s.add_argument("--max-new-tokens", type=int, default=16)
+    s.add_argument("--predictions", default=None)
+
+
+def _add_frame_label_arguments(s) -> None:
+    """How frame-labels and label-study ablate frames and turn answers into labels."""
+    s.add_argument("--mode", default="drop", choices=("drop", "pool8"))
+    s.add_argument("--keep-window", type=int, default=1, dest="keep_window",
+                   help="window of the frames not ablated (1: full resolution, the "
+                        "paper; coarser for a model never trained on all frames at 1)")
+    s.add_argument("--margin", type=float, default=1.0)
+    s.add_argument("--rule", default="union",
+                   choices=("union", "necessary", "minimal-set"))
+    s.add_argument("--validate", default="correct",
+                   choices=("correct", "remove", "off"),
+                   help="the paper's counterfactual-necessity filter: mask the labelled "
+                        "frames; if the answer survives, add the evidence that carries "
+                        "it (correct) or drop the question (remove)")
+    s.add_argument("--max-set", type=int, default=None)
+    s.add_argument("--batch", type=int, default=8)
+
+
+def add_tiny_parser(sub) -> argparse.ArgumentParser:
     s = sub.add_parser("tiny", help="synthetic data + the three tiny stages + curves")
     s.add_argument("--work", default="runs/tiny")
     s.add_argument("--ship", action="store_true", help="copy the weights to vr_runtime/assets/tiny")
@@ -145,6 +191,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--results", default="bench/results")
     s.add_argument("--task", default="v1", choices=("v1", "v2"),
                    help="the synthetic task to train on (see synth --task)")
+    return s
+
+
+def add_routing_eval_parser(sub) -> argparse.ArgumentParser:
     s = sub.add_parser("routing-eval", help="held-out routing metrics and their targets")
     s.add_argument("--data", required=True, help="a synthetic *_conversations.jsonl")
     s.add_argument("--model", default="tiny")
@@ -157,13 +207,17 @@ def _parser() -> argparse.ArgumentParser:
                    help="the Image Router's window on Z_t (default: the routers' own setting)")
     s.add_argument("--budget-fraction", type=float, default=None,
                    help="answer at this fraction of each video's dense visual tokens instead "
-                        "of at --max-length (default: 0.25 on task-v2 data, issue 23's goal; "
-                        "--max-length on task-v1 data)")
+                        "of at --max-length (default: 0.25 on task-v2 data, where the routing "
+                        "goals are stated; --max-length on task-v1 data)")
     s.add_argument("--out", required=True)
+    return s
+
+
+def add_curves_parser(sub) -> argparse.ArgumentParser:
     s = sub.add_parser("curves", help="plot the training curves of a tiny run")
     s.add_argument("--runs", default="runs/tiny")
     s.add_argument("--out", default="bench/results/training_curves.png")
-    return ap
+    return s
 
 
 def _command(argv) -> str:
