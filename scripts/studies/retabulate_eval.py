@@ -1,7 +1,7 @@
 """Rewrite the tables of finished evaluation runs in the current layout (95% Wilson intervals
 included) from their committed predictions, without a model or the videos:
 
-    python scripts/studies/retabulate_eval.py bench/results/eval_*
+    python scripts/studies/retabulate_eval.py studies/results/eval_*
 
 Each DIR's results.json, results.md, results.csv and accuracy_vs_tokens.png are rebuilt from
 DIR/predictions.jsonl and the meta of DIR/results.json (the run's own settings, device and date

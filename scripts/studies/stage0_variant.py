@@ -4,7 +4,7 @@
 
 trains ``tiny_stage0`` with the given overrides into ``runs/stage0_variants/NAME`` and writes
 its metrics, config, environment and command under NAME in
-``bench/results/stage0_variants.json`` (other entries are kept). These are the measurements
+``studies/results/stage0_variants.json`` (other entries are kept). These are the measurements
 behind the variant table of the training README's Stage 0 section; the shipped weights use the
 plain ``tiny_stage0`` config.
 """
@@ -16,7 +16,7 @@ from vr_runtime.fingerprint import environment
 from vr_runtime.training.config import ConfigError
 from vr_runtime.training.pretrain import PretrainConfig, pretrain
 
-RESULTS = "bench/results/stage0_variants.json"
+RESULTS = "studies/results/stage0_variants.json"
 
 
 def main(argv):

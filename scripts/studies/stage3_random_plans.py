@@ -14,7 +14,7 @@ default runs/tiny) into ``WORK/stage3`` and ``WORK/stage3b``; ``--freeze-project
         --routers WORK/stage3b/routers.safetensors --work runs/label_study_rp \\
         --results OUT.json --videos-count 20 --mode drop --margin 1.0
 
-The models behind ``bench/results/*random_plans*.json``; the shipped weights do not use it
+The models behind ``studies/results/*random_plans*.json``; the shipped weights do not use it
 (docs/TRAINING_STUDIES.md, "Shipped tiny weights").
 """
 import argparse

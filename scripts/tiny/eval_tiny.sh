@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The tiny analogue of the paper's controlled comparison (bench/results/eval_synthetic_tiny/):
+# The tiny analogue of the paper's controlled comparison (studies/results/eval_synthetic_tiny/):
 # every method at two fixed visual budgets on a synthetic Video-MME-layout benchmark, CPU.
 #   1. the Data FT control: Stage 3's recipe with uniform pooling, no routing
 #      (vr_runtime/training/configs/tiny_data_ft.json, from the backbone Stage 3 started from)
@@ -24,7 +24,7 @@ python -m vr_runtime.eval --make-synthetic "$W/videomme_syn" --videos-per-split 
 # words, not letters). bare: the LLM reads the question alone, as in its training (the headline
 # table); mc: lmms-eval's multiple-choice prompt, which the tiny models never saw in training.
 for style in bare mc; do
-    out=bench/results/eval_synthetic_tiny; [ "$style" = mc ] && out=bench/results/eval_synthetic_tiny_mc
+    out=studies/results/eval_synthetic_tiny; [ "$style" = mc ] && out=studies/results/eval_synthetic_tiny_mc
     python -m vr_runtime.eval --benchmark videomme --data "$W/videomme_syn/videomme" \
         --videos "$W/videomme_syn/data" \
         --methods dense,budget,budget-subset,uniform,global,fragment,auto,auto-literal,clip,clip-fill,no-image-router,no-image-router-routed,no-semantic-router,data-ft \

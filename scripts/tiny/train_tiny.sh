@@ -17,10 +17,10 @@
 #       changes.
 #   scripts/tiny/train_tiny.sh --install [WORK_DIR]
 #       the same, then replace the shipped weights (vr_runtime/assets/tiny/{model,routers}
-#       .safetensors) and the committed results (bench/results/training_curves.png,
+#       .safetensors) and the committed results (studies/results/training_curves.png,
 #       training_metrics.json), and measure the held-out routing metrics of the new shipped
-#       weights (bench/results/routing_heldout.json; with --task v2
-#       bench/results/routing_heldout_v2.json, per factor; routing_footage_v2.json on 20 videos
+#       weights (studies/results/routing_heldout.json; with --task v2
+#       studies/results/routing_heldout_v2.json, per factor; routing_footage_v2.json on 20 videos
 #       of the combined "footage" setting; routing_heldout.json on task v1's held-out split).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -62,16 +62,16 @@ fi
 if [ "$TASK" = v2 ]; then
     WORK="${WORK:-runs/tiny_v2}"
     SIZES=(--task v2 --train 960 --heldout 85)   # 85 held-out: 5 per setting (17 settings)
-    ROUTING=bench/results/routing_heldout_v2.json
+    ROUTING=studies/results/routing_heldout_v2.json
 else
     WORK="${WORK:-runs/tiny}"
     SIZES=(--train 480 --heldout 60)
-    ROUTING=bench/results/routing_heldout.json
+    ROUTING=studies/results/routing_heldout.json
 fi
 unset TRITON_INTERPRET   # CPU training uses the vectorised PyTorch pool_pack, not the interpreter
 if [ "$INSTALL" = 1 ]; then
     python -m vr_runtime.training tiny --work "$WORK" --ship "${SIZES[@]}" \
-        --results bench/results
+        --results studies/results
     python -m vr_runtime.training routing-eval --data "$WORK/data/heldout_conversations.jsonl" \
         --out "$ROUTING"
     if [ "$TASK" = v2 ]; then
@@ -80,13 +80,13 @@ if [ "$INSTALL" = 1 ]; then
             --footage 20
         python -m vr_runtime.training routing-eval \
             --data "$WORK/data/footage_conversations.jsonl" \
-            --out bench/results/routing_footage_v2.json
+            --out studies/results/routing_footage_v2.json
         # and on task v1's held-out split (the demo clip's kind: square, near-lossless, static),
         # so the v1 figures stay those of the shipped weights
         python -m vr_runtime.training synth --out "$WORK/data_v1" --train 0 --heldout 60
         python -m vr_runtime.training routing-eval \
             --data "$WORK/data_v1/heldout_conversations.jsonl" \
-            --out bench/results/routing_heldout.json
+            --out studies/results/routing_heldout.json
     fi
 else
     python -m vr_runtime.training tiny --work "$WORK" "${SIZES[@]}" \

@@ -162,7 +162,7 @@ def test_retabulate_adds_intervals_and_keeps_the_rest(tmp_path):
     """The committed quick run, retabulated: every old figure and the meta unchanged."""
     import pathlib
     from vr_runtime.eval.tables import retabulate
-    src = pathlib.Path(__file__).resolve().parents[2] / "bench/results/eval_synthetic_quick"
+    src = pathlib.Path(__file__).resolve().parents[2] / "studies/results/eval_synthetic_quick"
     d = tmp_path / "run"
     d.mkdir()
     for name in ("predictions.jsonl", "results.json"):

@@ -1,7 +1,7 @@
 """Docs that match the code (issue 24, item 4): the contract lives in the repository
 (docs/CONTRACT.md) and nothing points outside it; links between the markdown files resolve;
 the training README opens with a quick start whose commands name real configs and keys; and
-scripts/tiny/train_tiny.sh touches the shipped weights and bench/results only with --install."""
+scripts/tiny/train_tiny.sh touches the shipped weights and studies/results only with --install."""
 import pathlib
 import re
 import subprocess
@@ -119,13 +119,13 @@ def test_train_tiny_writes_the_checkout_only_with_install(tmp_path, run_train_ti
     p, calls = run_train_tiny(tmp_path / "plain", work)
     assert p.returncode == 0, p.stderr
     flat = [a for c in calls for a in c]
-    assert "--ship" not in flat and not any("bench/results" in a for a in flat)
+    assert "--ship" not in flat and not any(r in a for a in flat for r in ("bench/results", "studies/results"))
     assert calls[0][calls[0].index("--results") + 1] == f"{work}/results"
     assert calls[0][calls[0].index("--work") + 1] == work
 
     p, calls = run_train_tiny(tmp_path / "install", "--install", work)
     assert p.returncode == 0, p.stderr
-    assert "--ship" in calls[0] and calls[0][calls[0].index("--results") + 1] == "bench/results"
+    assert "--ship" in calls[0] and calls[0][calls[0].index("--results") + 1] == "studies/results"
     assert calls[1][:2] == ["-m", "vr_runtime.training"] and "routing-eval" in calls[1]
 
     p, calls = run_train_tiny(tmp_path / "typo", "--instal")

@@ -23,7 +23,7 @@ import shlex
 import sys
 from typing import List, Optional
 
-from ..cli_args import SCALES_HELP, Parser, quiet_libraries, scales_arg
+from ..cli_args import Parser, add_answer_args, fail_with, quiet_libraries
 from .methods import DEFAULT_METHODS, METHODS
 from .runner import PAPER_BUDGETS
 
@@ -54,6 +54,26 @@ def build_parser() -> argparse.ArgumentParser:
                         "print the command that evaluates the tiny model on it, and exit")
     p.add_argument("--videos-per-split", type=int, default=4,
                    help="--make-synthetic: videos per duration group (default: 4)")
+    _add_benchmark_args(p)
+    _add_model_args(p)
+    _add_prompt_args(p)
+    # ask's answer flags that eval has; --frames is a sweep here, --max-new-tokens the paper's
+    # short multiple-choice answer (checked >= 1 with the other settings, as before).
+    add_answer_args(p, flags=("--frames", "--scales", "--max-new-tokens", "--scorer",
+                              "--seek", "--time-window", "--device", "--dtype"),
+                    overrides={"--frames": dict(
+                                   type=_int_list("--frames"), default=(64,),
+                                   help="frame counts to sweep (default: 64; the paper also "
+                                        "uses 128)"),
+                               "--max-new-tokens": dict(
+                                   type=int, default=16,
+                                   help="tokens to generate at most (default: 16)")})
+    _add_run_args(p)
+    return p
+
+
+def _add_benchmark_args(p) -> None:
+    """What to evaluate: the benchmark, its files, the methods and the budgets."""
     p.add_argument("--benchmark", choices=("videomme", "longvideobench", "mlvu", "jsonl"))
     p.add_argument("--data", metavar="FILE_OR_DIR", help="the benchmark's question file(s)")
     p.add_argument("--videos", metavar="DIR", help="the benchmark's video folder")
@@ -62,24 +82,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budgets", type=_int_list("--budgets"), default=PAPER_BUDGETS,
                    help="visual-token budgets B_img, fixed as in the paper's controlled protocol "
                         "(default: 4096,8192,12288,16384,24576)")
-    p.add_argument("--frames", type=_int_list("--frames"), default=(64,),
-                   help="frame counts to sweep (default: 64; the paper also uses 128)")
-    p.add_argument("--scales", type=scales_arg, default=None, metavar="S_G,S_1,S_0|auto",
-                   help=SCALES_HELP)
+    p.add_argument("--limit", type=int, default=None, help="first N questions only")
+    p.add_argument("--skip-missing", action="store_true",
+                   help="skip questions whose video is missing (counted in results.json)")
+
+
+def _add_model_args(p) -> None:
+    """The weights: the model and its routers, and those of the methods that need their own."""
     p.add_argument("--model", default="tiny", metavar="PATH|HUB_ID|tiny",
                    help="as for ask: a local directory, a Hugging Face id in the local cache, "
                         "or a preset (default: tiny)")
     p.add_argument("--routers", default=None, metavar="PATH")
     p.add_argument("--clip", default=None, metavar="PATH",
                    help="local CLIPModel / SiglipModel directory (method clip)")
-    from ..cli_args import add_scorer_args
-    add_scorer_args(p)   # the frame scorer of the methods that use the default Image Router
     p.add_argument("--data-ft-model", default=None, metavar="PATH",
                    help="the Data FT checkpoint directory (method data-ft)")
-    p.add_argument("--limit", type=int, default=None, help="first N questions only")
-    p.add_argument("--out", default="eval_out", metavar="DIR")
-    p.add_argument("--skip-missing", action="store_true",
-                   help="skip questions whose video is missing (counted in results.json)")
+
+
+def _add_prompt_args(p) -> None:
+    """How a question becomes the LLM prompt, and how its answer is read."""
     p.add_argument("--answer-mode", default="letter", choices=("letter", "option-text"),
                    help="letter: lmms-eval's letter extraction (default); option-text: the "
                         "option whose text the answer names, then the letter")
@@ -91,23 +112,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--post-prompt", default=None,
                    help="the instruction after the options (default: lmms-eval's \"Answer with "
                         "the option's letter from the given choices directly.\")")
-    p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None)
-    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=None)
+
+
+def _add_run_args(p) -> None:
+    """Where the results go and how the run shows and batches its work."""
+    p.add_argument("--out", default="eval_out", metavar="DIR")
     p.add_argument("--title", default="", help="title of the markdown table and the plot")
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--seek", choices=("exact", "keyframe"), default="exact",
-                   help="as for ask: exact decodes the sampled frames (the paper's setting), "
-                        "keyframe the keyframe nearest each sampled time (default: exact)")
-    from ..cli_args import time_window_arg
-    p.add_argument("--time-window", type=time_window_arg, default=None, metavar="START,END",
-                   help="as for ask: sample every video from this part only, in seconds")
     p.add_argument("--batch-size", type=int, default=1, metavar="N",
                    help="prefill and decode up to N questions of one video, method and budget "
                         "together (VideoRouter.answer_batch): the same predictions, faster; "
                         "each row's ttft_s then holds the batch's prefill, so keep the default "
                         "1 for the paper's per-sample TTFT")
-    return p
 
 
 def _config(a, argv: List[str]):
@@ -187,7 +203,6 @@ def main(argv: Optional[List[str]] = None) -> int:
             from .compare import main as compare_main
             return compare_main(argv[1:])
         except Exception as e:  # noqa: BLE001 - as below
-            from ..cli_args import fail_with
             fail_with(e, debug)
     a = build_parser().parse_args(argv)
     try:
@@ -195,7 +210,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             from .synthetic import make_synthetic, quick_eval_answers, quick_eval_argv
             info = make_synthetic(a.make_synthetic, a.videos_per_split)
             n_answers = quick_eval_answers(info["questions"])
-            # 0.12-0.19 s an answer on 2 CPU cores (bench/results/eval_synthetic_quick)
+            # 0.12-0.19 s an answer on 2 CPU cores (studies/results/eval_synthetic_quick)
             print(f"wrote {info['questions']} questions on {info['num_videos']} videos; this "
                   f"evaluates the tiny model on them ({n_answers} answers, about "
                   f"{max(1, round(n_answers * 0.15 / 60))} minute(s) on 2 CPU cores):\n  "
@@ -227,7 +242,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.stderr.write(f"{PROG}: interrupted (rerun the same command to resume)\n")
         return 130
     except Exception as e:  # noqa: BLE001 - the one place that turns errors into exit codes
-        from ..cli_args import fail_with
         fail_with(e, debug)
     return 0
 

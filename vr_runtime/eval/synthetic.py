@@ -80,7 +80,7 @@ def make_synthetic(out_dir, videos_per_split: int = 4, seed: int = 0) -> Dict[st
 # option's text ("circle"), not a letter, and was trained on the bare question (the defaults,
 # lmms-eval's lettered prompt and letter parsing, would score every answer as unanswered).
 # The default methods at these settings make 15 rows; 48 questions (the default
-# --videos-per-split 4) took 85-135 s on 2 CPU cores (bench/results/eval_synthetic_quick).
+# --videos-per-split 4) took 85-135 s on 2 CPU cores (studies/results/eval_synthetic_quick).
 QUICK_EVAL_FLAGS = ("--frames", "16", "--budgets", "1024,2048", "--prompt-style", "bare",
                     "--answer-mode", "option-text", "--max-new-tokens", "8")
 

@@ -28,7 +28,7 @@ measured no better than chance on the two-target task. Frames are pooled with a 
 tier) so the binding holds at every scale the runtime feeds. Trained: LLM and LM head.
 
 Options measured while looking for shape recognition, all off in the shipped config
-(``scripts/studies/stage0_variant.py``, ``bench/results/stage0_variants.json``): ``shape_query_prob``
+(``scripts/studies/stage0_variant.py``, ``studies/results/stage0_variants.json``): ``shape_query_prob``
 (``shape``-mode captions, "which color is the circle"), ``shape_weight`` (up-weight shape
 answers) and ``train_vision`` (train the tower on fresh frames at ``vision_learning_rate``; no
 phase A then).
@@ -72,7 +72,7 @@ class PretrainConfig:
     # Phase A (before the captions): train the projector alone so that the coverage-weighted
     # mean of an object's projected tokens names its color and shape through a linear readout;
     # phase B then keeps the projector frozen. 0: no phase A, the projector trains in phase B
-    # (the recipe before shapes were learned; measured in bench/results/stage0_variants.json).
+    # (the recipe before shapes were learned; measured in studies/results/stage0_variants.json).
     projector_steps: int = 3000
     projector_learning_rate: float = 3e-3
     seed: int = 0
