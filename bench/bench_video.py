@@ -189,6 +189,7 @@ def ttf_main(argv) -> int:
     args = ap.parse_args(argv)
     import numpy as np
     from vr_runtime.video import decoders as D
+    from vr_runtime.video import pyav_decoder
     from vr_runtime.video.load import open_video, sample_indices
     cores = D.default_workers()
     rows = []
@@ -215,9 +216,9 @@ def ttf_main(argv) -> int:
                          "keyframe")] if cores > 1 else []
             ref_hash = key_hash = None
             for label, dec, w, seek in methods:
-                saved = D._NONREF_CODECS
+                saved = pyav_decoder._NONREF_CODECS
                 if dec == "pyav-plain":   # the decode as it was: every frame decoded
-                    D._NONREF_CODECS = frozenset()
+                    pyav_decoder._NONREF_CODECS = frozenset()
                 try:
                     wall, cpu, digest = _decode(info, kidx if seek == "keyframe" else idx, scale,
                                                 "pyav" if dec == "pyav-plain" else dec, w, seek)
@@ -227,7 +228,7 @@ def ttf_main(argv) -> int:
                     print(rows[-1], flush=True)
                     continue
                 finally:
-                    D._NONREF_CODECS = saved
+                    pyav_decoder._NONREF_CODECS = saved
                 if dec == "pyav-plain":
                     ref_hash = digest
                 if seek == "keyframe":   # the keyframe rows against each other

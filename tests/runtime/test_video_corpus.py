@@ -25,6 +25,9 @@ import torch
 
 import video_corpus as vc
 from vr_runtime.video import decoders as D
+from vr_runtime.video import probe as video_probe
+from vr_runtime.video import pyav_decoder
+from vr_runtime.video import workers as video_workers
 from vr_runtime.errors import VideoError
 from vr_runtime.video.load import (IMAGENET_MEAN, IMAGENET_STD, load_video, open_video,
                               preprocess_frames, prefetch_video, sample_indices)
@@ -179,7 +182,7 @@ def test_auto_falls_back_when_decord_fails(corpus, monkeypatch):
 
 
 def test_undecodable_codec_is_one_line_naming_it(corpus, monkeypatch):
-    monkeypatch.setattr(D, "_has_decoder", lambda codec: codec != "av1")
+    monkeypatch.setattr(video_probe, "_has_decoder", lambda codec: codec != "av1")
     with pytest.raises(VideoError) as e:
         load_video(corpus["av1"].path, num_frames=4)
     msg = str(e.value)
@@ -348,13 +351,13 @@ def test_a_dying_worker_is_one_line_and_no_thread_is_left(corpus, monkeypatch):
     case = corpus["h264_bframes_mkv"]
     info = open_video(case.path)
     idx = sample_indices(info.num_frames, 12, info.fps)
-    real = D._pyav_by_pts
+    real = pyav_decoder._pyav_by_pts
 
     def dies_on_its_second_share(holder, info, indices, rgb, on_frame, **kw):
         if kw.get("positions") and kw["positions"][0] > 0:
             raise MemoryError("out of memory")
         return real(holder, info, indices, rgb, on_frame, **kw)
-    monkeypatch.setattr(D, "_pyav_by_pts", dies_on_its_second_share)
+    monkeypatch.setattr(pyav_decoder, "_pyav_by_pts", dies_on_its_second_share)
     before = threading.active_count()
     with pytest.raises(VideoError) as e:
         decode_native(info, idx, "pyav", workers=2)
@@ -362,7 +365,7 @@ def test_a_dying_worker_is_one_line_and_no_thread_is_left(corpus, monkeypatch):
     assert msg.startswith(case.path) and "\n" not in msg and "worker" in msg, msg
     assert threading.active_count() == before
     assert not [t for t in threading.enumerate() if t.name.startswith("vr-decode-")]
-    monkeypatch.setattr(D, "_pyav_by_pts", real)
+    monkeypatch.setattr(pyav_decoder, "_pyav_by_pts", real)
     # a deadline reaches every worker
     with D.cancel_scope(lambda: "deadline passed"), pytest.raises(VideoError, match="deadline"):
         decode_native(info, idx, "pyav", workers=2)
@@ -370,9 +373,9 @@ def test_a_dying_worker_is_one_line_and_no_thread_is_left(corpus, monkeypatch):
 
 
 def test_default_workers_follow_affinity_and_cgroup(tmp_path, monkeypatch):
-    monkeypatch.setattr(D.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(video_workers.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     cpu_max = tmp_path / "cpu.max"
-    monkeypatch.setattr(D, "_CGROUP_CPU_FILES", ((str(cpu_max), None),))
+    monkeypatch.setattr(video_workers, "_CGROUP_CPU_FILES", ((str(cpu_max), None),))
     cpu_max.write_text("max 100000\n")
     assert D.default_workers() == 8
     cpu_max.write_text("250000 100000\n")        # docker --cpus 2.5

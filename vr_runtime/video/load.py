@@ -38,8 +38,10 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from . import decoders as D
 from ..errors import VideoError
+from .decoders import (Limits, VideoIndex, cancel_scope, decode_frames, keyframe_indices,
+                       resolve_decoder, resolve_seek, resolve_workers, scaled_size)
+from .probe import _duration, _reason, probe
 
 __all__ = ["VideoClip", "VideoFile", "load_video", "sample_indices", "sample_window",
            "prefetch_video", "open_video", "preprocess_frames", "estimate_memory", "available_memory",
@@ -124,7 +126,7 @@ def sample_window(pts_s: Sequence[float], num_frames: int, time_window: Tuple[fl
         fps = (t.size - 1) / (t[-1] - t[0]) if t.size > 1 and t[-1] > t[0] else 1.0
     if not fps or fps <= 0 or not math.isfinite(fps):
         raise VideoError(f"time_window needs the frame rate, but the video reports fps={fps!r}")
-    duration = D._duration(t, fps)
+    duration = _duration(t, fps)
     slots = max(1, int(round(duration * fps)))
     start_slot, end_slot = _window_range(slots, fps, time_window, duration, t.size)
     eps = 1e-6
@@ -243,7 +245,7 @@ def estimate_memory(num_frames: int, size: int, width: int, height: int, bits: i
     * with ``workers`` parallel decoders (``decode_workers``), each holds its own decoder's
       frames and one converted frame waiting for the staging;
     * a fixed 100 MB for the decoding libraries' contexts and allocator slack."""
-    w2, h2 = D.scaled_size(width, height, size)
+    w2, h2 = scaled_size(width, height, size)
     workers = max(1, int(workers))
     clip = int(num_frames) * 3 * size * size * 4
     staging = CHUNK * (w2 * h2 * 3 + size * size * 3 + 4 * 3 * size * size * 4)
@@ -304,7 +306,7 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.1f} TB"  # pragma: no cover
 
 
-def _check_memory(path: str, info: "D.VideoIndex", n: int, size: int,
+def _check_memory(path: str, info: "VideoIndex", n: int, size: int,
                   limit: Optional[int], workers: int = 1) -> int:
     """Refuse before allocating when ``n`` frames cannot fit in memory; returns the parallel
     decoders that fit (``workers``, or fewer when each one's frames would not)."""
@@ -363,7 +365,7 @@ class VideoFile:
         except FileNotFoundError:
             raise VideoError(f"{self.path}: no such file") from None
         except OSError as e:
-            raise VideoError(f"{self.path}: cannot read the file ({D._reason(e)})") from None
+            raise VideoError(f"{self.path}: cannot read the file ({_reason(e)})") from None
         why = _not_regular(self.path, st.st_mode)
         if why:
             raise VideoError(why)
@@ -372,7 +374,7 @@ class VideoFile:
         try:
             fd = os.open(self.path, flags)
         except OSError as e:
-            raise VideoError(f"{self.path}: cannot read the file ({D._reason(e)})") from None
+            raise VideoError(f"{self.path}: cannot read the file ({_reason(e)})") from None
         try:
             st = os.fstat(fd)          # what was opened, not what the name pointed at before
             why = _not_regular(self.path, st.st_mode)
@@ -420,7 +422,7 @@ class VideoFile:
 
 
 def open_video(path, file: Optional[VideoFile] = None,
-               limits: Optional["D.Limits"] = None) -> "D.VideoIndex":
+               limits: Optional["Limits"] = None) -> "VideoIndex":
     """Validate ``path`` and index it: returns the :class:`vr_runtime.video.decoders.VideoIndex`
     (codec, size, rotation, every frame's timestamp), which holds the file open
     (:class:`VideoFile`; ``file``: one already opened). Raises ``VideoError`` for a missing,
@@ -429,7 +431,7 @@ def open_video(path, file: Optional[VideoFile] = None,
     default the process's)."""
     path = os.fspath(path)
     f = file if file is not None else VideoFile(path)
-    info = D.probe(path, source=f.source, limits=limits)
+    info = probe(path, source=f.source, limits=limits)
     info.handle = f
     return info
 
@@ -438,7 +440,7 @@ def open_video(path, file: Optional[VideoFile] = None,
 
 @dataclass
 class _Plan:
-    info: "D.VideoIndex"
+    info: "VideoIndex"
     path: str
     indices: List[int]
     num_frames: int
@@ -467,7 +469,7 @@ def _plan(info, num_frames: int, time_window, seek: str = "exact") -> Tuple[List
                 f"so all {len(indices)} are used")
     if seek == "keyframe":
         sampled = len(indices)
-        indices = D.keyframe_indices(info, indices)
+        indices = keyframe_indices(info, indices)
         if not info.has_pts:
             kf = "the file has no timestamps, so no keyframe index: its frames were decoded exactly"
         elif len(indices) < sampled:
@@ -498,11 +500,11 @@ def _prepare(path, num_frames, time_window, size, decoder, mean, std, memory_lim
     _check_count(num_frames, "num_frames")
     _check_count(size, "size")
     _norm(mean, "mean"), _norm(std, "std")
-    decoder = D.resolve_decoder(decoder)
-    seek = D.resolve_seek(seek)
-    workers = D.resolve_workers(decode_workers)
+    decoder = resolve_decoder(decoder)
+    seek = resolve_seek(seek)
+    workers = resolve_workers(decode_workers)
     path = os.fspath(path)
-    with D.cancel_scope(should_stop):
+    with cancel_scope(should_stop):
         info = open_video(path, limits=limits)
     indices, note = _plan(info, num_frames, time_window, seek)
     workers = _check_memory(path, info, len(indices), size, memory_limit, workers)
@@ -515,7 +517,7 @@ def _finish(plan: _Plan, progress: bool, t0: float) -> VideoClip:
     info, size = plan.info, plan.size
     n = len(plan.indices)
     out = torch.empty(n, 3, size, size, dtype=torch.float32)
-    scale = D.scaled_size(info.width, info.height, size)
+    scale = scaled_size(info.width, info.height, size)
     bar = None
     if progress and n > CHUNK:
         from tqdm.auto import tqdm
@@ -555,8 +557,8 @@ def _finish(plan: _Plan, progress: bool, t0: float) -> VideoClip:
         if len(pending) == CHUNK:
             flush()
     try:
-        with D.cancel_scope(plan.should_stop):
-            used = D.decode_frames(info, plan.indices, scale, on_frame, plan.decoder,
+        with cancel_scope(plan.should_stop):
+            used = decode_frames(info, plan.indices, scale, on_frame, plan.decoder,
                                    workers=plan.workers, seek=plan.seek)
         flush()
     finally:
@@ -582,7 +584,7 @@ def load_video(path, num_frames: int = 64, time_window: Optional[Tuple[float, fl
                size: int = 448, progress: bool = False, *, decoder: str = "auto",
                mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
                memory_limit: Optional[int] = None, should_stop=None,
-               limits: Optional["D.Limits"] = None, seek: str = "exact",
+               limits: Optional["Limits"] = None, seek: str = "exact",
                decode_workers: Optional[int] = None) -> VideoClip:
     """Decode ``num_frames`` frames of ``path`` with InternVL's sampling (optionally within
     ``time_window`` = (start_s, end_s), sampled by time) and preprocess them to
@@ -654,7 +656,7 @@ def prefetch_video(path, num_frames: int = 64, time_window: Optional[Tuple[float
     # "auto", PyAV checks (one seek; decord would re-index the whole file first), and a
     # decord-only failure later still falls back to PyAV.
     last = plan.indices[-1]
-    scale = D.scaled_size(plan.info.width, plan.info.height, min(plan.size, 64))
-    D.decode_frames(plan.info, [last], scale, lambda i, f: None,
+    scale = scaled_size(plan.info.width, plan.info.height, min(plan.size, 64))
+    decode_frames(plan.info, [last], scale, lambda i, f: None,
                     "pyav" if plan.decoder == "auto" else plan.decoder, seek=plan.seek)
     return _submit(_finish, plan, progress, t0)
