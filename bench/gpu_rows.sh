@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Every row of issue 21's table on one GPU (H100/H200), with the project's own commands.
+# Every GPU row of BENCHMARKS.md's model-vs-measured table (bench/floors.py) on one GPU
+# (H100/H200), with the project's own commands.
 #
-#   bash bench/gpu_issue21.sh [STAGE ...]      (default: all stages, in this order)
+#   bash bench/gpu_rows.sh [STAGE ...]      (default: all stages, in this order)
 #
 # Stages and the rows they measure (InternVL3-8B shape, random weights, bf16, 64 frames,
 # budget 12,288 unless said):
@@ -21,15 +22,15 @@
 #            tiny model and the 8B shape, plain and with a load-time request warm-up
 #                                                          -> item 7 "cold start"
 #
-# Results go to $OUT (the device tool's folder) or, without it, bench/results/gpu_issue21_<date>/;
+# Results go to $OUT (the device tool's folder) or, without it, bench/results/gpu_rows_<date>/;
 # each stage writes its files as soon as it ends, so a time limit keeps the finished ones.
 # The device tool allows 10 minutes a call: run the stages over two or three calls if needed,
-# e.g. `bash bench/gpu_issue21.sh tests decode`, then `... e2e frames batch`, then `... kernels
+# e.g. `bash bench/gpu_rows.sh tests decode`, then `... e2e frames batch`, then `... kernels
 # cold`. Copy the files into bench/results/ with a README (device, date, versions, command).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=".:bench${PYTHONPATH:+:$PYTHONPATH}"
-DEST="${OUT:-bench/results/gpu_issue21_$(date -u +%Y-%m-%d)}"
+DEST="${OUT:-bench/results/gpu_rows_$(date -u +%Y-%m-%d)}"
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(tests decode e2e frames batch kernels cold)
 for stage in "${STAGES[@]}"; do   # check every name before an expensive stage runs
@@ -38,7 +39,7 @@ for stage in "${STAGES[@]}"; do   # check every name before an expensive stage r
     esac
 done
 mkdir -p "$DEST"
-LOG="$DEST/gpu_issue21.log"
+LOG="$DEST/gpu_rows.log"
 python3 - >>"$LOG" 2>&1 <<'EOF'
 import torch, transformers, triton
 print("torch", torch.__version__, "transformers", transformers.__version__, "triton",
