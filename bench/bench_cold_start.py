@@ -1,4 +1,4 @@
-"""Cold start (issue 21 item 7): what the first question in a fresh process pays, against the next.
+"""Cold start: what the first question in a fresh process pays, against the next.
 
     python bench/bench_cold_start.py                         # CPU: the tiny model, 8 frames
     python bench/bench_cold_start.py --shape 8b --device cuda --processes 3   # InternVL3-8B shape

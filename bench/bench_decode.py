@@ -1,5 +1,5 @@
-"""Decoding speed after the prefill, per decoding mode (issue 21 row "decoding, wall time per
-new token"; vr_runtime.generate).
+"""Decoding speed after the prefill, per decoding mode (the GPU table's row "decoding, wall time
+per new token"; vr_runtime.generate).
 
 For each mode (dynamic cache / static cache / static cache + CUDA graphs through inductor or
 through the plain ``cudagraphs`` backend) and batch size, the same prompt of ``--prompt-tokens``
@@ -39,7 +39,7 @@ sys.path.insert(0, str(HERE.parent))
 import common  # noqa: E402
 
 CONFIGS = HERE.parent / "vr_runtime" / "configs"
-GOAL_MS = 7.0   # issue 21: <= 7 ms a token at the 8B shape on an H100
+GOAL_MS = 7.0   # the goal: <= 7 ms a token at the 8B shape on an H100
 
 
 def parse(argv=None):

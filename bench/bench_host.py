@@ -1,4 +1,4 @@
-"""Host time of one ``pool_pack`` call before its launch (issue 12, item 1), on one CPU thread.
+"""Host time of one ``pool_pack`` call before its launch, on one CPU thread.
 
     python bench/bench_host.py [--out bench/results/host_cpu.json] [--before COMMIT] [--n 2000]
 
@@ -151,7 +151,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     cols = ["T", "scenario", "out", "median_us", "q20_us", "q80_us", "before_us", "speedup", "target_us", "target_met"]
     md = ["# pool_pack host time before the launch (CPU, 1 thread)", "",
           environment_line(env), ""] + [f"> {n}" for n in notes] + [
-          "", markdown_table(rows, cols), "", "## Targets (issue 12)", ""] + [f"- {v}" for v in verdict]
+          "", markdown_table(rows, cols), "", "## Targets", ""] + [f"- {v}" for v in verdict]
     payload = dict(environment=env, label="CPU", notes=notes, results=rows, before=before, targets=verdict)
     finish(args.out, payload, "\n".join(md))
     return payload

@@ -195,7 +195,7 @@ def time_fn(fn: Callable[[], object], *, device: Optional[torch.device] = None, 
                   q80=_quantile(times, 0.8), samples=len(times), first_call=first)
 
 
-# ------------------------------------------------------------------ kernel timing (issue 21 item 5)
+# ------------------------------------------------------------- kernel timing across processes
 # ``time_kernel`` is the method for figures that must hold across processes (BENCHMARKS.md,
 # "Timing method"): clocks warmed with >= 200 ms of work, input sets rotated so every call reads
 # cold memory as a real call does, CUDA-graph replays for the device time, the host's time to

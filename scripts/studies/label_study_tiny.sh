@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 8, item 5 on the synthetic task: the paper's frame labels (rule (a), Appendix A) built by
+# Rule (a) on the synthetic task, end to end: the paper's frame labels (rule (a), Appendix A) built by
 # the tiny model, compared with the generator's labels, then Stage 1 trained from them.
 #   1. the labeller (python -m vr_runtime.training labeller, config tiny_labeller): the shipped
 #      tiny model fine-tuned on fresh rendered videos to answer from whatever frames it is shown

@@ -1,4 +1,4 @@
-"""Issue 8, item 5: Stage 1 trained from the counterfactual labels of rule (a) instead of the
+"""Stage 1 trained from the counterfactual labels of rule (a) instead of the
 generator's, on the same videos, both evaluated on the generator's held-out labels.
 
     python scripts/studies/stage1_from_labels.py [--study runs/label_study] [--tiny runs/tiny_v2]

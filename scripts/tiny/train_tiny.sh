@@ -6,11 +6,11 @@
 # times are in training_metrics.json); task v1 about 20.
 #
 #   scripts/tiny/train_tiny.sh [--task v2|v1] [WORK_DIR]   (default v2, runs/tiny_v2; v1: runs/tiny)
-#       v2: issue 23's wider task (aspect ratios, lossy codecs and noise, moving targets,
+#       v2: the wider task (aspect ratios, lossy codecs and noise, moving targets,
 #       1-3 targets, 8-64 of 16-256 frames, look-alike distractors): 960 training videos with
 #       every factor random, a held-out split of 85 that varies one factor at a time.
 #       --task v1: the original task (square, near-lossless H.264, static, 2 targets, 16
-#       frames), 480 training videos and 60 held out; the shipped weights before issue 23.
+#       frames), 480 training videos and 60 held out; the shipped weights before v2.
 #       Everything goes under WORK_DIR: data, checkpoints, logs, the final weights
 #       (WORK_DIR/stage3b/{model,routers}.safetensors) and the curves and metrics
 #       (WORK_DIR/results/training_curves.png, training_metrics.json). Nothing in the checkout
@@ -75,7 +75,7 @@ if [ "$INSTALL" = 1 ]; then
     python -m vr_runtime.training routing-eval --data "$WORK/data/heldout_conversations.jsonl" \
         --out "$ROUTING"
     if [ "$TASK" = v2 ]; then
-        # the combined setting of issue 23's own videos (every factor off its base at once)
+        # the combined "footage" setting (every factor off its base at once)
         python -m vr_runtime.training synth --task v2 --out "$WORK/data" --train 0 --heldout 0 \
             --footage 20
         python -m vr_runtime.training routing-eval \
