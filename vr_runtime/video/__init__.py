@@ -1,4 +1,5 @@
-"""Video -> frames: probing and decoding a file (:mod:`.decoders`), then sampling, resizing and
+"""Video -> frames: probing a file (:mod:`.probe`) and decoding it (:mod:`.decoders`, which
+chooses between :mod:`.pyav_decoder` and :mod:`.decord_decoder`), then sampling, resizing and
 normalising the frames a request asks for (:mod:`.load`).
 
 ``from vr_runtime.video import load_video`` keeps working: the loader's public names are read

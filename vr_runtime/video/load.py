@@ -513,66 +513,89 @@ def _prepare(path, num_frames, time_window, size, decoder, mean, std, memory_lim
                  seek, workers)
 
 
+class _FrameSink:
+    """Where decoded frames go: preprocessed ``CHUNK`` at a time into ``out`` [n, 3, size,
+    size], by position. Frames arrive in order from one decoder, in any order from parallel
+    ones (decode_frames serialises the calls), and a backend that starts over delivers a
+    position again, which overwrites it."""
+
+    def __init__(self, n: int, size: int, mean, std, bar=None):
+        self.out = torch.empty(n, 3, size, size, dtype=torch.float32)
+        self.size, self.mean, self.std, self.bar = size, mean, std, bar
+        self.pending: List[Tuple[int, np.ndarray]] = []
+        self.got = np.zeros(n, dtype=bool)
+        # Parallel decoders call flush from their own threads, where the caller's inference
+        # mode (thread-local) is off: ``out``, made under it, may only be written under it.
+        self.inference = torch.is_inference_mode_enabled()
+
+    @property
+    def done(self) -> int:
+        return int(self.got.sum())
+
+    def on_frame(self, i: int, frame: np.ndarray) -> None:
+        self.pending.append((i, frame))
+        if len(self.pending) == CHUNK:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            with torch.inference_mode(self.inference):
+                self._write()
+
+    def _write(self) -> None:
+        pos = [i for i, _ in self.pending]
+        x = preprocess_frames(np.stack([f for _, f in self.pending]), self.size, self.mean,
+                              self.std)
+        if pos == list(range(pos[0], pos[0] + len(pos))):
+            self.out[pos[0]:pos[0] + len(pos)] = x
+        else:
+            self.out[pos] = x
+        new = int((~self.got[pos]).sum())
+        self.got[pos] = True
+        if self.bar is not None and new:
+            self.bar.update(new)
+        self.pending.clear()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _progress_bar(n: int):
+    from tqdm.auto import tqdm
+    # delay: the bar shows only when decoding takes long enough to be worth watching.
+    return tqdm(total=n, desc="decoding", unit="frame", file=sys.stderr,
+                leave=False, dynamic_ncols=True, delay=1.0)
+
+
 def _finish(plan: _Plan, progress: bool, t0: float) -> VideoClip:
-    info, size = plan.info, plan.size
+    """Decode the plan's frames into a :class:`VideoClip`."""
+    info = plan.info
     n = len(plan.indices)
-    out = torch.empty(n, 3, size, size, dtype=torch.float32)
-    scale = scaled_size(info.width, info.height, size)
-    bar = None
-    if progress and n > CHUNK:
-        from tqdm.auto import tqdm
-        # delay: the bar shows only when decoding takes long enough to be worth watching.
-        bar = tqdm(total=n, desc="decoding", unit="frame", file=sys.stderr,
-                   leave=False, dynamic_ncols=True, delay=1.0)
-    # Frames arrive by position: in order from one decoder, in any order from parallel ones
-    # (decode_frames serialises the calls), and a backend that starts over delivers a
-    # position again, which overwrites it.
-    pending: List[Tuple[int, np.ndarray]] = []
-    got = np.zeros(n, dtype=bool)
-    # Parallel decoders call flush from their own threads, where the caller's inference mode
-    # (thread-local) is off: ``out``, made under it, may only be written under it.
-    inference = torch.is_inference_mode_enabled()
-
-    def flush():
-        if pending:
-            with torch.inference_mode(inference):
-                write()
-
-    def write():
-        if pending:
-            pos = [i for i, _ in pending]
-            x = preprocess_frames(np.stack([f for _, f in pending]), size, plan.mean, plan.std)
-            if pos == list(range(pos[0], pos[0] + len(pos))):
-                out[pos[0]:pos[0] + len(pos)] = x
-            else:
-                out[pos] = x
-            new = int((~got[pos]).sum())
-            got[pos] = True
-            if bar is not None and new:
-                bar.update(new)
-            pending.clear()
-
-    def on_frame(i: int, frame: np.ndarray):
-        pending.append((i, frame))
-        if len(pending) == CHUNK:
-            flush()
+    scale = scaled_size(info.width, info.height, plan.size)
+    sink = _FrameSink(n, plan.size, plan.mean, plan.std,
+                      _progress_bar(n) if progress and n > CHUNK else None)
     try:
         with cancel_scope(plan.should_stop):
-            used = decode_frames(info, plan.indices, scale, on_frame, plan.decoder,
-                                   workers=plan.workers, seek=plan.seek)
-        flush()
+            used = decode_frames(info, plan.indices, scale, sink.on_frame, plan.decoder,
+                                 workers=plan.workers, seek=plan.seek)
+        sink.flush()
     finally:
-        if bar is not None:
-            bar.close()
-    done = int(got.sum())
-    if done != n:
-        raise VideoError(f"{plan.path}: only {done} of {n} sampled frames decoded; the "
+        sink.close()
+    if sink.done != n:
+        raise VideoError(f"{plan.path}: only {sink.done} of {n} sampled frames decoded; the "
                          f"file is corrupt or truncated")
+    return _clip(plan, sink.out, used, t0)
+
+
+def _clip(plan: _Plan, pixel_values: torch.Tensor, used: str, t0: float) -> VideoClip:
+    """The decoded clip with what it came from (``used``: the decoder) and its cache key."""
+    info = plan.info
     t = info.pts_s
     f = info.handle
     key = None if f is None else (f.real_path, f.identity, int(plan.num_frames),
                                   plan.time_window, plan.decoder, plan.seek)
-    return VideoClip(pixel_values=out, frame_indices=list(plan.indices),
+    return VideoClip(pixel_values=pixel_values, frame_indices=list(plan.indices),
                      timestamps_s=[float(t[i]) for i in plan.indices], fps=info.fps,
                      total_frames=info.num_frames, requested=plan.num_frames, note=plan.note,
                      path=plan.path, decode_s=time.perf_counter() - t0, decoder=used,

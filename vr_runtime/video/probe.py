@@ -21,6 +21,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Tuple
 
+import av
 import numpy as np
 
 from ..errors import VideoError
@@ -177,7 +178,6 @@ def probe(path: str, source: Optional[str] = None, limits: Optional[Limits] = No
     ``path``) with PyAV, reject what is not a decodable video with one clear
     :class:`VideoError`, and index every frame's presentation timestamp. ``limits``: the
     caps to check (default: the process's, :func:`set_limits`)."""
-    import av
     try:
         container = av.open(source or path, metadata_errors="ignore")
     except Exception as e:  # av.error.FFmpegError and friends
@@ -294,7 +294,6 @@ def _demux(container, stream, path: str, lim: Limits, tb: float) -> _Demuxed:
     file) ends the index there; what came before is still a video. Undeclared (or
     understated) lengths are counted as it goes: the packets' times against max_seconds,
     their number against max_frames."""
-    import av
     d = _Demuxed()
     try:
         for pkt in container.demux(stream):
@@ -337,7 +336,6 @@ def _check_demux_limits(d: _Demuxed, pkt, stream, path: str, lim: Limits, tb: fl
 def _first_rotation(pkt) -> Optional[int]:
     """The display matrix reaches PyAV on decoded frames only: decode until the first frame
     comes out (a few packets at most), then just demux. None: no frame from this packet."""
-    import av
     try:
         for frame in pkt.decode():
             return int(frame.rotation or 0)
@@ -424,7 +422,6 @@ def _canonical(ctx) -> str:
 
 def _reorders(codec: str) -> bool:
     """Whether the codec can reorder frames (B-frames), from FFmpeg's codec descriptor."""
-    import av
     try:
         return bool(av.codec.Codec(codec, "r").reorder)
     except Exception:
@@ -432,7 +429,6 @@ def _reorders(codec: str) -> bool:
 
 
 def _has_decoder(codec: str) -> bool:
-    import av
     try:
         av.codec.Codec(codec, "r")
         return True

@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
+import av
 import numpy as np
 
 from ..errors import VideoError
@@ -63,7 +64,6 @@ def decode_pyav(info: VideoIndex, indices: List[int], scale: Tuple[int, int], on
                 workers: int = 1, seek: str = "exact") -> None:
     """PyAV's backend of :func:`vr_runtime.video.decoders.decode_frames`: in parallel over
     GOPs where ``workers`` > 1, else on this thread by pts (or keyframes), else by count."""
-    import av
     w, h = scale
     interp = av.video.reformatter.Interpolation.AREA  # a box filter: right for shrinking
 
@@ -163,7 +163,6 @@ def _pyav_by_pts(holder: list, info: VideoIndex, indices: List[int], rgb, on_fra
     """``holder[0]``: the open container (replaced, and closed by the caller, if decoding has
     to restart from the top of the file). ``positions``: what ``on_frame`` is told for each
     of ``indices`` (default 0, 1, ...: a parallel worker's share says where it sits)."""
-    import av
     container = holder[0]
     stream = _video_stream(container, info, threads)
     skip = _skipper(info, indices, seek)
@@ -208,7 +207,6 @@ def _pyav_keyframes(holder: list, info: VideoIndex, indices: List[int], rgb, on_
     (a keyframe references nothing, so this is ffmpeg's frame; without the drain a decoder
     that reorders would hold it back until later frames arrive). A keyframe the demuxer does
     not land on goes through the general path (decoding on from the seek point)."""
-    import av
     container = holder[0]
     stream = _video_stream(container, info, 1)   # one frame per seek: threads only add latency
     ctx = stream.codec_context
@@ -245,7 +243,6 @@ def _parallel(info: VideoIndex, indices: List[int], shares: List[List[int]], rgb
     decoder (PyAV releases the GIL while FFmpeg decodes). Every thread is joined before this
     returns or raises; the first failure stops the others at their next packet and is raised
     as one line naming the file."""
-    import av
     outer = getattr(_cancel, "fn", None)        # the caller's deadline, for every worker
     failed: List[BaseException] = []
     stop = threading.Event()
@@ -311,7 +308,6 @@ def _run_all(ts: List[threading.Thread], stop: threading.Event) -> None:
 def _first_failure(info: VideoIndex, failed: List[BaseException]) -> BaseException:
     """The error to raise for failed workers: the one that failed first on its own, not one
     stopped because of it, as one line naming the file."""
-    import av
     real = [e for e in failed if not (isinstance(e, VideoError) and _STOPPED in str(e))]
     e = (real or failed)[0]
     if isinstance(e, (_NotByPts, VideoError)):
