@@ -404,45 +404,64 @@ def stage_costs(shape: Shape, visual_tokens: int, text_tokens: int, num_frames: 
     """Per stage ``{"flops", "bytes", "seconds", "ops"}`` for one request. ``pack_into_out``:
     compress writes into the prompt's embeddings (``pool_pack(..., out=, dest=)``, as the
     runtime does) rather than returning a new tensor."""
-    s = shape
     kept = num_frames if kept_frames is None else kept_frames
     q = question_tokens if question_tokens is not None else max(1, min(text_tokens, 64))
-    out: Dict[str, dict] = {}
+    out: Dict[str, _Stage] = {
+        "vision": _vision_stage(shape, num_frames, device),
+        "router": _router_stage(shape, num_frames, q, router_layers, router_pool, device, routers),
+        "compress": _compress_stage(shape, kept, visual_tokens, device, pack_into_out),
+        "prefill": _prefill_stage(shape, visual_tokens + text_tokens, device),
+    }
+    return {k: dict(flops=v.flops, bytes=v.bytes, seconds=v.seconds, ops=v.ops) for k, v in out.items()}
 
+
+def _vision_stage(s: Shape, T: int, device: DeviceSpec) -> _Stage:
+    """The vision tower over ``T`` frames, then the projector (pixel shuffle / 2x2 merge)."""
     vis = _Stage(device)
-    n, T = s.vis_tokens, num_frames
+    n = s.vis_tokens
     vis.matmul(n * T, s.patch_dim, s.d_vis)             # patch embedding
-    heads = s.vis_heads
-    hd = s.d_vis // heads
     for i in range(s.vis_layers):
-        vis.memory(n * T * s.d_vis)                     # LayerNorm / RMSNorm
-        vis.matmul(n * T, s.d_vis, 3 * s.d_vis)         # qkv
-        if s.vis_window_tokens and i >= s.vis_full_layers:   # window attention
-            w = s.vis_window_tokens
-            vis.attention(w, w, hd, T * heads * math.ceil(n / w), causal=False)
-        else:
-            vis.attention(n, n, hd, T * heads, causal=False)
-        vis.matmul(n * T, s.d_vis, s.d_vis)             # proj
-        vis.memory(n * T * s.d_vis, passes=3.0)         # layer scale + residual
-        vis.memory(n * T * s.d_vis)                     # LayerNorm / RMSNorm
-        if s.vis_gated_mlp:
-            vis.matmul(n * T, s.d_vis, s.vis_ff)        # gate
-            vis.matmul(n * T, s.d_vis, s.vis_ff)        # up
-            vis.memory(n * T * s.vis_ff)                # SiLU(gate)
-            vis.memory(n * T * s.vis_ff, passes=3.0)    # * up
-        else:
-            vis.matmul(n * T, s.d_vis, s.vis_ff)        # fc1
-            vis.memory(n * T * s.vis_ff)                # GELU
-        vis.matmul(n * T, s.vis_ff, s.d_vis)            # fc2 / down
-        vis.memory(n * T * s.d_vis, passes=3.0)         # residual
+        _vision_layer(vis, s, n, T, i)
     m = s.tokens_per_frame * T
     mh = s.merge_hidden or s.d
     vis.memory(m * 4 * s.d_vis)                         # pixel shuffle / 2x2 merge + norm
     vis.matmul(m, 4 * s.d_vis, mh)                      # projector fc1
     vis.memory(m * mh)                                  # GELU
     vis.matmul(m, mh, s.d)                              # projector fc2
-    out["vision"] = vis
+    return vis
 
+
+def _vision_layer(vis: _Stage, s: Shape, n: int, T: int, i: int) -> None:
+    """Vision layer ``i`` over ``T`` frames of ``n`` tokens: attention (full, or windowed past
+    the tower's full layers), then the MLP (gated or not)."""
+    heads = s.vis_heads
+    hd = s.d_vis // heads
+    vis.memory(n * T * s.d_vis)                         # LayerNorm / RMSNorm
+    vis.matmul(n * T, s.d_vis, 3 * s.d_vis)             # qkv
+    if s.vis_window_tokens and i >= s.vis_full_layers:   # window attention
+        w = s.vis_window_tokens
+        vis.attention(w, w, hd, T * heads * math.ceil(n / w), causal=False)
+    else:
+        vis.attention(n, n, hd, T * heads, causal=False)
+    vis.matmul(n * T, s.d_vis, s.d_vis)                 # proj
+    vis.memory(n * T * s.d_vis, passes=3.0)             # layer scale + residual
+    vis.memory(n * T * s.d_vis)                         # LayerNorm / RMSNorm
+    if s.vis_gated_mlp:
+        vis.matmul(n * T, s.d_vis, s.vis_ff)            # gate
+        vis.matmul(n * T, s.d_vis, s.vis_ff)            # up
+        vis.memory(n * T * s.vis_ff)                    # SiLU(gate)
+        vis.memory(n * T * s.vis_ff, passes=3.0)        # * up
+    else:
+        vis.matmul(n * T, s.d_vis, s.vis_ff)            # fc1
+        vis.memory(n * T * s.vis_ff)                    # GELU
+    vis.matmul(n * T, s.vis_ff, s.d_vis)                # fc2 / down
+    vis.memory(n * T * s.d_vis, passes=3.0)             # residual
+
+
+def _router_stage(s: Shape, T: int, q: int, router_layers: int, router_pool: int,
+                  device: DeviceSpec, routers: bool) -> _Stage:
+    """The Shadow Stack over each frame's ``[Z_t; question]`` and over the question, plus the
+    Image Router's heads; nothing when the plan routes nothing."""
     rt = _Stage(device)
     if routers:
         per_frame = math.ceil(s.tokens_per_frame / (router_pool * router_pool)) + q
@@ -453,8 +472,12 @@ def stage_costs(shape: Shape, visual_tokens: int, text_tokens: int, num_frames: 
         rt.matmul(T * q, r, 3 * r)
         rt.matmul(T * q, r, r)
         rt.matmul(T * q, r, 8 * r)
-    out["router"] = rt
+    return rt
 
+
+def _compress_stage(s: Shape, kept: int, visual_tokens: int, device: DeviceSpec,
+                    pack_into_out: bool) -> _Stage:
+    """``pool_pack`` over the ``kept`` frames' tokens into ``visual_tokens`` rows."""
     cp = _Stage(device)
     # The embedding_bag: its input was written by the vision stage and the router's working set
     # (layers, activations) has evicted it since, so it streams from memory. pack_call_s
@@ -469,16 +492,17 @@ def stage_costs(shape: Shape, visual_tokens: int, text_tokens: int, num_frames: 
         cp.seconds += max(nb / device.bandwidth, visual_tokens * device.index_copy_row_s
                           + visual_tokens * s.d * device.index_copy_element_s) + device.op_overhead_s
         cp.ops += 1
-    out["compress"] = cp
+    return cp
 
+
+def _prefill_stage(s: Shape, L: int, device: DeviceSpec) -> _Stage:
+    """The LLM over ``L`` = text + visual tokens, and the LM head for the last position."""
     pf = _Stage(device)
-    L = visual_tokens + text_tokens
     pf.memory(L * s.d)                                  # embedding gather
     _decoder_layers(pf, s, L, 1, s.layers, kv_cache=True)
     _rms_norm(pf, L, s.d)                               # final norm
     pf.matmul(1, s.d, s.vocab)                          # LM head, last position
-    out["prefill"] = pf
-    return {k: dict(flops=v.flops, bytes=v.bytes, seconds=v.seconds, ops=v.ops) for k, v in out.items()}
+    return pf
 
 
 def predict_ttft(config: Union[str, dict, Shape], visual_tokens: int, text_tokens: int, num_frames: int,
