@@ -1,4 +1,4 @@
-"""Held-out evidence that routing follows the question (issues 8 and 23), through the runtime.
+"""Held-out evidence that routing follows the question, through the runtime.
 
 On a held-out split of the synthetic task (``synthetic.generate``: big targets of different
 colors in disjoint frames, distractors, an absent color; held-out wordings mixed in), with a
@@ -21,7 +21,7 @@ The budget of the answers: ``max_length`` (the demo's 1,400 tokens of context at
 or with ``budget_fraction`` a fixed visual budget of that fraction of the video's *dense*
 tokens, ``round(fraction * T * tokens_per_frame)`` (``tokens_per_frame``: the backbone's grid,
 256 for the tiny model and InternVL3), so that videos of 8 and 64 frames are held to the same
-compression. Issue 23's goals are stated at a quarter (``QUARTER``), which is
+compression. The per-factor goals (``GOALS``) are stated at a quarter (``QUARTER``), which is
 ``routing-eval``'s default on task-v2 data.
 
 Task v2 data (every line records the video's ``factors``, its own ``num_frames`` and, in the
@@ -29,7 +29,7 @@ held-out layout, which factor it ``varies``) is also reported per factor value
 (``by_factor``): the row "aspect=16:9" holds the videos that vary the aspect (with every other
 factor at its base value) and show 16:9, the row of a base value ("aspect=1:1") the base
 videos; on a split without ``varies`` (a training split, every factor random) a row holds every
-video with that value. Each row is checked against issue 23's goals (``GOALS``).
+video with that value. Each row is checked against the goals (``GOALS``).
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ import time
 from collections import defaultdict
 from typing import Dict, List, Optional, Sequence
 
-TARGETS = {  # issue 8's held-out targets: (metric path, comparison, value)
+TARGETS = {  # the held-out targets of the task v1 split: (metric path, comparison, value)
     "image_router_frame_accuracy": (("image_router_frame_accuracy", "all", "rate"), ">=", 0.95),
     "auc_queried_vs_other_target": (("auc_queried_vs_other_target", "mean"), ">=", 0.95),
     "kept_frames_differ_between_colors": (("kept_full_res_differ_between_targets", "rate"),
@@ -49,8 +49,8 @@ TARGETS = {  # issue 8's held-out targets: (metric path, comparison, value)
                                           ">=", 0.95),
     "answers_auto": (("answers_auto", "all", "rate"), ">=", 0.85),
 }
-QUARTER = 0.25   # issue 23: answers under ``auto`` at about a quarter of the dense tokens
-GOALS = {  # issue 23's goals, checked overall and for every factor value: (comparison, value)
+QUARTER = 0.25   # the goals' budget: answers under ``auto`` at a quarter of the dense tokens
+GOALS = {  # stricter goals, checked overall and for every factor value: (comparison, value)
     "image_router_frame_accuracy": (">=", 0.97),
     "auc_queried_vs_other_target": (">=", 0.97),
     "kept_full_res_differ_between_targets": (">=", 0.95),
@@ -98,6 +98,20 @@ def factor_groups(meta: dict) -> List[str]:
     return [f"{k}={v}" for k, v in factors.items() if varies is None or varies in (k, "base")]
 
 
+class _Tally:
+    """The per-group lists the metrics are computed from: question-level (one value a
+    question) and video-level (one value a video), keyed by "all", the factor rows and, for
+    question-level ones, "phrasing=..." and "category=..."."""
+
+    def __init__(self):
+        self.frame_right, self.sem = defaultdict(list), defaultdict(list)
+        self.ans_auto, self.ans_forced = defaultdict(list), defaultdict(list)
+        self.aucs, self.absent_marked = defaultdict(list), defaultdict(list)
+        self.kept_differ, self.rel_differ = defaultdict(list), defaultdict(list)
+        self.samples: List[dict] = []
+        self.frames_seen = set()
+
+
 def eval_routing(vr, conversations: str, max_length: int = 1400, num_frames: int = 16,
                  max_new_tokens: int = 8, limit_videos: int = 0, answers: bool = True,
                  progress: bool = False, router_pool: Optional[int] = None,
@@ -115,121 +129,143 @@ def eval_routing(vr, conversations: str, max_length: int = 1400, num_frames: int
     for ex in read_jsonl(conversations, "conversation"):
         by_video[ex.video].append(ex)
     videos = sorted(by_video)[:limit_videos or None]
-    thr = vr.routers.config.threshold
     grid = vr.lm.grid
     tokens_per_frame = int(grid[0]) * int(grid[1])
-    frame_right, sem = defaultdict(list), defaultdict(list)
-    ans_auto, ans_forced = defaultdict(list), defaultdict(list)
-    # video-level metrics, per group ("all" and the factor rows)
-    aucs, absent_marked = defaultdict(list), defaultdict(list)
-    kept_differ, rel_differ = defaultdict(list), defaultdict(list)
-    samples = []
-    frames_seen = set()
+    tally = _Tally()
     for video in tqdm(videos, desc="routing eval", disable=not progress, leave=False):
         exs = by_video[video]
         T = exs[0].frames or num_frames
-        frames_seen.add(T)
-        groups = ["all"] + factor_groups(exs[0].meta)
+        tally.frames_seen.add(T)
         kw = dict(num_frames=T, max_length=max_length, max_new_tokens=max_new_tokens,
                   cache_visual=True)
         if budget_fraction is not None:
             kw["budget"] = max(1, round(budget_fraction * T * tokens_per_frame))
         if router_pool is not None:
             kw["router_pool"] = router_pool
-        probs, kept = {}, {}
-        for ex in exs:
-            cat, phr = ex.meta.get("category", "?"), ex.meta.get("phrasing", "?")
-            keys = groups + [f"phrasing={phr}", f"category={cat}"]
-            if ex.frame_labels is not None:   # Fragment category: the Image Router's scores
-                # the routers read the bare question, as in training (Example.routed_question)
-                rep = vr.answer(video, ex.question, policy="fragment",
-                                router_question=ex.router_question,
-                                **dict(kw, max_new_tokens=1)).report
-                p = rep["frame_scores"]
-                probs[ex.question] = p
-                right = [(x > thr) == bool(y) for x, y in zip(p, ex.frame_labels)]
-                for k in keys:
-                    frame_right[k] += right
-                if cat == "absent_color":
-                    _add(absent_marked, groups, sum(x > thr for x in p))
-            if not answers:
-                continue
-            res = vr.answer(video, ex.question, policy="auto", router_question=ex.router_question,
-                            **kw)
-            _add(sem, keys, int(res.report["policy"] == "fragment") == ex.policy)
-            _add(ans_auto, keys, norm_answer(res.text) == norm_answer(ex.answer))
-            kept[ex.question] = tuple(t for t, w in enumerate(res.report["scales"]) if w == 1)
-            if len(samples) < 12:
-                samples.append({"video": os.path.basename(video), "question": ex.question,
-                                "answer": ex.answer, "auto": res.text,
-                                "policy": res.report["policy"],
-                                "kept_full_resolution": list(kept[ex.question])})
-            if ex.policy == 1:
-                labels = ex.frame_labels or [0] * T
-                forced = vr.answer(video, ex.question, policy="fragment",
-                                   relevant=[bool(y) for y in labels],
-                                   **{k: v for k, v in kw.items() if k != "router_pool"})
-            else:
-                forced = vr.answer(video, ex.question, policy="global", **kw)
-            _add(ans_forced, keys, norm_answer(forced.text) == norm_answer(ex.answer))
-        targets = [ex for ex in exs if ex.meta.get("category") == "object_shape"]
-        if len(targets) >= 2:
-            for ex in targets:   # the queried target against every other target's frames
-                p = probs[ex.question]
-                others = {t for o in targets if o is not ex
-                          for t, y in enumerate(o.frame_labels) if y}
-                v = auc([p[t] for t, y in enumerate(ex.frame_labels) if y],
-                        [p[t] for t in sorted(others)])
-                if v is not None:
-                    _add(aucs, groups, v)
-            rel = [tuple(t for t, x in enumerate(probs[e.question]) if x > thr) for e in targets]
-            _add(rel_differ, groups, _all_differ(rel))
-            if answers:
-                _add(kept_differ, groups, _all_differ([kept[e.question] for e in targets]))
+        _eval_video(vr, video, exs, T, kw, answers, tally)
         vr.clear_visual_cache()
+    out = _summary(tally, vr, videos, max_length, num_frames, answers, router_pool,
+                   budget_fraction, tokens_per_frame)
+    rows = sorted({g for d in (tally.frame_right, tally.aucs) for g in d if g != "all"
+                   and not g.startswith(("phrasing=", "category="))})
+    if rows:
+        out["by_factor"] = by_factor(rows, _question_level(tally), _video_level(tally),
+                                     by_video, videos)
+    return out
 
-    def pack(d):
-        return {k: {"rate": _rate(v), "n": len(v)} for k, v in sorted(d.items())}
 
-    def mean(d, key="all", extra=None):
-        v = d.get(key, [])
-        out = {"mean": _rate(v), "n": len(v)}
-        if extra:
-            out[extra[0]] = extra[1](v) if v else None
-        return out
+def _eval_video(vr, video: str, exs, T: int, kw: dict, answers: bool, tally: _Tally) -> None:
+    """Every question of one video, then the metrics between its targets."""
+    thr = vr.routers.config.threshold
+    groups = ["all"] + factor_groups(exs[0].meta)
+    probs, kept = {}, {}
+    for ex in exs:
+        cat, phr = ex.meta.get("category", "?"), ex.meta.get("phrasing", "?")
+        keys = groups + [f"phrasing={phr}", f"category={cat}"]
+        if ex.frame_labels is not None:   # Fragment category: the Image Router's scores
+            # the routers read the bare question, as in training (Example.routed_question)
+            rep = vr.answer(video, ex.question, policy="fragment",
+                            router_question=ex.router_question,
+                            **dict(kw, max_new_tokens=1)).report
+            p = rep["frame_scores"]
+            probs[ex.question] = p
+            right = [(x > thr) == bool(y) for x, y in zip(p, ex.frame_labels)]
+            for k in keys:
+                tally.frame_right[k] += right
+            if cat == "absent_color":
+                _add(tally.absent_marked, groups, sum(x > thr for x in p))
+        if answers:
+            kept[ex.question] = _eval_answers(vr, video, ex, T, kw, keys, tally)
+    targets = [ex for ex in exs if ex.meta.get("category") == "object_shape"]
+    if len(targets) >= 2:
+        for ex in targets:   # the queried target against every other target's frames
+            p = probs[ex.question]
+            others = {t for o in targets if o is not ex
+                      for t, y in enumerate(o.frame_labels) if y}
+            v = auc([p[t] for t, y in enumerate(ex.frame_labels) if y],
+                    [p[t] for t in sorted(others)])
+            if v is not None:
+                _add(tally.aucs, groups, v)
+        rel = [tuple(t for t, x in enumerate(probs[e.question]) if x > thr) for e in targets]
+        _add(tally.rel_differ, groups, _all_differ(rel))
+        if answers:
+            _add(tally.kept_differ, groups, _all_differ([kept[e.question] for e in targets]))
 
+
+def _eval_answers(vr, video: str, ex, T: int, kw: dict, keys, tally: _Tally) -> tuple:
+    """One question answered under ``auto`` and with the correct frames forced; returns the
+    frames ``auto`` kept at full resolution."""
+    res = vr.answer(video, ex.question, policy="auto", router_question=ex.router_question, **kw)
+    _add(tally.sem, keys, int(res.report["policy"] == "fragment") == ex.policy)
+    _add(tally.ans_auto, keys, norm_answer(res.text) == norm_answer(ex.answer))
+    kept = tuple(t for t, w in enumerate(res.report["scales"]) if w == 1)
+    if len(tally.samples) < 12:
+        tally.samples.append({"video": os.path.basename(video), "question": ex.question,
+                              "answer": ex.answer, "auto": res.text,
+                              "policy": res.report["policy"],
+                              "kept_full_resolution": list(kept)})
+    if ex.policy == 1:
+        labels = ex.frame_labels or [0] * T
+        forced = vr.answer(video, ex.question, policy="fragment",
+                           relevant=[bool(y) for y in labels],
+                           **{k: v for k, v in kw.items() if k != "router_pool"})
+    else:
+        forced = vr.answer(video, ex.question, policy="global", **kw)
+    _add(tally.ans_forced, keys, norm_answer(forced.text) == norm_answer(ex.answer))
+    return kept
+
+
+def _packed(d) -> dict:
+    return {k: {"rate": _rate(v), "n": len(v)} for k, v in sorted(d.items())}
+
+
+def _mean(d, key="all", extra=None) -> dict:
+    v = d.get(key, [])
+    out = {"mean": _rate(v), "n": len(v)}
+    if extra:
+        out[extra[0]] = extra[1](v) if v else None
+    return out
+
+
+def _rate_of_all(d) -> dict:
+    return {"rate": _rate(d.get("all", [])), "n": len(d.get("all", []))}
+
+
+def _summary(tally: _Tally, vr, videos, max_length, num_frames, answers, router_pool,
+             budget_fraction, tokens_per_frame) -> dict:
+    """The split's metrics (``eval_routing``'s output without ``by_factor``)."""
+    t = tally
     out = {
         "videos": len(videos), "max_length": max_length,
-        "num_frames": sorted(frames_seen) if len(frames_seen) > 1 else num_frames,
+        "num_frames": sorted(t.frames_seen) if len(t.frames_seen) > 1 else num_frames,
         "budget": ({"fraction_of_dense": budget_fraction, "tokens_per_frame": tokens_per_frame}
                    if budget_fraction is not None else {"max_length": max_length}),
         "router_pool": vr.routers.config.router_pool if router_pool is None else router_pool,
-        "image_router_frame_accuracy": pack(frame_right),
-        "auc_queried_vs_other_target": dict(mean(aucs, extra=("min", min)),
-                                            questions=len(aucs.get("all", []))),
-        "router_relevant_sets_differ_between_targets": {
-            "rate": _rate(rel_differ.get("all", [])), "n": len(rel_differ.get("all", []))},
-        "absent_color_frames_marked": mean(absent_marked, extra=("max", max)),
+        "image_router_frame_accuracy": _packed(t.frame_right),
+        "auc_queried_vs_other_target": dict(_mean(t.aucs, extra=("min", min)),
+                                            questions=len(t.aucs.get("all", []))),
+        "router_relevant_sets_differ_between_targets": _rate_of_all(t.rel_differ),
+        "absent_color_frames_marked": _mean(t.absent_marked, extra=("max", max)),
     }
     if answers:
         out.update({
-            "semantic_router_accuracy": pack(sem),
-            "kept_full_res_differ_between_targets": {
-                "rate": _rate(kept_differ.get("all", [])), "n": len(kept_differ.get("all", []))},
-            "answers_auto": pack(ans_auto),
-            "answers_forced_correct_frames": pack(ans_forced),
-            "samples": samples})
-    video_level = {"auc_queried_vs_other_target": aucs, "absent_color_frames_marked":
-                   absent_marked, "kept_full_res_differ_between_targets": kept_differ,
-                   "router_relevant_sets_differ_between_targets": rel_differ}
-    question_level = {"image_router_frame_accuracy": frame_right, "answers_auto": ans_auto,
-                      "answers_forced_correct_frames": ans_forced,
-                      "semantic_router_accuracy": sem}
-    rows = sorted({g for d in (frame_right, aucs) for g in d if g != "all"
-                   and not g.startswith(("phrasing=", "category="))})
-    if rows:
-        out["by_factor"] = by_factor(rows, question_level, video_level, by_video, videos)
+            "semantic_router_accuracy": _packed(t.sem),
+            "kept_full_res_differ_between_targets": _rate_of_all(t.kept_differ),
+            "answers_auto": _packed(t.ans_auto),
+            "answers_forced_correct_frames": _packed(t.ans_forced),
+            "samples": t.samples})
     return out
+
+
+def _video_level(t: _Tally) -> dict:
+    return {"auc_queried_vs_other_target": t.aucs, "absent_color_frames_marked":
+            t.absent_marked, "kept_full_res_differ_between_targets": t.kept_differ,
+            "router_relevant_sets_differ_between_targets": t.rel_differ}
+
+
+def _question_level(t: _Tally) -> dict:
+    return {"image_router_frame_accuracy": t.frame_right, "answers_auto": t.ans_auto,
+            "answers_forced_correct_frames": t.ans_forced, "semantic_router_accuracy": t.sem}
 
 
 def _all_differ(sets) -> bool:
@@ -274,7 +310,7 @@ def meets(v: Optional[float], op: str, thr: float) -> Optional[bool]:
 
 
 def check_goals(cell: dict) -> dict:
-    """Issue 23's goals on one row: {metric: {"value", "goal", "met"}} (met None where the
+    """The goals (``GOALS``) on one row: {metric: {"value", "goal", "met"}} (met None where the
     metric does not exist for the row, e.g. AUC between targets with one target)."""
     out = {}
     for metric, (op, thr) in GOALS.items():
@@ -343,7 +379,7 @@ def run(model: str, routers: Optional[str], data: str, out: str, max_length: int
         command: str = "", router_pool: Optional[int] = None,
         budget_fraction: Optional[float] = None) -> dict:
     """Load the model, evaluate, write ``out`` (JSON with device, date, versions, command,
-    issue 8's targets, issue 23's goals overall and per factor, and the markdown table)."""
+    the targets, the goals overall and per factor, and the markdown table)."""
     from vr_runtime.data.atomic import write_atomic
     from vr_runtime.fingerprint import environment
     from vr_runtime.runtime import VideoRouter
@@ -352,8 +388,8 @@ def run(model: str, routers: Optional[str], data: str, out: str, max_length: int
     m = eval_routing(vr, data, max_length=max_length, num_frames=num_frames,
                      limit_videos=limit_videos, answers=answers, progress=True,
                      router_pool=router_pool, budget_fraction=budget_fraction)
-    res = {"what": "held-out routing metrics, issue 8's targets and issue 23's goals overall "
-                   "and per factor (vr_runtime.training.routing_eval)",
+    res = {"what": "held-out routing metrics, their targets and their goals overall and per "
+                   "factor (vr_runtime.training.routing_eval)",
            "command": command, **environment(), "model": model, "routers": routers,
            "data": data, "targets": check_targets(m),
            "goals": check_goals(overall_cell(m)), "metrics": m,
