@@ -30,16 +30,18 @@ import os
 import time
 from typing import Callable, Optional, Union
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .engine import Engine, worker_id
+from ..cli_args import jsonable
+from .engine import RETRY_AFTER_S, Engine, worker_id
 from .errors import APIError, error_body, from_exception
 from .observe import REPORT_KEY, Observer
-from .schema import Limits, chunk, completion, new_id, parse_request, to_settings
+from .schema import (Limits, chunk, completion, finish_reason, new_id, parse_request,
+                     to_settings, usage)
 
 log = logging.getLogger("videorouter.serve")
 
@@ -49,7 +51,6 @@ WORKER_HEADER = "x-videorouter-worker"
 def _dumps(obj) -> bytes:
     # Exactly how `videorouter ask --json` serialises its object (NaN stays NaN, numpy values
     # become lists), so the "videorouter" report equals the CLI's.
-    from ..cli_args import jsonable
     return json.dumps(obj, default=jsonable).encode()
 
 
@@ -82,7 +83,6 @@ class BodyLimit:
         return True
 
     def _busy(self) -> APIError:
-        from .engine import RETRY_AFTER_S
         return APIError(503, f"the server holds {self.max_inflight} bytes of request bodies "
                         f"already (--max-inflight-mb); retry in {RETRY_AFTER_S} s",
                         headers={"Retry-After": str(RETRY_AFTER_S), "Connection": "close"})
@@ -186,144 +186,183 @@ async def _send_error(send, err: APIError):
     await send({"type": "http.response.body", "body": body})
 
 
+router = APIRouter()
+
+
 def create_app(engine: Union[Engine, Callable[[], Engine]], limits: Limits = Limits(),
                api_key: Optional[str] = None, max_body_bytes: int = 100 * 2**20,
                served_model_name: Optional[str] = None,
                max_inflight_bytes: Optional[int] = 512 * 2**20):
     """The app around ``engine`` (an Engine, or a function that returns the process's engine,
-    called on first use: how a Ray Serve replica shares the one it loaded)."""
-    get_engine = (lambda: engine) if isinstance(engine, Engine) else engine
+    called on first use: how a Ray Serve replica shares the one it loaded).
+
+    The routes (:data:`router`) read what they serve from ``app.state``: ``get_engine``,
+    ``limits``, ``api_key``, ``served_model_name`` and ``observer``. Returns the ASGI app to
+    serve: the FastAPI app inside :class:`BodyLimit`, inside the
+    :class:`~vr_runtime.serve.observe.Observer`."""
     app = FastAPI(title="VideoRouter", docs_url=None, redoc_url=None, openapi_url=None)
+    state = app.state
+    state.get_engine = (lambda: engine) if isinstance(engine, Engine) else engine
+    state.limits = limits
+    state.api_key = api_key
+    state.served_model_name = served_model_name
+    for exc_class, handler in EXCEPTION_HANDLERS:
+        app.add_exception_handler(exc_class, handler)
+    app.include_router(router)
+    state.observer = Observer(BodyLimit(app, max_body_bytes, api_key, max_inflight_bytes),
+                              lambda: state.get_engine().stats())
+    return state.observer
 
-    def model_name() -> str:
-        return served_model_name or get_engine().name
 
-    def json_response(obj, status: int = 200, headers: Optional[dict] = None) -> Response:
-        # worker_id() is read per response: under Ray this app is built on the driver and
-        # runs in each replica's process.
-        return Response(_dumps(obj), status_code=status, media_type="application/json",
-                        headers={WORKER_HEADER: worker_id(), **(headers or {})})
+# ----------------------------------------------------------------------------- responses
+def _engine(request: Request) -> Engine:
+    return request.app.state.get_engine()
 
-    def error_response(err: APIError) -> Response:
-        if err.status >= 500:
-            log.warning("%s %s", err.status, err.message)
-        return json_response(err.body(), err.status, err.headers)
 
-    @app.exception_handler(APIError)
-    async def _api_error(request, exc: APIError):
-        return error_response(exc)
+def _model_name(request: Request) -> str:
+    state = request.app.state
+    return state.served_model_name or state.get_engine().name
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request, exc):
-        status = exc.status_code
-        msg = {404: f"no route {request.method} {request.url.path}; this server has "
-                    f"POST /v1/chat/completions, GET /v1/models, GET /health and GET /metrics",
-               405: f"method {request.method} is not allowed on {request.url.path}"}.get(
-                   status, str(exc.detail))
-        return json_response(error_body(status, msg), status)
 
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request, exc):
-        # (No route declares typed parameters; kept so that a future one answers in kind.)
-        fields = "; ".join(".".join(str(p) for p in e.get("loc", ())) + ": " + str(e.get("msg"))
-                           for e in exc.errors()[:3])
-        return json_response(error_body(400, f"invalid request: {fields}"), 400)
+def _check_key(request: Request) -> None:
+    api_key = request.app.state.api_key
+    if api_key is not None:
+        key_error(request.headers.get("authorization", ""), api_key)
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request, exc):
-        # The last line of defence: one line to the client, the traceback only in the server's
-        # log when VIDEOROUTER_DEBUG is set.
-        if os.environ.get("VIDEOROUTER_DEBUG", "") not in ("", "0"):
-            log.exception("unexpected error")
-        return error_response(from_exception(exc))
 
-    def check_key(request: Request) -> None:
-        if api_key is not None:
-            key_error(request.headers.get("authorization", ""), api_key)
+def _json_response(obj, status: int = 200, headers: Optional[dict] = None) -> Response:
+    # worker_id() is read per response: under Ray the app is built on the driver and runs in
+    # each replica's process.
+    return Response(_dumps(obj), status_code=status, media_type="application/json",
+                    headers={WORKER_HEADER: worker_id(), **(headers or {})})
 
-    @app.get("/health")
-    async def health():
-        # 503 while draining, so that a load balancer stops sending requests here.
-        eng = get_engine()
-        return json_response({"status": "draining" if eng.draining else "ok",
-                              "model": model_name(), "worker": worker_id(),
-                              "queue": eng.stats(), "requests": observer.counts()},
-                             503 if eng.draining else 200)
 
-    @app.get("/metrics")
-    async def metrics():
-        # Prometheus text format; like /health, no key needed.
-        from prometheus_client import CONTENT_TYPE_LATEST
-        return Response(observer.metrics(), media_type=CONTENT_TYPE_LATEST)
+def _error_response(err: APIError) -> Response:
+    if err.status >= 500:
+        log.warning("%s %s", err.status, err.message)
+    return _json_response(err.body(), err.status, err.headers)
 
-    @app.get("/v1/models")
-    async def models(request: Request):
-        check_key(request)
-        return json_response({"object": "list", "data": [{
-            "id": model_name(), "object": "model", "created": _STARTED, "owned_by": "videorouter",
-            "root": get_engine().config.model, "parent": None}]})
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        check_key(request)
-        raw = await request.body()
-        try:
-            # A large body (a data: video) is parsed off the event loop, which keeps serving.
-            data = json.loads(raw) if len(raw) < 2**20 else await run_in_threadpool(json.loads, raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise APIError(400, f"the request body is not valid JSON ({e})") from None
-        req = parse_request(data)
-        settings = to_settings(req, limits, [model_name()])
-        eng = get_engine()
-        gone = asyncio.Event()
+# ----------------------------------------------------------------------------- errors
+async def _api_error(request: Request, exc: APIError):
+    return _error_response(exc)
 
-        async def watch_client():
-            # The body is read: the next message the server gives is the client disconnecting
-            # (or, after the response, the end of the request).
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
-            gone.set()
 
-        watcher = asyncio.ensure_future(watch_client())
+async def _http_error(request: Request, exc: StarletteHTTPException):
+    status = exc.status_code
+    msg = {404: f"no route {request.method} {request.url.path}; this server has "
+                f"POST /v1/chat/completions, GET /v1/models, GET /health and GET /metrics",
+           405: f"method {request.method} is not allowed on {request.url.path}"}.get(
+               status, str(exc.detail))
+    return _json_response(error_body(status, msg), status)
+
+
+async def _validation_error(request: Request, exc: RequestValidationError):
+    # (No route declares typed parameters; kept so that a future one answers in kind.)
+    fields = "; ".join(".".join(str(p) for p in e.get("loc", ())) + ": " + str(e.get("msg"))
+                       for e in exc.errors()[:3])
+    return _json_response(error_body(400, f"invalid request: {fields}"), 400)
+
+
+async def _unexpected(request: Request, exc: Exception):
+    # The last line of defence: one line to the client, the traceback only in the server's log
+    # when VIDEOROUTER_DEBUG is set.
+    if os.environ.get("VIDEOROUTER_DEBUG", "") not in ("", "0"):
+        log.exception("unexpected error")
+    return _error_response(from_exception(exc))
+
+
+# Every error, however raised, answers with an OpenAI-style error object.
+EXCEPTION_HANDLERS = ((APIError, _api_error), (StarletteHTTPException, _http_error),
+                      (RequestValidationError, _validation_error), (Exception, _unexpected))
+
+
+# ----------------------------------------------------------------------------- routes
+@router.get("/health")
+async def health(request: Request):
+    # 503 while draining, so that a load balancer stops sending requests here.
+    eng = _engine(request)
+    return _json_response({"status": "draining" if eng.draining else "ok",
+                           "model": _model_name(request), "worker": worker_id(),
+                           "queue": eng.stats(), "requests": request.app.state.observer.counts()},
+                          503 if eng.draining else 200)
+
+
+@router.get("/metrics")
+async def metrics(request: Request):
+    # Prometheus text format; like /health, no key needed.
+    from prometheus_client import CONTENT_TYPE_LATEST
+    return Response(request.app.state.observer.metrics(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/models")
+async def models(request: Request):
+    _check_key(request)
+    return _json_response({"object": "list", "data": [{
+        "id": _model_name(request), "object": "model", "created": _STARTED,
+        "owned_by": "videorouter", "root": _engine(request).config.model, "parent": None}]})
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request):
+    _check_key(request)
+    limits: Limits = request.app.state.limits
+    settings = to_settings(parse_request(await _json_body(request)), limits,
+                           [_model_name(request)])
+    eng = _engine(request)
+    gone = asyncio.Event()
+    watcher = asyncio.ensure_future(_watch_client(request, gone))
+    try:
         if settings.stream:
-            try:
-                return await stream(request, eng, settings, gone)
-            finally:
-                watcher.cancel()
-        try:
-            ans = await eng.answer(settings, limits.max_prompt_tokens, gone)
-        finally:
-            watcher.cancel()
-        request.scope.setdefault("state", {})[REPORT_KEY] = ans.report   # tokens, timings
-        return json_response(completion(new_id(), model_name(), ans.text, ans.report,
-                                        settings.max_new_tokens))
+            return await _stream(request, eng, settings, gone)
+        ans = await eng.submit(settings, limits.max_prompt_tokens, gone)
+    finally:
+        watcher.cancel()
+    request.scope.setdefault("state", {})[REPORT_KEY] = ans.report   # tokens, timings
+    return _json_response(completion(new_id(), _model_name(request), ans.text, ans.report,
+                                     settings.max_new_tokens))
 
-    async def stream(request, eng, settings, gone):
-        """Real streaming: the model thread hands each generated id to the event loop; the
-        response starts with the first one (after the prefill), so every error before it --
-        a bad video, a full queue, a budget that cannot fit -- is still an HTTP status with an
-        error object. An error after it (the drain timeout) arrives as a last ``error`` event."""
-        loop = asyncio.get_running_loop()
-        ids: asyncio.Queue = asyncio.Queue()
-        task = asyncio.ensure_future(eng.answer(
-            settings, limits.max_prompt_tokens, gone,
-            on_token=lambda i: loop.call_soon_threadsafe(ids.put_nowait, i)))
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
-        first = asyncio.ensure_future(ids.get())
-        await asyncio.wait({task, first}, return_when=asyncio.FIRST_COMPLETED)
-        if not first.done():
-            first.cancel()
-            task.result()          # raises the request's error (an HTTP status) if it failed
-        pending = [first.result()] if first.done() and not first.cancelled() else []
-        return StreamingResponse(
-            _events(new_id(), model_name(), eng.stream_tokenizer(), pending, ids, task,
-                    settings, request.scope),
-            media_type="text/event-stream",
-            headers={WORKER_HEADER: worker_id(), "cache-control": "no-cache"})
 
-    observer = Observer(BodyLimit(app, max_body_bytes, api_key, max_inflight_bytes),
-                        lambda: get_engine().stats())
-    return observer
+async def _json_body(request: Request):
+    """The request's body parsed as JSON (400 if it is not)."""
+    raw = await request.body()
+    try:
+        # A large body (a data: video) is parsed off the event loop, which keeps serving.
+        return json.loads(raw) if len(raw) < 2**20 else await run_in_threadpool(json.loads, raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise APIError(400, f"the request body is not valid JSON ({e})") from None
+
+
+async def _watch_client(request: Request, gone: asyncio.Event) -> None:
+    # The body is read: the next message the server gives is the client disconnecting (or,
+    # after the response, the end of the request).
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    gone.set()
+
+
+async def _stream(request: Request, eng: Engine, settings, gone: asyncio.Event):
+    """Real streaming: the model thread hands each generated id to the event loop; the response
+    starts with the first one (after the prefill), so every error before it -- a bad video, a
+    full queue, a budget that cannot fit -- is still an HTTP status with an error object. An
+    error after it (the drain timeout) arrives as a last ``error`` event."""
+    loop = asyncio.get_running_loop()
+    ids: asyncio.Queue = asyncio.Queue()
+    task = asyncio.ensure_future(eng.submit(
+        settings, request.app.state.limits.max_prompt_tokens, gone,
+        on_token=lambda i: loop.call_soon_threadsafe(ids.put_nowait, i)))
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+    first = asyncio.ensure_future(ids.get())
+    await asyncio.wait({task, first}, return_when=asyncio.FIRST_COMPLETED)
+    if not first.done():
+        first.cancel()
+        task.result()          # raises the request's error (an HTTP status) if it failed
+    pending = [first.result()] if first.done() and not first.cancelled() else []
+    return StreamingResponse(
+        _events(new_id(), _model_name(request), eng.stream_tokenizer(), pending, ids, task,
+                settings, request.scope),
+        media_type="text/event-stream",
+        headers={WORKER_HEADER: worker_id(), "cache-control": "no-cache"})
 
 
 _STARTED = int(time.time())
@@ -356,7 +395,6 @@ class Detokenizer:
 
 
 async def _events(cid, name, tokenizer, pending, ids, task, settings, scope):
-    from .schema import finish_reason, usage
     created = int(time.time())
     detok = Detokenizer(tokenizer)
 

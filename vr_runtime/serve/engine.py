@@ -1,9 +1,10 @@
 """One model per process, a bounded queue in front of it, a deadline per request.
 
-:class:`Engine` owns the :class:`~vr_runtime.VideoRouter` and runs every ``answer`` on one
-worker thread under a lock, so requests take turns on the model in arrival order. A request holds
-a slot from the moment it is admitted (before its video is checked) until its answer is done;
-at most ``max_queue`` requests wait behind the one running, and one more is a 429 at once.
+:class:`Engine` owns the :class:`~vr_runtime.VideoRouter`; :meth:`Engine.submit` takes one
+request, and every ``VideoRouter.answer`` runs on one worker thread under a lock, so requests
+take turns on the model in arrival order. A request holds a slot from the moment it is admitted
+(before its video is checked) until its answer is done; at most ``max_queue`` requests wait
+behind the one running, and one more is a 429 at once.
 
 The deadline (``timeout_s``, from admission) ends the *request*: a request still waiting when it
 passes is never started and the client gets a 504. A computation already running on the model is
@@ -49,6 +50,7 @@ import concurrent.futures as cf
 import os
 import socket
 import threading
+import warnings
 from dataclasses import dataclass
 from collections import Counter
 from typing import Callable, Optional
@@ -275,7 +277,7 @@ class Engine:
             self._admitted -= 1
 
     # ------------------------------------------------------------------ running
-    async def answer(self, settings: Settings, max_prompt_tokens: Optional[int] = None,
+    async def submit(self, settings: Settings, max_prompt_tokens: Optional[int] = None,
                      gone: Optional[asyncio.Event] = None, on_token: Optional[Callable] = None):
         """Admit, count the prompt's tokens, check the video, wait for the model, answer ->
         ``vr_runtime.Answer``. ``gone``: set when the client disconnects (then ClientGone).
@@ -309,6 +311,13 @@ class Engine:
                 if video is not None:
                     self._release(video)
                 slot.release()
+
+    def answer(self, *args, **kwargs):
+        """Deprecated alias of :meth:`submit` (for one release): returns its coroutine, so
+        ``await engine.answer(...)`` works as before."""
+        warnings.warn("Engine.answer is deprecated; use Engine.submit (it will be removed in "
+                      "the next release)", DeprecationWarning, stacklevel=2)
+        return self.submit(*args, **kwargs)
 
     async def _wait(self, fut, deadline: float, slot: _Slot, gone: Optional[asyncio.Event]):
         """``fut``'s result, unless the deadline passes, the client goes or a drain answers the
