@@ -1,6 +1,8 @@
 """Command-line helpers shared by ``videorouter`` (cli.py), ``videorouter eval`` (eval/cli.py)
 and ``videorouter serve`` (serve/): one-line usage errors and exit statuses, argument types,
-the ask/serve input checks, device choice and JSON output. It imports no subcommand, so every
+the answer option flags every command shares (``add_answer_args``, each defined once) and the
+options they make (``answer_options``), the ask/serve input checks, device choice and JSON
+output. It imports no subcommand, so every
 command can import it without an import circle; heavy modules (torch, the planners) are
 imported inside the functions that need them, so ``--help`` and a bad flag stay fast.
 """
@@ -95,6 +97,114 @@ def scales_arg(text):
 scales_arg.__name__ = "--scales"
 
 
+# Shown in --help; the accepted set is vr_runtime.planning.policies.policy_names(), checked after
+# parsing (importing the planners pulls in torch, which --help and a bad flag should not wait for).
+POLICY_HELP = "auto|global|fragment|dense|budget|uniform"
+DTYPES = ("bf16", "fp16", "fp32")
+DECODERS = ("auto", "pyav", "decord")  # vr_runtime.video.decoders.DECODERS (not imported: heavy)
+SEEKS = ("exact", "keyframe")          # vr_runtime.video.decoders.SEEKS
+MAX_FRAME_PIXELS = 7680 * 4320         # 8K UHD: --max-frame-pixels' default
+
+
+def positive_int(name: str):
+    """An argparse ``type=`` for an integer >= 1 (``name``: the flag, for its messages)."""
+    return arg_type(int, lambda v: v >= 1, "an integer >= 1", name)
+
+
+positive_seconds = arg_type(float, lambda v: 0 < v < float("inf"), "a number of seconds > 0",
+                            "--ttft-budget")
+
+# Every answer option flag of ask, demo, serve and eval, defined once: the flag's add_argument
+# keywords, in --help order. A command takes the ones it has (``add_answer_args``'s ``flags``)
+# and may change a default or a help text (``overrides``).
+ANSWER_FLAGS = {
+    "--frames": lambda: dict(
+        type=positive_int("--frames"), default=64,
+        help="frames to sample with InternVL's segment sampling (default: 64)"),
+    "--max-length": lambda: dict(
+        type=positive_int("--max-length"), default=12288,
+        help="context length L_max in tokens (default: 12288)"),
+    "--max-new-tokens": lambda: dict(
+        type=positive_int("--max-new-tokens"), default=64,
+        help="tokens to generate at most (default: 64)"),
+    "--ttft-budget": lambda: dict(
+        type=positive_seconds, default=None, metavar="SECONDS",
+        help="beyond the paper: the largest visual budget whose predicted time to first token "
+             "on this device fits SECONDS (cost model corrected by measured stage times; the "
+             "report gives the prediction)"),
+    "--policy": lambda: dict(
+        default="auto", metavar=POLICY_HELP,
+        help="auto lets the Semantic Router choose global or fragment; dense, budget and "
+             "uniform are the baselines (default: auto)"),
+    "--scales": lambda: dict(type=scales_arg, default=None, metavar="S_G,S_1,S_0|auto",
+                             help=SCALES_HELP),
+    "--allow-over-length": lambda: dict(
+        action="store_true",
+        help="let an unbudgeted policy (dense) make a prompt longer than --max-length (refused "
+             "by default; the model's own context is never exceeded)"),
+    "--scorer": None,   # --scorer and --scorer-model: add_scorer_args
+    "--max-frame-pixels": lambda: dict(
+        type=positive_int("--max-frame-pixels"), default=MAX_FRAME_PIXELS, metavar="N",
+        help="refuse a video whose frames (a GIF's logical screen) are larger than N pixels, "
+             "before decoding (default: 33177600, 8K UHD)"),
+    "--decoder": lambda: dict(
+        choices=DECODERS, default="auto",
+        help="video decoding library: auto uses decord where it handles the codec and PyAV "
+             "(FFmpeg) for everything else and as the fallback; with several --decode-workers, "
+             "PyAV (default: auto)"),
+    "--seek": lambda: dict(
+        choices=SEEKS, default="exact",
+        help="exact decodes the sampled frames themselves (the paper's setting); keyframe takes "
+             "the keyframe nearest each sampled time, decoding one frame a sample (much faster "
+             "on long videos; each frame at most half a keyframe interval from the exact one; "
+             "the report gives the true times) (default: exact)"),
+    "--time-window": lambda: dict(
+        type=time_window_arg, default=None, metavar="START,END",
+        help="sample the frames from this part of the video only, in seconds (or M:SS / "
+             "H:MM:SS) from its start, e.g. 600,900"),
+    "--decode-workers": lambda: dict(
+        type=positive_int("--decode-workers"), default=None, metavar="N",
+        help="parallel exact decoders, each on its own share of the video's keyframe intervals "
+             "(default: the cores this process may use, a cgroup CPU quota included)"),
+    "--device": lambda: dict(choices=("cpu", "cuda"), default=None,
+                             help="default: cuda if available, else cpu"),
+    "--dtype": lambda: dict(choices=DTYPES, default=None,
+                            help="default: bf16 on cuda, fp32 on cpu"),
+}
+
+
+def add_answer_args(p, flags=tuple(ANSWER_FLAGS), overrides=None) -> None:
+    """Add the answer option flags ``flags`` (all of ``ANSWER_FLAGS``, ask's set, by default) to
+    parser ``p``; ``overrides`` maps a flag to the add_argument keywords that differ for this
+    command (serve's defaults are those of a request that gives none, so its help says so)."""
+    overrides = overrides or {}
+    unknown = set(flags) - set(ANSWER_FLAGS)
+    if unknown:
+        raise ValueError(f"add_answer_args: unknown flags {sorted(unknown)}")
+    for flag in ANSWER_FLAGS:   # ANSWER_FLAGS' order, whatever the order of ``flags``
+        if flag not in flags:
+            continue
+        if flag == "--scorer":
+            add_scorer_args(p)
+            continue
+        p.add_argument(flag, **{**ANSWER_FLAGS[flag](), **overrides.get(flag, {})})
+
+
+def answer_options(args, **extra):
+    """The :class:`~vr_runtime.request.AnswerOptions` of parsed ask/demo arguments (a flag the
+    command lacks takes AnswerOptions' default); ``extra``: fields set apart (the scorer,
+    which needs the model's device)."""
+    from .request import AnswerOptions
+    return AnswerOptions(num_frames=args.frames, max_length=args.max_length,
+                         max_new_tokens=args.max_new_tokens, policy=args.policy,
+                         ttft_budget_s=getattr(args, "ttft_budget", None) or None,
+                         time_window=getattr(args, "time_window", None),
+                         seek=getattr(args, "seek", "exact"),
+                         decoder=getattr(args, "decoder", "auto"),
+                         allow_over_length=bool(getattr(args, "allow_over_length", False)),
+                         **extra)
+
+
 def add_scorer_args(p) -> None:
     """``--scorer NAME`` and ``--scorer-model DIR`` (ask, serve, eval): which registered frame
     scorer the relevance policies use (vr_runtime.routing.scorers.register_scorer)."""
@@ -109,54 +219,80 @@ def add_scorer_args(p) -> None:
 
 def check_scorer_args(args) -> None:
     """``--scorer``/``--scorer-model``, checked before any model loads (one line each)."""
+    _check_scorer(args.scorer, getattr(args, "scorer_model", None))
+
+
+def _check_scorer(scorer: str, scorer_model) -> None:
     from .errors import ModelFilesError
     from .routing.scorers import check_scorer
     try:
-        check_scorer(args.scorer, getattr(args, "scorer_model", None))
+        check_scorer(scorer, scorer_model)
     except ModelFilesError:
         raise
     except ValueError as e:
         raise UsageError(str(e)) from None
 
 
-def check_inputs(args) -> None:
-    """Everything that can be checked without loading a model."""
-    if not args.question.strip():
+def check_inputs(_args=None, /, *, question: str = "", policy: str = "auto", model: str = "tiny",
+                 routers=None, plot=None, scorer=None, scorer_model=None) -> None:
+    """Everything about a question that can be checked without loading a model: the question,
+    the --plot path, --policy, --scorer, --model and --routers (one line each).
+
+    ``check_inputs(args)`` with a parsed namespace is the deprecated form of the keywords."""
+    if _args is not None:
+        warnings.warn("check_inputs(args) is deprecated; pass the values as keywords: "
+                      "check_inputs(question=..., policy=..., model=..., routers=..., plot=..., "
+                      "scorer=..., scorer_model=...)", DeprecationWarning, stacklevel=2)
+        return check_inputs(question=_args.question, policy=_args.policy, model=_args.model,
+                            routers=_args.routers, plot=getattr(_args, "plot", None),
+                            scorer=getattr(_args, "scorer", None),
+                            scorer_model=getattr(_args, "scorer_model", None))
+    if not question.strip():
         raise UsageError("QUESTION is empty; ask something about the video")
-    if args.plot is not None:
-        plot = pathlib.Path(args.plot)
-        if plot.suffix.lower() != ".png":
-            raise UsageError(f"--plot {args.plot!r}: expected a file name ending in .png")
-        parent = plot.parent if str(plot.parent) else pathlib.Path(".")
-        if not parent.is_dir():
-            raise UsageError(f"--plot {args.plot!r}: directory {str(parent)!r} does not exist")
+    if plot is not None:
+        _check_plot(plot)
     from .planning.policies import policy_names
-    if args.policy not in policy_names():
+    if policy not in policy_names():
         from .errors import expected_one_of
-        raise UsageError(f"--policy {args.policy!r}: "
-                         f"{expected_one_of(args.policy, policy_names())}")
-    if getattr(args, "scorer", None) is not None:
-        check_scorer_args(args)
+        raise UsageError(f"--policy {policy!r}: {expected_one_of(policy, policy_names())}")
+    if scorer is not None:
+        _check_scorer(scorer, scorer_model)
+    _check_model_files(model, routers)
+
+
+def _check_plot(plot: str) -> None:
+    path = pathlib.Path(plot)
+    if path.suffix.lower() != ".png":
+        raise UsageError(f"--plot {plot!r}: expected a file name ending in .png")
+    parent = path.parent if str(path.parent) else pathlib.Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"--plot {plot!r}: directory {str(parent)!r} does not exist")
+
+
+def _check_model_files(model: str, routers) -> None:
     from .backbones import resolve_model
     from .errors import ModelFilesError, RouterWeightsError
     try:
-        resolve_model(args.model)   # a preset, a directory, or a Hub id in the local HF cache
+        resolve_model(model)   # a preset, a directory, or a Hub id in the local HF cache
     except ModelFilesError as e:
         raise ModelFilesError(f"--{e}") from None   # "model 'X': ..." -> "--model 'X': ..."
-    if args.routers is not None:
-        r = pathlib.Path(args.routers)
-        if not r.is_file():
-            raise RouterWeightsError(f"--routers {args.routers!r}: no such file")
+    if routers is not None and not pathlib.Path(routers).is_file():
+        raise RouterWeightsError(f"--routers {routers!r}: no such file")
 
 
-def device_dtype(args):
-    """Resolve --device/--dtype now: asking for CUDA on a machine without it fails fast."""
+def device_dtype(device=None, dtype=None):
+    """Resolve --device/--dtype now: asking for CUDA on a machine without it fails fast. None:
+    CUDA when there is one, else the CPU; the device's default dtype.
+
+    ``device_dtype(args)`` with a parsed namespace is the deprecated form."""
+    if device is not None and not isinstance(device, str) and hasattr(device, "dtype"):
+        warnings.warn("device_dtype(args) is deprecated; pass the values: "
+                      "device_dtype(device, dtype)", DeprecationWarning, stacklevel=2)
+        device, dtype = device.device, device.dtype
     import torch
     from .backbones.devices import resolve_device, resolve_dtype
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dev = resolve_device(device)
-    dtype = resolve_dtype(args.dtype, dev)
-    return dev, dtype
+    dev = resolve_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    return dev, resolve_dtype(dtype, dev)
 
 
 def stderr_is_tty() -> bool:
