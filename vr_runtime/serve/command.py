@@ -12,15 +12,39 @@ fast.
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import logging
 import os
 import pathlib
+import signal
 import socket
 import sys
+import warnings
+
+from ..cli_args import (MAX_FRAME_PIXELS, PROG, SCALES_HELP, Parser, UsageError,
+                        add_answer_args, arg_type, check_inputs, fail_with, positive_int,
+                        stderr_is_tty)
 
 API_KEY_ENV = "VIDEOROUTER_API_KEY"
 
 
-def add_serve_parser(sub, positive_int, policy_help: str, dtypes) -> argparse.ArgumentParser:
+def serve_parser() -> argparse.ArgumentParser:
+    """The ``videorouter`` parser with the ``serve`` subcommand alone:
+    ``serve_parser().parse_args(["serve", ...])`` reads what ``videorouter serve ...`` does (the
+    Ray Serve builder reads its options with it)."""
+    parser = Parser(prog=PROG)
+    sub = parser.add_subparsers(dest="command", metavar="{serve}", parser_class=Parser)
+    sub.required = True
+    add_serve_parser(sub)
+    return parser
+
+
+def add_serve_parser(sub, *_legacy) -> argparse.ArgumentParser:
+    """Add ``serve`` to the subcommands ``sub``. (Its old extra arguments -- positive_int,
+    policy_help, dtypes -- are ignored: the flags come from vr_runtime.cli_args.)"""
+    if _legacy:
+        warnings.warn("add_serve_parser(sub, positive_int, policy_help, dtypes) is deprecated; "
+                      "call add_serve_parser(sub)", DeprecationWarning, stacklevel=2)
     p = sub.add_parser(
         "serve", help="serve an OpenAI-compatible video QA API (POST /v1/chat/completions)",
         description="Serve VideoRouter over HTTP: POST /v1/chat/completions (text + a video_url "
@@ -28,10 +52,44 @@ def add_serve_parser(sub, positive_int, policy_help: str, dtypes) -> argparse.Ar
     p.add_argument("--model", default="tiny", metavar="PATH|HUB_ID|tiny",
                    help="as for ask (default: tiny)")
     p.add_argument("--routers", default=None, metavar="PATH", help="as for ask")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                   help="default: cuda if available, else cpu")
-    p.add_argument("--dtype", choices=dtypes, default=None,
-                   help="default: bf16 on cuda, fp32 on cpu")
+    _add_server_args(p)
+    _add_limit_args(p)
+    add_answer_args(p, flags=SERVE_ANSWER_FLAGS, overrides=_serve_answer_overrides())
+    p.add_argument("--visual-cache", type=_non_negative_int, default=4, metavar="N",
+                   help="videos whose decoded frames, Z and Image Router state are kept for "
+                        "the next request on them (default: 4; 0 turns reuse off)")
+    p.add_argument("--allow-remote-media", action="store_true",
+                   help="also accept http(s):// video URLs (downloaded under --max-video-mb)")
+    p.add_argument("--log-level", choices=("error", "warning", "info", "debug"),
+                   default="warning", help="server log level; info adds an access log line "
+                   "per API request: method, path, status, latency, tokens (default: warning)")
+    return p
+
+
+# ask's answer flags that serve has: the defaults of a request that gives no value of its own.
+SERVE_ANSWER_FLAGS = ("--frames", "--max-length", "--max-new-tokens", "--policy", "--scales",
+                      "--scorer", "--max-frame-pixels", "--device", "--dtype")
+
+
+def _serve_answer_overrides() -> dict:
+    return {
+        "--frames": dict(help="num_frames of a request that gives none (default: 64, as ask)"),
+        "--max-length": dict(help="max_length of a request that gives none (default: 12288, as "
+                                  "ask)"),
+        "--max-new-tokens": dict(help="max_tokens of a request that gives none (default: 64, "
+                                      "as ask)"),
+        "--policy": dict(help="policy of a request that gives none (default: auto, as ask)"),
+        "--scales": dict(default=(2, 1, 4),
+                         help="scales of a request that gives none (its 'scales' field, or "
+                              "mm_processor_kwargs.scales); " + SCALES_HELP),
+        "--max-frame-pixels": dict(
+            help="largest frame (width x height; a GIF's logical screen) a video may have, "
+                 "checked before decoding (default: 33177600, 8K UHD)"),
+    }
+
+
+def _add_server_args(p) -> None:
+    """Where to listen, who may ask, how requests queue and end."""
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=_port, default=8000,
@@ -53,6 +111,13 @@ def add_serve_parser(sub, positive_int, policy_help: str, dtypes) -> argparse.Ar
     p.add_argument("--timeout", type=_positive_float, default=300.0, metavar="SECONDS",
                    help="per-request time limit, from arrival to answer; 504 after it "
                         "(default: 300)")
+    p.add_argument("--drain-timeout", type=_positive_float, default=25.0, metavar="SECONDS",
+                   help="on SIGTERM or Ctrl-C: time the running request gets to finish; every "
+                        "queued one is answered 503 + Retry-After at once (default: 25)")
+
+
+def _add_limit_args(p) -> None:
+    """The caps on what a request may send or ask for."""
     p.add_argument("--max-body-mb", type=_positive_float, default=100.0,
                    help="largest request body (default: 100)")
     p.add_argument("--max-video-mb", type=_positive_float, default=64.0,
@@ -60,10 +125,6 @@ def add_serve_parser(sub, positive_int, policy_help: str, dtypes) -> argparse.Ar
     p.add_argument("--max-video-seconds", type=_positive_float, default=4 * 3600.0,
                    help="longest video accepted, declared or counted while indexing "
                         "(default: 14400)")
-    p.add_argument("--max-frame-pixels", type=positive_int("--max-frame-pixels"),
-                   default=7680 * 4320, metavar="N",
-                   help="largest frame (width x height; a GIF's logical screen) a video may "
-                        "have, checked before decoding (default: 33177600, 8K UHD)")
     p.add_argument("--max-inflight-mb", type=_positive_float, default=512.0,
                    help="request bodies held in memory at once, all requests together; "
                         "more get 503 + Retry-After (default: 512)")
@@ -78,42 +139,11 @@ def add_serve_parser(sub, positive_int, policy_help: str, dtypes) -> argparse.Ar
                    default=None, metavar="N",
                    help="largest question + system text in tokens, counted off the model's "
                         "lock; more is a 400 (default: --max-length)")
-    p.add_argument("--drain-timeout", type=_positive_float, default=25.0, metavar="SECONDS",
-                   help="on SIGTERM or Ctrl-C: time the running request gets to finish; every "
-                        "queued one is answered 503 + Retry-After at once (default: 25)")
-    p.add_argument("--frames", type=positive_int("--frames"), default=64,
-                   help="num_frames of a request that gives none (default: 64, as ask)")
-    p.add_argument("--max-length", type=positive_int("--max-length"), default=12288,
-                   help="max_length of a request that gives none (default: 12288, as ask)")
-    p.add_argument("--max-new-tokens", type=positive_int("--max-new-tokens"), default=64,
-                   help="max_tokens of a request that gives none (default: 64, as ask)")
-    p.add_argument("--policy", default="auto", metavar=policy_help,
-                   help="policy of a request that gives none (default: auto, as ask)")
-    from ..cli_args import SCALES_HELP, add_scorer_args, scales_arg
-    add_scorer_args(p)
-    p.add_argument("--scales", type=scales_arg, default=(2, 1, 4), metavar="S_G,S_1,S_0|auto",
-                   help="scales of a request that gives none (its 'scales' field, or "
-                        "mm_processor_kwargs.scales); " + SCALES_HELP)
-    p.add_argument("--visual-cache", type=_non_negative_int, default=4, metavar="N",
-                   help="videos whose decoded frames, Z and Image Router state are kept for "
-                        "the next request on them (default: 4; 0 turns reuse off)")
-    p.add_argument("--allow-remote-media", action="store_true",
-                   help="also accept http(s):// video URLs (downloaded under --max-video-mb)")
-    p.add_argument("--log-level", choices=("error", "warning", "info", "debug"),
-                   default="warning", help="server log level; info adds an access log line "
-                   "per API request: method, path, status, latency, tokens (default: warning)")
-    return p
 
 
-def _arg_types():
-    from ..cli_args import arg_type  # standard library only
-    inf = float("inf")
-    return (arg_type(int, lambda v: 0 <= v <= 65535, "a port number 0-65535"),
-            arg_type(int, lambda v: v >= 0, "an integer >= 0"),
-            arg_type(float, lambda v: 0 < v < inf, "a number > 0"))
-
-
-_port, _non_negative_int, _positive_float = _arg_types()
+_port = arg_type(int, lambda v: 0 <= v <= 65535, "a port number 0-65535")
+_non_negative_int = arg_type(int, lambda v: v >= 0, "an integer >= 0")
+_positive_float = arg_type(float, lambda v: 0 < v < float("inf"), "a number > 0")
 
 
 def configs(args):
@@ -132,7 +162,7 @@ def configs(args):
                         max_video_bytes=int(args.max_video_mb * 2**20),
                         max_video_seconds=args.max_video_seconds,
                         allow_remote=bool(args.allow_remote_media),
-                        max_frame_pixels=getattr(args, "max_frame_pixels", 7680 * 4320))
+                        max_frame_pixels=getattr(args, "max_frame_pixels", MAX_FRAME_PIXELS))
     limits = Limits(num_frames=args.frames, max_length=args.max_length,
                     max_new_tokens=args.max_new_tokens, policy=args.policy,
                     scales=getattr(args, "scales", (2, 1, 4)), max_frames=args.max_frames,
@@ -148,7 +178,6 @@ def configs(args):
 
 def check_args(args) -> None:
     """What can be checked before anything heavy: raises a user error (ValueError)."""
-    from ..cli_args import UsageError, check_inputs
     d = pathlib.Path(args.media_dir)
     if not d.is_dir():
         raise UsageError(f"--media-dir {args.media_dir!r}: no such directory")
@@ -157,12 +186,10 @@ def check_args(args) -> None:
     if args.max_new_tokens > args.max_tokens:
         raise UsageError(f"--max-new-tokens {args.max_new_tokens} is over --max-tokens "
                          f"{args.max_tokens}")
-    # ask's own checks of --policy, --model and --routers (same messages).
-    check_inputs(argparse.Namespace(question="serve", plot=None, policy=args.policy,
-                                     model=args.model, routers=args.routers,
-                                     scorer=getattr(args, "scorer", "image-router"),
-                                     scorer_model=getattr(args, "scorer_model", None)))
-    import importlib.util
+    # ask's own checks of --policy, --scorer, --model and --routers (same messages).
+    check_inputs(question="serve", policy=args.policy, model=args.model, routers=args.routers,
+                 scorer=getattr(args, "scorer", "image-router"),
+                 scorer_model=getattr(args, "scorer_model", None))
     missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
     if missing:
         raise UsageError(f"videorouter serve needs FastAPI and uvicorn ({', '.join(missing)} "
@@ -188,7 +215,6 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def run_serve(args) -> int:
-    from ..cli_args import fail_with
     debug = os.environ.get("VIDEOROUTER_DEBUG", "") not in ("", "0")
     try:
         check_args(args)
@@ -198,7 +224,6 @@ def run_serve(args) -> int:
         from .engine import Engine
         from .media import MediaStore
         media = MediaStore(media_cfg)
-        from ..cli_args import stderr_is_tty
         if stderr_is_tty():   # as ask: say what the silent load is doing (terminals only)
             print(f"videorouter serve: loading model {args.model} ...", file=sys.stderr,
                   flush=True)
@@ -216,9 +241,7 @@ def run_serve(args) -> int:
     sys.stderr.write(f"videorouter serve: http://{shown}:{port}/v1 model {engine.name!r}, media "
                      f"dir {str(media.root)!r}{note}\n")
     sys.stderr.flush()
-    import logging
-
-    import uvicorn
+    import uvicorn   # the serve extra
     served = logging.getLogger("videorouter.serve")
     served.setLevel(args.log_level.upper())
     handler = logging.StreamHandler(sys.stderr)
@@ -254,9 +277,7 @@ def draining_server(uvicorn, config, engine, drain_timeout: float):
     connections waiting in its backlog), queued requests get their 503 at once, the running one
     gets ``drain_timeout`` seconds; then uvicorn's own shutdown closes the idle connections and
     the process exits 0. A second signal stops at once, as uvicorn does."""
-    import asyncio
-    import logging
-    import signal
+    import asyncio   # not at the top: 20 ms on every `videorouter` start-up, --help included
 
     class DrainingServer(uvicorn.Server):
         _drain = None

@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, Optional
 
+from .command import check_args, configs, serve_parser
+
 RAY_KEYS = ("num_gpus", "num_cpus", "num_replicas", "min_replicas", "max_replicas",
             "target_ongoing_requests")
 
@@ -28,7 +30,6 @@ RAY_KEYS = ("num_gpus", "num_cpus", "num_replicas", "min_replicas", "max_replica
 def serve_args(options: Dict[str, object]):
     """``videorouter serve``'s parsed arguments from ``{"media_dir": "/v", "max_queue": 8, ...}``
     (the same parser and checks as the command line)."""
-    from ..cli import build_parser
     argv = ["serve"]
     for key, value in options.items():
         flag = "--" + key.replace("_", "-")
@@ -36,7 +37,7 @@ def serve_args(options: Dict[str, object]):
             argv.append(flag)
         elif value not in (False, None):
             argv += [flag, str(value)]
-    return build_parser().parse_args(argv)
+    return serve_parser().parse_args(argv)
 
 
 def build_deployment(options: Dict[str, object], num_gpus: Optional[float] = None,
@@ -47,8 +48,7 @@ def build_deployment(options: Dict[str, object], num_gpus: Optional[float] = Non
     import ray
     from ray import serve
 
-    from .app import create_app
-    from .command import check_args, configs
+    from .app import create_app   # FastAPI: the serve extra
     from .engine import shared_engine
 
     args = serve_args(options)
