@@ -1,5 +1,5 @@
 """The lmms-eval plugin against the real lmms-eval package (0.7.x, installed by .ci/run with
---no-deps plus the few dependencies of its import path): the commands README.md gives, in
+--no-deps plus the few dependencies of its import path): the commands docs/evaluation.md gives, in
 order -- `python -m vr_runtime.eval.lmms_tasks` writes the shipped `videorouter_videomme` task
 for a local Video-MME copy (here the synthetic benchmark in Video-MME layout) and prints the
 lmms-eval command; that command finds the model through the `lmms_eval.models` entry point and
@@ -15,7 +15,7 @@ import sys
 import pytest
 
 lmms_eval = pytest.importorskip("lmms_eval", reason="pip install --no-deps lmms-eval==0.7.3 "
-                                "&& pip install -e '.[lmms]' (see README)")
+                                "&& pip install -e '.[lmms]' (see docs/evaluation.md)")
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ENTRY = "vr_runtime.eval.lmms_plugin:manifest"
 

@@ -71,6 +71,13 @@ def _slug(heading: str) -> str:
     return s.replace(" ", "-")
 
 
+def _with_snippets(path: pathlib.Path) -> str:
+    """A page's text with the files it includes (``--8<-- "FILE"``, mkdocs' snippets, paths
+    from the repository root) in place: docs/benchmarks.md is BENCHMARKS.md on the site."""
+    return re.sub(r'^--8<-- "([^"]+)"$', lambda m: (ROOT / m.group(1)).read_text(),
+                  path.read_text(), flags=re.M)
+
+
 def test_markdown_links_resolve():
     link = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
     bad = []
@@ -85,7 +92,7 @@ def test_markdown_links_resolve():
             if not dest.exists():
                 bad.append(f"{f.relative_to(ROOT)}: {target} (no such file)")
             elif anchor and dest.suffix == ".md":
-                slugs = {_slug(h) for h in re.findall(r"^#+ (.+)$", dest.read_text(), re.M)}
+                slugs = {_slug(h) for h in re.findall(r"^#+ (.+)$", _with_snippets(dest), re.M)}
                 if anchor not in slugs:
                     bad.append(f"{f.relative_to(ROOT)}: {target} (no such heading)")
     assert not bad, "\n".join(bad)
@@ -130,3 +137,32 @@ def test_train_tiny_writes_the_checkout_only_with_install(tmp_path, run_train_ti
 
     p, calls = run_train_tiny(tmp_path / "typo", "--instal")
     assert p.returncode == 2 and "unknown option --instal" in p.stderr and calls == []
+
+
+def test_site_navigation_lists_every_page():
+    """mkdocs.yml's nav names every page under docs/ and nothing else, and README.md links every
+    page, so the front door and the site show the same set (mkdocs build --strict, run by .ci/run,
+    checks the links and anchors themselves)."""
+    nav = re.findall(r":\s+(\S+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
+    assert sorted(nav) == pages
+    readme = (ROOT / "README.md").read_text()
+    missing = [p for p in pages if p != "index.md" and f"(docs/{p}" not in readme]
+    assert not missing, missing
+    assert len(readme.splitlines()) <= 200              # the front door; the rest is in docs/
+
+
+def test_readme_test_command_is_what_ci_runs():
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("## Run the tests"):]
+    command = re.search(r"```bash\n(.+?)\n```", block, re.S).group(1).strip()
+    assert command.startswith("bash scripts/ci/setup_tests.sh && ")
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert command in ci
+
+
+def test_benchmarks_page_includes_the_record():
+    """docs/benchmarks.md is BENCHMARKS.md on the site (mkdocs' snippets), not a copy of it."""
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert page.startswith('--8<-- "BENCHMARKS.md"\n')
+    assert "pymdownx.snippets" in (ROOT / "mkdocs.yml").read_text()
