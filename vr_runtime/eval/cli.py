@@ -24,8 +24,15 @@ import sys
 from typing import List, Optional
 
 from ..cli_args import Parser, add_answer_args, fail_with, quiet_libraries
+from ..errors import ModelFilesError
+from ..planning.scales import PAPER_SCALES
+from .benchmarks import BenchmarkError
+from .compare import main as compare_main
 from .methods import DEFAULT_METHODS, METHODS
-from .runner import PAPER_BUDGETS
+from .prompting import DEFAULT_POST_PROMPT, PromptConfig
+from .runner import PAPER_BUDGETS, EvalConfig, run_eval
+from .synthetic import make_synthetic, quick_eval_answers, quick_eval_argv
+from .tables import markdown
 
 PROG = "videorouter eval"
 
@@ -127,10 +134,6 @@ def _add_run_args(p) -> None:
 
 
 def _config(a, argv: List[str]):
-    from .benchmarks import BenchmarkError
-    from .prompting import DEFAULT_POST_PROMPT, PromptConfig
-    from ..planning.scales import PAPER_SCALES
-    from .runner import EvalConfig
     for flag in ("benchmark", "data", "videos"):
         if getattr(a, flag) is None:
             raise BenchmarkError(f"--{flag}: required (or use --make-synthetic DIR)")
@@ -140,8 +143,7 @@ def _config(a, argv: List[str]):
         raise BenchmarkError(f"--batch-size: expected >= 1, got {a.batch_size}")
     if a.max_new_tokens < 1:
         raise BenchmarkError(f"--max-new-tokens: expected >= 1, got {a.max_new_tokens}")
-    from ..backbones import resolve_model
-    from ..errors import ModelFilesError
+    from ..backbones import resolve_model   # torch
     for flag in ("model", "data_ft_model"):   # a preset, a directory or a cached Hub id
         v = getattr(a, flag)
         try:
@@ -158,7 +160,7 @@ def _config(a, argv: List[str]):
         v = getattr(a, flag)
         if v is not None and not os.path.isdir(v):
             raise BenchmarkError(f"--{flag.replace('_', '-')} {v!r}: no such directory")
-    from ..routing.scorers import check_scorer
+    from ..routing.scorers import check_scorer   # torch
     try:
         check_scorer(a.scorer, a.scorer_model)
     except ValueError as e:
@@ -200,14 +202,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         quiet_libraries()
     if argv[:1] == ["compare"]:   # two finished runs, question by question (eval/compare.py)
         try:
-            from .compare import main as compare_main
             return compare_main(argv[1:])
         except Exception as e:  # noqa: BLE001 - as below
             fail_with(e, debug)
     a = build_parser().parse_args(argv)
     try:
         if a.make_synthetic:
-            from .synthetic import make_synthetic, quick_eval_answers, quick_eval_argv
             info = make_synthetic(a.make_synthetic, a.videos_per_split)
             n_answers = quick_eval_answers(info["questions"])
             # 0.12-0.19 s an answer on 2 CPU cores (studies/results/eval_synthetic_quick)
@@ -217,10 +217,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                   + " ".join(["videorouter eval"] + [shlex.quote(str(x)) for x in
                                                      quick_eval_argv(info, a.make_synthetic)]))
             return 0
-        from .runner import run_eval
         results = run_eval(_config(a, argv))
         if results is not None:
-            from .tables import markdown
             sys.stdout.write(markdown(results["rows"], results["meta"]))
             sk = results["meta"]["skipped"]
             if sk:
