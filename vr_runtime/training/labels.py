@@ -100,64 +100,20 @@ def counterfactual_labels(score: Callable[[List[list]], torch.Tensor], num_frame
     1, full resolution, is the paper; a coarser one is for a model that was never trained on
     every frame at full resolution (it must stay finer than ``pool8``'s 8). ``validate`` is the
     paper's counterfactual-necessity filter on the labels (module doc, step 5)."""
-    if mode not in MODES:
-        raise LabelError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
-    if rule not in LABEL_RULES:
-        raise LabelError(f"rule {rule!r}: expected one of {', '.join(LABEL_RULES)}")
-    if validate not in VALIDATIONS:
-        raise LabelError(f"validate {validate!r}: expected one of {', '.join(VALIDATIONS)}")
-    if not margin >= 0:
-        raise LabelError(f"margin: expected >= 0 nats, got {margin!r}")
-    off, T = MODES[mode], int(num_frames)
-    if not isinstance(keep, int) or keep < 1 or (off and keep >= off):
-        raise LabelError(f"keep window {keep!r}: expected an int >= 1"
-                         + (f" and < {off} (mode {mode})" if off else ""))
-    scored: Dict[tuple, torch.Tensor] = {}
-    calls = [0]
-
-    def s(plans):
-        # The validation's searches start where the first set's did (every frame ablated, then
-        # one frame added), so a memo saves them all but their new plans.
-        plans = [tuple(p) for p in plans]
-        todo = list(dict.fromkeys(p for p in plans if p not in scored))
-        if todo:
-            calls[0] += len(todo)
-            scored.update(zip(todo, score([list(p) for p in todo]).float()))
-        return torch.stack([scored[p] for p in plans])
-
-    ref = s([[keep] * T])[0]
+    off = _check_label_options(mode, rule, validate, margin, keep)
+    T = int(num_frames)
+    ab = _Ablations(score, T, off, keep, correct, margin)
+    ref = ab.reference()
     out = {"reference_logprobs": [round(float(x), 5) for x in ref]}
     if not _picks(ref, correct):
-        return {"status": "unanswerable", "frame_labels": None, **out, "forwards": calls[0]}
-    loo = s([[off if u == t else keep for u in range(T)] for t in range(T)])
+        return {"status": "unanswerable", "frame_labels": None, **out, "forwards": ab.calls}
+    loo = ab([[off if u == t else keep for u in range(T)] for t in range(T)])
     drop = (ref[correct] - loo[:, correct]).tolist()
     flips = [not _picks(loo[t], correct) for t in range(T)]
     necessary = [int(flips[t] or drop[t] > margin) for t in range(T)]
-
-    def enough(lp):
-        return _picks(lp, correct) and float(lp[correct]) >= float(ref[correct]) - margin
-
     cap = T if max_set is None else min(int(max_set), T)
-
-    def greedy(masked: set, room: int):
-        """The greedy minimal sufficient set among the frames not in ``masked`` (those stay
-        ablated), at most ``room`` frames: (set, its log-likelihoods, log p(c) as it grew)."""
-        S: List[int] = []
-        cur = s([[off] * T])[0]
-        trace = [round(float(cur[correct]), 5)]
-        while not enough(cur) and len(S) < room:
-            cands = [t for t in range(T) if t not in S and t not in masked]
-            if not cands:
-                break
-            lps = s([[keep if u in S or u == t else off for u in range(T)] for t in cands])
-            best = max(range(len(cands)), key=lambda i: (float(lps[i, correct]), -i))
-            S.append(cands[best])
-            cur = lps[best]
-            trace.append(round(float(cur[correct]), 5))
-        return S, cur, trace
-
-    S, cur, trace = greedy(set(), cap)
-    sufficient = bool(enough(cur))
+    S, cur, trace = ab.greedy(set(), cap)
+    sufficient = bool(ab.enough(cur))
     in_set = [int(t in S) for t in range(T)]
     if rule == "necessary":
         labels = necessary
@@ -169,27 +125,100 @@ def counterfactual_labels(score: Callable[[List[list]], torch.Tensor], num_frame
     validation = ("off" if validate == "off" else "insufficient" if not sufficient
                   else "empty" if not any(labels) else "")
     if not validation:
-        while True:
-            claimed = {t for t in range(T) if labels[t]}
-            rest = s([[off if t in claimed else keep for t in range(T)]])[0]
-            if not enough(rest):      # without the claimed evidence the answer is gone
-                validation = "passed" if len(sets) == 1 else "corrected"
-                break
-            if validate == "remove":
-                validation = "removed"
-                break
-            more, lp, _ = greedy(claimed, cap - len(claimed))
-            if not more or not enough(lp):   # recoverable, and no further evidence explains it
-                validation = "removed"
-                break
-            sets.append(more)
-            labels = [int(labels[t] or t in more) for t in range(T)]
+        validation, labels = _validate_labels(ab, labels, sets, validate, cap)
     return {"status": "removed" if validation == "removed" else "ok",
             "frame_labels": None if validation == "removed" else labels, **out,
             "necessary": necessary, "logprob_drop": [round(float(x), 5) for x in drop],
             "answer_flips": [int(x) for x in flips], "minimal_set": S,
             "minimal_set_order_logprob": trace, "sufficient": sufficient,
-            "evidence_sets": sets, "validation": validation, "forwards": calls[0]}
+            "evidence_sets": sets, "validation": validation, "forwards": ab.calls}
+
+
+def _check_label_options(mode: str, rule: str, validate: str, margin: float, keep) -> int:
+    """``LabelError`` for an unknown mode, rule or validation, a negative margin or a keep
+    window that is not finer than the ablation; returns the ablated frames' window."""
+    if mode not in MODES:
+        raise LabelError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
+    if rule not in LABEL_RULES:
+        raise LabelError(f"rule {rule!r}: expected one of {', '.join(LABEL_RULES)}")
+    if validate not in VALIDATIONS:
+        raise LabelError(f"validate {validate!r}: expected one of {', '.join(VALIDATIONS)}")
+    if not margin >= 0:
+        raise LabelError(f"margin: expected >= 0 nats, got {margin!r}")
+    off = MODES[mode]
+    if not isinstance(keep, int) or keep < 1 or (off and keep >= off):
+        raise LabelError(f"keep window {keep!r}: expected an int >= 1"
+                         + (f" and < {off} (mode {mode})" if off else ""))
+    return off
+
+
+class _Ablations:
+    """The plans of one question, each scored once through ``score``: the validation's searches
+    start where the first set's did (every frame ablated, then one frame added), so a memo
+    saves them all but their new plans. ``calls`` counts the plans scored."""
+
+    def __init__(self, score, T: int, off: int, keep: int, correct: int, margin: float):
+        self.score, self.T, self.off, self.keep = score, T, off, keep
+        self.correct, self.margin = correct, margin
+        self.scored: Dict[tuple, torch.Tensor] = {}
+        self.calls = 0
+        self.ref = None
+
+    def __call__(self, plans):
+        plans = [tuple(p) for p in plans]
+        todo = list(dict.fromkeys(p for p in plans if p not in self.scored))
+        if todo:
+            self.calls += len(todo)
+            self.scored.update(zip(todo, self.score([list(p) for p in todo]).float()))
+        return torch.stack([self.scored[p] for p in plans])
+
+    def reference(self):
+        """The log-likelihoods with no frame ablated."""
+        self.ref = self([[self.keep] * self.T])[0]
+        return self.ref
+
+    def enough(self, lp) -> bool:
+        """Still picks the correct option, within ``margin`` of the reference."""
+        c = self.correct
+        return _picks(lp, c) and float(lp[c]) >= float(self.ref[c]) - self.margin
+
+    def greedy(self, masked: set, room: int):
+        """The greedy minimal sufficient set among the frames not in ``masked`` (those stay
+        ablated), at most ``room`` frames: (set, its log-likelihoods, log p(c) as it grew)."""
+        T, off, keep, correct = self.T, self.off, self.keep, self.correct
+        S: List[int] = []
+        cur = self([[off] * T])[0]
+        trace = [round(float(cur[correct]), 5)]
+        while not self.enough(cur) and len(S) < room:
+            cands = [t for t in range(T) if t not in S and t not in masked]
+            if not cands:
+                break
+            lps = self([[keep if u in S or u == t else off for u in range(T)] for t in cands])
+            best = max(range(len(cands)), key=lambda i: (float(lps[i, correct]), -i))
+            S.append(cands[best])
+            cur = lps[best]
+            trace.append(round(float(cur[correct]), 5))
+        return S, cur, trace
+
+
+def _validate_labels(ab: _Ablations, labels: List[int], sets: List[list], validate: str,
+                     cap: int):
+    """The counterfactual-necessity filter: ablate the labelled frames; while the answer
+    survives, add the next evidence set (``correct``) or drop the question (``remove``).
+    Appends to ``sets``; returns (validation, labels)."""
+    T, off, keep = ab.T, ab.off, ab.keep
+    while True:
+        claimed = {t for t in range(T) if labels[t]}
+        rest = ab([[off if t in claimed else keep for t in range(T)]])[0]
+        if not ab.enough(rest):      # without the claimed evidence the answer is gone
+            return ("passed" if len(sets) == 1 else "corrected"), labels
+        if validate == "remove":
+            return "removed", labels
+        more, lp, _ = ab.greedy(claimed, cap - len(claimed))
+        if not more or not ab.enough(lp):   # recoverable, and no further evidence explains it
+            return "removed", labels
+        sets.append(more)
+        labels = [int(labels[t] or t in more) for t in range(T)]
 
 
 # ----------------------------------------------------------------------------- shared plumbing
