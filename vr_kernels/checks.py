@@ -2,8 +2,10 @@
 
 Every backend (Triton, vectorised torch, reference) goes through :func:`check_args`, so a bad
 argument gives the same ``PoolPackArgError`` (a ``ValueError``) naming the argument whatever
-runs afterwards. The result, :class:`Plan`, is plain Python ints plus the :class:`Schedule` it
-came from; the backends build (and cache) their index tables from the schedule.
+runs afterwards. The result, :class:`LaunchPlan` (what one call launches: frames, windows,
+counts, destination rows; not a routing policy's plan), is plain Python ints plus the
+:class:`Schedule` it came from; the backends build (and cache) their index tables from the
+schedule.
 
 Host cost matters here: ``pool_pack`` runs once per request with T up to ~1024 frames, and a
 per-frame Python loop (~0.7 us a frame) would cost more than the kernel. So:
@@ -18,6 +20,7 @@ per-frame Python loop (~0.7 us a frame) would cost more than the kernel. So:
 """
 from __future__ import annotations
 
+import warnings
 from itertools import chain, count
 from typing import Optional, Sequence, Tuple
 
@@ -89,8 +92,10 @@ class DestEntry:
     derived = Schedule.derived
 
 
-class Plan:
-    """Normalised arguments: one entry per frame (``None`` window = dropped).
+class LaunchPlan:
+    """One ``pool_pack`` call's normalised arguments: one entry per frame (``None`` window =
+    dropped). Not a routing policy's plan (the per-frame windows the planner picks): this is
+    what the backends launch for one call, including where each frame's rows go.
 
     A plain slotted class, not a dataclass: it is built on every call, and a frozen
     dataclass's ``__init__`` costs microseconds the host path does not have."""
@@ -106,7 +111,7 @@ class Plan:
         self.counts = counts        # output rows per frame (0 when dropped)
         self.dest = dest            # first output row per frame (dropped frames: 0, unused)
         self.rows = rows            # rows of the result (sum(counts), or out.shape[0])
-        self.schedule = schedule    # the validated schedule (None for a Plan made by hand)
+        self.schedule = schedule    # the validated schedule (None for a plan made by hand)
         self.dest_entry = dest_entry  # the validated dest (None: packed output)
 
     @property
@@ -114,7 +119,7 @@ class Plan:
         return sum(self.counts)
 
     def sched(self) -> Schedule:
-        """The plan's schedule (built here for a Plan made by hand, as tests do)."""
+        """The plan's schedule (built here for a plan made by hand, as tests do)."""
         if self.schedule is None:
             self.schedule = Schedule(("plan", self.windows, self.grid), self.grid, self.windows, self.counts)
         return self.schedule
@@ -179,31 +184,31 @@ def _fast_windows(seq: tuple, H: int, W: int):
     return windows, tuple(cnt.tolist()), sh * (sh > 0), sw * (sh > 0), cnt
 
 
-def _slow_windows(scales: list, H: int, W: int):
-    windows, counts = [], []
-    for t, s in enumerate(scales):
+def _slow_windows(windows: list, H: int, W: int):
+    norm, counts = [], []
+    for t, s in enumerate(windows):
         try:
-            w = normalize_window(s, f"scales[{t}]")
+            w = normalize_window(s, f"windows[{t}]")
         except ValueError as e:
             raise PoolPackArgError(str(e)) from None
-        windows.append(w)
+        norm.append(w)
         counts.append(0 if w is None else _cdiv(H, w[0]) * _cdiv(W, w[1]))
-    return tuple(windows), tuple(counts)
+    return tuple(norm), tuple(counts)
 
 
-def check_schedule(scales, T: int, grid: Tuple[int, int]) -> Schedule:
-    """Validate ``scales`` (one window per frame) on ``grid``; cached by exact content."""
+def check_schedule(windows, T: int, grid: Tuple[int, int]) -> Schedule:
+    """Validate ``windows`` (one window per frame) on ``grid``; cached by exact content."""
     H, W = grid
-    if isinstance(scales, int) and not isinstance(scales, bool):
+    if isinstance(windows, int) and not isinstance(windows, bool):
         # A bare int is a common slip for "[s] * T"; say so instead of failing on len().
-        raise PoolPackArgError(f"scales: expected one window per frame (a sequence of length {T}), "
-                               f"got the single value {scales!r}; use [{scales}] * {T}")
-    if type(scales) is list or type(scales) is tuple:
-        seq = tuple(scales)
+        raise PoolPackArgError(f"windows: expected one window per frame (a sequence of length {T}), "
+                               f"got the single value {windows!r}; use [{windows}] * {T}")
+    if type(windows) is list or type(windows) is tuple:
+        seq = tuple(windows)
         types = set(map(type, seq))
         if types <= _INT_TUPLE:
             if len(seq) != T:
-                raise PoolPackArgError(f"scales: expected {T} windows (one per frame, frames.shape[0]), "
+                raise PoolPackArgError(f"windows: expected {T} windows (one per frame, frames.shape[0]), "
                                        f"got {len(seq)}")
             key = (seq, H, W)
             hit = _SCHEDULES.get(key)
@@ -212,15 +217,15 @@ def check_schedule(scales, T: int, grid: Tuple[int, int]) -> Schedule:
             fast = _fast_windows(seq, H, W)
             if fast is not None:
                 return _remember(_SCHEDULES, key, Schedule(key, grid, *fast))
-    lst = _as_list(scales, "scales")
+    lst = _as_list(windows, "windows")
     if len(lst) != T:
-        raise PoolPackArgError(f"scales: expected {T} windows (one per frame, frames.shape[0]), got {len(lst)}")
-    windows, counts = _slow_windows(lst, H, W)
-    key = ("windows", windows, H, W)
+        raise PoolPackArgError(f"windows: expected {T} windows (one per frame, frames.shape[0]), got {len(lst)}")
+    norm, counts = _slow_windows(lst, H, W)
+    key = ("windows", norm, H, W)
     hit = _SCHEDULES.get(key)
     if hit is not None:
         return hit
-    return _remember(_SCHEDULES, key, Schedule(key, grid, windows, counts))
+    return _remember(_SCHEDULES, key, Schedule(key, grid, norm, counts))
 
 
 def _dest_error(sched: Schedule, d: np.ndarray, L: int):
@@ -282,9 +287,9 @@ def check_dest(dest, sched: Schedule, L: int) -> DestEntry:
     return DestEntry(tuple(d.tolist()))
 
 
-def check_args(frames, scales, grid=(16, 16), out=None, dest=None,
-               dtypes: Sequence[torch.dtype] = KERNEL_DTYPES) -> Plan:
-    """Validate ``pool_pack``'s arguments and normalise them into a :class:`Plan`.
+def check_args(frames, windows, grid=(16, 16), out=None, dest=None,
+               dtypes: Sequence[torch.dtype] = KERNEL_DTYPES) -> LaunchPlan:
+    """Validate ``pool_pack``'s arguments and normalise them into a :class:`LaunchPlan`.
 
     Raises :class:`PoolPackArgError` (a ``ValueError``) naming the offending argument."""
     if not isinstance(frames, torch.Tensor):
@@ -306,12 +311,12 @@ def check_args(frames, scales, grid=(16, 16), out=None, dest=None,
     if D < 1:
         raise PoolPackArgError("frames: the hidden size (frames.shape[2]) must be >= 1")
 
-    sched = check_schedule(scales, T, (H, W))
+    sched = check_schedule(windows, T, (H, W))
 
     if out is None:
         if dest is not None:
             raise PoolPackArgError("dest: given without out; pass out=<2-D buffer> too, or drop dest")
-        return Plan(T, N, D, (H, W), sched.windows, sched.counts, sched.starts, sched.total, sched, None)
+        return LaunchPlan(T, N, D, (H, W), sched.windows, sched.counts, sched.starts, sched.total, sched, None)
 
     if not isinstance(out, torch.Tensor):
         raise PoolPackArgError(f"out: expected a torch.Tensor [L, D], got {type(out).__name__}")
@@ -328,4 +333,13 @@ def check_args(frames, scales, grid=(16, 16), out=None, dest=None,
         raise PoolPackArgError("dest: required with out (dest[t] = first row of frame t's block)")
     L = out.shape[0]
     entry = check_dest(dest, sched, L)
-    return Plan(T, N, D, (H, W), sched.windows, sched.counts, entry.dest, L, sched, entry)
+    return LaunchPlan(T, N, D, (H, W), sched.windows, sched.counts, entry.dest, L, sched, entry)
+
+
+def __getattr__(name):
+    # ``Plan``: LaunchPlan's old name, kept for one release.
+    if name == "Plan":
+        warnings.warn("vr_kernels.checks.Plan is deprecated; use vr_kernels.checks.LaunchPlan",
+                      DeprecationWarning, stacklevel=2)
+        return LaunchPlan
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

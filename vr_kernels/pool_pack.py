@@ -23,8 +23,11 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
-from .checks import KERNEL_DTYPES, TORCH_DTYPES, Plan, PoolPackArgError, check_args
-from .tiles import INT32_MAX, build_dest, build_tiles
+from .checks import KERNEL_DTYPES, TORCH_DTYPES, LaunchPlan, PoolPackArgError, check_args
+from .reference import pool_pack_reference
+from .tiles import INT32_MAX, build_dest, build_tiles, tile_table
+from .torch_pool import pool_pack_torch
+from .windows import _NOT_GIVEN, _renamed_windows, pooled_counts
 
 try:
     import triton
@@ -141,7 +144,7 @@ if HAS_TRITON:
     # in-frame span fits int32.
 
     @triton.jit
-    def _decode_tile(tiles, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    def _unpack_tile(tiles, D: tl.constexpr, BLOCK_D: tl.constexpr):
         # The opening both kernels share: program -> (tile, block of columns), and the tile's
         # row of the table (layout in tiles.py): frame t, first row r0, row count nr, window
         # sh x sw (sh == 0: a dropped frame's zero tile). Returns the row pointer too: the
@@ -229,7 +232,7 @@ if HAS_TRITON:
         H: tl.constexpr, W: tl.constexpr, D: tl.constexpr,
         BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
     ):
-        row, t, r0, nr, sh, sw, o_d, m_d = _decode_tile(tiles, D, BLOCK_D)
+        row, t, r0, nr, sh, sw, o_d, m_d = _unpack_tile(tiles, D, BLOCK_D)
         # int64 at the bases only: T*N*D and L*D may pass 2**31.
         x_frame = x + t.to(tl.int64) * stride_xt
         y_tile = y + (tl.load(dest + t) + r0).to(tl.int64) * stride_yr
@@ -326,7 +329,7 @@ if HAS_TRITON:
         # token written once, no atomics. ZERO_DY: dy_kept (a copy of dy, the gradient w.r.t.
         # the original `out`) gets zeros in the rows the forward overwrote. Reads come from dy,
         # never from dy_kept, so the kernel is idempotent (autotuning may run it several times).
-        row, t, r0, nr, sh, sw, o_d, m_d = _decode_tile(tiles, D, BLOCK_D)
+        row, t, r0, nr, sh, sw, o_d, m_d = _unpack_tile(tiles, D, BLOCK_D)
         dx_frame = dx + t.to(tl.int64) * stride_xt
         xd = o_d  # frames' rows are contiguous (the launcher sees to it): stride D, 1
         yd = o_d * stride_dyd
@@ -385,7 +388,7 @@ def _rows_fit(t: torch.Tensor, name: str, tokens_per_tile: int):
                                f"within a tile; pass a contiguous [L, D] buffer")
 
 
-def pool_pack_fwd(frames: torch.Tensor, plan: Plan, tiles: torch.Tensor, n_fwd: int,
+def pool_pack_fwd(frames: torch.Tensor, plan: LaunchPlan, tiles: torch.Tensor, n_fwd: int,
                   y: torch.Tensor, dest: torch.Tensor) -> torch.Tensor:
     """Launch the forward kernel: pool ``frames`` per ``plan`` into the rows of ``y``;
     ``dest`` (int32, per frame, on the device) is the first row of each frame's block."""
@@ -400,7 +403,7 @@ def pool_pack_fwd(frames: torch.Tensor, plan: Plan, tiles: torch.Tensor, n_fwd: 
     return y
 
 
-def pool_pack_bwd(dy: torch.Tensor, plan: Plan, tiles: torch.Tensor, n_fwd: int, dest: torch.Tensor,
+def pool_pack_bwd(dy: torch.Tensor, plan: LaunchPlan, tiles: torch.Tensor, n_fwd: int, dest: torch.Tensor,
                   dx: Optional[torch.Tensor] = None, dout: Optional[torch.Tensor] = None) -> None:
     """Launch the backward kernel; it fills the buffers it is given.
 
@@ -483,14 +486,15 @@ def _pick_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
-def pool_pack(frames: torch.Tensor, scales: Sequence, grid: Tuple[int, int] = (16, 16),
+def pool_pack(frames: torch.Tensor, windows: Sequence = _NOT_GIVEN, grid: Tuple[int, int] = (16, 16),
               out: Optional[torch.Tensor] = None, dest: Optional[Sequence[int]] = None,
-              backend: str = "auto") -> torch.Tensor:
+              backend: str = "auto", *, scales: Sequence = _NOT_GIVEN) -> torch.Tensor:
     """Mean-pool each frame's H x W token grid with its own window and pack the results.
 
     Args:
         frames: ``[T, H*W, D]`` fp32 / fp16 / bf16 (fp64 on the PyTorch backends), CUDA or CPU.
-        scales: one window per frame: ``0`` (drop), ``s`` (s x s) or ``(sh, sw)``.
+        windows: one window per frame: ``0`` (drop), ``s`` (s x s) or ``(sh, sw)``. Its old
+            name ``scales=`` is still accepted for one release, with a DeprecationWarning.
         grid: ``(H, W)`` of each frame's token grid, row-major.
         out, dest: write frame t's rows to ``out[dest[t] : dest[t] + counts[t]]`` in place and
             return ``out``; other rows are untouched.
@@ -500,17 +504,17 @@ def pool_pack(frames: torch.Tensor, scales: Sequence, grid: Tuple[int, int] = (1
     Returns ``[sum(counts), D]`` (or ``out``). Raises ``PoolPackArgError`` (a ``ValueError``)
     naming the argument for bad input, before anything runs.
     """
+    if windows is _NOT_GIVEN or scales is not _NOT_GIVEN:
+        windows = _renamed_windows("pool_pack", windows, scales)
     if not isinstance(backend, str):
         raise PoolPackArgError(f"backend: expected a string, got {backend!r}")
     device = frames.device if isinstance(frames, torch.Tensor) else torch.device("cpu")
     which = _pick_backend(backend, device)
     dtypes = KERNEL_DTYPES if which == "triton" else TORCH_DTYPES
-    plan = check_args(frames, scales, grid, out, dest, dtypes=dtypes)
+    plan = check_args(frames, windows, grid, out, dest, dtypes=dtypes)
     if which == "reference":
-        from .reference import pool_pack_reference
-        return pool_pack_reference(frames, scales, grid, out=out, dest=dest)
+        return pool_pack_reference(frames, windows, grid, out=out, dest=dest)
     if which == "torch":
-        from .torch_pool import pool_pack_torch
         return pool_pack_torch(frames, plan, out)
     tiles, n_fwd = build_tiles(plan, TOKENS_PER_TILE, frames.device)
     return PoolPackFunction.apply(out, frames, plan, tiles, n_fwd, build_dest(plan, frames.device))
@@ -523,10 +527,10 @@ def pool_pack(frames: torch.Tensor, scales: Sequence, grid: Tuple[int, int] = (1
 PLANNER_WINDOWS = (1, 2, 4, 8)
 
 
-def _forward_tiles(scales: Sequence, grid: Tuple[int, int]) -> int:
-    """How many tiles the forward launches for ``scales`` (what ``size_class`` is taken of)."""
-    from .tiles import tile_table
-    plan = check_args(torch.empty(len(scales), grid[0] * grid[1], 1, device="meta"), scales, grid,
+def _forward_tiles(windows: Sequence, grid: Tuple[int, int]) -> int:
+    """How many tiles the forward launches for ``windows`` (one per frame; what ``size_class``
+    is taken of)."""
+    plan = check_args(torch.empty(len(windows), grid[0] * grid[1], 1, device="meta"), windows, grid,
                       None, None, dtypes=(torch.float32,))
     return tile_table(plan.sched(), plan.N, TOKENS_PER_TILE)[1]
 
@@ -538,7 +542,8 @@ def warmup_launches(max_frames: int, grid: Tuple[int, int] = (16, 16),
     window (the most tiles a request can launch). Each cycles through ``windows`` (all 1x1 where
     the mix cannot land in a class) with as many frames as the class holds, up to ``max_frames``,
     because the autotuner tunes a class on its first launch.
-    Pure host arithmetic: ``[{"frames", "scales", "tiles", "size_class"}]``."""
+    Pure host arithmetic: ``[{"frames", "scales", "tiles", "size_class"}]`` (``"scales"``: the
+    launch's window per frame)."""
     if int(max_frames) < 1:
         raise ValueError(f"max_frames: expected >= 1, got {max_frames}")
     max_frames = int(max_frames)
@@ -566,9 +571,9 @@ def warmup_launches(max_frames: int, grid: Tuple[int, int] = (16, 16),
             above = search(mix, lambda n: size_class(n) > cls)  # the first T past this class
             T = (above - 1) if above else max_frames
             if T >= 1 and size_class(_forward_tiles(sched(mix, T), grid)) == cls:
-                scales = sched(mix, T)
-                launches.append(dict(frames=T, scales=scales, tiles=_forward_tiles(scales, grid),
-                                     size_class=cls))
+                frame_windows = sched(mix, T)
+                launches.append(dict(frames=T, scales=frame_windows,
+                                     tiles=_forward_tiles(frame_windows, grid), size_class=cls))
                 break
     return launches
 
@@ -595,42 +600,63 @@ def warmup(hidden_size: int, dtype: torch.dtype = torch.bfloat16, device="cuda",
     if not HAS_TRITON:
         return {"skipped": "triton is not installed"}
     t_start = time.perf_counter()
-    H, W = grid
+    specs = warmup_launches(max_frames, grid, windows)
     launches = []
-    plan = warmup_launches(max_frames, grid, windows)
-    from .windows import pooled_counts
-    for spec in plan:
-        scales, T = spec["scales"], spec["frames"]
-        frames = torch.randn(T, H * W, hidden_size, device=device, dtype=dtype, requires_grad=backward)
-        counts = pooled_counts(scales, grid)
-        dest, acc = [], 4
-        for c in counts:
-            dest.append(acc)
-            acc += c
-        info = dict(frames=T, tiles=spec["tiles"], size_class=spec["size_class"])
+    for spec in specs:
+        launches += _warm(spec, hidden_size, dtype, device, grid, backward)
+    best = _best_configs()
+    return {"seconds": time.perf_counter() - t_start, "launches": launches,
+            "size_classes": sorted({p["size_class"] for p in specs}), "windows": list(windows),
+            "backward": bool(backward), "max_frames": int(max_frames), "best": best}
+
+
+def _warm(spec: dict, hidden_size: int, dtype: torch.dtype, device: torch.device,
+          grid: Tuple[int, int], backward: bool) -> list:
+    """Run one of :func:`warmup_launches`' launches in every form a request (or, with
+    ``backward``, training) uses; each timed, as ``warmup``'s ``launches`` entries."""
+    frame_windows, T = spec["scales"], spec["frames"]
+    H, W = grid
+    frames = torch.randn(T, H * W, hidden_size, device=device, dtype=dtype, requires_grad=backward)
+    dest, rows = _blocks_from(pooled_counts(frame_windows, grid), first=4)
+    info = dict(frames=T, tiles=spec["tiles"], size_class=spec["size_class"])
+    done = []
+    t0 = time.perf_counter()
+    y = pool_pack(frames, frame_windows, grid, backend="triton")
+    done.append(_timed("fwd", "packed", t0, device, info))
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        emb = torch.randn(rows + 8, hidden_size, device=device, dtype=dtype)
+        pool_pack(frames, frame_windows, grid, out=emb, dest=dest, backend="triton")
+    done.append(_timed("fwd", "out+dest", t0, device, info))
+    if backward:
         t0 = time.perf_counter()
-        y = pool_pack(frames, scales, grid, backend="triton")
-        torch.cuda.synchronize(device)
-        launches.append(dict(kernel="fwd", form="packed", seconds=time.perf_counter() - t0, **info))
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            emb = torch.randn(acc + 8, hidden_size, device=device, dtype=dtype)
-            pool_pack(frames, scales, grid, out=emb, dest=dest, backend="triton")
-        torch.cuda.synchronize(device)
-        launches.append(dict(kernel="fwd", form="out+dest", seconds=time.perf_counter() - t0, **info))
-        if backward:
-            t0 = time.perf_counter()
-            y.backward(torch.ones_like(y))
-            out = torch.zeros(acc + 8, hidden_size, device=device, dtype=dtype, requires_grad=True)
-            o = out * 1.0
-            pool_pack(frames, scales, grid, out=o, dest=dest, backend="triton").sum().backward()
-            torch.cuda.synchronize(device)
-            launches.append(dict(kernel="bwd", form="packed and out+dest", seconds=time.perf_counter() - t0, **info))
-        del frames, y
+        y.backward(torch.ones_like(y))
+        out = torch.zeros(rows + 8, hidden_size, device=device, dtype=dtype, requires_grad=True)
+        pool_pack(frames, frame_windows, grid, out=out * 1.0, dest=dest, backend="triton").sum().backward()
+        done.append(_timed("bwd", "packed and out+dest", t0, device, info))
+    return done
+
+
+def _blocks_from(counts: Sequence[int], first: int) -> Tuple[list, int]:
+    """Each frame's first row when the blocks are laid end to end from row ``first``, and the
+    row after the last block."""
+    dest, acc = [], first
+    for c in counts:
+        dest.append(acc)
+        acc += c
+    return dest, acc
+
+
+def _timed(kernel: str, form: str, t0: float, device: torch.device, info: dict) -> dict:
+    """A ``launches`` entry: the launch's time from ``t0`` once the device is done."""
+    torch.cuda.synchronize(device)
+    return dict(kernel=kernel, form=form, seconds=time.perf_counter() - t0, **info)
+
+
+def _best_configs() -> dict:
+    """The autotuner's choice for every key tuned so far: ``{"fwd <key>": config}``."""
     best = {}
     for name, k in (("fwd", _pool_pack_fwd_kernel), ("bwd", _pool_pack_bwd_kernel)):
         for key, cfg in getattr(k, "cache", {}).items():
             best[f"{name} {key}"] = str(cfg)
-    return {"seconds": time.perf_counter() - t_start, "launches": launches,
-            "size_classes": sorted({p["size_class"] for p in plan}), "windows": list(windows),
-            "backward": bool(backward), "max_frames": int(max_frames), "best": best}
+    return best

@@ -53,7 +53,7 @@ from typing import Tuple
 import numpy as np
 import torch
 
-from .checks import Plan, Schedule
+from .checks import LaunchPlan, Schedule
 
 TILE_COLS = 8
 INT32_MAX = 2**31 - 1
@@ -102,7 +102,7 @@ def tile_table(sched: Schedule, N: int, tokens_per_tile: int) -> Tuple[np.ndarra
     return np.concatenate([fwd, zero]).astype(np.int32), n_fwd
 
 
-def _check_int32(plan: Plan):
+def _check_int32(plan: LaunchPlan):
     # Indices must fit int32 (checked once here, so the kernel's loads of the tables are exact).
     if plan.rows > INT32_MAX or plan.T * plan.N > INT32_MAX:
         raise ValueError(f"frames/out: {plan.T * plan.N} tokens or {plan.rows} rows exceed 2**31-1; "
@@ -122,7 +122,7 @@ def _to_device(a: np.ndarray, device) -> torch.Tensor:
     return t
 
 
-def build_tiles(plan: Plan, tokens_per_tile: int, device) -> Tuple[torch.Tensor, int]:
+def build_tiles(plan: LaunchPlan, tokens_per_tile: int, device) -> Tuple[torch.Tensor, int]:
     """``(table, n_fwd)``: the int32 table on ``device`` and how many tiles the forward runs,
     cached on the plan's schedule."""
     _check_int32(plan)
@@ -137,7 +137,7 @@ def build_tiles(plan: Plan, tokens_per_tile: int, device) -> Tuple[torch.Tensor,
     return sched.derived(("tiles", plan.N, tokens_per_tile, str(device)), build)
 
 
-def build_dest(plan: Plan, device) -> torch.Tensor:
+def build_dest(plan: LaunchPlan, device) -> torch.Tensor:
     """int32 ``[max(T, 1)]`` on ``device``: the first output row of each frame (0 if dropped),
     cached with the validated dest (or, packed, with the schedule)."""
     owner = plan.dest_entry if plan.dest_entry is not None else plan.sched()

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .checks import Plan, Schedule
+from .checks import LaunchPlan, Schedule
 from .tiles import _to_device
 
 
@@ -59,7 +59,7 @@ def bag_indices(sched: Schedule, N: int) -> tuple:
     return idx, offsets
 
 
-def _out_rows(plan: Plan, device) -> torch.Tensor:
+def _out_rows(plan: LaunchPlan, device) -> torch.Tensor:
     """Row of ``out`` for every packed row (frame blocks at ``dest``), cached with the dest."""
     def build():
         sched = plan.sched()
@@ -84,7 +84,7 @@ def _bag_weights(idx: torch.Tensor, offsets: torch.Tensor, dtype: torch.dtype):
         return (1.0 / sizes.double()).repeat_interleave(sizes).to(dtype)
 
 
-def pool_pack_torch(frames: torch.Tensor, plan: Plan, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+def pool_pack_torch(frames: torch.Tensor, plan: LaunchPlan, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     sched = plan.sched()
     D = plan.D
     if sched.total == 0:

@@ -15,9 +15,9 @@ OUT = torch.zeros(40, 8)
 def test_cached_schedule_does_not_accept_bools_or_floats():
     check_args(X, [1, 1, 2], (4, 4))             # cached
     for bad in ([True, 1, 2], [1.0, 1, 2], [1, (1.0, 1), 2]):
-        with pytest.raises(ValueError, match="scales"):
+        with pytest.raises(ValueError, match="windows"):
             check_args(X, bad, (4, 4))
-    with pytest.raises(ValueError, match=r"scales\[1\]"):
+    with pytest.raises(ValueError, match=r"windows\[1\]"):
         check_args(X, [1, -2, 2], (4, 4))
 
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from vr_kernels import PoolPackArgError, pool_pack, pool_pack_reference
-from vr_kernels.checks import Plan, check_args
+from vr_kernels import PoolPackArgError, pool_pack, pool_pack_reference, pooled_counts
+from vr_kernels.checks import LaunchPlan, check_args
 from vr_kernels.pool_pack import CPU_TRITON
 from vr_kernels.tiles import build_dest, build_tiles, tile_table
 
@@ -18,13 +18,13 @@ BAD = [
     (dict(grid=(4, 5)), "grid"),                                       # H*W != N
     (dict(grid=(4,)), "grid"),                                         # bad grid
     (dict(grid=(0, 16)), "grid"),
-    (dict(scales=[1, 2]), "scales"),                                   # wrong length
-    (dict(scales=2), "scales"),                                        # not a sequence
-    (dict(scales=[1, -1, 2]), r"scales\[1\]"),                         # window < 1
-    (dict(scales=[1, (0, 2), 2]), r"scales\[1\]"),
-    (dict(scales=[1, 1.5, 2]), r"scales\[1\]"),
-    (dict(scales=[1, (1, 2, 3), 2]), r"scales\[1\]"),
-    (dict(scales=[True, 1, 1]), r"scales\[0\]"),
+    (dict(windows=[1, 2]), "windows"),                                 # wrong length
+    (dict(windows=2), "windows"),                                      # not a sequence
+    (dict(windows=[1, -1, 2]), r"windows\[1\]"),                       # window < 1
+    (dict(windows=[1, (0, 2), 2]), r"windows\[1\]"),
+    (dict(windows=[1, 1.5, 2]), r"windows\[1\]"),
+    (dict(windows=[1, (1, 2, 3), 2]), r"windows\[1\]"),
+    (dict(windows=[True, 1, 1]), r"windows\[0\]"),
     (dict(out=OUT), "dest"),                                           # dest missing
     (dict(dest=[0, 4, 8]), "dest"),                                    # dest without out
     (dict(out=OUT, dest=[0, 4]), "dest"),                              # wrong length
@@ -44,15 +44,36 @@ BAD = [
 @pytest.mark.parametrize("i", range(len(BAD)))
 def test_bad_arguments_raise_value_error(i, backend):
     kw, name = BAD[i]
-    args = dict(frames=X, scales=[1, 2, 4], grid=(4, 4), backend=backend)
+    args = dict(frames=X, windows=[1, 2, 4], grid=(4, 4), backend=backend)
     args.update(kw)
     with pytest.raises(ValueError, match=name):
         pool_pack(**args)
 
 
 def test_reference_validates_too():
-    with pytest.raises(PoolPackArgError, match="scales"):
+    with pytest.raises(PoolPackArgError, match="windows"):
         pool_pack_reference(X, [1, 2], (4, 4))
+
+
+@pytest.mark.parametrize("fn", [lambda **kw: pool_pack(X, grid=(4, 4), backend="torch", **kw),
+                                lambda **kw: pool_pack_reference(X, grid=(4, 4), **kw),
+                                lambda **kw: pooled_counts(grid=(4, 4), **kw)])
+def test_scales_keyword_is_deprecated_for_windows(fn):
+    """``scales=`` (the per-frame windows' old name) works for one release and warns."""
+    want = fn(windows=[1, 2, 4])
+    with pytest.warns(DeprecationWarning, match="windows="):
+        got = fn(scales=[1, 2, 4])
+    assert (got == want).all() if isinstance(got, torch.Tensor) else got == want
+    with pytest.raises(TypeError, match="windows"), pytest.warns(DeprecationWarning):
+        fn(windows=[1, 2, 4], scales=[1, 2, 4])
+    with pytest.raises(TypeError, match="windows"):
+        fn()
+
+
+def test_plan_is_a_deprecated_alias_of_launch_plan():
+    import vr_kernels.checks as checks
+    with pytest.warns(DeprecationWarning, match="LaunchPlan"):
+        assert checks.Plan is LaunchPlan
 
 
 def test_fp64_only_on_torch_paths():
@@ -81,7 +102,7 @@ def _plan(windows, grid=(16, 16), T=None, D=3584):
     for c in counts:
         dest.append(acc)
         acc += c
-    return Plan(len(nw), H * W, D, grid, tuple(nw), tuple(counts), tuple(dest), acc)
+    return LaunchPlan(len(nw), H * W, D, grid, tuple(nw), tuple(counts), tuple(dest), acc)
 
 
 def tile_rows(plan, tokens_per_tile):
@@ -149,7 +170,7 @@ def test_tiles_int32_past_2_31_elements():
     assert int(dest[last[0]]) + last[1] + last[2] == plan.total   # exact, no wrap-around
     assert int(table[:, 0].max()) == plan.T - 1
     assert (last[0] * plan.N * plan.D) > 2**31          # the frame offset needs int64
-    big = Plan(1, 256, 8, (16, 16), ((1, 1),), (256,), (2**31,), 2**31 + 256)
+    big = LaunchPlan(1, 256, 8, (16, 16), ((1, 1),), (256,), (2**31,), 2**31 + 256)
     with pytest.raises(ValueError, match="2\\*\\*31"):
         build_tiles(big, 64, "cpu")
 
