@@ -37,6 +37,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+from PIL import Image
+from tqdm.auto import tqdm
 
 from ..errors import VideoError
 from .decoders import (Limits, VideoIndex, cancel_scope, decode_frames, keyframe_indices,
@@ -202,7 +204,6 @@ def preprocess_frames(frames: np.ndarray, size: int = 448, mean: Sequence[float]
     differs from PIL by up to ~20 grey levels on detailed content when upsampling, and the
     model was trained on PIL's output. PIL also releases the GIL, so the background decode
     thread does not stall the caller."""
-    from PIL import Image
     if frames.ndim != 4 or frames.shape[-1] != 3:
         raise VideoError(f"expected RGB frames [T, H, W, 3], got shape {tuple(frames.shape)}")
     mean_t, std_t = _norm(mean, "mean"), _norm(std, "std")
@@ -562,7 +563,6 @@ class _FrameSink:
 
 
 def _progress_bar(n: int):
-    from tqdm.auto import tqdm
     # delay: the bar shows only when decoding takes long enough to be worth watching.
     return tqdm(total=n, desc="decoding", unit="frame", file=sys.stderr,
                 leave=False, dynamic_ncols=True, delay=1.0)
