@@ -1,4 +1,4 @@
-"""Docs that match the code (issue 24, item 4): the contract lives in the repository
+"""Docs that match the code: the contract lives in the repository
 (docs/CONTRACT.md) and nothing points outside it; links between the markdown files resolve;
 the training README opens with a quick start whose commands name real configs and keys; and
 scripts/tiny/train_tiny.sh touches the shipped weights and studies/results only with --install."""

@@ -1,5 +1,5 @@
-"""docs/PAPER.md, the paper's fidelity table (issue 27, item 8): it exists, the README links it,
-it has a row for every element the issue lists and for every evaluation method, and what it
+"""docs/PAPER.md, the paper's fidelity table: it exists, the README links it,
+it has a row for every element of the paper and for every evaluation method, and what it
 points at in the code exists (files, and module attributes such as ``budget.plan_fragment``)."""
 import importlib
 import pathlib

@@ -5,8 +5,9 @@ Registered through lmms-eval's entry point group ``lmms_eval.models`` (pyproject
     [project.entry-points."lmms_eval.models"]
     videorouter = "vr_runtime.eval.lmms_plugin:manifest"
 
-so, with ``pip install 'videorouter[lmms]'`` (see README for the torch-preserving install) and
-the shipped Video-MME task written for a local copy (:mod:`vr_runtime.eval.lmms_tasks`)::
+so, with ``pip install 'videorouter[lmms]'`` (docs/evaluation.md gives the install that keeps the
+CPU torch) and the shipped Video-MME task written for a local copy
+(:mod:`vr_runtime.eval.lmms_tasks`)::
 
     python -m vr_runtime.eval.lmms_tasks --data DATA --videos VIDEOS --out videomme_task
     python -m lmms_eval --model videorouter \\
