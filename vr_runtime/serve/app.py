@@ -33,6 +33,7 @@ from typing import Callable, Optional, Union
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -291,7 +292,6 @@ async def health(request: Request):
 @router.get("/metrics")
 async def metrics(request: Request):
     # Prometheus text format; like /health, no key needed.
-    from prometheus_client import CONTENT_TYPE_LATEST
     return Response(request.app.state.observer.metrics(), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -47,6 +47,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import copy
+import dataclasses
 import os
 import socket
 import threading
@@ -55,6 +57,7 @@ from dataclasses import dataclass
 from collections import Counter
 from typing import Callable, Optional
 
+from ..cli_args import device_dtype
 from .errors import APIError, from_exception
 from .media import MediaStore, Video
 from .schema import Settings
@@ -172,7 +175,7 @@ class Engine:
         """Load the model as ``videorouter ask`` does (same presets, devices, dtypes)."""
         import argparse
 
-        from ..cli_args import device_dtype
+        # (imported here: torch stays out of the serve command's start-up)
         from ..runtime import VideoRouter
         device, dtype = device_dtype(argparse.Namespace(device=config.device, dtype=config.dtype))
         vr = VideoRouter.from_pretrained(config.model, routers=config.routers, device=device,
@@ -225,7 +228,6 @@ class Engine:
         from ..backbones.prompt import text_tokens
         lm = self.vr.lm
         if self._tokenizer is None:
-            import copy
             self._tokenizer = copy.deepcopy(lm.tokenizer)
         return text_tokens(self._tokenizer, settings.question, 0, settings.system,
                            tokens=lm.vision_tokens, kept=[])
@@ -246,7 +248,6 @@ class Engine:
         """A copy of the tokenizer for detokenising streamed ids on the event loop (never used
         by two threads at once)."""
         if getattr(self, "_stream_tok", None) is None:
-            import copy
             self._stream_tok = copy.deepcopy(self.vr.lm.tokenizer)
         return self._stream_tok
 
@@ -452,8 +453,6 @@ class Engine:
     def _check_and_decode(self, s: Settings, slot: _Slot) -> Video:
         """On a daemon thread of its own: the media check, then the decode (unless the visual
         cache holds the frames), stopped between frames once the request is given up."""
-        import dataclasses
-
         def should_stop():
             return "the request was given up (timeout, client gone or shutdown)" \
                 if slot.cancel.is_set() else None

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..cli_args import message as cli_message, one_line, user_errors
+from ..errors import VideoError
+
 # HTTP status -> error type, named as the ``openai`` client's exception classes (and vLLM) name them.
 ERROR_TYPES = {
     400: "BadRequestError",
@@ -42,11 +45,6 @@ class APIError(Exception):
         return error_body(self.status, self.message, self.param)
 
 
-def one_line(message) -> str:
-    from ..cli_args import one_line
-    return one_line(message)
-
-
 def error_body(status: int, message: str, param: Optional[str] = None) -> dict:
     return {"error": {"message": one_line(message), "type": ERROR_TYPES.get(status, "Error"),
                       "param": param, "code": int(status)}}
@@ -54,7 +52,7 @@ def error_body(status: int, message: str, param: Optional[str] = None) -> dict:
 
 def _oom_types() -> tuple:
     try:
-        import torch
+        import torch   # (here: torch stays out of the serve command's start-up)
         oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError")
         return (oom,)
     except Exception:  # pragma: no cover
@@ -68,11 +66,9 @@ def from_exception(e: BaseException, replace: Optional[dict] = None) -> APIError
     runtime refuses) -> 400; out of memory -> 503 (this request only; the server keeps serving);
     anything else -> 500 with the CLI's "internal error" line. ``replace`` maps server-side text
     (the path of a stored ``data:`` upload) to what the client sent."""
-    from ..cli_args import message, user_errors
-    from ..errors import VideoError
     if isinstance(e, APIError):
         return e
-    text = message(e)
+    text = cli_message(e)
     for old, new in (replace or {}).items():
         text = text.replace(old, new)
     if isinstance(e, VideoError):

@@ -38,7 +38,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Dict, Optional
 
-from .errors import APIError
+from ..errors import VideoError
+from .errors import APIError, from_exception
 
 _DATA_URL = re.compile(r"^data:(?P<mime>[^;,]*)((?:;[^;,]*)*);base64,", re.IGNORECASE)
 _SUFFIX = {"video/mp4": ".mp4", "video/webm": ".webm", "video/x-matroska": ".mkv",
@@ -57,7 +58,7 @@ class MediaConfig:
     max_frame_pixels: int = 7680 * 4320      # --max-frame-pixels (8K UHD)
 
     def limits(self):
-        from ..video.decoders import Limits
+        from ..video.decoders import Limits   # (here: it imports numpy)
         return Limits(max_frame_pixels=self.max_frame_pixels,
                       max_seconds=self.max_video_seconds)
 
@@ -132,9 +133,7 @@ class MediaStore:
         """Open the file once and check what was opened: a regular file (a FIFO, device or
         socket is refused before any read), whose descriptor's own path lies inside the media
         directory (a folder swapped for a symlink between the check and the open is a 403)."""
-        from ..errors import VideoError
-        from ..video.load import VideoFile
-        from .errors import from_exception
+        from ..video.load import VideoFile   # (here: it imports torch)
         real = self._local(url)
         try:
             f = VideoFile(real)
@@ -223,9 +222,7 @@ class MediaStore:
     def _commit(self, tmp: pathlib.Path, h, mime: str, label: str) -> Video:
         """The written upload ``tmp`` takes its content's name (the same clip sent again is the
         same file, and keeps its identity: the runtime's cache key), pinned and opened."""
-        from ..errors import VideoError
-        from ..video.load import VideoFile
-        from .errors import from_exception
+        from ..video.load import VideoFile   # (here: it imports torch)
         if tmp.stat().st_size == 0:
             raise APIError(422, f"{label}: the video is empty (0 bytes)", "video_url")
         name = h.hexdigest()[:32] + _SUFFIX.get(mime.lower(), ".mp4")
@@ -274,8 +271,7 @@ class MediaStore:
     def _check_video(self, video: Video) -> None:
         """``open_video`` on the opened file (the runtime's own checks and messages) with the
         server's caps: the frame size, and the duration declared or counted while indexing."""
-        from ..video.load import open_video
-        from .errors import from_exception
+        from ..video.load import open_video   # (here: it imports torch)
         try:
             info = open_video(video.shown or video.path, file=video.file,
                               limits=self.config.limits())

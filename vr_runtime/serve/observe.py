@@ -22,6 +22,9 @@ import time
 from collections import Counter
 from typing import Callable
 
+from prometheus_client import (CollectorRegistry, Counter as PCounter, Gauge, Histogram,
+                               generate_latest)
+
 access_log = logging.getLogger("videorouter.serve.access")
 
 REPORT_KEY = "videorouter_report"     # scope["state"][REPORT_KEY]: the answer's report
@@ -32,7 +35,6 @@ STAGE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60
 class Observer:
     def __init__(self, app, stats: Callable[[], dict]):
         """``stats``: the engine's queue counters (``Engine.stats``), read at scrape time."""
-        from prometheus_client import CollectorRegistry, Counter as PCounter, Gauge, Histogram
         self.app = app
         self._lock = threading.Lock()
         self.by_status: Counter = Counter()
@@ -59,7 +61,6 @@ class Observer:
         return {"total": sum(counts.values()), "by_status": counts}
 
     def metrics(self) -> bytes:
-        from prometheus_client import generate_latest
         return generate_latest(self.registry)
 
     async def __call__(self, scope, receive, send):

@@ -20,6 +20,8 @@ from typing import Any, Dict, List, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 from typing_extensions import Annotated
 
+from ..errors import did_you_mean
+from ..planning.scales import ScalesError, parse_scales
 from .errors import APIError
 
 # The per-request settings a client may give at the top level or under mm_processor_kwargs
@@ -257,8 +259,23 @@ def _text(content, where: str) -> str:
 
 
 def to_settings(req: ChatRequest, limits: Limits, model_names) -> Settings:
-    """The checked settings of one request (400/404 on anything this server cannot honour)."""
-    from ..planning.policies import policy_names
+    """The checked settings of one request (400/404 on anything this server cannot honour).
+    The checks run in a fixed order (model and unsupported options, messages, then each
+    setting), so a request with several faults always gets the same error."""
+    _refuse_unsupported(req, model_names)
+    video_url, question, system = _conversation(req, limits)
+    frames, max_length = _frames_setting(req, limits), _max_length_setting(req, limits)
+    policy, scales = _policy_setting(req, limits), _scales_setting(req, limits)
+    new_tokens = _max_tokens_setting(req, limits)
+    seek, window = _seek_setting(req), _time_window_setting(req)
+    return Settings(video_url, question, system, frames, max_length, new_tokens, policy,
+                    bool(req.stream),
+                    bool(req.stream_options and req.stream_options.include_usage), scales,
+                    seek, window)
+
+
+def _refuse_unsupported(req: ChatRequest, model_names) -> None:
+    """404 for a model this server does not serve; 400 for options it cannot honour."""
     if req.model is not None and req.model not in model_names:
         raise APIError(404, f"the model {req.model!r} does not exist; this server serves "
                        f"{', '.join(repr(m) for m in model_names)} (GET /v1/models)", "model")
@@ -271,12 +288,14 @@ def to_settings(req: ChatRequest, limits: Limits, model_names) -> Settings:
         raise APIError(400, "logprobs: not supported", "logprobs")
     if req.tools:
         raise APIError(400, "tools: tool calls are not supported", "tools")
-    for name in ("mm_processor_kwargs", "media_io_kwargs"):
-        extra = getattr(req, name)
-        if name == "media_io_kwargs" and extra is not None and "video" in extra \
-                and not isinstance(extra["video"], dict):
-            raise APIError(400, f"{name}.video: expected an object", name)
+    extra = req.media_io_kwargs
+    if extra is not None and "video" in extra and not isinstance(extra["video"], dict):
+        raise APIError(400, "media_io_kwargs.video: expected an object", "media_io_kwargs")
 
+
+def _message_parts(req: ChatRequest):
+    """(system texts, user texts, video URLs) of the messages: system and developer messages
+    are text; the one user message is text and content parts (text, video_url)."""
     system_parts, user_parts, video_urls = [], [], []
     for i, m in enumerate(req.messages):
         where = f"messages.{i}"
@@ -299,6 +318,13 @@ def to_settings(req: ChatRequest, limits: Limits, model_names) -> Settings:
             else:
                 raise APIError(400, f"{where}.content.{j}: content parts of type {part.type!r} "
                                f"are not supported; send text and one video_url", "messages")
+    return system_parts, user_parts, video_urls
+
+
+def _conversation(req: ChatRequest, limits: Limits):
+    """(video URL, question, system text or None): one user message with one video and a
+    non-empty question, the prompt's text within ``limits.max_prompt_chars``."""
+    system_parts, user_parts, video_urls = _message_parts(req)
     if sum(1 for m in req.messages if m.role == "user") != 1:
         raise APIError(400, "messages: expected exactly one user message (with the video and the "
                        "question)", "messages")
@@ -318,46 +344,64 @@ def to_settings(req: ChatRequest, limits: Limits, model_names) -> Settings:
     if not question.strip():
         raise APIError(400, "messages: the question is empty; add a text part that asks "
                        "something about the video", "messages")
+    return video_urls[0], question, "\n".join(p for p in system_parts if p) or None
 
+
+def _frames_setting(req: ChatRequest, limits: Limits) -> int:
     frames, where = _merged_setting(req, "num_frames")
-    frames = limits.num_frames if frames is None else _int_setting(where, frames, 1,
-                                                                   limits.max_frames)
+    return limits.num_frames if frames is None else _int_setting(where, frames, 1,
+                                                                 limits.max_frames)
+
+
+def _max_length_setting(req: ChatRequest, limits: Limits) -> int:
     max_length, where = _merged_setting(req, "max_length")
-    max_length = limits.max_length if max_length is None else _int_setting(where, max_length, 1)
+    return limits.max_length if max_length is None else _int_setting(where, max_length, 1)
+
+
+def _policy_setting(req: ChatRequest, limits: Limits) -> str:
+    # (imported here: the policies pull in torch, and the serve command reads Limits from this
+    # module while it checks its arguments)
+    from ..planning.policies import policy_names
     policy, where = _merged_setting(req, "policy")
     if policy is None:
-        policy = limits.policy
-    elif not isinstance(policy, str) or policy not in policy_names():
-        from ..errors import did_you_mean
+        return limits.policy
+    if not isinstance(policy, str) or policy not in policy_names():
         raise APIError(400, f"{where}: expected one of {', '.join(policy_names())}, got "
                        f"{policy!r}{did_you_mean(policy, policy_names())}", where)
+    return policy
+
+
+def _scales_setting(req: ChatRequest, limits: Limits):
     scales, where = _merged_setting(req, "scales")
     if scales is None:
-        scales = limits.scales
-    else:
-        from ..planning.scales import ScalesError, parse_scales
-        try:
-            scales = parse_scales(scales, where)
-        except ScalesError as e:
-            raise APIError(400, str(e), where) from None
+        return limits.scales
+    try:
+        return parse_scales(scales, where)
+    except ScalesError as e:
+        raise APIError(400, str(e), where) from None
+
+
+def _max_tokens_setting(req: ChatRequest, limits: Limits) -> int:
     if req.max_tokens is not None and req.max_completion_tokens is not None \
             and req.max_tokens != req.max_completion_tokens:
         raise APIError(400, "max_tokens and max_completion_tokens differ; give one of them",
                        "max_completion_tokens")
     new_tokens = req.max_completion_tokens or req.max_tokens or limits.max_new_tokens
-    new_tokens = _int_setting("max_tokens", new_tokens, 1, limits.max_new_tokens_limit)
+    return _int_setting("max_tokens", new_tokens, 1, limits.max_new_tokens_limit)
+
+
+def _seek_setting(req: ChatRequest) -> str:
     seek, where = _merged_setting(req, "seek")
     if seek is None:
-        seek = "exact"
-    elif seek not in ("exact", "keyframe"):
+        return "exact"
+    if seek not in ("exact", "keyframe"):
         raise APIError(400, f"{where}: expected exact or keyframe, got {seek!r}", where)
+    return seek
+
+
+def _time_window_setting(req: ChatRequest) -> Optional[tuple]:
     window, where = _merged_setting(req, "time_window")
-    window = None if window is None else _time_window(window, where)
-    system = "\n".join(p for p in system_parts if p) or None
-    return Settings(video_urls[0], question, system, frames, max_length, new_tokens, policy,
-                    bool(req.stream),
-                    bool(req.stream_options and req.stream_options.include_usage), scales,
-                    seek, window)
+    return None if window is None else _time_window(window, where)
 
 
 def _time_window(v, where: str) -> tuple:
