@@ -7,10 +7,12 @@
     GET  /metrics               Prometheus metrics (vr_runtime.serve.observe)
 
 :func:`create_app` builds it around an :class:`~vr_runtime.serve.engine.Engine` (one model per
-process). Safe by default: the body size is capped before it is read, an optional Bearer key
-guards ``/v1``, and every failure -- malformed JSON, a wrong type, a video outside the media
-directory, a corrupt video, a full queue, a bug -- is answered with an OpenAI-style error object;
-no traceback ever reaches a client, and no single request can stop the server.
+process): the routes are module-level functions on :data:`router` that read the engine, the limits,
+the API key and the metrics from ``request.app.state``. Safe by default: the body size is capped
+before it is read, an optional Bearer key guards ``/v1``, and every failure -- malformed JSON, a
+wrong type, a video outside the media directory, a corrupt video, a full queue, a bug -- is
+answered with an OpenAI-style error object; no traceback ever reaches a client, and no single
+request can stop the server.
 
 Streaming (``"stream": true``): real streaming. Each generated id goes from the model thread to
 the event loop as it is decided; the first ``chat.completion.chunk`` leaves after the prefill, one
