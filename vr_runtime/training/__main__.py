@@ -331,8 +331,8 @@ def main(argv=None) -> int:
 def _labels_command(a, argv) -> None:
     """frame-labels / ab-probe / label-study: every argument and the question file are checked
     before the model loads."""
-    from . import labels as L
-    cfg = L.LabelConfig(model=a.model, routers=a.routers, frames=a.frames,
+    from . import labels
+    cfg = labels.LabelConfig(model=a.model, routers=a.routers, frames=a.frames,
                         answer_mode=a.answer_mode, prompt_style=a.prompt_style, device=a.device,
                         dtype=a.dtype)
     for k in ("benchmark", "data", "videos", "limit", "mode", "keep_window", "margin", "rule",
@@ -341,31 +341,32 @@ def _labels_command(a, argv) -> None:
             setattr(cfg, k, getattr(a, k))
     if a.cmd == "label-study":
         if a.num_videos < 1:
-            raise L.LabelError(f"--videos-count: expected >= 1, got {a.num_videos}")
-        study = L.label_study(cfg, a.work, a.results, a.num_videos, a.seed,
+            raise labels.LabelError(f"--videos-count: expected >= 1, got {a.num_videos}")
+        study = labels.label_study(cfg, a.work, a.results, a.num_videos, a.seed,
                               command=_command(argv))
         print(json.dumps({k: study[k] for k in ("questions", "labelled", "unanswerable",
                                                 "labels", "wall_s")}, indent=2))
         print(f"wrote {a.results} and {study['relevance_jsonl']}", file=sys.stderr)
         return
-    L.check_config(cfg)
+    labels.check_config(cfg)
     if a.cmd == "ab-probe":
         if a.max_length < 1 or (a.budget is not None and a.budget < 1) or a.max_new_tokens < 1:
-            raise L.LabelError("--max-length, --budget and --max-new-tokens: expected ints >= 1")
-    relevance = L.read_relevance(a.relevance) if getattr(a, "relevance", None) else None
-    questions = L.load_questions(cfg)
+            raise labels.LabelError(
+                "--max-length, --budget and --max-new-tokens: expected ints >= 1")
+    relevance = labels.read_relevance(a.relevance) if getattr(a, "relevance", None) else None
+    questions = labels.load_questions(cfg)
     if relevance is not None:
-        L.check_relevance(questions, relevance, cfg.frames)
-    vr = L.load_router(cfg)
+        labels.check_relevance(questions, relevance, cfg.frames)
+    vr = labels.load_router(cfg)
     if a.cmd == "frame-labels":
-        res = L.label_frames(vr, questions, cfg, a.out, a.diagnostics)
+        res = labels.label_frames(vr, questions, cfg, a.out, a.diagnostics)
         res.pop("diagnostics")
         print(json.dumps(res, indent=2))
     else:
         if relevance is None and not vr.routers_trained:
             print("note: the routers are untrained; Fragment's frame scores come from untrained "
                   "weights (pass --routers or --relevance)", file=sys.stderr)
-        acc = L.ab_probe(vr, questions, cfg, a.out, relevance, a.scoring, a.max_length,
+        acc = labels.ab_probe(vr, questions, cfg, a.out, relevance, a.scoring, a.max_length,
                          a.budget, a.max_new_tokens, a.predictions)
         print(json.dumps({c: {"acc_global": g, "acc_fragment": f} for c, (g, f) in acc.items()},
                          indent=2))

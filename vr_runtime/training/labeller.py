@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from ..eval.option_scoring import option_logprobs
-from ..data import synthetic_videos as S
+from ..data import synthetic_videos
 from .config import ConfigError
 
 FRAGMENT_CATEGORIES = ("object_shape", "absent_color")
@@ -111,29 +111,32 @@ class LabellerConfig:
                               f"{self.num_frames}")
 
 
-def video_features(bb, spec: S.VideoSpec) -> torch.Tensor:
+def video_features(bb, spec: synthetic_videos.VideoSpec) -> torch.Tensor:
     """A spec rendered frame by frame -> the frozen tower's pre-projector features [T, N, C]."""
     from vr_runtime.video.load import preprocess_frames
     fs = bb.frame_spec
-    frames = np.stack([S.render_frame(spec, t) for t in range(spec.num_frames)])
+    frames = np.stack([synthetic_videos.render_frame(spec, t) for t in range(spec.num_frames)])
     px = preprocess_frames(frames, size=fs.size[0], mean=fs.mean, std=fs.std)
     with torch.no_grad():
         return torch.cat([f.float() for _, f in bb.vision_features(px, spec.num_frames)])
 
 
-def fragment_questions(spec: S.VideoSpec, rng: random.Random, phrasing: str = "train"):
+def fragment_questions(spec: synthetic_videos.VideoSpec, rng: random.Random,
+                       phrasing: str = "train"):
     """The video's Fragment questions: each target's shape and one absent color."""
-    return [q for q in S.questions(spec, rng, phrasing) if q["category"] in FRAGMENT_CATEGORIES]
+    return [q for q in synthetic_videos.questions(spec, rng, phrasing)
+            if q["category"] in FRAGMENT_CATEGORIES]
 
 
-def video_questions(spec: S.VideoSpec, rng: random.Random, all_absent: bool = True):
+def video_questions(spec: synthetic_videos.VideoSpec, rng: random.Random,
+                    all_absent: bool = True):
     """The training questions of one video in a random order: each target's shape and, with
     ``all_absent``, every absent color (else the task's one). Never a distractor's color: the
     task does not ask about it (its small shapes may differ from frame to frame)."""
     qs = fragment_questions(spec, rng)
     if all_absent:
         absent = next(q for q in qs if q["category"] == "absent_color")
-        frag = S.phrasings("train")[0]
+        frag = synthetic_videos.phrasings("train")[0]
         for color in spec.absent_colors():
             if color != absent["color"]:
                 qs.append(dict(absent, color=color,
@@ -153,7 +156,7 @@ def visible_answer(q: dict, plan) -> str:
     """The answer the plan's kept frames support: the shape when a frame of the queried color is
     kept, ``none`` otherwise (an absent color's answer is ``none`` under every plan)."""
     rel = [t for t, y in enumerate(q["frame_labels"]) if y]
-    return q["answer"] if any(plan[t] for t in rel) else S.ABSENT_ANSWER
+    return q["answer"] if any(plan[t] for t in rel) else synthetic_videos.ABSENT_ANSWER
 
 
 def conversation_loss(bb, Z: torch.Tensor, turns, plan, route: Optional["RouteSupervision"] = None
@@ -273,12 +276,12 @@ def evaluate(bb, cfg: LabellerConfig, videos: int, seed: int) -> dict:
     from .labels import option_continuations
     bb.model.eval()
     vr = VideoRouter(bb, warmup_frames=0)
-    options = list(S.SHAPES) + [S.ABSENT_ANSWER]
+    options = list(synthetic_videos.SHAPES) + [synthetic_videos.ABSENT_ANSWER]
     conts = option_continuations(bb.tokenizer, options, "option-text")
     rng = random.Random(f"labeller-heldout-{seed}")
     counts: dict = {}
     for _ in range(videos):
-        spec = S.sample_spec(rng, num_frames=cfg.num_frames)
+        spec = synthetic_videos.sample_spec(rng, num_frames=cfg.num_frames)
         Z = bb.project(video_features(bb, spec))
         for q in fragment_questions(spec, rng, "mixed"):
             ref = [min(cfg.windows)] * cfg.num_frames
@@ -303,15 +306,32 @@ def train_labeller(cfg: LabellerConfig, progress: bool = True, results: Optional
     """Train from ``cfg.init``; writes ``output_dir/hf`` (the model ``label-study --model``
     loads), ``model.safetensors``, ``log.jsonl`` and ``metrics.json``; with ``results``, the same
     metrics with device, date, versions and ``command`` (a committed results file)."""
-    from transformers import get_cosine_schedule_with_warmup
-    from vr_runtime.backbones import load_backbone
     from .loop import save_llm
     cfg.check()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    bb = load_backbone(cfg.init, device="cpu", dtype=torch.float32)
+    bb, params = _labeller_model(cfg)
+    t0 = time.time()
+    history = _train_steps(bb, params, cfg, progress, t0)
+    train_s = time.time() - t0
+    metrics = evaluate(bb, cfg, cfg.heldout_videos, cfg.seed) if cfg.heldout_videos else {}
+    save_llm(bb.model, bb.tokenizer, cfg.output_dir)
+    result = {"metrics": metrics, "history": history, "global_step": cfg.steps,
+              "train_s": round(train_s, 1), "config": dataclasses.asdict(cfg)}
+    with open(os.path.join(cfg.output_dir, "metrics.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    if results:
+        _write_results(results, command, result)
+    return result
+
+
+def _labeller_model(cfg: LabellerConfig):
+    """The tiny InternVL3 backbone ``cfg.init`` and its trained parameters (everything but the
+    vision tower, and the projector unless ``train_projector``)."""
+    from vr_runtime.backbones import load_backbone
     from vr_runtime.backbones.internvl3 import InternVL3Backbone
+    bb = load_backbone(cfg.init, device="cpu", dtype=torch.float32)
     if not isinstance(bb, InternVL3Backbone):
         raise ConfigError(f"labeller init {cfg.init!r}: the synthetic labeller is tiny-InternVL3 "
                           f"only (got {type(bb).__name__})")
@@ -323,39 +343,25 @@ def train_labeller(cfg: LabellerConfig, progress: bool = True, results: Optional
         p.requires_grad_(id(p) not in frozen)
         if id(p) not in frozen:
             params.append(p)
-    opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    return bb, params
 
+
+def _train_steps(bb, params, cfg: LabellerConfig, progress: bool, t0: float) -> List[dict]:
+    """``cfg.steps`` optimizer steps on freshly drawn videos, logged to ``log.jsonl``, with a
+    held-out evaluation every ``eval_every`` steps; returns those evaluations."""
+    from transformers import get_cosine_schedule_with_warmup
+    opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     sched = get_cosine_schedule_with_warmup(opt, cfg.warmup_steps, cfg.steps)
     route = RouteSupervision(cfg.route_layer, cfg.route_head, cfg.route_weight) \
         if cfg.route_weight else None
     os.makedirs(cfg.output_dir, exist_ok=True)
     rng = random.Random(f"labeller-train-{cfg.seed}")
     history = []
-    t0 = time.time()
     with open(os.path.join(cfg.output_dir, "log.jsonl"), "w") as log:
         for step in range(cfg.steps):
             bb.model.train()
-            total, n_tok, r_total, r_n = 0.0, 0, 0.0, 0
             opt.zero_grad(set_to_none=True)
-            for _ in range(cfg.batch_size):
-                spec = S.sample_spec(rng, num_frames=cfg.num_frames)
-                V = video_features(bb, spec)
-                with torch.set_grad_enabled(cfg.train_projector):
-                    Z = bb.project(V)
-                qs = video_questions(spec, rng, cfg.all_absent_colors)
-                convs = [qs] if cfg.conversation else [[q] for q in qs]
-                for conv in convs:
-                    plan = drop_plan(rng, cfg.num_frames, cfg.windows)
-                    turns = [(q["question"], visible_answer(q, plan), q["color"]) for q in conv]
-                    ce, n, r_loss = conversation_loss(bb, Z, turns, plan, route)
-                    loss = ce             # divided by the step's answer tokens below
-                    if r_loss is not None:   # weighted like its sequence's answer tokens
-                        loss = loss + route.weight * n * r_loss
-                        r_total += r_loss.item()
-                        r_n += 1
-                    loss.backward()   # per sequence: one graph alive at a time
-                    total += ce.item()
-                    n_tok += n
+            total, n_tok, r_total, r_n = _accumulate_batch(bb, cfg, rng, route)
             for p in params:          # the mean over the step's answer tokens
                 if p.grad is not None:
                     p.grad.div_(max(n_tok, 1))
@@ -376,25 +382,47 @@ def train_labeller(cfg: LabellerConfig, progress: bool = True, results: Optional
                 log.write(json.dumps({"eval": history[-1]}) + "\n")
                 if progress:
                     print(json.dumps({"labeller_eval": history[-1]}), flush=True)
-    train_s = time.time() - t0
-    metrics = evaluate(bb, cfg, cfg.heldout_videos, cfg.seed) if cfg.heldout_videos else {}
-    save_llm(bb.model, bb.tokenizer, cfg.output_dir)
-    result = {"metrics": metrics, "history": history, "global_step": cfg.steps,
-              "train_s": round(train_s, 1), "config": dataclasses.asdict(cfg)}
-    with open(os.path.join(cfg.output_dir, "metrics.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    if results:
-        from vr_runtime.fingerprint import environment
-        os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
-        tmp = results + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"what": "the synthetic task's labeller (vr_runtime/training/labeller.py): "
-                               "option accuracy on held-out rendered videos, at the reference "
-                               "(every frame at full resolution) and under random drop plans",
-                       "command": command, **environment(),
-                       "torch_threads": torch.get_num_threads(), **result}, f, indent=2)
-        os.replace(tmp, results)
-    return result
+    return history
+
+
+def _accumulate_batch(bb, cfg: LabellerConfig, rng: random.Random, route):
+    """Gradients of one step's ``batch_size`` videos, one sequence at a time (one graph alive
+    at a time); returns (answer-token loss sum, answer tokens, route loss sum, route terms)."""
+    total, n_tok, r_total, r_n = 0.0, 0, 0.0, 0
+    for _ in range(cfg.batch_size):
+        spec = synthetic_videos.sample_spec(rng, num_frames=cfg.num_frames)
+        V = video_features(bb, spec)
+        with torch.set_grad_enabled(cfg.train_projector):
+            Z = bb.project(V)
+        qs = video_questions(spec, rng, cfg.all_absent_colors)
+        convs = [qs] if cfg.conversation else [[q] for q in qs]
+        for conv in convs:
+            plan = drop_plan(rng, cfg.num_frames, cfg.windows)
+            turns = [(q["question"], visible_answer(q, plan), q["color"]) for q in conv]
+            ce, n, r_loss = conversation_loss(bb, Z, turns, plan, route)
+            loss = ce             # divided by the step's answer tokens by the caller
+            if r_loss is not None:   # weighted like its sequence's answer tokens
+                loss = loss + route.weight * n * r_loss
+                r_total += r_loss.item()
+                r_n += 1
+            loss.backward()
+            total += ce.item()
+            n_tok += n
+    return total, n_tok, r_total, r_n
+
+
+def _write_results(results: str, command: str, result: dict) -> None:
+    """The committed results file: the metrics with device, date, versions and command."""
+    from vr_runtime.fingerprint import environment
+    os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
+    tmp = results + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"what": "the synthetic task's labeller (vr_runtime/training/labeller.py): "
+                           "option accuracy on held-out rendered videos, at the reference "
+                           "(every frame at full resolution) and under random drop plans",
+                   "command": command, **environment(),
+                   "torch_threads": torch.get_num_threads(), **result}, f, indent=2)
+    os.replace(tmp, results)
 
 
 __all__ = ["LabellerConfig", "train_labeller", "evaluate", "drop_plan", "visible_answer",

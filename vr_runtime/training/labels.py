@@ -50,6 +50,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import random
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from ..data import synthetic_videos
 from ..eval.option_scoring import option_logprobs
 
 MODES = {"drop": 0, "pool8": 8}
@@ -483,15 +485,13 @@ def synthetic_mc(out_dir: str, videos: int, seed: int = 0, frames: int = 16) -> 
     generic multiple-choice JSONL (options: the shapes, shuffled), keeping the generator's
     ``frame_labels`` (the reader ignores them; the study compares against them). Absent-color
     questions (answer ``none``, no frame relevant) are kept: no frame should be labelled."""
-    import random
-    from ..data import synthetic_videos as S
-    paths = S.generate(out_dir, videos, seed=seed, num_frames=frames, split="study")
+    paths = synthetic_videos.generate(out_dir, videos, seed=seed, num_frames=frames, split="study")
     rng = random.Random(f"label-study-{seed}")
     lines = []
     with open(paths["relevance"], encoding="utf-8") as f:
         for line in f:
             r = json.loads(line)
-            opts = list(S.SHAPES) + [S.ABSENT_ANSWER]
+            opts = list(synthetic_videos.SHAPES) + [synthetic_videos.ABSENT_ANSWER]
             rng.shuffle(opts)
             lines.append({"id": r["id"], "video": r["video"], "question": r["question"],
                           "options": opts, "answer": r["answer"], "category": r["category"],
