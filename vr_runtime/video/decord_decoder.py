@@ -63,6 +63,9 @@ def _decord_module():
 
 def decode_decord(info: VideoIndex, indices: List[int], scale: Tuple[int, int],
                   on_frame: OnFrame) -> None:
+    """decord's backend of :func:`vr_runtime.video.decoders.decode_frames` (in order, a few
+    frames a call); refuses rotated videos and files whose frame count differs from the
+    probe's."""
     decord = _decord_module()
     if decord is None:
         raise VideoError("decoder 'decord' is not installed here; use --decoder pyav")

@@ -58,8 +58,6 @@ def split_by_gop(info: VideoIndex, indices: Sequence[int], workers: int) -> List
     return shares
 
 
-# --- PyAV
-
 def decode_pyav(info: VideoIndex, indices: List[int], scale: Tuple[int, int], on_frame: OnFrame,
                 workers: int = 1, seek: str = "exact") -> None:
     """PyAV's backend of :func:`vr_runtime.video.decoders.decode_frames`: in parallel over
