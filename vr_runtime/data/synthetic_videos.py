@@ -455,17 +455,7 @@ def sample_spec_v2(rng: random.Random, factors: Optional[dict] = None,
       mark only the target's frames); "same_shape": target-sized, a target's shape, a color no
       target uses. At least one color stays absent from the video."""
     f = dict(factors or random_factors(rng))
-    unknown = set(f) ^ set(FACTORS)
-    if unknown:
-        raise ValueError(f"factors: expected exactly {sorted(FACTORS)}, got {sorted(f)}")
-    for k, v in f.items():
-        if k == "frames":
-            S, T = parse_frames(v)
-            if T not in TARGET_SPAN or T > S or S < 2:
-                raise ValueError(f"frames {v!r}: expected S/T with T in {sorted(TARGET_SPAN)}, "
-                                 f"T <= S")
-        elif v not in FACTORS[k]:
-            raise ValueError(f"factor {k}: expected one of {FACTORS[k]}, got {v!r}")
+    S, T = _check_factors(f)
     w, h = ASPECTS[f["aspect"]]
     side = min(w, h)
     spec = VideoSpec(num_frames=S, size=max(w, h), fps=fps, width=w, height=h,
@@ -485,15 +475,7 @@ def sample_spec_v2(rng: random.Random, factors: Optional[dict] = None,
     m = min(rng.randint(*DISTRACTORS[T]), T - sum(spans))
     palette = rng.sample(others, min(rng.randint(1, 3), len(others) - 1))
     objects = [(shape, color, TARGET_R, "target") for color, shape in spec.targets]
-    for _ in range(m):
-        tc, ts = rng.choice(spec.targets)
-        if kind == "same_color":
-            objects.append((rng.choice([x for x in SHAPES if x != ts]), tc, DISTRACTOR_R,
-                            "distractor"))
-        elif kind == "same_shape":
-            objects.append((ts, rng.choice(palette), TARGET_R, "distractor"))
-        else:
-            objects.append((rng.choice(SHAPES), rng.choice(palette), DISTRACTOR_R, "distractor"))
+    objects += _distractors(rng, spec.targets, kind, m, palette)
     runs = _runs(rng, spans + [1] * m, T)
     seg = _segments(rng, spec.sampled_indices(), S)
     for (shape, color, rr, role), (a, b) in zip(objects, runs):
@@ -506,6 +488,39 @@ def sample_spec_v2(rng: random.Random, factors: Optional[dict] = None,
                                      role))
     spec.shapes.sort(key=lambda s: s.frame)
     return spec
+
+
+def _check_factors(f: dict):
+    """``ValueError`` unless ``f`` names every factor once with an allowed value; returns the
+    (source, sampled) frame counts of its ``frames``."""
+    unknown = set(f) ^ set(FACTORS)
+    if unknown:
+        raise ValueError(f"factors: expected exactly {sorted(FACTORS)}, got {sorted(f)}")
+    for k, v in f.items():
+        if k == "frames":
+            S, T = parse_frames(v)
+            if T not in TARGET_SPAN or T > S or S < 2:
+                raise ValueError(f"frames {v!r}: expected S/T with T in {sorted(TARGET_SPAN)}, "
+                                 f"T <= S")
+        elif v not in FACTORS[k]:
+            raise ValueError(f"factor {k}: expected one of {FACTORS[k]}, got {v!r}")
+    return S, T
+
+
+def _distractors(rng: random.Random, targets, kind: str, m: int, palette) -> list:
+    """``m`` distractors as (shape, color, radius, "distractor"), of the ``kind`` the factor
+    names (see ``sample_spec_v2``)."""
+    out = []
+    for _ in range(m):
+        tc, ts = rng.choice(targets)
+        if kind == "same_color":
+            out.append((rng.choice([x for x in SHAPES if x != ts]), tc, DISTRACTOR_R,
+                        "distractor"))
+        elif kind == "same_shape":
+            out.append((ts, rng.choice(palette), TARGET_R, "distractor"))
+        else:
+            out.append((rng.choice(SHAPES), rng.choice(palette), DISTRACTOR_R, "distractor"))
+    return out
 
 
 def _track(rng: random.Random, rr, w: int, h: int, side: int, moving: bool):
@@ -676,6 +691,44 @@ def _write_videos(todo) -> None:
         list(pool.map(one, todo))
 
 
+def _video_spec(rng: random.Random, i: int, split: str, settings, v2: bool, num_frames: int,
+                size: int, fps: float):
+    """Video ``i`` of a split: (its spec, its path under the output folder, the fields every
+    line about it carries besides the question's)."""
+    if not v2:
+        spec = sample_spec(rng, num_frames=num_frames, size=size, fps=fps)
+        return spec, f"{split}/{split}_{i:05d}.mp4", {}
+    varies, factors = settings[i % len(settings)] if settings else (None, None)
+    spec = sample_spec_v2(rng, factors, fps=fps)
+    extra = {"task": "v2", "num_frames": spec.frames_sampled,
+             "source_frames": spec.num_frames, "factors": spec.factors}
+    if varies:
+        extra["varies"] = varies
+    return spec, f"{split}/{split}_v2_{i:05d}.mp4", extra
+
+
+def _add_lines(q: dict, ex_id: str, name: str, extra: dict, rel: list, pol: list,
+               conv: list) -> None:
+    """One question's lines: the relevance (Fragment questions only), policy and conversation
+    files'."""
+    base = {"id": ex_id, "video": name, "question": q["question"], "answer": q["answer"],
+            "category": q["category"], "phrasing": q["phrasing"], **extra}
+    if q["policy"] == 1:
+        rel.append({**base, "frame_labels": q["frame_labels"]})
+    pol.append({**base, "policy": "fragment" if q["policy"] else "global"})
+    line = {"id": ex_id, "video": name, "conversations": [
+        {"from": "human", "value": "<video>\n" + q["question"]},
+        {"from": "gpt", "value": q["answer"]}], "policy": q["policy"],
+        "category": q["category"], "phrasing": q["phrasing"], **extra}
+    if q["policy"] == 1:
+        # Only Fragment questions carry frame labels (L_img): the Image Router is only
+        # consulted under the Fragment policy, and an all-zero target for Global
+        # questions would fight the relevance learned in Stage 1. (Absent-color
+        # questions are Fragment with all-zero labels: nothing is relevant.)
+        line["frame_labels"] = q["frame_labels"]
+    conv.append(line)
+
+
 def generate(out_dir: str, num_videos: int, seed: int = 0, num_frames: int = 16,
              size: int = 448, fps: float = 2.0, split: str = "train",
              phrasing: Optional[str] = None, task: str = "v1") -> Dict[str, str]:
@@ -710,39 +763,13 @@ def generate(out_dir: str, num_videos: int, seed: int = 0, num_frames: int = 16,
     rel, pol, conv, todo = [], [], [], []
     vdir = os.path.join(out_dir, split)
     for i in range(num_videos):
-        extra = {}
-        if v2:
-            varies, factors = settings[i % len(settings)] if settings else (None, None)
-            spec = sample_spec_v2(rng, factors, fps=fps)
-            extra = {"task": "v2", "num_frames": spec.frames_sampled,
-                     "source_frames": spec.num_frames, "factors": spec.factors}
-            if varies:
-                extra["varies"] = varies
-            name = f"{split}/{split}_v2_{i:05d}.mp4"
-        else:
-            spec = sample_spec(rng, num_frames=num_frames, size=size, fps=fps)
-            name = f"{split}/{split}_{i:05d}.mp4"
+        spec, name, extra = _video_spec(rng, i, split, settings, v2, num_frames, size, fps)
         path = os.path.join(out_dir, name)
         if not os.path.isfile(path):  # same seed -> same spec: keep the file (and its mtime,
             todo.append((path, spec))  # which keys the feature cache) when growing a split
         for j, q in enumerate(questions(spec, rng, phrasing)):
             ex_id = f"{split}_{'v2_' if v2 else ''}{i:05d}_{j}"
-            base = {"id": ex_id, "video": name, "question": q["question"], "answer": q["answer"],
-                    "category": q["category"], "phrasing": q["phrasing"], **extra}
-            if q["policy"] == 1:
-                rel.append({**base, "frame_labels": q["frame_labels"]})
-            pol.append({**base, "policy": "fragment" if q["policy"] else "global"})
-            line = {"id": ex_id, "video": name, "conversations": [
-                {"from": "human", "value": "<video>\n" + q["question"]},
-                {"from": "gpt", "value": q["answer"]}], "policy": q["policy"],
-                "category": q["category"], "phrasing": q["phrasing"], **extra}
-            if q["policy"] == 1:
-                # Only Fragment questions carry frame labels (L_img): the Image Router is only
-                # consulted under the Fragment policy, and an all-zero target for Global
-                # questions would fight the relevance learned in Stage 1. (Absent-color
-                # questions are Fragment with all-zero labels: nothing is relevant.)
-                line["frame_labels"] = q["frame_labels"]
-            conv.append(line)
+            _add_lines(q, ex_id, name, extra, rel, pol, conv)
     _write_videos(todo)
     os.makedirs(vdir, exist_ok=True)
     paths = {k: os.path.join(out_dir, f"{split}_{k}.jsonl")

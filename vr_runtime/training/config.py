@@ -110,6 +110,14 @@ class TrainConfig:
         _check_types(self)
         if self.stage not in (1, 2, 3):
             raise ConfigError(f"stage: expected 1, 2 or 3, got {self.stage!r}")
+        self._check_ranges()
+        self._check_relations()
+        self._check_planning()
+        self._check_stage3_options()
+        return self
+
+    def _check_ranges(self) -> None:
+        """Counts, sizes and rates within their ranges; a model and an output folder named."""
         for k in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_frames",
                   "model_max_length"):
             if not isinstance(getattr(self, k), int) or getattr(self, k) < 1:
@@ -132,6 +140,9 @@ class TrainConfig:
             raise ConfigError("model: expected a model folder, a cached Hub id or 'tiny'")
         if not self.output_dir:
             raise ConfigError("output_dir: expected a folder for checkpoints and outputs")
+
+    def _check_relations(self) -> None:
+        """The keys that constrain each other, the trackers and the schedule."""
         if self.router_dim is not None and (self.router_dim < 1 or
                                             self.router_dim % self.router_heads):
             raise ConfigError(f"router_dim: expected null or an int >= 1 divisible by "
@@ -148,6 +159,9 @@ class TrainConfig:
         if self.lr_scheduler_type not in ("cosine", "linear", "constant"):
             raise ConfigError(f"lr_scheduler_type: expected cosine, linear or constant, "
                               f"got {self.lr_scheduler_type!r}")
+
+    def _check_planning(self) -> None:
+        """Stage 3's kernel backend and where its plans come from."""
         from vr_kernels.pool_pack import BACKENDS
         if self.pool_pack_backend not in BACKENDS:
             raise ConfigError(f"pool_pack_backend: expected one of {', '.join(BACKENDS)}, "
@@ -162,6 +176,9 @@ class TrainConfig:
                 raise ConfigError(f"plan_policy: expected 'routers' or a budgeted planner that "
                                   f"needs no frame scores ({', '.join(ok)}), got "
                                   f"{self.plan_policy!r}")
+
+    def _check_stage3_options(self) -> None:
+        """Stage 3's training budgets, plan noise, evaluation lengths, scales and dropout."""
         if self.train_max_length and (len(self.train_max_length) != 2 or
                                       not 1 <= self.train_max_length[0] <= self.train_max_length[1]):
             raise ConfigError(f"train_max_length: expected [] or [lo, hi] with 1 <= lo <= hi, "
@@ -190,7 +207,6 @@ class TrainConfig:
         if self.dropout != 0.0:
             raise ConfigError("dropout: the paper trains with dropout 0.0 and the routing plan "
                               "must not depend on dropout; set it to 0.0")
-        return self
 
     def check_files(self, model: bool = True) -> "TrainConfig":
         """Every file the run reads exists (``model``: also the model argument, resolved

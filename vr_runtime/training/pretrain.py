@@ -362,6 +362,7 @@ def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict:
     init_weights_(bb.model, 0)   # from scratch: never the shipped weights
     toks = CaptionTokens(bb.tokenizer)
     t0 = time.time()
+    V = specs = None
     if not cfg.train_vision:   # the tower is fixed: encode a bank of frames once
         V, specs = render_bank(cfg.frames, cfg, cfg.seed, bb)
     bank_s = time.time() - t0
@@ -376,6 +377,30 @@ def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict:
         readout = pretrain_projector(bb, V, specs, cfg, random.Random(f"stage0-proj-{cfg.seed}"),
                                      log, progress)
         projector_s = time.time() - t
+    opt, sched = _caption_optimizer(bb, cfg)
+    t1 = time.time()
+    _caption_steps(bb, cfg, V, specs, toks, opt, sched, log, progress, t1)
+    log.close()
+    bb.model.eval()
+    train_s = time.time() - t1
+    Vh, specs_h = render_bank(cfg.heldout_frames, cfg, cfg.seed + 1000, bb)  # the final tower
+    metrics = evaluate(bb, Vh, specs_h, toks, cfg.windows)
+    if readout is not None:
+        metrics["projector_readout"] = evaluate_readout(readout, bb, Vh, specs_h, cfg.windows)
+    save_llm(bb.model, bb.tokenizer, cfg.output_dir)
+    result = {"metrics": metrics, "global_step": cfg.steps, "bank_s": round(bank_s, 1),
+              "projector_s": round(projector_s, 1), "train_s": round(train_s, 1),
+              "trainable": (["vision"] if cfg.train_vision else []) + ["projector", "language"],
+              "projector_frozen_in_captions": bool(cfg.projector_steps),
+              "config": dataclasses.asdict(cfg)}
+    with open(os.path.join(cfg.output_dir, "metrics.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    return result
+
+
+def _caption_optimizer(bb, cfg: PretrainConfig):
+    """AdamW over the captioning phase's trainable weights (the tower at its own learning rate
+    when ``train_vision``; the projector frozen after a projector phase), with warm-up + cosine."""
     vision = set(id(p) for p in bb.vision_tower().parameters())
     frozen = set() if cfg.train_vision else vision
     if cfg.projector_steps:   # phase A trained it; phase B keeps what it learned
@@ -395,10 +420,15 @@ def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict:
         p = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
         return 0.5 * (1 + math.cos(math.pi * p))
 
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+
+
+def _caption_steps(bb, cfg: PretrainConfig, V, specs, toks, opt, sched, log, progress: bool,
+                   t1: float) -> None:
+    """The captioning phase: ``cfg.steps`` steps on batches from the frame bank (or fresh
+    frames every step when ``train_vision``), logged to ``log``."""
     rng = random.Random(cfg.seed)
     frame_rng = random.Random(f"stage0-{cfg.seed}")   # the fresh frames of train_vision
-    t1 = time.time()
     for step in range(cfg.steps):
         bb.model.train()
         if cfg.train_vision:   # fresh frames every step: the tower sees no frame twice
@@ -424,22 +454,6 @@ def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict:
             log.flush()
             if progress:
                 print(json.dumps({"stage0": rec}), flush=True)
-    log.close()
-    bb.model.eval()
-    train_s = time.time() - t1
-    Vh, specs_h = render_bank(cfg.heldout_frames, cfg, cfg.seed + 1000, bb)  # the final tower
-    metrics = evaluate(bb, Vh, specs_h, toks, cfg.windows)
-    if readout is not None:
-        metrics["projector_readout"] = evaluate_readout(readout, bb, Vh, specs_h, cfg.windows)
-    save_llm(bb.model, bb.tokenizer, cfg.output_dir)
-    result = {"metrics": metrics, "global_step": cfg.steps, "bank_s": round(bank_s, 1),
-              "projector_s": round(projector_s, 1), "train_s": round(train_s, 1),
-              "trainable": (["vision"] if cfg.train_vision else []) + ["projector", "language"],
-              "projector_frozen_in_captions": bool(cfg.projector_steps),
-              "config": dataclasses.asdict(cfg)}
-    with open(os.path.join(cfg.output_dir, "metrics.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    return result
 
 
 __all__ = ["PretrainConfig", "pretrain", "random_frame_spec", "caption", "CaptionTokens",
