@@ -1,4 +1,4 @@
-"""Issue 21 item 5: the kernel-timing method (bench/common.time_kernel) and bench_pool_pack's
+"""The kernel-timing method that must hold across processes (bench/common.time_kernel) and bench_pool_pack's
 --processes mode, on CPU (graph replay is GPU-only; its skip is checked here, its use by -m gpu)."""
 import importlib.util
 import json

@@ -1,4 +1,4 @@
-"""scripts/tiny/train_tiny.sh --task: v2, the wider task of issue 23 and the shipped weights', is the
+"""scripts/tiny/train_tiny.sh --task: v2, the wider task (the shipped weights'), is the
 default, in its own work folder, and with --install measures routing per factor into its own
 results file; --task v1 keeps the original task's sizes and folder.
 A fake ``python`` on PATH records the calls (nothing is trained: conftest.run_train_tiny)."""
