@@ -1,5 +1,6 @@
-"""The kernel-timing method that must hold across processes (bench/common.time_kernel) and bench_pool_pack's
---processes mode, on CPU (graph replay is GPU-only; its skip is checked here, its use by -m gpu)."""
+"""The kernel-timing method for figures that must hold across processes (bench/common.time_kernel)
+and bench_pool_pack's --processes mode, on CPU (graph replay is GPU-only; its skip is checked
+here, its use by -m gpu)."""
 import importlib.util
 import json
 import pathlib
