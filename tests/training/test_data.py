@@ -92,3 +92,24 @@ def test_policy_labels_command(tmp_path, capsys):
     bad = _write(tmp_path / "bad.jsonl", [{"category": "x", "acc_global": "high", "acc_fragment": 1}])
     assert main(["policy-labels", "--accuracies", bad, "--tau", "0.1"]) == 2
     assert "acc_global" in capsys.readouterr().err
+
+
+def test_jsonl_helpers_are_shared_and_training_keeps_its_names(tmp_path):
+    """The JSON-lines helpers live in vr_runtime.data.jsonl; training.data re-exports them and
+    raises its own DataFormatError (a JsonlError, a ValueError) for a bad line."""
+    from vr_runtime.data import jsonl
+    from vr_runtime.training import data as training_data
+    assert training_data.write_jsonl is jsonl.write_jsonl
+    assert issubclass(DataFormatError, jsonl.JsonlError) and issubclass(DataFormatError, ValueError)
+    path = tmp_path / "sub" / "x.jsonl"
+    jsonl.write_jsonl(str(path), [{"a": 1}, [2]], atomic=True)
+    assert path.read_text() == '{"a": 1}\n[2]\n'
+    jsonl.write_jsonl(str(path), [{"a": 1}])
+    assert [r for _, r in jsonl.iter_jsonl(str(path))] == [{"a": 1}]
+    path.write_text('{"a": 1}\n\nnot json\n')
+    with pytest.raises(jsonl.JsonlError, match=r"x\.jsonl:3: not valid JSON"):
+        list(jsonl.iter_jsonl(str(path)))
+    with pytest.raises(DataFormatError, match=r"x\.jsonl:3: not valid JSON"):
+        list(training_data.iter_jsonl(str(path)))
+    with pytest.raises(DataFormatError, match="no such relevance file"):
+        list(training_data.iter_jsonl(str(tmp_path / "none.jsonl"), "relevance"))

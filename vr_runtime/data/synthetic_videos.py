@@ -38,7 +38,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from ..training.data import write_jsonl
+from .jsonl import write_jsonl
 
 COLORS: Dict[str, tuple] = {
     "red": (230, 25, 25), "green": (25, 200, 40), "blue": (30, 60, 235),

@@ -40,17 +40,19 @@ line raises ``DataFormatError`` naming the file, the line number and the field.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import List, Optional
+
+from ..data import jsonl
+from ..data.jsonl import JsonlError, write_jsonl  # noqa: F401  (re-exported)
 
 POLICY_NAMES = ("global", "fragment")
 
 
-class DataFormatError(ValueError):
-    """A training JSONL line that does not follow the documented format."""
+class DataFormatError(JsonlError):
+    """A training JSONL line that does not follow the documented format (a ``ValueError``)."""
 
 
 @dataclass
@@ -76,10 +78,6 @@ class Example:
         if self.frames is not None:
             return self.frames
         return None if self.frame_labels is None else len(self.frame_labels)
-
-
-def _where(path: str, lineno: int) -> str:
-    return f"{path}:{lineno}"
 
 
 def _policy(value, where: str) -> int:
@@ -202,19 +200,8 @@ def parse_record(rec, kind: str, where: str, root: str = ".", check_files: bool 
 def iter_jsonl(path: str, what: str = "data"):
     """Yield ``(where, record)`` for each non-blank line of a JSONL file, ``where`` being
     ``path:line`` for error messages; a missing file or a line that is not JSON is a
-    ``DataFormatError``."""
-    if not os.path.isfile(path):
-        raise DataFormatError(f"{path}: no such {what} file")
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = _where(path, lineno)
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataFormatError(f"{where}: not valid JSON ({e.msg} at column {e.colno})")
-            yield where, rec
+    ``DataFormatError`` (:func:`vr_runtime.data.jsonl.iter_jsonl` with training's error)."""
+    return jsonl.iter_jsonl(path, what, error=DataFormatError)
 
 
 def read_jsonl(path: str, kind: str, check_files: bool = True) -> List[Example]:
@@ -226,8 +213,5 @@ def read_jsonl(path: str, kind: str, check_files: bool = True) -> List[Example]:
     return out
 
 
-def write_jsonl(path: str, records: Sequence[dict]) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
+# ``write_jsonl`` lives in vr_runtime.data.jsonl (shared with eval and the synthetic task); it
+# is imported above, so ``from vr_runtime.training.data import write_jsonl`` keeps working.

@@ -59,6 +59,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from ..data import synthetic_videos
+from ..data.jsonl import write_jsonl
 from ..eval.option_scoring import option_logprobs
 
 MODES = {"drop": 0, "pool8": 8}
@@ -307,11 +308,7 @@ def load_clip(vr, path: str, frames: int):
 
 def _write_jsonl(path, lines: Sequence[dict]) -> None:
     """All at once through a temporary file: nothing half-written."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    os.replace(tmp, path)
+    write_jsonl(path, lines, atomic=True)
 
 
 # ----------------------------------------------------------------------------- (a) driver
