@@ -2,7 +2,7 @@
 # The tiny analogue of the paper's controlled comparison (studies/results/eval_synthetic_tiny/):
 # every method at two fixed visual budgets on a synthetic Video-MME-layout benchmark, CPU.
 #   1. the Data FT control: Stage 3's recipe with uniform pooling, no routing
-#      (vr_runtime/training/configs/tiny_data_ft.json, from the backbone Stage 3 started from)
+#      (vr_runtime/configs/tiny_data_ft.json, from the backbone Stage 3 started from)
 #   2. a tiny *random* CLIP (no pretrained CLIP can be fetched here: the clip row checks the
 #      plumbing, not CLIP's relevance)
 #   3. the benchmark and the evaluation (resumable: rerun to continue)

@@ -123,7 +123,7 @@ def test_paper_configs_hold_the_table(stage):
     # the tiny Stage 1 freezes the shadow stack (a documented departure, see its _comment)
     tiny_groups = {**groups, 1: ["image"]}
     assert tiny.trainable_groups == tiny_groups[stage] and "TINY" in json.loads(
-        (ROOT / f"vr_runtime/training/configs/tiny_stage{stage}.json").read_text())["_comment"]
+        (ROOT / f"vr_runtime/configs/tiny_stage{stage}.json").read_text())["_comment"]
 
 
 def test_config_errors(tmp_path):

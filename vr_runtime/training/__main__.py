@@ -99,7 +99,7 @@ def add_stage_parser(sub) -> argparse.ArgumentParser:
 def add_labeller_parser(sub) -> argparse.ArgumentParser:
     s = sub.add_parser("labeller", help="tiny-only: train the synthetic task's labeller")
     s.add_argument("--config", default="tiny_labeller", help="JSON file or a name in "
-                   "vr_runtime/training/configs")
+                   "vr_runtime/configs")
     s.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="override config keys")
     s.add_argument("--results", default=None, help="also write the held-out metrics here, with "
                    "device, date, versions and command")

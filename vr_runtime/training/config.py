@@ -1,7 +1,7 @@
 """Stage configurations: the paper's hyper-parameter table as JSON files.
 
 ``vr_runtime/configs/train_stage{1,2,3}.json`` hold the paper's values (the defaults);
-``vr_runtime/training/configs/tiny_stage{1,2,3}.json`` are the *tiny synthetic demo* settings
+``vr_runtime/configs/tiny_stage{1,2,3}.json`` are the *tiny synthetic demo* settings
 (larger learning rate, more epochs, smaller batches) used to train the shipped tiny weights.
 The freezing flags are spelled as in the paper's table; two more make the remaining groups
 explicit: ``freeze_mlp`` (the vision->LLM projector) and ``freeze_feature_extractor`` (the
@@ -19,8 +19,10 @@ import typing
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-PAPER_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
-TINY_DIR = pathlib.Path(__file__).resolve().parent / "configs"
+# Every shipped config, the paper's (train_stage*.json) and the tiny demo's (tiny_*.json), lives
+# in vr_runtime/configs beside the model and launcher configs.
+CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
+PAPER_DIR = TINY_DIR = CONFIG_DIR   # the names of the two folders they were in before
 
 
 class ConfigError(ValueError):
@@ -287,8 +289,8 @@ def load_config(path_or_name: str, **overrides) -> TrainConfig:
     p = pathlib.Path(path_or_name)
     if not p.is_file():
         name = str(path_or_name)
-        cand = (TINY_DIR / f"{name}.json") if name.startswith("tiny_") else \
-            (PAPER_DIR / f"train_{name}.json")
+        cand = (CONFIG_DIR / f"{name}.json") if name.startswith("tiny_") else \
+            (CONFIG_DIR / f"train_{name}.json")
         if not cand.is_file():
             raise ConfigError(f"config: {path_or_name!r} is neither a file nor one of stage1, "
                               f"stage2, stage3, tiny_stage1, tiny_stage2, tiny_stage3")
@@ -297,14 +299,14 @@ def load_config(path_or_name: str, **overrides) -> TrainConfig:
 
 
 def load_named_config(cls, name_or_path: str, what: str, overrides: dict):
-    """A dataclass config from a JSON file or a name in ``training/configs`` (``windows``, when
+    """A dataclass config from a JSON file or a name in ``vr_runtime/configs`` (``windows``, when
     the class has it, as a tuple of ints); ``ConfigError`` on a missing file or an unknown key.
     ``what`` names the config in the error ("stage 0 config")."""
     path = pathlib.Path(name_or_path)
     if not path.is_file():
-        path = TINY_DIR / f"{name_or_path}.json"
+        path = CONFIG_DIR / f"{name_or_path}.json"
         if not path.is_file():
-            raise ConfigError(f"{what} {name_or_path!r}: neither a file nor a name in {TINY_DIR}")
+            raise ConfigError(f"{what} {name_or_path!r}: neither a file nor a name in {CONFIG_DIR}")
     d = config_fields(path, cls, overrides)
     if "windows" in d:
         d["windows"] = tuple(int(w) for w in d["windows"])

@@ -84,7 +84,7 @@ class LabellerConfig:
 
     @classmethod
     def load(cls, name_or_path: str = "tiny_labeller", **overrides) -> "LabellerConfig":
-        """A JSON file, or a name in ``training/configs``; ``ConfigError`` on a missing file,
+        """A JSON file, or a name in ``vr_runtime/configs``; ``ConfigError`` on a missing file,
         an unknown key or a bad value, before any model loads."""
         from .config import load_named_config
         cfg = load_named_config(cls, name_or_path, "labeller config", overrides)

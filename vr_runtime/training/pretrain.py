@@ -82,7 +82,7 @@ class PretrainConfig:
 
     @classmethod
     def load(cls, name_or_path: str = "tiny_stage0", **overrides) -> "PretrainConfig":
-        """A JSON file, or a name in ``training/configs`` (``tiny_stage0``); ``ConfigError`` on
+        """A JSON file, or a name in ``vr_runtime/configs`` (``tiny_stage0``); ``ConfigError`` on
         a missing file or an unknown key."""
         from .config import load_named_config
         return load_named_config(cls, name_or_path, "stage 0 config", overrides)

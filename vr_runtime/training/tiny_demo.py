@@ -53,7 +53,7 @@ def _stage0(work: str, summary: dict) -> str:
         t0 = time.time()
         res = pretrain(cfg)
         res["wall_s"] = round(time.time() - t0, 1)
-    summary["stages"]["stage0"] = dict(res, config="vr_runtime/training/configs/tiny_stage0.json")
+    summary["stages"]["stage0"] = dict(res, config="vr_runtime/configs/tiny_stage0.json")
     print(json.dumps({"stage0": res["metrics"]}, indent=2))
     return hf
 
@@ -133,7 +133,7 @@ def _run_stage(cfg, stage, routers: str) -> dict:
     if "wall_s" in m:
         entry["wall_s"] = m["wall_s"]
     entry.update(trainable=cfg.trainable_groups,
-                 config=f"vr_runtime/training/configs/tiny_stage{stage}.json")
+                 config=f"vr_runtime/configs/tiny_stage{stage}.json")
     if cfg.train_budget_fraction:
         entry["train_budget_fraction"] = cfg.train_budget_fraction
     return entry
