@@ -91,10 +91,10 @@ POLICIES = [
     ("budget", "Budget (InternVL3*)", dict(policy="budget")),
     ("uniform", "Uniform pooling", dict(policy="uniform")),
     # The paper's rows "VideoRouter (s=2,4)" (its default) and "(s=4,8)": (s_g, s0) with s1 = 1.
-    ("vr24", "VideoRouter (s=2,4) default", dict(policy="fragment", high=1, low=4, global_scale=2)),
-    ("vr48", "VideoRouter (s=4,8)", dict(policy="fragment", high=1, low=8, global_scale=4)),
+    ("vr24", "VideoRouter (s=2,4) default", dict(policy="fragment", scales=(2, 1, 4))),
+    ("vr48", "VideoRouter (s=4,8)", dict(policy="fragment", scales=(4, 1, 8))),
     # scorer "clip": MatchedCLIPScorer (below), built once per run by clip_scorer()
-    ("clip", "CLIP relevance pooling", dict(policy="fragment", high=1, low=4, global_scale=2,
+    ("clip", "CLIP relevance pooling", dict(policy="fragment", scales=(2, 1, 4),
                                             scorer="clip")),
 ]
 PAPER_FRAMES, PAPER_BUDGET, PAPER_RELEVANT = 64, 12288, 28
@@ -585,7 +585,7 @@ def measure_row(vr, dev, args, video, key, label, kw, *, sweep, budget, max_leng
     else:
         row["peak_mem_gb"] = row.pop("outside_peak_gb")  # CPU: process RSS peak
     if routed and rel is None and row.get("scales") is not None:
-        row["relevant"] = sum(1 for s in row["scales"] if _norm(s) == _norm(kw["high"]))
+        row["relevant"] = sum(1 for s in row["scales"] if _norm(s) == _norm(kw["scales"][1]))
     return row
 
 

@@ -10,7 +10,7 @@ Three ways to run the decode steps (``VideoRouter(decoding=...)``), all giving t
              ``torch.compile(mode="reduce-overhead")``: CUDA graphs replay a whole step in one
              launch (the gpt-fast pattern), for CUDA, where decoding an 8B model eagerly is
              bound by the host (about 1,900 kernel launches a token). Opt-in until it has been
-             measured on a GPU (bench/gpu_issue21.sh): ``auto`` stays ``dynamic`` everywhere,
+             measured on a GPU (bench/gpu_rows.sh): ``auto`` stays ``dynamic`` everywhere,
              because the first answer of each cache size pays an unmeasured compile.
 
 The prefill itself is the same in every mode (a dynamic cache: sdpa keeps its causal flash path;
@@ -60,6 +60,90 @@ def decode_one_token(lm, token: torch.Tensor, cache, position_ids: torch.Tensor,
     out = lm.forward(input_ids=token, past_key_values=cache, position_ids=position_ids,
                      attention_mask=attention_mask)
     return out.logits[:, -1].argmax(-1)
+
+
+def prefill(lm, x: torch.Tensor, position_ids: Optional[torch.Tensor],
+            lengths: Optional[Sequence[int]] = None, prefix: Optional["PrefixCache"] = None):
+    """One decoder pass over the prompts ``x`` [B, L, D] (right-padded to L; ``lengths``: each
+    row's own length, default L) with the KV cache on -> (the first greedy token of each row
+    [B], the cache). Each row's token is read at its own last position; only the logits of
+    those positions are computed. ``prefix`` (one prompt): its first ``prefix.length`` rows
+    come from (or fill) the :class:`PrefixCache`, the rest is prefilled after them."""
+    B, L = int(x.shape[0]), int(x.shape[1])
+    lengths = [L] * B if lengths is None else [int(n) for n in lengths]
+    if prefix is not None:
+        if B != 1 or not 0 < prefix.length < L:
+            raise ValueError(f"generate: a prefix of {prefix.length} rows needs one "
+                             f"prompt longer than it (got {B} of length {L})")
+        out = _prefill_after(lm, prefix, x, position_ids)
+        nxt = out.logits[:, -1].argmax(-1)
+    elif any(n != L for n in lengths):   # each row's first token at its own last position
+        last = torch.tensor(lengths, device=x.device) - 1
+        keep = torch.unique(last)
+        out = lm.forward(inputs_embeds=x, position_ids=position_ids, logits_to_keep=keep)
+        rows = torch.searchsorted(keep, last)
+        nxt = out.logits[torch.arange(B, device=x.device), rows].argmax(-1)
+    else:
+        out = lm.forward(inputs_embeds=x, position_ids=position_ids)
+        nxt = out.logits[:, -1].argmax(-1)
+    return nxt, output_cache(out)
+
+
+def _prefill_after(lm, prefix: "PrefixCache", x, pos):
+    """The prefill of one prompt ``x`` [1, L, D] in two passes: its first ``prefix.length``
+    rows (only when ``prefix.cache`` is empty: the cache is then kept there), then the rest
+    over a copy of that cache (the copy grows; the prefix's own stays as it is)."""
+    P = prefix.length
+    if prefix.cache is None:
+        out = lm.forward(inputs_embeds=x[:, :P],
+                         position_ids=None if pos is None else pos[..., :P])
+        prefix.cache = output_cache(out)
+        del out
+    # 1-D positions (pos None) continue from the cache's length, as they would in one pass
+    return lm.forward(inputs_embeds=x[:, P:], position_ids=None if pos is None else pos[..., P:],
+                      past_key_values=copy.deepcopy(prefix.cache))
+
+
+def generate(lm, embeds: torch.Tensor, max_new_tokens: int, stop_ids=(),
+             position_ids: Optional[torch.Tensor] = None, mode: str = "auto") -> List[int]:
+    """Greedy tokens of one prompt ``embeds`` [1, L, D] on backbone ``lm``: the prefill, then
+    decode steps until a stop id or ``max_new_tokens`` (the stop id excluded). The runtime keeps
+    one :class:`GreedyDecoder` instead (its static cache and graphs outlive a request)."""
+    return GreedyDecoder(lm, mode).generate([embeds], [max_new_tokens], [position_ids],
+                                            stop_ids)[0]
+
+
+def _prompt_lengths(embeds, max_new_tokens, position_ids, lengths) -> List[int]:
+    """Each prompt's length, checked against the token limits and positions given: ``embeds``
+    a list of [1, L_b, D], or one right-padded [B, L, D] tensor with its ``lengths``."""
+    packed = lengths is not None
+    B = int(embeds.shape[0]) if packed else len(embeds)
+    if B < 1 or len(max_new_tokens) != B or len(position_ids) != B:
+        raise ValueError(f"generate: {B} prompts, {len(max_new_tokens)} token limits and "
+                         f"{len(position_ids)} position tensors")
+    if not packed:
+        return [int(e.shape[1]) for e in embeds]
+    lengths = [int(n) for n in lengths]
+    if len(lengths) != B or embeds.ndim != 3 or max(lengths) != embeds.shape[1]:
+        raise ValueError(f"generate: packed embeds {tuple(embeds.shape)} do not hold "
+                         f"rows of lengths {lengths}")
+    return lengths
+
+
+def _take(ids: Sequence[int], gens: List[List[int]], done: List[bool], max_new_tokens,
+          stop_ids, on_token) -> None:
+    """Append each running row's new id to its answer (``on_token(row, id)`` as it is decided),
+    or mark the row done at a stop id or its token limit."""
+    for b, i in enumerate(ids):
+        if done[b]:
+            continue
+        if len(gens[b]) >= max_new_tokens[b] or i in stop_ids:
+            done[b] = True
+            continue
+        gens[b].append(i)
+        if on_token is not None:
+            on_token(b, i)
+        done[b] = len(gens[b]) >= max_new_tokens[b]
 
 
 @dataclass
@@ -178,108 +262,74 @@ class GreedyDecoder:
 
     def _generate(self, embeds, max_new_tokens, position_ids, stop_ids, timer, on_token=None,
                   lengths=None, prefix=None):
+        """One try of :meth:`generate`: the prefill (:func:`prefill`), then the decode steps."""
         from .telemetry.timing import StageTimer
         lm = self.lm
-        packed = lengths is not None
-        B = int(embeds.shape[0]) if packed else len(embeds)
-        if B < 1 or len(max_new_tokens) != B or len(position_ids) != B:
-            raise ValueError(f"generate: {B} prompts, {len(max_new_tokens)} token limits and "
-                             f"{len(position_ids)} position tensors")
+        packed = lengths is not None   # one right-padded [B, L, D] tensor, not a list
+        lengths = _prompt_lengths(embeds, max_new_tokens, position_ids, lengths)
         timer = timer or StageTimer(lm.device)
-        if packed:
-            lengths = [int(n) for n in lengths]
-            if len(lengths) != B or embeds.ndim != 3 or max(lengths) != embeds.shape[1]:
-                raise ValueError(f"generate: packed embeds {tuple(embeds.shape)} do not hold "
-                                 f"rows of lengths {lengths}")
-        else:
-            lengths = [int(e.shape[1]) for e in embeds]
-        L = max(lengths)
-        padded = any(n != L for n in lengths)
         nxt_pos = [lm.next_position(p, n) for p, n in zip(position_ids, lengths)]
         with timer.stage("prefill"):
             x, pos = self._batch_prompts(embeds, position_ids, lengths, nxt_pos, packed)
-            if prefix is not None:
-                if B != 1 or not 0 < prefix.length < L:
-                    raise ValueError(f"generate: a prefix of {prefix.length} rows needs one "
-                                     f"prompt longer than it (got {B} of length {L})")
-                out = self._prefill_after(prefix, x, pos)
-                nxt = out.logits[:, -1].argmax(-1)
-            elif padded:   # each row's first token at its own last position
-                last = torch.tensor(lengths, device=x.device) - 1
-                keep = torch.unique(last)
-                out = lm.forward(inputs_embeds=x, position_ids=pos, logits_to_keep=keep)
-                rows = torch.searchsorted(keep, last)
-                nxt = out.logits[torch.arange(B, device=x.device), rows].argmax(-1)
-            else:
-                out = lm.forward(inputs_embeds=x, position_ids=pos)
-                nxt = out.logits[:, -1].argmax(-1)
-            cache = output_cache(out)
-            del out, x
-        gens: List[List[int]] = [[] for _ in range(B)]
+            nxt, cache = prefill(lm, x, pos, lengths, prefix)
+            del x
         with timer.stage("generate"):
-            limit = max(max_new_tokens)
-            mask = step_pos = None
-            if self.mode != "dynamic" and limit > 1:
-                static = self._static_cache(B, L + limit)
-                for i, layer in enumerate(cache.layers):
-                    static.update(layer.keys, layer.values, i)
-                cache = static
-            if padded and limit > 1:
-                size = self._cache_key[1] if self.mode != "dynamic" else L + limit
-                mask = torch.zeros(B, size, dtype=torch.long, device=lm.device)
-                for b, n in enumerate(lengths):
-                    mask[b, :n] = 1
-            step_pos = self._step_positions(nxt_pos, B)
-            step = self._step_fn()
-            token = torch.empty(B, 1, dtype=torch.long, device=lm.device)
-            done = [False] * B
-            slot = L
-            while True:
-                ids = nxt.tolist()   # one host sync per step: stopping on EOS needs the ids
-                for b in range(B):
-                    if done[b]:
-                        continue
-                    if len(gens[b]) >= max_new_tokens[b] or ids[b] in stop_ids:
-                        done[b] = True
-                        continue
-                    gens[b].append(ids[b])
-                    if on_token is not None:
-                        on_token(b, ids[b])
-                    done[b] = len(gens[b]) >= max_new_tokens[b]
-                if all(done):
-                    break
-                token.copy_(nxt.view(B, 1))
-                m = None
-                if mask is not None:
-                    mask[:, slot] = 1
-                    m = mask if self.mode != "dynamic" else mask[:, :slot + 1]
-                if self.mode == "graph":
-                    torch.compiler.cudagraph_mark_step_begin()
-                nxt = step(lm, token, cache, step_pos, m).clone()
-                step_pos += 1
-                slot += 1
-            del cache
+            gens = self._decode(nxt, cache, lengths, nxt_pos, max_new_tokens, stop_ids, on_token)
         return gens
 
-    def _prefill_after(self, prefix: PrefixCache, x, pos):
-        """The prefill of one prompt ``x`` [1, L, D] in two passes: its first ``prefix.length``
-        rows (only when ``prefix.cache`` is empty: the cache is then kept there), then the rest
-        over a copy of that cache (the copy grows; the prefix's own stays as it is)."""
-        P, lm = prefix.length, self.lm
-        if prefix.cache is None:
-            out = lm.forward(inputs_embeds=x[:, :P],
-                             position_ids=None if pos is None else pos[..., :P])
-            prefix.cache = output_cache(out)
-            del out
-        # 1-D positions (pos None) continue from the cache's length, as they would in one pass
-        return lm.forward(inputs_embeds=x[:, P:], position_ids=None if pos is None else pos[..., P:],
-                          past_key_values=copy.deepcopy(prefix.cache))
+    def _decode(self, nxt, cache, lengths, nxt_pos, max_new_tokens, stop_ids, on_token):
+        """Greedy steps from the prefill's first tokens ``nxt`` [B] and its ``cache`` until
+        every row stops (a stop id, or its ``max_new_tokens``) -> the new ids of each row."""
+        lm = self.lm
+        B, L = len(lengths), max(lengths)
+        limit = max(max_new_tokens)
+        cache, mask = self._decode_cache(cache, lengths, limit)
+        step_pos = self._step_positions(nxt_pos, B)
+        step = self._step_fn()
+        token = torch.empty(B, 1, dtype=torch.long, device=lm.device)
+        gens: List[List[int]] = [[] for _ in range(B)]
+        done = [False] * B
+        slot = L
+        while True:
+            # one host sync per step: stopping on EOS needs the ids
+            _take(nxt.tolist(), gens, done, max_new_tokens, stop_ids, on_token)
+            if all(done):
+                break
+            token.copy_(nxt.view(B, 1))
+            m = None
+            if mask is not None:
+                mask[:, slot] = 1
+                m = mask if self.mode != "dynamic" else mask[:, :slot + 1]
+            if self.mode == "graph":
+                torch.compiler.cudagraph_mark_step_begin()
+            nxt = step(lm, token, cache, step_pos, m).clone()
+            step_pos += 1
+            slot += 1
+        del cache
+        return gens
+
+    def _decode_cache(self, cache, lengths, limit: int):
+        """The cache the decode steps write (the prefill's, or in static and graph modes the
+        reused static cache filled with it) and, for right-padded rows, the attention mask that
+        hides each row's padding (None: no padding, or no step to run)."""
+        B, L = len(lengths), max(lengths)
+        if self.mode != "dynamic" and limit > 1:
+            static = self._static_cache(B, L + limit)
+            for i, layer in enumerate(cache.layers):
+                static.update(layer.keys, layer.values, i)
+            cache = static
+        mask = None
+        if any(n != L for n in lengths) and limit > 1:
+            size = self._cache_key[1] if self.mode != "dynamic" else L + limit
+            mask = torch.zeros(B, size, dtype=torch.long, device=self.lm.device)
+            for b, n in enumerate(lengths):
+                mask[b, :n] = 1
+        return cache, mask
 
     def _batch_prompts(self, embeds, position_ids, lengths, nxt_pos, packed=False):
         """Right-pad B prompts to the longest: embeds [B, L, D] and positions (the padding rows
         continue each prompt's positions; causal attention keeps them out of the real rows).
         ``packed``: ``embeds`` is that [B, L, D] tensor already."""
-        lm = self.lm
         B, L = len(lengths), max(lengths)
         if B == 1:
             return (embeds if packed else embeds[0]), position_ids[0]
@@ -314,5 +364,5 @@ class GreedyDecoder:
         return pos.expand(shape).contiguous()
 
 
-__all__ = ["DECODING_MODES", "GreedyDecoder", "PrefixCache", "decode_one_token",
-           "resolve_decoding"]
+__all__ = ["DECODING_MODES", "GreedyDecoder", "PrefixCache", "decode_one_token", "prefill",
+           "generate", "resolve_decoding"]

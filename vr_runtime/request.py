@@ -12,10 +12,12 @@ resolved (the frame scorer built, the Semantic Router's routes completed, the wi
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Mapping, Optional, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Mapping, Optional, Sequence, Tuple, Union
 
-from .planning.policies import SEMANTIC_CLASSES, Windows, get_planner, is_budgeted, policy_names
+from .planning import scales as scale_rules
+from .planning.policies import (SEMANTIC_CLASSES, Windows, accepts_renamed_windows, get_planner,
+                                is_budgeted, policy_names)
 from .routing.scorers import CachedImageRouterScorer, FixedRelevance, FrameScorer, ImageRouterScorer
 
 
@@ -24,44 +26,63 @@ def _check_int(name: str, v, lo: int) -> None:
         raise ValueError(f"{name}: expected an int >= {lo}, got {v!r}")
 
 
+@accepts_renamed_windows
 @dataclass(frozen=True)
 class AnswerOptions:
-    """How to answer (see ``VideoRouter.answer``). Defaults are the paper's settings.
-
-    ``relevant`` (fixed Image Router decisions, one bool per sampled frame) or ``scorer`` (a
-    :class:`~vr_runtime.routing.scorers.FrameScorer`); ``high``/``low``/``global_scale`` (s1, s0, s_g);
-    ``budget`` (a fixed visual budget B_img instead of one derived from ``max_length``);
-    ``frame_batch``/``router_pool`` (the default Image Router scorer's frames per call and window
-    on Z_t); ``cache_visual`` (reuse frames, Z and the Image Router's question-independent state
-    for the next question on the same video); ``route_to`` (Semantic Router class -> policy);
-    ``decoder`` (the video library); ``seek`` ("exact": the sampled frames, the paper's
-    setting; "keyframe": the keyframe nearest each sampled time, one decoded frame a sample,
-    at most half a GOP away); ``ttft_budget_s`` (beyond the paper: the largest budget
-    whose predicted TTFT fits); ``router_question`` (what the routers and scorers read when the
-    question is a full LLM prompt); ``allow_over_length`` (an unbudgeted policy, dense, may
-    exceed ``max_length``; never the model's context)."""
+    """How to answer (see ``VideoRouter.answer``). Defaults are the paper's settings; each
+    field is documented where it is declared."""
+    #: Frames sampled uniformly from the video (or its ``time_window``).
     num_frames: int = 64
+    #: L_max: the prompt plus the new tokens must fit it (the visual budget is derived from it).
     max_length: int = 12288
+    #: The most tokens generated (greedy).
     max_new_tokens: int = 64
+    #: ``auto`` (the Semantic Router picks a planner) or a registered planner's name.
     policy: str = "auto"
+    #: (start_s, end_s): sample only this part of a video file.
     time_window: Optional[tuple] = None
+    #: Fixed Image Router decisions, one bool per sampled frame (a :class:`FixedRelevance`).
     relevant: Optional[Sequence[bool]] = None
+    #: A :class:`~vr_runtime.routing.scorers.FrameScorer` that decides the relevant frames.
     scorer: Optional[FrameScorer] = None
-    high: int = 1
-    low: int = 4
-    global_scale: int = 2
+    #: s_1: the window that pools the relevant frames of a Fragment plan (1 = full resolution).
+    relevant_window: int = 1
+    #: s_0: the window that pools the other frames of a Fragment plan (the coarsest window).
+    other_window: int = 4
+    #: s_g: the window that pools every frame of a Global plan.
+    global_window: int = 2
+    #: The three windows at once as ``(s_g, s_1, s_0)`` (or ``"2,1,4"``), or ``"auto"``: the
+    #: budget study's rule (:mod:`vr_runtime.planning.scales`), resolved once per request by
+    #: ``Request.build`` from the request's visual budget on the backbone's grid. None: the
+    #: per-window fields above.
+    scales: Union[None, str, Tuple[int, int, int]] = None
+    #: epsilon: tokens of ``max_length`` kept free besides the prompt and the new tokens.
     margin: int = 100
+    #: A fixed visual budget B_img instead of the one derived from ``max_length``.
     budget: Optional[int] = None
+    #: Frames per vision-tower call.
     chunk_size: int = 16
+    #: The default Image Router scorer's frames per call.
     frame_batch: Optional[int] = None
+    #: A system prompt.
     system: Optional[str] = None
+    #: The default Image Router scorer's pooling window on Z_t.
     router_pool: Optional[int] = None
+    #: Keep the decoded frames, Z and the Image Router's question-independent state of the
+    #: video for the next question on the same video.
     cache_visual: bool = False
+    #: Semantic Router class -> the planner it runs (default: each class's own planner).
     route_to: Optional[Mapping[str, str]] = None
+    #: The video library (``auto`` picks one).
     decoder: str = "auto"
+    #: ``exact``: the sampled frames (the paper's setting); ``keyframe``: the keyframe nearest
+    #: each sampled time, one decoded frame a sample, at most half a GOP away.
     seek: str = "exact"
+    #: Beyond the paper: the largest visual budget whose predicted TTFT fits these seconds.
     ttft_budget_s: Optional[float] = None
+    #: What the routers and scorers read when the question is a full LLM prompt.
     router_question: Optional[str] = None
+    #: Let an unbudgeted policy (dense) exceed ``max_length`` (never the model's context).
     allow_over_length: bool = False
 
     def __post_init__(self):
@@ -99,6 +120,7 @@ class AnswerOptions:
             raise ValueError(f"seek: expected exact or keyframe, got {self.seek!r}")
         if self.time_window is not None:
             object.__setattr__(self, "time_window", tuple(self.time_window))
+        self._check_scales()
         t = self.ttft_budget_s
         if t is not None:
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
@@ -107,6 +129,23 @@ class AnswerOptions:
                 raise ValueError(f"ttft_budget_s: chooses the visual budget, so it does not go "
                                  f"with policy {self.policy!r} (no budget) or a fixed budget=")
             object.__setattr__(self, "ttft_budget_s", float(t))
+
+    def _check_scales(self) -> None:
+        """``scales``: parsed once; a triple is written into the per-window fields (which must
+        then be their defaults or the same windows), ``"auto"`` waits for the request."""
+        if self.scales is None:
+            return
+        parsed = scale_rules.parse_scales(self.scales, name="scales")
+        object.__setattr__(self, "scales", parsed)
+        given = (self.global_window, self.relevant_window, self.other_window)
+        if given != scale_rules.PAPER_SCALES and given != parsed:
+            raise ValueError(f"scales {scale_rules.label(parsed)}: also given "
+                             f"global_window/relevant_window/other_window {given}; give one of "
+                             f"them")
+        if parsed == scale_rules.AUTO:
+            return
+        for name, w in zip(("global_window", "relevant_window", "other_window"), parsed):
+            object.__setattr__(self, name, w)
 
     @property
     def routes(self) -> dict:
@@ -117,7 +156,12 @@ class AnswerOptions:
 
     @property
     def windows(self) -> Windows:
-        return Windows(self.high, self.low, self.global_scale)
+        """The fixed windows; ``scales="auto"`` has none before a request (``Request.windows``)."""
+        if self.scales == scale_rules.AUTO:
+            raise ValueError("scales 'auto': the windows depend on the request's visual budget; "
+                             "read them from the Request (VideoRouter.request(...).windows)")
+        return Windows(relevant_window=self.relevant_window, other_window=self.other_window,
+                       global_window=self.global_window)
 
     def frame_scorer(self) -> FrameScorer:
         """The scorer a relevance policy runs: ``scorer``, fixed ``relevant`` decisions, or the
@@ -142,14 +186,50 @@ class Request:
     options: AnswerOptions
     scorer: FrameScorer            # resolved: options.frame_scorer()
     route_to: Mapping[str, str]    # Semantic Router class -> planner (every class)
-    windows: Windows
+    windows: Windows               # resolved: options.windows, or scales="auto"'s for this request
+    # (T, kept, times) -> the prompt's text tokens (text_tokens): each distinct count once
+    _text_counts: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
-    def build(cls, video, question, options: AnswerOptions) -> "Request":
+    def build(cls, video, question, options: AnswerOptions, lm=None) -> "Request":
+        """Check the question and resolve the options. ``lm`` (the backbone) resolves
+        ``scales="auto"`` (its grid, and the prompt's text for the visual budget)."""
         if not isinstance(question, str) or not question.strip():
             raise ValueError("question: empty; ask a non-empty question about the video")
-        return cls(video, question, options, options.frame_scorer(), options.routes,
-                   options.windows)
+        auto = options.scales == scale_rules.AUTO
+        req = cls(video, question, options, options.frame_scorer(), options.routes,
+                  None if auto else options.windows)
+        if auto:
+            if lm is None:
+                raise ValueError("scales 'auto': resolving it needs the backbone "
+                                 "(Request.build(..., lm=vr.lm), as VideoRouter.request does)")
+            object.__setattr__(req, "windows", req._auto_windows(lm))
+        return req
+
+    def _auto_windows(self, lm) -> Windows:
+        """``scales="auto"``: the budget study's windows at this request's visual budget B_img
+        (a fixed ``budget``, or what ``max_length`` leaves for ``num_frames`` frames' prompt),
+        as :func:`vr_runtime.planning.scales.request_budget` counts it."""
+        o = self.options
+        b = o.budget
+        if b is None:
+            n_text = self.text_tokens(lm, o.num_frames)
+            b = max(0, o.max_length - n_text - o.max_new_tokens - o.margin)
+        s_g, s_1, s_0 = scale_rules.auto_scales(b, int(lm.grid[0]) * int(lm.grid[1]))
+        return Windows(relevant_window=s_1, other_window=s_0, global_window=s_g)
+
+    def text_tokens(self, lm, T: int, kept: Optional[Sequence[int]] = None, **times) -> int:
+        """``lm.text_tokens`` of this request's prompt (its question and system prompt) for
+        ``T`` frames with the lines of ``kept`` (default: all) and ``times`` (a backbone that
+        writes each unit's time): counted once per request for each distinct (T, kept, times),
+        though the budget check, the plan, the length check and the scorer's budget each ask."""
+        key = (int(T), None if kept is None else tuple(kept),
+               tuple(times.get("times") or ()) if times else None)
+        n = self._text_counts.get(key)
+        if n is None:
+            n = self._text_counts[key] = lm.text_tokens(self.question, T, self.system,
+                                                        kept=kept, **times)
+        return n
 
     def __getattr__(self, name):
         # num_frames, max_length, policy, budget, ...: the options' own values

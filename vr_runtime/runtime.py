@@ -4,7 +4,8 @@
 
     request   AnswerOptions (vr_runtime.request) -> Request: every argument checked once (and
               the budget: it depends only on the question and T)
-    decode    sample + preprocess T frames -> Frames   (not part of TTFT, as in the paper)
+    frames    load_frames: sample + decode + preprocess T frames -> Frames (not part of TTFT,
+              as in the paper)
     policy    the Semantic Router on the question (``auto``) -> PolicyDecision
     vision    frozen vision tower + projector -> Z [T, H*W, D]
     score     a FrameScorer (Image Router, cached, fixed, CLIP) -> FrameScores
@@ -30,6 +31,7 @@ import collections
 import concurrent.futures as cf
 import dataclasses
 import pathlib
+import warnings
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
@@ -37,12 +39,13 @@ import torch
 
 from vr_kernels import pooled_counts
 
-from .planning import budget as B
 from .backbones import Backbone, backbone_from_config, load_backbone
 from .generate import GreedyDecoder
+from .planning import budget
+from .planning.latency import LatencyState
 from .planning.policies import (AUTO, SEMANTIC_CLASSES, UNTRAINED_AUTO_POLICY, FittedPlan,
-                       get_planner, is_budgeted, kept_frames, plan_fitted, policy_from_logits,
-                       policy_names)
+                                get_planner, is_budgeted, kept_frames, plan_fitted,
+                                policy_from_logits, policy_names)
 from .reconstruct import reconstruct_embeds, reconstruct_embeds_batch
 from .report import build_report
 from .request import AnswerOptions, Request
@@ -135,6 +138,9 @@ class VideoRouter:
         # cache_visual: question-independent state of the last videos (LRU).
         self.visual_cache_size = int(visual_cache_size)
         self._vcache: "collections.OrderedDict[tuple, dict]" = collections.OrderedDict()
+        # ttft_budget_s: the cost model of this backbone on this device, built (and probed) on
+        # the first request that asks, then corrected by every answer (planning.latency)
+        self.latency = LatencyState()
         if warm_request is None:
             warm_request = torch.device(lm.device).type == "cuda"
         self.request_warmup = self.warm_up_request() if warm_request else \
@@ -218,10 +224,11 @@ class VideoRouter:
         return emb
 
     # ------------------------------------------------------------------ stage: request
-    @staticmethod
-    def request(video, question, options: Optional[AnswerOptions] = None, **kwargs) -> Request:
+    def request(self, video, question, options: Optional[AnswerOptions] = None,
+                **kwargs) -> Request:
         """Check a call of :meth:`answer` (before any decoding) -> :class:`Request`.
-        ``options`` or ``kwargs`` (the fields of :class:`~vr_runtime.request.AnswerOptions`)."""
+        ``options`` or ``kwargs`` (the fields of :class:`~vr_runtime.request.AnswerOptions`);
+        ``scales="auto"`` is resolved here, on this backbone."""
         if options is None:
             options = AnswerOptions(**kwargs)
         elif kwargs:
@@ -230,7 +237,7 @@ class VideoRouter:
         elif not isinstance(options, AnswerOptions):
             raise ValueError(f"options: expected a vr_runtime.AnswerOptions, got "
                              f"{type(options).__name__}")
-        return Request.build(video, question, options)
+        return Request.build(video, question, options, lm=self.lm)
 
     def check_budget(self, req: Request, num_frames: int) -> None:
         """The budget depends only on the question and the frame count: refuse a hopeless one
@@ -238,11 +245,11 @@ class VideoRouter:
         fit ``max_length`` with the generation and the margin)."""
         if not is_budgeted(req.policy, req.route_to) or req.budget is not None or num_frames < 1:
             return
-        n_text = self.lm.text_tokens(req.question, num_frames, req.system, kept=[0])
-        B.visual_budget(req.max_length, n_text, req.max_new_tokens, req.margin, grid=self.lm.grid,
-                        coarsest=req.windows.low)
+        n_text = req.text_tokens(self.lm, num_frames, kept=[0])
+        budget.visual_budget(req.max_length, n_text, req.max_new_tokens, req.margin,
+                             grid=self.lm.grid, coarsest=req.windows.other_window)
 
-    # ------------------------------------------------------------------ stage: decode
+    # ------------------------------------------------------------------ stage: frames
     @staticmethod
     def _video_key(video, num_frames, time_window, decoder="auto", seek="exact") -> tuple:
         """Identity of a video input for ``cache_visual``. Paths: file identity + sampling
@@ -292,14 +299,17 @@ class VideoRouter:
             self._vcache.popitem(last=False)
         return st
 
-    def decode(self, req: Request, timer: StageTimer, state: Optional[dict] = None) -> Frames:
+    def load_frames(self, req: Request, timer: StageTimer,
+                    state: Optional[dict] = None) -> Frames:
+        """The request's frames: sampled, decoded and preprocessed (timed as "decode"), or the
+        video cache's (``state``); grouped into the backbone's routing units."""
         if state is not None and "frames" in state:
             f = state["frames"]
             return Frames(f.pixel_values, f.indices, f.times_s, list(f.notes), None, f.decoder,
                           f.codec, f.seek)
         with timer.stage("decode"):
-            frames = self._decode(req.video, req.num_frames, req.time_window, req.decoder,
-                                  req.seek)
+            frames = self._load_frames(req.video, req.num_frames, req.time_window,
+                                       req.decoder, req.seek)
         spec = self.lm.frame_spec
         if tuple(frames.pixel_values.shape[-2:]) != tuple(spec.size):
             raise ValueError(f"video: frames are {tuple(frames.pixel_values.shape[-2:])}, the "
@@ -316,7 +326,21 @@ class VideoRouter:
             state["frames"] = frames
         return frames
 
+    def decode(self, req: Request, timer: StageTimer, state: Optional[dict] = None) -> Frames:
+        """Deprecated: :meth:`load_frames` (the name said video decoding, not generation)."""
+        warnings.warn("VideoRouter.decode is now VideoRouter.load_frames; the old name goes in "
+                      "the next release", DeprecationWarning, stacklevel=2)
+        return self.load_frames(req, timer, state)
+
     def _decode(self, video, num_frames, time_window, decoder="auto", seek="exact") -> Frames:
+        """Deprecated: :meth:`_load_frames`."""
+        warnings.warn("VideoRouter._decode is now VideoRouter._load_frames; the old name goes "
+                      "in the next release", DeprecationWarning, stacklevel=2)
+        return self._load_frames(video, num_frames, time_window, decoder, seek)
+
+    def _load_frames(self, video, num_frames, time_window, decoder="auto",
+                     seek="exact") -> Frames:
+        """Frames of a tensor (as given), a path (decoded), a VideoClip or a Future of one."""
         from .errors import VideoError
         if isinstance(video, torch.Tensor):
             if video.ndim != 4 or video.shape[1] != 3:
@@ -411,8 +435,7 @@ class VideoRouter:
         grid, w = self.lm.grid, req.windows
 
         def text_for(kept):
-            return self.lm.text_tokens(req.question, T, req.system, kept=kept,
-                                       **self._times(times))
+            return req.text_tokens(self.lm, T, kept, **self._times(times))
 
         fitted = plan_fitted(planner, T, grid, relevant, w, text_for, req.max_length,
                              req.max_new_tokens, req.margin, budget=req.budget)
@@ -420,7 +443,7 @@ class VideoRouter:
             from .planning.latency import fit_latency
             fitted = fit_latency(self, req, planner, T, relevant, fitted, text_for)
         if sum(pooled_counts(fitted.plan, grid)) == 0:
-            raise B.BudgetError(f"visual budget {fitted.budget} holds no frame under policy "
+            raise budget.BudgetError(f"visual budget {fitted.budget} holds no frame under policy "
                                 f"{policy!r}; raise max_length or lower max_new_tokens")
         return fitted
 
@@ -436,7 +459,7 @@ class VideoRouter:
         says ``allow_over_length``: the paper's Dense row has no budget, not no limit. The line
         gives the frame count that fits."""
         grid = self.lm.grid
-        total = fitted.text_tokens + B.plan_tokens(fitted.plan, grid) + req.max_new_tokens
+        total = fitted.text_tokens + budget.plan_tokens(fitted.plan, grid) + req.max_new_tokens
         limits = []
         if self.max_positions is not None:
             limits.append((self.max_positions, "the model's context (max_position_embeddings)",
@@ -448,10 +471,10 @@ class VideoRouter:
         for limit, what, advice in limits:
             if total <= limit:
                 continue
-            fixed = self.lm.text_tokens(req.question, 0, req.system, kept=[])
+            fixed = req.text_tokens(self.lm, 0, kept=[])
             per_frame = max((total - req.max_new_tokens - fixed) / max(T, 1), 1.0)
             fit = max(int((limit - req.max_new_tokens - fixed) // per_frame), 0)
-            raise B.BudgetError(
+            raise budget.BudgetError(
                 f"policy {policy!r} at {T} frames makes a prompt of "
                 f"{total - req.max_new_tokens} tokens, which with {req.max_new_tokens} new tokens "
                 f"is over {what} of {limit}: at most {fit} frames fit; {advice}")
@@ -461,7 +484,7 @@ class VideoRouter:
         frame's line counted (safe for any plan)."""
         if req.budget is not None:
             return req.budget
-        n_text = self.lm.text_tokens(req.question, T, req.system)
+        n_text = req.text_tokens(self.lm, T)
         return max(req.max_length - n_text - req.max_new_tokens - req.margin, 0)
 
     # ------------------------------------------------------------------ stage: compress
@@ -541,7 +564,7 @@ class VideoRouter:
         timer = StageTimer(self.lm.device, resident=True)   # CPU: this request's resident peak
         state = self.video_state(req)
         hit = bool(state and state["hit"])
-        frames = self.decode(req, timer, state)                                      # decode
+        frames = self.load_frames(req, timer, state)                                 # frames
         T, notes = frames.T, list(frames.notes)
         if hit:
             notes.append("visual cache hit: decoded frames, Z and the Image Router's "
@@ -626,8 +649,8 @@ class VideoRouter:
             # a reused prefix's prefill is not the model's prefill: not observed
             extra = latency_report(self, req, p.planner, T, p.fitted, p.timer,
                                    observe=batch == 1 and not (p.prefix and p.prefix[1] == "hit"))
-        report = build_report(self, req, p.frames, p.decision, p.scores, p.fitted, p.ids.numel(),
-                              len(gen), p.timer, p.notes,
+        report = build_report(self.lm, self.routers, req, p.frames, p.decision, p.scores,
+                              p.fitted, p.ids.numel(), len(gen), p.timer, p.notes,
                               ("hit" if p.hit else "miss") if req.cache_visual else None)
         report["decoding"] = self.greedy.mode
         if self.prefix_cache:
@@ -654,11 +677,21 @@ class VideoRouter:
         "prefill" and "generate" are the batch's. ``batch_prefill=False``: one ``answer`` after
         another (the original path)."""
         videos = list(videos)
+        qs, opts = self._batch_options(videos, questions, options, kwargs)
+        if not self.lm.pads_exactly:   # a recurrent LLM: padding would enter a shorter state
+            batch_prefill = False
+        done = self._prepare_each(videos, qs, opts, batch_prefill)
+        if not batch_prefill or not done:
+            return done
+        return self._generate_batch(done)
+
+    @staticmethod
+    def _batch_options(videos: list, questions, options, kwargs: dict):
+        """``answer_batch``'s questions and options, one per video, every one checked before
+        any decoding starts -> (questions, AnswerOptions)."""
         qs = [questions] * len(videos) if isinstance(questions, str) else list(questions)
         if len(qs) != len(videos):
             raise ValueError(f"questions: expected 1 or {len(videos)} questions, got {len(qs)}")
-        if not self.lm.pads_exactly:   # a recurrent LLM: padding would enter a shorter state
-            batch_prefill = False
         if options is None or isinstance(options, AnswerOptions):
             per = [options] * len(videos)
         else:
@@ -666,12 +699,15 @@ class VideoRouter:
             if len(per) != len(videos):
                 raise ValueError(f"options: expected {len(videos)} dicts (one per video), got "
                                  f"{len(per)}")
-        # every video's options checked before any decoding starts
         if kwargs and any(isinstance(o, AnswerOptions) for o in per):
             raise ValueError(f"options: give AnswerOptions or keywords, not both (got "
                              f"{', '.join(sorted(kwargs))} besides options=)")
-        opts = [o if isinstance(o, AnswerOptions) else AnswerOptions(**{**kwargs, **(o or {})})
-                for o in per]
+        return qs, [o if isinstance(o, AnswerOptions) else AnswerOptions(**{**kwargs, **(o or {})})
+                    for o in per]
+
+    def _prepare_each(self, videos: list, qs: list, opts: list, batch_prefill: bool) -> list:
+        """Every stage before the prefill for each video in turn (``batch_prefill``; else the
+        whole answer), decoding the next video file in the background meanwhile."""
         spec = self.lm.frame_spec
 
         def start(i):
@@ -692,8 +728,11 @@ class VideoRouter:
                 o = dataclasses.replace(o, time_window=None)
             done.append(self._prepare(self.request(cur, q, o), pack=False) if batch_prefill
                         else self.answer(cur, q, o))
-        if not batch_prefill or not done:
-            return done
+        return done
+
+    def _generate_batch(self, done: List["_Prepared"]) -> List[Answer]:
+        """One pool_pack, one prefill and the decode steps of the prepared requests together;
+        each report's compress, prefill and generate times are the batch's."""
         timer = StageTimer(self.lm.device)
         with timer.stage("compress"):   # one pool_pack: every request's frames, one buffer
             embeds, lengths = self._pack_batch(done)

@@ -37,7 +37,7 @@ def test_qwen_decodes_with_its_own_normalisation(qwen_vr):
     from vr_runtime.video.load import load_video
     spec = frame_spec_for("tiny-qwen2.5-vl")
     assert spec == qwen_vr.lm.frame_spec and spec.mean != frame_spec_for("tiny").mean
-    frames = qwen_vr._decode(str(SAMPLE), 4, None)
+    frames = qwen_vr._load_frames(str(SAMPLE), 4, None)
     ref = load_video(str(SAMPLE), num_frames=4, mean=spec.mean, std=spec.std).pixel_values
     inet = load_video(str(SAMPLE), num_frames=4).pixel_values
     assert torch.equal(frames.pixel_values, ref) and not torch.allclose(ref, inet)

@@ -204,7 +204,7 @@ def test_batched_answers_do_not_correct_the_latency_model(vr, monkeypatch):
     fake = SimpleNamespace(raw=lambda **kw: {}, predict=lambda **kw: {"prefill": 1e-3},
                            observe=lambda raw, times: observed.append(times),
                            device=SimpleNamespace(name="fake"))
-    monkeypatch.setattr(vr, "_latency", fake, raising=False)   # latency.latency_model's cache
+    monkeypatch.setattr(vr.latency, "model", fake)   # VideoRouter.latency: its built model
     v = torch.randn(2, 3, 448, 448, generator=torch.Generator().manual_seed(4))
     kw = dict(num_frames=2, max_new_tokens=2, policy="uniform", ttft_budget_s=5.0)
     vr.answer(v, QUESTIONS[0], **kw)
@@ -329,3 +329,26 @@ def test_graph_decoding_equals_eager_cuda(name):
         assert got == want
     got = vr.greedy.generate([p.embeds for p in ps], [12] * 3, [p.position_ids for p in ps], set())
     assert got == want
+
+
+def test_public_prefill_decode_one_token_and_generate(vr, prompts):
+    """generate.py's functions (as gpt-fast's): ``prefill`` gives the first token and the cache,
+    ``decode_one_token`` the next ones, ``generate`` the whole answer -- the reference's ids."""
+    from vr_runtime.generate import decode_one_token, generate, prefill
+    lm = vr.lm
+    for p in prompts:
+        want, _ = reference(lm, p.embeds, p.position_ids, 6)
+        with torch.inference_mode():
+            assert generate(lm, p.embeds, 6, position_ids=p.position_ids,
+                            mode="static") == want
+            nxt, cache = prefill(lm, p.embeds, p.position_ids)
+            pos = torch.tensor([[lm.next_position(p.position_ids, p.embeds.shape[1])]])
+            step = lm.step_position_ids(0)
+            if step is not None:
+                pos = pos.expand(*step.shape[:-2], 1, 1).contiguous()
+            got = [int(nxt)]
+            for _ in range(len(want) - 1):
+                nxt = decode_one_token(lm, nxt.view(1, 1), cache, pos, None)
+                pos = pos + 1
+                got.append(int(nxt))
+        assert got == want

@@ -24,7 +24,7 @@ class ToyBackbone(InternVL3Backbone):
 
 def toy_plan(T, budget, grid, relevant, w):
     """Even frames at full resolution, odd frames at s0, whatever the scores say."""
-    return [w.high if t % 2 == 0 else w.low for t in range(T)]
+    return [w.relevant_window if t % 2 == 0 else w.other_window for t in range(T)]
 
 
 class ToyScorer(scorers.FrameScorer):

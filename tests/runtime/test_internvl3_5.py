@@ -84,7 +84,7 @@ def test_every_policy_at_scales_1_is_dense(bb, policy):
     from vr_runtime.runtime import VideoRouter
     vr = VideoRouter(bb, warmup_frames=0)
     pv = _frames(3, seed=9)
-    kw = dict(num_frames=3, max_new_tokens=3, global_scale=1, high=1, low=1)
+    kw = dict(num_frames=3, max_new_tokens=3, global_window=1, relevant_window=1, other_window=1)
     dense = vr.answer(pv, Q, policy="dense", **kw)
     r = vr.answer(pv, Q, policy=policy, budget=3 * 256, **kw)
     assert r.text == dense.text and r.report["visual_tokens"] == 3 * 256

@@ -67,7 +67,7 @@ def test_kept_frames_are_encoded_chunk_by_chunk(tiny_vr, frames, monkeypatch):
     pv = frames(7, seed=4)
     keep = [0, 2, 3, 5, 6]
     req = tiny_vr.request(pv, Q, num_frames=7, chunk_size=2, policy="global")
-    f = tiny_vr._decode(pv, 7, None)
+    f = tiny_vr._load_frames(pv, 7, None)
     seen = []
     real = tiny_vr.lm.encode_frames
     monkeypatch.setattr(tiny_vr.lm, "encode_frames",

@@ -14,7 +14,7 @@ def test_three_ways_a_plan_is_fitted():
     # budgeted, no fixed budget: exactly fit_plan's answer
     got = P.plan_fitted(frag, T, grid, rel, w, _text_for, 2000, 16, 64)
     want = P.fit_plan(lambda b: frag.plan(T, b, grid, rel, w), _text_for, T, 2000, 16, 64, grid,
-                      coarsest=w.low)
+                      coarsest=w.other_window)
     assert got == want and plan_tokens(got.plan, grid) + got.text_tokens <= 2000 - 16 - 64
     # a fixed budget bounds the visual tokens alone, whatever max_length says
     fixed = P.plan_fitted(frag, T, grid, rel, w, _text_for, 10, 16, 64, budget=1000)

@@ -13,11 +13,11 @@ def toy_planners():
     """Two planners registered the way a user would, removed afterwards."""
     @register_planner("toy-full", budgeted=False, description="every frame at s1, no budget")
     def _full(T, budget, grid, relevant, w):
-        return [w.high] * T
+        return [w.relevant_window] * T
 
     @register_planner("toy-relevance", needs_relevance=True, description="relevant at s1")
     def _rel(T, budget, grid, relevant, w):
-        return [w.high if r else w.low for r in relevant]
+        return [w.relevant_window if r else w.other_window for r in relevant]
     yield
     PLANNERS.pop("toy-full")
     PLANNERS.pop("toy-relevance")

@@ -82,7 +82,7 @@ def test_fit_plan_fits_and_wastes_at_most_one_frame(seed):
 
     try:
         fitted = P.fit_plan(lambda b: planner.plan(T, b, grid, rel, w), text_for, T, max_length,
-                            gen, margin, grid, coarsest=w.low)
+                            gen, margin, grid, coarsest=w.other_window)
     except B.BudgetError:
         # No frame fits at the coarse window, or uniform (which never drops frames) cannot fit
         # every frame even at its coarsest window.
@@ -95,7 +95,7 @@ def test_fit_plan_fits_and_wastes_at_most_one_frame(seed):
     assert used + fitted.text_tokens + gen + margin <= max_length          # it fits
     assert fitted.plan == planner.plan(T, fitted.budget, grid, rel, w)     # it is that planner's plan
     if len(kept) < T:  # something was left out: at most one frame's tokens (+ its line) unused
-        largest = max(B.window_tokens(x, grid) for x in (w.high, 1, w.global_scale))
+        largest = max(B.window_tokens(x, grid) for x in (w.relevant_window, 1, w.global_window))
         slack = max_length - gen - margin - used - fitted.text_tokens
         assert slack < largest + _line_cost(T - 1), (policy, T, slack)
 

@@ -72,9 +72,9 @@ def test_another_plan_or_prompt_head_is_a_miss(pair):
     video = torch.randn(3, 3, 448, 448, generator=torch.Generator().manual_seed(2))
     kw = dict(num_frames=3, max_new_tokens=4, cache_visual=True)
     cached.clear_visual_cache()
-    runs = [dict(policy="global"), dict(policy="global", global_scale=4),   # another plan
-            dict(policy="global", global_scale=4, system="Answer briefly."),  # another head
-            dict(policy="global", global_scale=4, system="Answer briefly.")]
+    runs = [dict(policy="global"), dict(policy="global", global_window=4),   # another plan
+            dict(policy="global", global_window=4, system="Answer briefly."),  # another head
+            dict(policy="global", global_window=4, system="Answer briefly.")]
     got = []
     for q, o in zip(QS + QS[:1], runs):
         ids, rep = _ask(cached, video, q, **kw, **o)

@@ -68,7 +68,7 @@ def test_shadow_stack_copies_both_layer_kinds(bb):
 @pytest.mark.parametrize("policy", ["global", "fragment", "uniform"])
 def test_every_policy_at_scales_1_is_dense(vr, policy):
     c = _clip()
-    kw = dict(num_frames=8, max_new_tokens=3, global_scale=1, high=1, low=1)
+    kw = dict(num_frames=8, max_new_tokens=3, global_window=1, relevant_window=1, other_window=1)
     dense = vr.answer(c, Q, policy="dense", **kw)
     r = vr.answer(c, Q, policy=policy, budget=4 * 196, **kw)
     assert r.text == dense.text and r.report["visual_tokens"] == 4 * 196
@@ -131,7 +131,7 @@ def test_moe_window1_equals_hf_and_routes():
         torch.testing.assert_close(b.decoder().norm(r.shadow(x)), hs, rtol=1e-5, atol=1e-5)
     vr = VideoRouter(b, warmup_frames=0)
     c = _clip(4)
-    kw = dict(num_frames=4, max_new_tokens=3, global_scale=1, high=1, low=1)
+    kw = dict(num_frames=4, max_new_tokens=3, global_window=1, relevant_window=1, other_window=1)
     assert vr.answer(c, Q, policy="global", budget=2 * 196, **kw).text == \
         vr.answer(c, Q, policy="dense", **kw).text
     assert Qwen35MoeBackbone.cost_shape(b.model.config.to_dict()).ff == 2 * 64 + 64

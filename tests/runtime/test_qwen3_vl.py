@@ -234,7 +234,7 @@ def test_every_policy_at_scales_1_is_dense(vr, policy):
     """--scales 1,1,1 with a budget that holds every unit: each policy is dense's answer; and
     with a smaller fixed budget the visual tokens stay within it."""
     clip = _clip()
-    kw = dict(num_frames=8, max_new_tokens=3, global_scale=1, high=1, low=1)
+    kw = dict(num_frames=8, max_new_tokens=3, global_window=1, relevant_window=1, other_window=1)
     dense = vr.answer(clip, Q, policy="dense", **kw)
     r = vr.answer(clip, Q, policy=policy, budget=4 * 196, **kw)
     assert r.text == dense.text and r.report["visual_tokens"] == 4 * 196
@@ -433,7 +433,7 @@ def test_moe_window1_equals_hf_and_routes(tmp_path):
         H = b.decoder().norm(r.shadow(x, position_ids=b.router_position_ids(b.grid, len(q_ids), 1)))
     torch.testing.assert_close(H, hs, rtol=1e-5, atol=1e-5)
     c = _clip(4)
-    kw = dict(num_frames=4, max_new_tokens=3, global_scale=1, high=1, low=1)
+    kw = dict(num_frames=4, max_new_tokens=3, global_window=1, relevant_window=1, other_window=1)
     assert vr.answer(c, Q, policy="fragment", budget=2 * 196, **kw).text == \
         vr.answer(c, Q, policy="dense", **kw).text
     r.save(tmp_path / "moe.st")

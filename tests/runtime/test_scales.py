@@ -56,14 +56,14 @@ class _VR:
 
 
 def test_answer_kwargs_fixed_and_auto():
-    assert answer_kwargs((4, 1, 8)) == dict(global_scale=4, high=1, low=8)
+    assert answer_kwargs((4, 1, 8)) == dict(global_window=4, relevant_window=1, other_window=8)
     vr = _VR()
     # B_img = max_length - text (10 per frame) - new tokens - margin
     kw = answer_kwargs(AUTO, vr, question="q", num_frames=64, max_length=8192 + 640 + 64 + 100,
                        max_new_tokens=64, margin=100)
-    assert kw == dict(global_scale=4, high=1, low=8)
+    assert kw == dict(global_window=4, relevant_window=1, other_window=8)
     kw = answer_kwargs(AUTO, vr, question="q", num_frames=64, max_length=99999, budget=12288)
-    assert kw == dict(global_scale=2, high=1, low=4)
+    assert kw == dict(global_window=2, relevant_window=1, other_window=4)
 
 
 def test_scales_reach_the_plan():

@@ -25,7 +25,11 @@ from typing import Callable, Dict, Optional
 
 import torch
 
+from vr_kernels import pooled_counts
+
+from . import budget
 from .cost_model import DEVICES, DeviceSpec, Shape, cpu_device, load_shape, stage_costs
+from .policies import FittedPlan, kept_frames
 
 STAGES = ("vision", "router", "compress", "prefill")
 
@@ -135,23 +139,34 @@ def largest_fitting_budget(predict_for: Callable[[int], float], lo: int, hi: int
 # Functions of a VideoRouter ``vr`` (duck-typed: this module does not import the runtime, which
 # imports it), called by ``VideoRouter.plan`` and the report when ``ttft_budget_s`` is given.
 
+class LatencyState:
+    """A runtime's latency model (``VideoRouter.latency``): none until a request gives
+    ``ttft_budget_s``, then built and probed once (the probe runs the model) and corrected by
+    every answer after."""
+
+    def __init__(self, model: Optional[LatencyModel] = None):
+        self.model = model
+
+    def get(self, vr) -> LatencyModel:
+        """The model of ``vr``'s backbone on its device (built on first use)."""
+        if self.model is None:
+            model = LatencyModel.for_backbone(vr.lm)
+            model.probe(vr)
+            self.model = model
+        return self.model
+
+
 def latency_model(vr) -> LatencyModel:
     """The cost model of ``vr``'s backbone on its device, corrected by this process's
-    measurements; built (CPU: calibrated) on first use and kept on ``vr``."""
-    if getattr(vr, "_latency", None) is None:
-        model = LatencyModel.for_backbone(vr.lm)
-        model.probe(vr)
-        vr._latency = model
-    return vr._latency
+    measurements: ``vr.latency``'s, built (CPU: calibrated) on first use."""
+    return vr.latency.get(vr)
 
 
 def plan_inputs(vr, req, planner, T: int):
     """-> ``inputs(plan)``: the cost model's inputs for one plan of ``req``. What does not
     depend on the plan (the prompt's text, the question's length) is counted once."""
-    from vr_kernels import pooled_counts
-    from .policies import kept_frames
     pool = req.scorer.image_router_pool(vr.routers)   # None: the scorer runs no Image Router
-    fixed = dict(text_tokens=vr.lm.text_tokens(req.question, T, req.system),
+    fixed = dict(text_tokens=req.text_tokens(vr.lm, T),
                  routers=planner.needs_relevance and (req.scorer.uses_routers
                                                       or pool is not None),
                  router_layers=vr.routers.config.num_layers,
@@ -170,28 +185,26 @@ def plan_inputs(vr, req, planner, T: int):
 def fit_latency(vr, req, planner, T: int, relevant, fitted, text_for):
     """The largest visual budget (at most the context's) whose predicted TTFT fits
     ``req.ttft_budget_s`` -> a FittedPlan."""
-    from vr_kernels import pooled_counts
-    from . import budget as B
-    from .policies import FittedPlan, kept_frames
     model = latency_model(vr)
     grid, w = vr.lm.grid, req.windows
     inputs = plan_inputs(vr, req, planner, T)
 
-    def plan_for(budget: int):
+    def plan_for(b: int):
         try:
-            plan = planner.plan(T, budget, grid, relevant, w)
-        except B.BudgetError:
+            plan = planner.plan(T, b, grid, relevant, w)
+        except budget.BudgetError:
             return None
         return plan if sum(pooled_counts(plan, grid)) else None
 
-    def predicted(budget: int) -> float:
-        plan = plan_for(budget)
+    def predicted(b: int) -> float:
+        plan = plan_for(b)
         if plan is None:
             return float("inf")
         return sum(model.predict(**inputs(plan)).values())
 
     # The smallest budget that holds a frame at one of the policy's windows.
-    sizes = sorted(B.window_tokens(x, grid) for x in (w.low, w.global_scale, w.high, 1))
+    sizes = sorted(budget.window_tokens(x, grid)
+                   for x in (w.other_window, w.global_window, w.relevant_window, 1))
     lo = next((b for b in sizes if plan_for(b) is not None), fitted.budget)
     best = largest_fitting_budget(predicted, lo, max(fitted.budget, lo), req.ttft_budget_s)
     chosen = lo if best is None else best
@@ -217,5 +230,6 @@ def latency_report(vr, req, planner, T: int, fitted, timer, observe: bool = True
             "ttft_model_device": model.device.name}
 
 
-__all__ = ["LatencyModel", "largest_fitting_budget", "STAGES", "latency_model", "plan_inputs",
+__all__ = ["LatencyModel", "LatencyState", "largest_fitting_budget", "STAGES", "latency_model",
+           "plan_inputs",
            "fit_latency", "latency_report"]

@@ -8,11 +8,13 @@ A policy is a planner: ``(num_frames, budget, grid, relevant, windows) -> one wi
 """
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from . import budget as B
+from . import budget
 from .budget import BudgetError
 
 AUTO = "auto"
@@ -23,13 +25,53 @@ DEFAULT_THRESHOLD = 0.5                     # frame relevant iff sigmoid(logit) 
 Grid = Tuple[int, int]
 
 
+# The windows' names before they said which frames they pool: ``high=1`` was the *small*
+# window (the high resolution). Accepted, with a DeprecationWarning, for one release.
+RENAMED_WINDOWS = {"high": "relevant_window", "low": "other_window",
+                   "global_scale": "global_window"}
+
+
+def _warn_renamed(owner: str, old: str, new: str, stacklevel: int = 3) -> None:
+    warnings.warn(f"{owner}: {old!r} is now {new!r}; the old name goes in the next release",
+                  DeprecationWarning, stacklevel=stacklevel)
+
+
+def accepts_renamed_windows(cls):
+    """Class decorator: ``cls(high=, low=, global_scale=)`` (and reading ``.high`` / ``.low`` /
+    ``.global_scale``) keep working under :data:`RENAMED_WINDOWS`, each with a
+    DeprecationWarning naming the new field."""
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        for old, new in RENAMED_WINDOWS.items():
+            if old in kwargs:
+                _warn_renamed(cls.__name__, old, new)
+                if new in kwargs:
+                    raise TypeError(f"{cls.__name__}: give {new}= (or the deprecated {old}=), "
+                                    f"not both")
+                kwargs[new] = kwargs.pop(old)
+        init(self, *args, **kwargs)
+
+    def old_name(old, new):
+        def get(self):
+            _warn_renamed(cls.__name__, old, new)
+            return getattr(self, new)
+        return property(get, doc=f"Deprecated: :attr:`{new}`.")
+
+    cls.__init__ = __init__
+    for old, new in RENAMED_WINDOWS.items():
+        setattr(cls, old, old_name(old, new))
+    return cls
+
+
+@accepts_renamed_windows
 @dataclass(frozen=True)
 class Windows:
-    """The paper's pooling windows: relevant frames at ``high`` (s1), the others at ``low``
-    (s0), every frame at ``global_scale`` (s_g) under Global."""
-    high: object = 1
-    low: object = 4
-    global_scale: object = 2
+    """The paper's pooling windows (an int ``s`` is ``s x s``, a pair ``(sh, sw)``)."""
+    relevant_window: object = 1   #: s_1: the Image Router's relevant frames (Fragment)
+    other_window: object = 4      #: s_0: the other frames (Fragment); the coarsest window
+    global_window: object = 2     #: s_g: every frame (Global)
 
 
 @dataclass(frozen=True)
@@ -61,40 +103,40 @@ def register_planner(name: str, needs_relevance: bool = False, budgeted: bool = 
 
 @register_planner("global", description="every frame pooled s_g x s_g (uniform subsampling "
                                          "when that does not fit)")
-def _global(T, budget, grid, relevant, w: Windows):
-    return B.plan_global(T, budget, grid, w.global_scale)
+def _global(T, budget_, grid, relevant, w: Windows):
+    return budget.plan_global(T, budget_, grid, w.global_window)
 
 
 @register_planner("fragment", needs_relevance=True,
                   description="Algorithm 1: relevant frames at s1, the others at s0",
                   when_none_relevant="the Global plan was used")
-def _fragment(T, budget, grid, relevant, w: Windows):
-    return B.plan_fragment(relevant, budget, grid, high=w.high, low=w.low,
-                           global_scale=w.global_scale)
+def _fragment(T, budget_, grid, relevant, w: Windows):
+    return budget.plan_fragment(relevant, budget_, grid, high=w.relevant_window,
+                                low=w.other_window, global_scale=w.global_window)
 
 
 @register_planner("dense", budgeted=False, description="every frame at full resolution, no budget")
-def _dense(T, budget, grid, relevant, w: Windows):
-    return B.plan_dense(T)
+def _dense(T, budget_, grid, relevant, w: Windows):
+    return budget.plan_dense(T)
 
 
 @register_planner("budget", description="InternVL3*: as many full-resolution frames as fit")
-def _budget(T, budget, grid, relevant, w: Windows):
-    return B.plan_budget(T, budget, grid)
+def _budget(T, budget_, grid, relevant, w: Windows):
+    return budget.plan_budget(T, budget_, grid)
 
 
 @register_planner("uniform", description="one window for every frame, the finest that fits")
-def _uniform(T, budget, grid, relevant, w: Windows):
-    return B.plan_uniform(T, budget, grid)
+def _uniform(T, budget_, grid, relevant, w: Windows):
+    return budget.plan_uniform(T, budget_, grid)
 
 
 @register_planner("fragment-literal", needs_relevance=True,
                   description="Algorithm 1 read literally: with no relevant frame every frame "
                               "at s0 (the default `fragment` uses the Global plan instead)",
                   when_none_relevant="every frame at s0 (Algorithm 1 literally)")
-def _fragment_literal(T, budget, grid, relevant, w: Windows):
-    return B.plan_fragment(relevant, budget, grid, high=w.high, low=w.low,
-                           global_scale=w.global_scale, empty="low")
+def _fragment_literal(T, budget_, grid, relevant, w: Windows):
+    return budget.plan_fragment(relevant, budget_, grid, high=w.relevant_window,
+                                low=w.other_window, global_scale=w.global_window, empty="low")
 
 
 def policy_names() -> Tuple[str, ...]:
@@ -138,13 +180,14 @@ def relevant_from_logits(logits, threshold: float = DEFAULT_THRESHOLD):
     return logits > math.log(threshold / (1.0 - threshold))
 
 
-def topk_relevant(scores: Sequence[float], budget: int, grid: Grid, w: Windows) -> List[bool]:
-    """The highest-scoring frames that Algorithm 1 can keep at ``w.high`` with every other frame
-    at ``w.low`` (at least one; ties broken by temporal order): relevance from a score ranking
-    with no calibrated threshold (the CLIP baseline, paper Appendix D)."""
+def topk_relevant(scores: Sequence[float], budget_: int, grid: Grid, w: Windows) -> List[bool]:
+    """The highest-scoring frames that Algorithm 1 can keep at ``w.relevant_window`` with every
+    other frame at ``w.other_window`` (at least one; ties broken by temporal order): relevance
+    from a score ranking with no calibrated threshold (the CLIP baseline, paper Appendix D)."""
     T = len(scores)
-    n1, n0 = B.window_tokens(w.high, grid), B.window_tokens(w.low, grid)
-    k = 1 if n1 == n0 else max(1, min(T, (budget - T * n0) // (n1 - n0)))
+    n1 = budget.window_tokens(w.relevant_window, grid)
+    n0 = budget.window_tokens(w.other_window, grid)
+    k = 1 if n1 == n0 else max(1, min(T, (budget_ - T * n0) // (n1 - n0)))
     order = sorted(range(T), key=lambda t: (-float(scores[t]), t))[:k]
     keep = set(order)
     return [t in keep for t in range(T)]
@@ -158,7 +201,7 @@ def topk_of(scores: Sequence[float], k: int) -> List[bool]:
 
 def kept_frames(plan: Sequence, grid: Grid) -> List[int]:
     """Indices of the frames a plan keeps (a window with at least one token)."""
-    return [t for t, w in enumerate(plan) if B.window_tokens(w, grid) > 0]
+    return [t for t, w in enumerate(plan) if budget.window_tokens(w, grid) > 0]
 
 
 # ----------------------------------------------------------------------------- exact budget
@@ -194,21 +237,22 @@ def fit_plan(plan_for: Callable[[int], list], text_for: Callable[[Sequence[int]]
     avail = max_length - gen_tokens - margin
     if num_frames > 0:
         # One frame's line must fit with one frame at the coarsest window (docs/CONTRACT.md section 2's error).
-        B.visual_budget(max_length, text([0]), gen_tokens, margin, grid=grid, coarsest=coarsest)
+        budget.visual_budget(max_length, text([0]), gen_tokens, margin, grid=grid,
+                             coarsest=coarsest)
     safe = avail - text(range(num_frames))
     hi = avail - text(())
 
-    def attempt(budget: int):
-        if budget < 0:
+    def attempt(b: int):
+        if b < 0:
             return None
         try:
-            plan = plan_for(budget)
+            plan = plan_for(b)
         except BudgetError:
             return None
         kept = kept_frames(plan, grid)
-        used = B.plan_tokens(plan, grid)
+        used = budget.plan_tokens(plan, grid)
         t = text(kept)
-        return FittedPlan(plan, budget, t) if used + t <= avail else None
+        return FittedPlan(plan, b, t) if used + t <= avail else None
 
     best = attempt(safe)
     lo = max(safe, 0) if best is not None else -1
@@ -243,10 +287,11 @@ def plan_fitted(planner: "Planner", num_frames: int, grid: Grid,
         plan = plan_for(b)
         return FittedPlan(plan, b, text_for(kept_frames(plan, grid)))
     return fit_plan(plan_for, text_for, num_frames, max_length, gen_tokens, margin, grid,
-                    coarsest=windows.low)
+                    coarsest=windows.other_window)
 
 
 __all__ = ["AUTO", "SEMANTIC_CLASSES", "UNTRAINED_AUTO_POLICY", "DEFAULT_THRESHOLD", "Windows",
+           "RENAMED_WINDOWS", "accepts_renamed_windows",
            "Planner", "PLANNERS", "register_planner", "policy_names", "get_planner",
            "policy_from_logits", "relevant_from_probs", "relevant_from_logits", "topk_relevant",
            "topk_of",

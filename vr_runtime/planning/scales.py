@@ -1,5 +1,9 @@
 """The pooling scales (s_g, s_1, s_0) from the command line: a fixed triple or the ``auto`` rule.
 
+"scales" means this triple everywhere: ``AnswerOptions(scales=...)`` takes it (or ``auto``) and
+``Request.build`` resolves it into the request's windows (``relevant_window`` = s_1,
+``other_window`` = s_0, ``global_window`` = s_g).
+
 ``s_g`` pools every frame of a Global plan, ``s_1`` the Image Router's relevant frames and
 ``s_0`` the others of a Fragment plan (Section 3.2, Algorithm 1). One spelling everywhere
 (``videorouter ask/eval/serve --scales``, the serve request's ``scales`` field, the lmms-eval
@@ -103,8 +107,9 @@ def resolve(scales: Scales, budget: int, frame_tokens: int = 256) -> Tuple[int, 
 def answer_kwargs(scales: Scales, vr=None, *, question: str = "", num_frames: int = 64,
                   max_length: int = 12288, max_new_tokens: int = 64, margin: int = 100,
                   budget: Optional[int] = None, system=None) -> dict:
-    """``VideoRouter.answer`` keywords (``global_scale``, ``high``, ``low``) of a parsed value;
-    ``auto`` needs ``vr`` and the request's arguments to count its budget."""
+    """``AnswerOptions`` window fields (``global_window``, ``relevant_window``,
+    ``other_window``) of a parsed value; ``auto`` needs ``vr`` and the request's arguments to
+    count its budget. ``AnswerOptions(scales=...)`` does this itself, per request."""
     if scales == AUTO:
         grid = vr.lm.grid
         n = int(grid[0]) * int(grid[1])
@@ -113,7 +118,7 @@ def answer_kwargs(scales: Scales, vr=None, *, question: str = "", num_frames: in
         s = auto_scales(b, n)
     else:
         s = tuple(scales)
-    return dict(global_scale=s[0], high=s[1], low=s[2])
+    return dict(global_window=s[0], relevant_window=s[1], other_window=s[2])
 
 
 def label(scales: Scales) -> str:

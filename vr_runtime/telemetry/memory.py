@@ -48,11 +48,15 @@ def _module_bytes(m: Optional[torch.nn.Module], seen: set) -> int:
 
 
 def weight_bytes(vr) -> Dict[str, int]:
-    """Bytes of what a :class:`~vr_runtime.runtime.VideoRouter` keeps loaded, by part:
-    ``language_model`` (decoder, embeddings, LM head), ``vision`` (tower + projector),
-    ``shadow_stack`` (the routers' decoder layers), ``router_heads`` (Semantic + Image Router),
-    ``total``; each tensor counted once."""
-    lm, routers = vr.lm, vr.routers
+    """Bytes of what a :class:`~vr_runtime.runtime.VideoRouter` keeps loaded, by part
+    (:func:`backbone_weight_bytes` of its backbone and routers)."""
+    return backbone_weight_bytes(vr.lm, vr.routers)
+
+
+def backbone_weight_bytes(lm, routers) -> Dict[str, int]:
+    """Bytes of a backbone ``lm`` and its ``routers``, by part: ``language_model`` (decoder,
+    embeddings, LM head), ``vision`` (tower + projector), ``shadow_stack`` (the routers' decoder
+    layers), ``router_heads`` (Semantic + Image Router), ``total``; each tensor counted once."""
     seen: set = set()
     vision = _module_bytes(lm.vision_tower(), seen) + _module_bytes(lm.projector(), seen)
     shadow = _module_bytes(getattr(routers, "shadow", None), seen)
@@ -65,10 +69,15 @@ def weight_bytes(vr) -> Dict[str, int]:
 
 def device_weight_bytes(vr, device) -> int:
     """Bytes of the runtime's weights that live on ``device`` (what a CUDA peak includes)."""
+    return backbone_device_weight_bytes(vr.lm, vr.routers, device)
+
+
+def backbone_device_weight_bytes(lm, routers, device) -> int:
+    """Bytes of ``lm``'s and ``routers``' weights that live on ``device``."""
     device = torch.device(device)
     seen: set = set()
     n = 0
-    for m in (vr.lm.model, vr.routers):
+    for m in (lm.model, routers):
         for t in list(m.parameters()) + list(m.buffers()):
             if t.device.type != device.type or not t.numel():
                 continue
@@ -162,5 +171,6 @@ class TorchAllocationPeak:
         self._prof = None
 
 
-__all__ = ["weight_bytes", "device_weight_bytes", "ResidentPeak", "TorchAllocationPeak",
+__all__ = ["weight_bytes", "device_weight_bytes", "backbone_weight_bytes",
+           "backbone_device_weight_bytes", "ResidentPeak", "TorchAllocationPeak",
            "CUDA_PEAK_SOURCE", "CPU_HWM_SOURCE", "CPU_MAXRSS_SOURCE"]

@@ -200,7 +200,7 @@ class Trainee(nn.Module):
             name = "fragment" if fragment else "global"
         T = frame_logits.shape[0]
         s1, s0 = c.fragment_scales
-        w = Windows(high=s1, low=s0, global_scale=c.global_scale)
+        w = Windows(relevant_window=s1, other_window=s0, global_window=c.global_scale)
         fitted = plan_fitted(get_planner(name), T, self.grid, relevant, w,
                              lambda kept: self.bb.text_tokens(ex["question"], T, kept=kept,
                                                               **_times(self.bb, ex.get("times"))),

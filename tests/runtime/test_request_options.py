@@ -1,0 +1,101 @@
+"""AnswerOptions' window names, ``scales=`` (a triple or "auto", resolved once per request),
+the per-request text-token count, and the deprecated names kept for one release."""
+import dataclasses
+import warnings
+
+import pytest
+import torch
+
+from vr_runtime.planning.policies import Windows
+from vr_runtime.planning.scales import answer_kwargs
+from vr_runtime.request import AnswerOptions
+
+Q = "What shape is the red object?"
+
+
+def test_window_fields_and_their_old_names():
+    o = AnswerOptions(relevant_window=2, other_window=8, global_window=4)
+    assert o.windows == Windows(relevant_window=2, other_window=8, global_window=4)
+    with pytest.warns(DeprecationWarning, match="'high' is now 'relevant_window'"):
+        old = AnswerOptions(high=2, low=8, global_scale=4)
+    assert old == o
+    with pytest.warns(DeprecationWarning, match="'low' is now 'other_window'"):
+        assert o.low == 8
+    with pytest.raises(TypeError, match="not both"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            AnswerOptions(high=2, relevant_window=2)
+    # dataclasses.replace goes through the new names: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        assert dataclasses.replace(o, global_window=2).global_window == 2
+
+
+def test_windows_old_names_warn():
+    with pytest.warns(DeprecationWarning, match="'global_scale' is now 'global_window'"):
+        w = Windows(high=1, low=4, global_scale=2)
+    assert w == Windows()
+    with pytest.warns(DeprecationWarning, match="'high' is now 'relevant_window'"):
+        assert w.high == 1
+
+
+def test_scales_triple_sets_the_windows():
+    o = AnswerOptions(scales="4,1,8")
+    assert o.scales == (4, 1, 8)
+    assert (o.global_window, o.relevant_window, o.other_window) == (4, 1, 8)
+    assert dataclasses.replace(o, num_frames=8).windows == o.windows
+    with pytest.raises(ValueError, match="give one of them"):
+        AnswerOptions(scales=(4, 1, 8), other_window=2)
+    with pytest.raises(ValueError, match="scales"):
+        AnswerOptions(scales="2,1")
+    with pytest.raises(ValueError, match="auto"):
+        AnswerOptions(scales="auto").windows
+
+
+@pytest.mark.parametrize("max_length", [1400, 99999])
+def test_scales_auto_resolves_per_request_as_answer_kwargs_did(tiny_vr, max_length):
+    kw = dict(num_frames=16, max_length=max_length, max_new_tokens=16)
+    want = answer_kwargs("auto", tiny_vr, question=Q, **kw)
+    req = tiny_vr.request(torch.zeros(16, 3, 448, 448), Q, scales="auto", **kw)
+    got = req.windows
+    assert dict(global_window=got.global_window, relevant_window=got.relevant_window,
+                other_window=got.other_window) == want
+    with pytest.raises(ValueError, match="backbone"):
+        from vr_runtime.request import Request
+        Request.build("v.mp4", Q, AnswerOptions(scales="auto"))
+
+
+def test_scales_auto_and_fixed_give_the_same_answer(tiny_vr):
+    v = torch.randn(4, 3, 448, 448, generator=torch.Generator().manual_seed(0))
+    kw = dict(num_frames=4, max_new_tokens=2, max_length=1400, policy="global")
+    fixed = answer_kwargs("auto", tiny_vr, question=Q, **{k: kw[k] for k in
+                                                          ("num_frames", "max_length",
+                                                           "max_new_tokens")})
+    a = tiny_vr.answer(v, Q, scales="auto", **kw)
+    b = tiny_vr.answer(v, Q, **fixed, **kw)
+    assert a.text == b.text and a.report["scales"] == b.report["scales"]
+
+
+def test_text_tokens_counted_once_per_distinct_count(tiny_vr, monkeypatch):
+    calls = []
+    real = tiny_vr.lm.text_tokens
+
+    def counting(*a, **k):
+        calls.append((a[1], None if k.get("kept") is None else tuple(k["kept"])))
+        return real(*a, **k)
+    monkeypatch.setattr(tiny_vr.lm, "text_tokens", counting)
+    v = torch.randn(4, 3, 448, 448, generator=torch.Generator().manual_seed(1))
+    tiny_vr.answer(v, Q, num_frames=4, max_new_tokens=2, max_length=1400, policy="fragment",
+                   relevant=[True, False, False, True], scales="auto")
+    assert calls and len(calls) == len(set(calls))
+
+
+def test_load_frames_and_its_old_names(tiny_vr):
+    pv = torch.zeros(3, 3, 448, 448)
+    f = tiny_vr._load_frames(pv, 3, None)
+    with pytest.warns(DeprecationWarning, match="_load_frames"):
+        assert tiny_vr._decode(pv, 3, None).T == f.T
+    from vr_runtime.telemetry.timing import StageTimer
+    req = tiny_vr.request(pv, Q, num_frames=3)
+    with pytest.warns(DeprecationWarning, match="load_frames"):
+        assert tiny_vr.decode(req, StageTimer(tiny_vr.lm.device)).T == 3
