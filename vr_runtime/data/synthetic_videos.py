@@ -14,7 +14,7 @@ and small distractors of other colors in 3-6 other frames; at least one color is
 Question wording comes from a template grammar with a held-out split (below). Everything is
 deterministic given the seed.
 
-That is task v1, the default. Task v2 (``generate(task="v2")``, issue 23) widens it to what real
+That is task v1, the default. Task v2 (``generate(task="v2")``) widens it to what real
 footage varies, one recorded value of each factor a video (``FACTORS``; ``sample_spec_v2``):
 aspect ratio (written at 448x336, 640x360, 360x640 and squeezed to the square model input by the
 loader), codec (H.264, VP9, AV1 at a high CRF) and sensor noise, moving and resizing objects,
@@ -344,7 +344,7 @@ def sample_spec(rng: random.Random, num_frames: int = 16, size: int = 448, fps: 
     return spec
 
 
-# --- task v2: the factors real footage varies (issue 23) ------------------------------------
+# --- task v2: the factors real footage varies -----------------------------------------------
 # Every v2 video is drawn from one value of each factor; the values are recorded on every JSONL
 # line ("factors"). The training split draws every factor at random; the held-out split
 # (``heldout_settings``) keeps all factors at BASE and varies one factor at a time.
@@ -390,8 +390,8 @@ def random_factors(rng: random.Random) -> dict:
     return f
 
 
-# Issue 23's own harder videos, as it describes them (they stay private, a fair test): 16:9,
-# lossy VP9 with mild noise, three targets that move across several frames, 64 source frames
+# Harder videos like real footage (the videos this setting imitates stay private, a fair test):
+# 16:9, lossy VP9 with mild noise, three targets that move across several frames, 64 source frames
 # and 32 sampled. The "footage" split holds this one combined setting, every factor off its
 # base at once, where the held-out split varies one factor at a time.
 FOOTAGE = {"aspect": "16:9", "codec": "vp9", "noise": 4, "motion": "moving", "n_targets": 3,
@@ -741,13 +741,13 @@ def generate(out_dir: str, num_videos: int, seed: int = 0, num_frames: int = 16,
     'train' for the train split and 'mixed' (half held-out wordings) for any other split.
 
     ``task``: 'v1' (the default: square 448x448, near-lossless H.264, ``num_frames`` frames all
-    sampled, static targets) or 'v2' (issue 23's factors, ``sample_spec_v2``; ``num_frames`` and
-    ``size`` do not apply). v2 videos are named ``{split}_v2_NNNNN.mp4`` (never a v1 file), and
-    every v2 line also carries ``task``, its ``num_frames`` T (the frames to sample; labels index
-    them), ``source_frames`` S and the video's ``factors``. The v2 train split draws every factor
-    at random; the "footage" split holds ``FOOTAGE``, every factor off its base at once
-    (``varies``: "footage"); any other v2 split is the one-factor-at-a-time layout
-    (``heldout_settings``, video i takes setting i mod its length) and its lines say which
+    sampled, static targets) or 'v2' (the factors real footage varies, ``sample_spec_v2``;
+    ``num_frames`` and ``size`` do not apply). v2 videos are named ``{split}_v2_NNNNN.mp4``
+    (never a v1 file), and every v2 line also carries ``task``, its ``num_frames`` T (the frames
+    to sample; labels index them), ``source_frames`` S and the video's ``factors``. The v2 train
+    split draws every factor at random; the "footage" split holds ``FOOTAGE``, every factor off
+    its base at once (``varies``: "footage"); any other v2 split is the one-factor-at-a-time
+    layout (``heldout_settings``, video i takes setting i mod its length) and its lines say which
     factor they vary (``varies``: a factor name, or "base")."""
     if num_videos < 1:
         raise ValueError(f"num_videos: expected >= 1, got {num_videos}")
