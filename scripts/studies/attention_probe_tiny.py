@@ -21,15 +21,16 @@ import torch
 
 def target_rows(spec, color, plan, dest, n, coverage=0.5):
     """Rows of the sequence that are the queried color's object (cell coverage > ``coverage``)."""
-    from vr_runtime.data import synthetic_videos as S
+    from vr_runtime.data import synthetic_videos
     from vr_runtime.training.pretrain import object_coverage
     mask = torch.zeros(n)
     for t, w in enumerate(plan):
         if not w:
             continue
-        one = S.VideoSpec(num_frames=1, size=spec.size, background=spec.background,
-                          shapes=[S.Shape(0, s.shape, s.color, s.cx, s.cy, s.r)
-                                  for s in spec.shapes if s.frame == t and s.color == color])
+        shapes = [synthetic_videos.Shape(0, s.shape, s.color, s.cx, s.cy, s.r)
+                  for s in spec.shapes if s.frame == t and s.color == color]
+        one = synthetic_videos.VideoSpec(num_frames=1, size=spec.size, background=spec.background,
+                                         shapes=shapes)
         for cov, _, _ in object_coverage(one):
             mask[dest[t]:dest[t] + 256] = (cov > coverage).float()
     return mask
@@ -39,7 +40,7 @@ def target_rows(spec, color, plan, dest, n, coverage=0.5):
 def probe(model: str, videos: int, seed: int) -> dict:
     import vr_kernels
     from vr_runtime.backbones import load_backbone
-    from vr_runtime.data import synthetic_videos as S
+    from vr_runtime.data import synthetic_videos
     from vr_runtime.training.labeller import RouteSupervision, video_features
     from vr_runtime.training.stages import answer_sequence
     bb = load_backbone(model, attn_implementation="eager")
@@ -47,11 +48,11 @@ def probe(model: str, videos: int, seed: int) -> dict:
     sums: dict = {}
     count: dict = {}
     for _ in range(videos):
-        spec = S.sample_spec(rng)
+        spec = synthetic_videos.sample_spec(rng)
         Z = bb.project(video_features(bb, spec))
         for color, shape in spec.targets:
             rel = spec.frames_with(color)
-            q = rng.choice(S.phrasings("train")[0]).format(color=color)
+            q = rng.choice(synthetic_videos.phrasings("train")[0]).format(color=color)
             for name, plan in (("reference", [1] * spec.num_frames),
                                ("targets_only", [int(t in rel) for t in range(spec.num_frames)])):
                 ids, n_prompt, dest, _ = answer_sequence(bb, q, shape, plan)

@@ -7,16 +7,16 @@ import random
 import pytest
 import torch
 
-from vr_runtime.training import labeller as LB
-from vr_runtime.data import synthetic_videos as S
+from vr_runtime.training import labeller
+from vr_runtime.data import synthetic_videos
 from vr_runtime.training.config import ConfigError
 
 
 def test_drop_plan_covers_every_kept_count():
     rng = random.Random(0)
     T = 16
-    kept = [sum(w > 0 for w in LB.drop_plan(rng, T, (1, 4))) for _ in range(3000)]
-    plans = [LB.drop_plan(rng, T, (1, 4)) for _ in range(200)]
+    kept = [sum(w > 0 for w in labeller.drop_plan(rng, T, (1, 4))) for _ in range(3000)]
+    plans = [labeller.drop_plan(rng, T, (1, 4)) for _ in range(200)]
     assert all(len(p) == T and set(p) <= {0, 1, 4} for p in plans)
     assert {1, 4} <= {w for p in plans for w in p}
     # q ~ U(0, 1): every count 0..T is about equally likely (1 / (T + 1) ~ 5.9% each)
@@ -26,17 +26,17 @@ def test_drop_plan_covers_every_kept_count():
 
 def test_visible_answer_follows_the_kept_frames():
     q = {"answer": "circle", "frame_labels": [0, 1, 1, 0]}
-    assert LB.visible_answer(q, [1, 0, 0, 1]) == S.ABSENT_ANSWER
-    assert LB.visible_answer(q, [0, 0, 1, 0]) == "circle"
-    assert LB.visible_answer(q, [0, 4, 0, 0]) == "circle"
-    absent = {"answer": S.ABSENT_ANSWER, "frame_labels": [0, 0, 0, 0]}
-    assert LB.visible_answer(absent, [1, 1, 1, 1]) == S.ABSENT_ANSWER
+    assert labeller.visible_answer(q, [1, 0, 0, 1]) == synthetic_videos.ABSENT_ANSWER
+    assert labeller.visible_answer(q, [0, 0, 1, 0]) == "circle"
+    assert labeller.visible_answer(q, [0, 4, 0, 0]) == "circle"
+    absent = {"answer": synthetic_videos.ABSENT_ANSWER, "frame_labels": [0, 0, 0, 0]}
+    assert labeller.visible_answer(absent, [1, 1, 1, 1]) == synthetic_videos.ABSENT_ANSWER
 
 
 def test_fragment_questions_are_targets_and_an_absent_color():
     rng = random.Random(3)
-    spec = S.sample_spec(rng, num_frames=16)
-    qs = LB.fragment_questions(spec, rng)
+    spec = synthetic_videos.sample_spec(rng, num_frames=16)
+    qs = labeller.fragment_questions(spec, rng)
     cats = sorted(q["category"] for q in qs)
     assert cats == ["absent_color", "object_shape", "object_shape"]
     assert all(q["phrasing"] == "train" for q in qs)
@@ -59,7 +59,7 @@ def test_training_loss_is_what_option_scoring_reads(tiny_lm, plan):
     with torch.no_grad():
         lp = option_logprobs(tiny_lm, Z, q, [plan], conts)[0]
         for j, a in enumerate(options):
-            loss, n, _ = LB.conversation_loss(tiny_lm, Z, [(q, a)], plan)
+            loss, n, _ = labeller.conversation_loss(tiny_lm, Z, [(q, a)], plan)
             assert n == len(conts[j])
             torch.testing.assert_close(-loss, lp[j], atol=1e-3, rtol=1e-4)
 
@@ -117,7 +117,7 @@ def test_conversation_loss_matches_a_plain_full_forward(tiny_lm, plan):
              ("Name the outline of the cyan item.", "none"),
              ("Which shape has the color blue?", "triangle")]
     with torch.no_grad():
-        loss, n, _ = LB.conversation_loss(tiny_lm, Z, turns, plan)
+        loss, n, _ = labeller.conversation_loss(tiny_lm, Z, turns, plan)
         ref, n_ref = _plain_conversation_logprob(tiny_lm, Z, turns, plan)
     assert n == n_ref
     torch.testing.assert_close(-loss.item(), ref, atol=2e-3, rtol=1e-4)
@@ -125,9 +125,9 @@ def test_conversation_loss_matches_a_plain_full_forward(tiny_lm, plan):
 
 def test_conversation_loss_trains_through_the_packed_frames(tiny_lm):
     Z = torch.randn(3, 256, tiny_lm.hidden_size, requires_grad=True)
-    loss, _, _ = LB.conversation_loss(tiny_lm, Z, [("What shape is the red object?", "circle"),
-                                                ("What shape is the blue thing?", "none")],
-                                   [1, 0, 4])
+    loss, _, _ = labeller.conversation_loss(
+        tiny_lm, Z, [("What shape is the red object?", "circle"),
+                     ("What shape is the blue thing?", "none")], [1, 0, 4])
     loss.backward()
     g = Z.grad.abs().sum((1, 2))
     assert g[0] > 0 and g[2] > 0 and g[1] == 0     # the dropped frame gets no gradient
@@ -135,26 +135,26 @@ def test_conversation_loss_trains_through_the_packed_frames(tiny_lm):
 
 def test_video_questions_ask_every_absent_color_never_a_distractor():
     rng = random.Random(5)
-    spec = S.sample_spec(rng, num_frames=16)
-    qs = LB.video_questions(spec, rng, all_absent=True)
+    spec = synthetic_videos.sample_spec(rng, num_frames=16)
+    qs = labeller.video_questions(spec, rng, all_absent=True)
     asked = sorted(q["color"] for q in qs)
     targets = sorted(c for c, _ in spec.targets)
     assert asked == sorted(targets + spec.absent_colors())
     for q in qs:
         assert q["color"] in q["question"]
         if q["color"] in spec.absent_colors():
-            assert q["answer"] == S.ABSENT_ANSWER and not any(q["frame_labels"])
-    one = LB.video_questions(spec, random.Random(5), all_absent=False)
+            assert q["answer"] == synthetic_videos.ABSENT_ANSWER and not any(q["frame_labels"])
+    one = labeller.video_questions(spec, random.Random(5), all_absent=False)
     assert sum(q["category"] == "absent_color" for q in one) == 1
 
 
 def test_conversation_needs_a_turn(tiny_lm):
     with pytest.raises(ValueError, match="turns"):
-        LB.conversation_loss(tiny_lm, torch.zeros(2, 256, tiny_lm.hidden_size), [], [1, 1])
+        labeller.conversation_loss(tiny_lm, torch.zeros(2, 256, tiny_lm.hidden_size), [], [1, 1])
 
 
 def test_shipped_config_loads():
-    cfg = LB.LabellerConfig.load("tiny_labeller")
+    cfg = labeller.LabellerConfig.load("tiny_labeller")
     assert cfg.init == "tiny" and cfg.windows == (1,) and not cfg.train_projector
 
 
@@ -164,7 +164,7 @@ def test_shipped_config_loads():
     ({"heldout_videos": -1}, "heldout_videos"), ({"bogus": 1}, "unknown keys")])
 def test_bad_config_is_one_clear_error(over, match):
     with pytest.raises(ConfigError, match=match):
-        LB.LabellerConfig.load("tiny_labeller", **over)
+        labeller.LabellerConfig.load("tiny_labeller", **over)
 
 
 def test_cli_bad_value_is_one_line(capsys):
@@ -178,10 +178,10 @@ def test_short_run_trains_the_llm_only(tmp_path):
     """Two steps from the shipped weights: the LLM moves, the tower and the projector do not, and
     the folder label-study loads is written with the held-out metrics."""
     from vr_runtime.backbones import load_backbone
-    cfg = LB.LabellerConfig(steps=2, batch_size=1, heldout_videos=1, log_every=1,
-                            output_dir=str(tmp_path / "lab"))
-    res = LB.train_labeller(cfg, progress=False, results=str(tmp_path / "r" / "lab.json"),
-                            command="test")
+    cfg = labeller.LabellerConfig(steps=2, batch_size=1, heldout_videos=1, log_every=1,
+                                  output_dir=str(tmp_path / "lab"))
+    res = labeller.train_labeller(cfg, progress=False, results=str(tmp_path / "r" / "lab.json"),
+                                  command="test")
     before = load_backbone("tiny")
     after = load_backbone(str(tmp_path / "lab" / "hf"))
     sb, sa = before.model.state_dict(), after.model.state_dict()
@@ -214,10 +214,10 @@ def test_route_loss_is_the_heads_own_attention_weight():
     turns = [("What shape is the red object?", "circle", "red"),
              ("Which shape has the color blue?", "none", "blue"),
              ("Name the outline of the figure.", "none", "cyan")]     # no cue word: no term
-    route = LB.RouteSupervision(layer=1, head=3, weight=1.0)
+    route = labeller.RouteSupervision(layer=1, head=3, weight=1.0)
     with torch.no_grad():
-        ce, n, r = LB.conversation_loss(lm, Z, turns, plan, route)
-        ce0, n0, r0 = LB.conversation_loss(lm, Z, turns, plan)
+        ce, n, r = labeller.conversation_loss(lm, Z, turns, plan, route)
+        ce0, n0, r0 = labeller.conversation_loss(lm, Z, turns, plan)
     assert r0 is None and n == n0
     torch.testing.assert_close(ce, ce0)
     # the reference: rebuild the same sequence, ask the eager attention for its weights
@@ -244,8 +244,9 @@ def test_route_loss_trains_the_head():
     from vr_runtime.backbones.internvl3 import InternVL3Backbone
     lm = InternVL3Backbone.tiny()
     Z = torch.randn(2, 256, lm.hidden_size)
-    _, _, r = LB.conversation_loss(lm, Z, [("What shape is the red object?", "circle", "red")],
-                                   [1, 1], LB.RouteSupervision(layer=1, head=0))
+    _, _, r = labeller.conversation_loss(
+        lm, Z, [("What shape is the red object?", "circle", "red")], [1, 1],
+        labeller.RouteSupervision(layer=1, head=0))
     r.backward()
     attn = lm.decoder().layers[1].self_attn
     assert attn.q_proj.weight.grad.abs().sum() > 0 and attn.k_proj.weight.grad.abs().sum() > 0

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from vr_runtime.training import labels as L
+from vr_runtime.training import labels
 
 
 def toy(T, evidence, joint=(), correct=0, n_opt=3, off_hides=lambda w: w == 0 or w >= 8):
@@ -32,7 +32,7 @@ def toy(T, evidence, joint=(), correct=0, n_opt=3, off_hides=lambda w: w == 0 or
 
 @pytest.mark.parametrize("mode", ["drop", "pool8"])
 def test_a_frame_the_model_needs_is_labelled(mode):
-    res = L.counterfactual_labels(toy(7, evidence=[4]), 7, 0, mode=mode, margin=0.5)
+    res = labels.counterfactual_labels(toy(7, evidence=[4]), 7, 0, mode=mode, margin=0.5)
     assert res["status"] == "ok"
     assert res["necessary"] == [0, 0, 0, 0, 1, 0, 0]
     assert res["minimal_set"] == [4] and res["sufficient"]
@@ -43,43 +43,43 @@ def test_a_frame_the_model_needs_is_labelled(mode):
 def test_repeated_evidence_needs_the_minimal_set():
     """Evidence in frames 1 and 5: neither is necessary alone; the greedy set takes one copy."""
     score = toy(6, evidence=[1, 5])
-    res = L.counterfactual_labels(score, 6, 0, margin=0.5, validate="off")
+    res = labels.counterfactual_labels(score, 6, 0, margin=0.5, validate="off")
     assert res["necessary"] == [0] * 6
     assert res["minimal_set"] == [1]                    # ties: the earlier frame
     assert res["frame_labels"] == [0, 1, 0, 0, 0, 0] and res["validation"] == "off"
-    assert L.counterfactual_labels(score, 6, 0, margin=0.5, rule="necessary")[
+    assert labels.counterfactual_labels(score, 6, 0, margin=0.5, rule="necessary")[
         "frame_labels"] == [0] * 6
     # jointly needed frames: each is necessary and the set holds both
-    res = L.counterfactual_labels(toy(5, evidence=[], joint=[0, 3]), 5, 0, margin=0.5)
+    res = labels.counterfactual_labels(toy(5, evidence=[], joint=[0, 3]), 5, 0, margin=0.5)
     assert res["necessary"] == [1, 0, 0, 1, 0] and sorted(res["minimal_set"]) == [0, 3]
 
 
 def test_validation_adds_the_evidence_that_survives_masking():
     """The paper's third filter: with frame 1 (the first set) masked, frame 5 still gives the
     answer, so the labels are corrected to hold it too; then masking both loses the answer."""
-    res = L.counterfactual_labels(toy(6, evidence=[1, 5]), 6, 0, margin=0.5)
+    res = labels.counterfactual_labels(toy(6, evidence=[1, 5]), 6, 0, margin=0.5)
     assert res["evidence_sets"] == [[1], [5]] and res["validation"] == "corrected"
     assert res["frame_labels"] == [0, 1, 0, 0, 0, 1] and res["minimal_set"] == [1]
-    three = L.counterfactual_labels(toy(9, evidence=[2, 4, 8]), 9, 0, margin=0.5,
-                                    rule="minimal-set")
+    three = labels.counterfactual_labels(toy(9, evidence=[2, 4, 8]), 9, 0, margin=0.5,
+                                         rule="minimal-set")
     assert three["evidence_sets"] == [[2], [4], [8]]
     assert three["frame_labels"] == [int(t in (2, 4, 8)) for t in range(9)]
-    removed = L.counterfactual_labels(toy(6, evidence=[1, 5]), 6, 0, margin=0.5,
-                                      validate="remove")
+    removed = labels.counterfactual_labels(toy(6, evidence=[1, 5]), 6, 0, margin=0.5,
+                                           validate="remove")
     assert removed["status"] == "removed" and removed["frame_labels"] is None
-    single = L.counterfactual_labels(toy(6, evidence=[3]), 6, 0, margin=0.5, validate="remove")
+    single = labels.counterfactual_labels(toy(6, evidence=[3]), 6, 0, margin=0.5, validate="remove")
     assert single["validation"] == "passed" and single["frame_labels"] == [0, 0, 0, 1, 0, 0]
     # jointly needed frames: masking both loses the answer at once
-    joint = L.counterfactual_labels(toy(5, evidence=[], joint=[0, 3]), 5, 0, margin=0.5)
+    joint = labels.counterfactual_labels(toy(5, evidence=[], joint=[0, 3]), 5, 0, margin=0.5)
     assert joint["validation"] == "passed" and joint["evidence_sets"] == [joint["minimal_set"]]
     # nothing claimed (the answer needs no frame): nothing to validate
-    prior = L.counterfactual_labels(toy(4, evidence=[0, 1, 2, 3], off_hides=lambda w: False),
-                                    4, 0, margin=0.5)
+    prior = labels.counterfactual_labels(toy(4, evidence=[0, 1, 2, 3], off_hides=lambda w: False),
+                                         4, 0, margin=0.5)
     assert prior["frame_labels"] == [0] * 4 and prior["validation"] == "empty"
-    with pytest.raises(L.LabelError, match="validate"):
-        L.counterfactual_labels(toy(4, [1]), 4, 0, validate="fix")
-    with pytest.raises(L.LabelError, match="--validate"):
-        L.check_config(L.LabelConfig(validate="fix"))
+    with pytest.raises(labels.LabelError, match="validate"):
+        labels.counterfactual_labels(toy(4, [1]), 4, 0, validate="fix")
+    with pytest.raises(labels.LabelError, match="--validate"):
+        labels.check_config(labels.LabelConfig(validate="fix"))
 
 
 def test_every_plan_is_scored_once():
@@ -91,7 +91,7 @@ def test_every_plan_is_scored_once():
         seen.extend(tuple(p) for p in plans)
         return toy(8, evidence=[1, 4, 6])(plans)
 
-    res = L.counterfactual_labels(counting, 8, 0, margin=0.5)
+    res = labels.counterfactual_labels(counting, 8, 0, margin=0.5)
     assert res["frame_labels"] == [int(t in (1, 4, 6)) for t in range(8)]
     assert len(seen) == len(set(seen)) == res["forwards"]
 
@@ -150,8 +150,9 @@ def test_validation_matches_the_plain_rule(seed):
 
     c = int(score([[1] * T])[0].argmax())
     for mode, margin in itertools.product(["drop", "pool8"], [0.0, 0.5, 2.0]):
-        res = L.counterfactual_labels(score, T, c, mode=mode, margin=margin, rule="minimal-set")
-        want, how = closure_reference(score, T, c, L.MODES[mode], margin)
+        res = labels.counterfactual_labels(score, T, c, mode=mode, margin=margin,
+                                           rule="minimal-set")
+        want, how = closure_reference(score, T, c, labels.MODES[mode], margin)
         assert res["validation"] == how
         got = res["frame_labels"]
         assert (got is None and want is None) or [t for t in range(T) if got[t]] == want
@@ -195,12 +196,12 @@ def test_greedy_set_matches_the_plain_rule(seed):
 
     c = int(score([[1] * T])[0].argmax())
     for mode, margin, cap in itertools.product(["drop", "pool8"], [0.0, 0.3], [None, 2]):
-        res = L.counterfactual_labels(score, T, c, mode=mode, margin=margin, max_set=cap)
-        S, ok = greedy_reference(score, T, c, L.MODES[mode], margin, T if cap is None else cap)
+        res = labels.counterfactual_labels(score, T, c, mode=mode, margin=margin, max_set=cap)
+        S, ok = greedy_reference(score, T, c, labels.MODES[mode], margin, T if cap is None else cap)
         assert res["minimal_set"] == S and res["sufficient"] == ok
         ref = score([[1] * T])[0]
         for t in range(T):
-            lp = score([[L.MODES[mode] if u == t else 1 for u in range(T)]])[0]
+            lp = score([[labels.MODES[mode] if u == t else 1 for u in range(T)]])[0]
             want = int(int(lp.argmax()) != c or float(ref[c] - lp[c]) > margin)
             assert res["necessary"][t] == want
 
@@ -214,31 +215,31 @@ def test_keep_window_sets_the_reference_and_the_set():
         seen_windows.update(w for p in plans for w in p)
         return toy(6, evidence=[2], off_hides=lambda w: w != 4)(plans)
 
-    res = L.counterfactual_labels(at4, 6, 0, mode="pool8", margin=0.5, keep=4)
+    res = labels.counterfactual_labels(at4, 6, 0, mode="pool8", margin=0.5, keep=4)
     assert res["status"] == "ok" and res["frame_labels"] == [0, 0, 1, 0, 0, 0]
     assert seen_windows == {4, 8}
-    assert L.counterfactual_labels(at4, 6, 0, mode="pool8")["status"] == "unanswerable"
+    assert labels.counterfactual_labels(at4, 6, 0, mode="pool8")["status"] == "unanswerable"
     for keep, mode in ((8, "pool8"), (0, "drop"), (2.0, "drop")):
-        with pytest.raises(L.LabelError, match="keep window"):
-            L.counterfactual_labels(at4, 6, 0, mode=mode, keep=keep)
-    with pytest.raises(L.LabelError, match="--keep-window"):
-        L.check_config(L.LabelConfig(mode="pool8", keep_window=8))
+        with pytest.raises(labels.LabelError, match="keep window"):
+            labels.counterfactual_labels(at4, 6, 0, mode=mode, keep=keep)
+    with pytest.raises(labels.LabelError, match="--keep-window"):
+        labels.check_config(labels.LabelConfig(mode="pool8", keep_window=8))
 
 
 def test_unanswerable_and_argument_checks():
-    res = L.counterfactual_labels(toy(4, evidence=[]), 4, 0)   # option 1 wins with every frame
+    res = labels.counterfactual_labels(toy(4, evidence=[]), 4, 0)   # option 1 wins with every frame
     assert res["status"] == "unanswerable" and res["frame_labels"] is None
     for kw, msg in (({"mode": "blur"}, "mode"), ({"margin": -1}, "margin"),
                     ({"rule": "x"}, "rule")):
-        with pytest.raises(L.LabelError, match=msg):
-            L.counterfactual_labels(toy(4, [1]), 4, 0, **kw)
+        with pytest.raises(labels.LabelError, match=msg):
+            labels.counterfactual_labels(toy(4, [1]), 4, 0, **kw)
 
 
 # ----------------------------------------------------------------------------- on the backbones
 @pytest.fixture(scope="module")
 def mc(tmp_path_factory):
     root = tmp_path_factory.mktemp("labels")
-    return str(root), L.synthetic_mc(str(root), 2, seed=3, frames=12)
+    return str(root), labels.synthetic_mc(str(root), 2, seed=3, frames=12)
 
 
 @pytest.fixture(scope="module", params=["tiny", "tiny-qwen2.5-vl"])
@@ -256,19 +257,20 @@ def test_label_frames_on_both_backbones(vr, mc, tmp_path):
     root, data = mc
     T = 5                                            # 5 of the 12 frames sampled: odd, fast
     line = json.loads(open(data).readline())
-    cfg = L.LabelConfig(data=data, videos=root, frames=T, mode="pool8", margin=0.05,
-                        max_set=2, answer_mode="option-text", prompt_style="bare", batch=3)
-    clip = L.load_clip(vr, f"{root}/{line['video']}", T)
+    cfg = labels.LabelConfig(data=data, videos=root, frames=T, mode="pool8", margin=0.05,
+                             max_set=2, answer_mode="option-text", prompt_style="bare", batch=3)
+    clip = labels.load_clip(vr, f"{root}/{line['video']}", T)
     Z = vr.lm.encode_frames(clip.pixel_values)
     prompt = mc_prompt(line["question"], line["options"],
                        PromptConfig("", "", "option-text", "bare"))
-    conts = L.option_continuations(vr.lm.tokenizer, line["options"], "option-text")
+    conts = labels.option_continuations(vr.lm.tokenizer, line["options"], "option-text")
     ref = option_logprobs(vr.lm, Z, prompt, [[1] * T], conts, batch_size=1)[0]
     c = int(ref.argmax())
     (tmp_path / "q.jsonl").write_text(json.dumps({**line, "answer": line["options"][c]}) + "\n")
     cfg.data = str(tmp_path / "q.jsonl")
     out = tmp_path / "flr.jsonl"
-    res = L.label_frames(vr, L.load_questions(cfg), cfg, str(out), str(tmp_path / "diag.jsonl"))
+    res = labels.label_frames(vr, labels.load_questions(cfg), cfg, str(out),
+                              str(tmp_path / "diag.jsonl"))
     d = res["diagnostics"][0]
     assert d["status"] == "ok"
     assert d["reference_logprobs"] == pytest.approx(ref.tolist(), abs=1e-3)
@@ -291,12 +293,12 @@ def test_ab_probe_feeds_policy_labels(mc, tmp_path, capsys):
     from vr_runtime.training.__main__ import main
     root, data = mc
     vr = VideoRouter.from_pretrained("tiny", dtype=torch.float32, warmup_frames=0)
-    cfg = L.LabelConfig(data=data, videos=root, frames=12, answer_mode="option-text",
-                        prompt_style="bare")
-    qs = L.load_questions(cfg)
-    rel = L.read_relevance(data)
+    cfg = labels.LabelConfig(data=data, videos=root, frames=12, answer_mode="option-text",
+                             prompt_style="bare")
+    qs = labels.load_questions(cfg)
+    rel = labels.read_relevance(data)
     acc_path, preds = tmp_path / "ab.jsonl", tmp_path / "preds.jsonl"
-    acc = L.ab_probe(vr, qs, cfg, str(acc_path), rel, budget=1024, predictions=str(preds))
+    acc = labels.ab_probe(vr, qs, cfg, str(acc_path), rel, budget=1024, predictions=str(preds))
     rows = [json.loads(x) for x in preds.read_text().splitlines()]
     assert len(rows) == len(qs) >= 2
     for r in rows:
@@ -312,8 +314,8 @@ def test_ab_probe_feeds_policy_labels(mc, tmp_path, capsys):
     assert acc == want and "object_shape" in want
     assert main(["policy-labels", "--accuracies", str(acc_path), "--tau", "-1"]) == 0
     assert json.loads(capsys.readouterr().out) == {c: 1 for c in want}
-    with pytest.raises(L.LabelError, match="frame labels"):
-        L.ab_probe(vr, qs, L.LabelConfig(frames=8), str(acc_path), rel)
+    with pytest.raises(labels.LabelError, match="frame labels"):
+        labels.ab_probe(vr, qs, labels.LabelConfig(frames=8), str(acc_path), rel)
 
 
 @pytest.mark.parametrize("extra, msg", [
@@ -339,7 +341,7 @@ def test_cli_errors_are_one_line(mc, tmp_path, capsys, extra, msg):
 
 
 def test_agreement_and_auc_against_counts():
-    a = L.agreement([([1, 0, 1, 0], [1, 1, 0, 0]), ([0, 0], [0, 1])])
+    a = labels.agreement([([1, 0, 1, 0], [1, 1, 0, 0]), ([0, 0], [0, 1])])
     assert (a["frames"], a["agreement"], a["precision"], a["recall"]) == (6, 0.5, 0.5, 1 / 3)
     assert a["f1"] == pytest.approx(2 * 0.5 * (1 / 3) / (0.5 + 1 / 3))
     rng = random.Random(0)
@@ -347,8 +349,8 @@ def test_agreement_and_auc_against_counts():
         pos = [rng.choice([0.1, 0.5, rng.random()]) for _ in range(rng.randint(1, 4))]
         neg = [rng.choice([0.1, 0.5, rng.random()]) for _ in range(rng.randint(1, 4))]
         ref = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg) / (len(pos) * len(neg))
-        assert L.auc(pos, neg) == pytest.approx(ref)
-    assert L.auc([], [1.0]) is None
+        assert labels.auc(pos, neg) == pytest.approx(ref)
+    assert labels.auc([], [1.0]) is None
 
 
 def test_label_study_keeps_the_generator_labels_next_to_its_own(tmp_path, monkeypatch):
@@ -363,13 +365,13 @@ def test_label_study_keeps_the_generator_labels_next_to_its_own(tmp_path, monkey
         init_weights_(vr.lm.model, 0)
         return vr
 
-    monkeypatch.setattr(L, "load_router", random_tiny)
+    monkeypatch.setattr(labels, "load_router", random_tiny)
     work, results = tmp_path / "study", tmp_path / "study.json"
-    cfg = L.LabelConfig(frames=12, mode="drop", max_set=1, answer_mode="option-text",
-                        prompt_style="bare", batch=4)
-    L.synthetic_mc(str(work), 1, seed=4, frames=12)
+    cfg = labels.LabelConfig(frames=12, mode="drop", max_set=1, answer_mode="option-text",
+                             prompt_style="bare", batch=4)
+    labels.synthetic_mc(str(work), 1, seed=4, frames=12)
     truth = (work / "study_relevance.jsonl").read_text()
-    res = L.label_study(cfg, str(work), str(results), videos=1, seed=4, command="test")
+    res = labels.label_study(cfg, str(work), str(results), videos=1, seed=4, command="test")
     assert (work / "study_relevance.jsonl").read_text() == truth
     assert res["relevance_jsonl"] == str(work / "counterfactual_relevance.jsonl")
     lines = [json.loads(x) for x in open(res["relevance_jsonl"])]

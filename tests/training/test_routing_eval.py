@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from vr_runtime.training import routing_eval as R
+from vr_runtime.training import routing_eval
 
 
 def brute_auc(pos, neg):
@@ -16,9 +16,9 @@ def test_auc_matches_the_pairwise_definition_with_ties():
     for _ in range(50):
         pos = [rng.choice([0.1, 0.5, 0.9, rng.random()]) for _ in range(rng.randint(1, 5))]
         neg = [rng.choice([0.1, 0.5, 0.9, rng.random()]) for _ in range(rng.randint(1, 5))]
-        assert R.auc(pos, neg) == pytest.approx(brute_auc(pos, neg))
-    assert R.auc([], [0.3]) is None and R.auc([0.3], []) is None
-    assert R.auc([0.9, 0.8], [0.1]) == 1.0 and R.auc([0.1], [0.9, 0.8]) == 0.0
+        assert routing_eval.auc(pos, neg) == pytest.approx(brute_auc(pos, neg))
+    assert routing_eval.auc([], [0.3]) is None and routing_eval.auc([0.3], []) is None
+    assert routing_eval.auc([0.9, 0.8], [0.1]) == 1.0 and routing_eval.auc([0.1], [0.9, 0.8]) == 0.0
 
 
 def test_check_targets_reads_every_metric_and_compares_both_ways():
@@ -27,7 +27,7 @@ def test_check_targets_reads_every_metric_and_compares_both_ways():
          "kept_full_res_differ_between_targets": {"rate": 0.9},
          "absent_color_frames_marked": {"mean": 0.6},
          "semantic_router_accuracy": {"phrasing=heldout": {"rate": 1.0}}}
-    t = R.check_targets(m)
+    t = routing_eval.check_targets(m)
     assert t["image_router_frame_accuracy"]["met"] is True
     assert t["auc_queried_vs_other_target"]["met"] is False
     assert t["kept_frames_differ_between_colors"]["met"] is True      # >= is inclusive
@@ -41,7 +41,7 @@ def test_routing_eval_on_generated_videos(tmp_path):
     from vr_runtime.data.synthetic_videos import generate
     paths = generate(str(tmp_path), 2, seed=5, split="heldout")
     vr = VideoRouter.from_pretrained("tiny")
-    m = R.eval_routing(vr, paths["conversations"], limit_videos=2)
+    m = routing_eval.eval_routing(vr, paths["conversations"], limit_videos=2)
     assert m["videos"] == 2
     # every Fragment-category question scored all 16 frames; two targets per video
     frag = m["image_router_frame_accuracy"]["all"]["n"]

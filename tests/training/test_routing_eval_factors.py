@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vr_runtime.training import routing_eval as R
+from vr_runtime.training import routing_eval
 from vr_runtime.data import synthetic_videos as syn
 
 
@@ -71,7 +71,8 @@ class StubRouter:
 
 def test_v2_metrics_per_factor_with_auc_against_every_other_target(v2_split):
     vr = StubRouter(v2_split["lines"])
-    m = R.eval_routing(vr, v2_split["conversations"], budget_fraction=R.QUARTER)
+    m = routing_eval.eval_routing(vr, v2_split["conversations"],
+                                  budget_fraction=routing_eval.QUARTER)
     assert m["videos"] == 5
     # every call used the line's own T and a quarter of its dense tokens
     for kw in vr.calls:
@@ -100,14 +101,14 @@ def test_v2_metrics_per_factor_with_auc_against_every_other_target(v2_split):
         sal = tgts[0]
         s = [0.9 if a else 0.95 if b else 0.1 for a, b in zip(y, sal)]
         others = [t for j, o in enumerate(tgts) if j != i for t, v in enumerate(o) if v]
-        want.append(R.auc([s[t] for t, v in enumerate(y) if v], [s[t] for t in others]))
+        want.append(routing_eval.auc([s[t] for t, v in enumerate(y) if v], [s[t] for t in others]))
     three = bf["n_targets"]["3"]
     assert three["auc_queried_vs_other_target"] == pytest.approx(sum(want) / 3)
     assert 0 < three["auc_queried_vs_other_target"] < 1   # the third target counts too
     assert three["goals"]["auc_queried_vs_other_target"]["met"] is False
     assert three["answers_auto"] == 1.0 and three["goals"]["answers_auto"]["met"] is True
     # the table: a header, a rule, the overall row and one row per (factor, value)
-    table = R.markdown_table(m).splitlines()
+    table = routing_eval.markdown_table(m).splitlines()
     rows = sum(len(v) for v in bf.values())
     assert len(table) == 3 + rows and table[2].startswith("| overall |")
     assert any(r.startswith("| n_targets | 1 |") and "n/a" in r for r in table)
@@ -116,15 +117,16 @@ def test_v2_metrics_per_factor_with_auc_against_every_other_target(v2_split):
 
 def test_factor_groups_of_a_random_split_are_marginal():
     f = dict(syn.BASE, aspect="4:3", codec="vp9")
-    assert R.factor_groups({"factors": f}) == [f"{k}={v}" for k, v in f.items()]
-    assert R.factor_groups({"factors": f, "varies": "aspect"}) == ["aspect=4:3"]
-    assert len(R.factor_groups({"factors": dict(syn.BASE), "varies": "base"})) == len(syn.FACTORS)
-    assert R.factor_groups({}) == []
+    assert routing_eval.factor_groups({"factors": f}) == [f"{k}={v}" for k, v in f.items()]
+    assert routing_eval.factor_groups({"factors": f, "varies": "aspect"}) == ["aspect=4:3"]
+    base = {"factors": dict(syn.BASE), "varies": "base"}
+    assert len(routing_eval.factor_groups(base)) == len(syn.FACTORS)
+    assert routing_eval.factor_groups({}) == []
 
 
 def test_check_goals_per_row():
-    g = R.check_goals({"image_router_frame_accuracy": 0.97, "absent_color_frames_marked": 0.6,
-                       "answers_auto": 0.89})
+    g = routing_eval.check_goals({"image_router_frame_accuracy": 0.97,
+                                  "absent_color_frames_marked": 0.6, "answers_auto": 0.89})
     assert g["image_router_frame_accuracy"]["met"] is True       # >= is inclusive
     assert g["absent_color_frames_marked"]["met"] is False
     assert g["answers_auto"]["met"] is False
@@ -134,8 +136,9 @@ def test_check_goals_per_row():
 def test_real_router_reads_each_lines_frame_count(v2_split):
     from vr_runtime.runtime import VideoRouter
     vr = VideoRouter.from_pretrained("tiny")
-    m = R.eval_routing(vr, v2_split["conversations"], budget_fraction=R.QUARTER,
-                       answers=False, limit_videos=2)
+    m = routing_eval.eval_routing(vr, v2_split["conversations"],
+                                  budget_fraction=routing_eval.QUARTER, answers=False,
+                                  limit_videos=2)
     n = m["image_router_frame_accuracy"]["all"]["n"]
     lines = [x for x in v2_split["lines"] if x["video"] in v2_split["names"]]
     vids = sorted({x["video"] for x in lines})[:2]
@@ -146,7 +149,7 @@ def test_real_router_reads_each_lines_frame_count(v2_split):
 def test_cli_defaults_to_a_quarter_on_v2_data_and_checks_the_fraction(v2_split, tmp_path,
                                                                        capsys):
     from vr_runtime.training.__main__ import main
-    assert R.is_task_v2(v2_split["conversations"])
+    assert routing_eval.is_task_v2(v2_split["conversations"])
     assert main(["routing-eval", "--data", v2_split["conversations"], "--budget-fraction", "0",
                  "--out", str(tmp_path / "o.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()

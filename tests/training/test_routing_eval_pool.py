@@ -2,7 +2,7 @@
 answer the evaluation makes, and the metrics name it."""
 import pytest
 
-from vr_runtime.training import routing_eval as R
+from vr_runtime.training import routing_eval
 
 
 def test_router_pool_reaches_every_image_router_call(tmp_path, monkeypatch):
@@ -17,10 +17,11 @@ def test_router_pool_reaches_every_image_router_call(tmp_path, monkeypatch):
         seen.append(router_pool)
         return orig(Z, frame_batch, router_pool, grid)
     monkeypatch.setattr(vr.routers, "visual_cache", cache)
-    m = R.eval_routing(vr, paths["conversations"], limit_videos=1, answers=False, router_pool=4)
+    m = routing_eval.eval_routing(vr, paths["conversations"], limit_videos=1, answers=False,
+                                  router_pool=4)
     assert m["router_pool"] == 4 and seen and set(seen) == {4}
     seen.clear()
-    m = R.eval_routing(vr, paths["conversations"], limit_videos=1, answers=False)
+    m = routing_eval.eval_routing(vr, paths["conversations"], limit_videos=1, answers=False)
     pool = vr.routers.config.router_pool   # the shipped routers were trained at 2
     assert m["router_pool"] == pool == 2 and set(seen) == {pool}
 
