@@ -31,17 +31,15 @@ import pathlib
 import signal
 import sys
 import threading
+import warnings
 from typing import Optional
 
-from .cli_args import time_window_arg  # noqa: F401  (ask --time-window)
-from .cli_args import (PROG, SCALES_HELP, Parser, add_scorer_args, arg_type, check_inputs,
-                         device_dtype, fail_with, jsonable, quiet_libraries, scales_arg,
-                         stderr_is_tty)
+from . import cli_args
+from .cli_args import (MAX_FRAME_PIXELS, PROG, Parser, add_answer_args, answer_options,
+                       check_inputs, device_dtype, fail_with, jsonable, quiet_libraries,
+                       stderr_is_tty)
+from .serve.command import add_serve_parser   # standard library only until serve runs
 
-# Shown in --help; the accepted set is vr_runtime.planning.policies.policy_names(), checked after
-# parsing (importing the planners pulls in torch, which --help and a bad flag should not wait for).
-POLICY_HELP = "auto|global|fragment|dense|budget|uniform"
-DTYPES = ("bf16", "fp16", "fp32")
 SAMPLE_VIDEO = pathlib.Path(__file__).resolve().parent / "assets" / "sample.mp4"
 # The bundled clip's two Fragment questions (vr_runtime.data.synthetic_videos.DEMO_QUESTIONS): a
 # red circle is on screen in frames 5-7 (2.5-4.0 s) only, a blue square in frames 11-12
@@ -56,8 +54,6 @@ DEMO_MAX_NEW_TOKENS = 16
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C'd program
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
-DECODERS = ("auto", "pyav", "decord")  # vr_runtime.video.decoders.DECODERS (not imported: heavy)
-SEEKS = ("exact", "keyframe")          # vr_runtime.video.decoders.SEEKS
 
 
 # ----------------------------------------------------------------------------- interrupts
@@ -140,21 +136,22 @@ def _broken_pipe() -> None:
     raise SystemExit(EXIT_BROKEN_PIPE)
 
 
-_positive_seconds = arg_type(float, lambda v: 0 < v < float("inf"), "a number of seconds > 0",
-                             "--ttft-budget")
-
-
-def _positive_int(name):
-    return arg_type(int, lambda v: v >= 1, "an integer >= 1", name)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog=PROG, description="Query-adaptive budgeted visual-token compression "
                      "for long-video question answering on InternVL3 and Qwen2.5-VL.")
     sub = parser.add_subparsers(dest="command", metavar="{ask,demo,serve,eval}",
                                 parser_class=Parser)
     sub.required = True
+    add_ask_parser(sub)
+    add_demo_parser(sub)
+    add_serve_parser(sub)
+    # `eval` has its own parser (vr_runtime.eval.cli); main() hands it the arguments.
+    sub.add_parser("eval", help="accuracy of every method on a benchmark (see 'eval --help')",
+                   add_help=False)
+    return parser
 
+
+def add_ask_parser(sub) -> argparse.ArgumentParser:
     ask = sub.add_parser("ask", help="answer a question about a video",
                          description="Answer QUESTION about VIDEO under a context budget.")
     ask.add_argument("video", metavar="VIDEO", help="video file (anything decord/ffmpeg reads)")
@@ -166,51 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
                           "model), 'tiny-qwen2.5-vl' (default: tiny)")
     ask.add_argument("--routers", default=None, metavar="PATH",
                      help="router weights (.safetensors) trained for this model")
-    ask.add_argument("--frames", type=_positive_int("--frames"), default=64,
-                     help="frames to sample with InternVL's segment sampling (default: 64)")
-    ask.add_argument("--max-length", type=_positive_int("--max-length"), default=12288,
-                     help="context length L_max in tokens (default: 12288)")
-    ask.add_argument("--max-new-tokens", type=_positive_int("--max-new-tokens"), default=64,
-                     help="tokens to generate at most (default: 64)")
-    ask.add_argument("--ttft-budget", type=_positive_seconds, default=None, metavar="SECONDS",
-                     help="beyond the paper: the largest visual budget whose predicted time to "
-                          "first token on this device fits SECONDS (cost model corrected by "
-                          "measured stage times; the report gives the prediction)")
-    ask.add_argument("--policy", default="auto", metavar=POLICY_HELP,
-                     help="auto lets the Semantic Router choose global or fragment; dense, "
-                          "budget and uniform are the baselines (default: auto)")
-    ask.add_argument("--scales", type=scales_arg, default=None, metavar="S_G,S_1,S_0|auto",
-                     help=SCALES_HELP)
-    ask.add_argument("--allow-over-length", action="store_true",
-                     help="let an unbudgeted policy (dense) make a prompt longer than "
-                          "--max-length (refused by default; the model's own context is "
-                          "never exceeded)")
-    add_scorer_args(ask)
-    ask.add_argument("--max-frame-pixels", type=_positive_int("--max-frame-pixels"),
-                     default=7680 * 4320, metavar="N",
-                     help="refuse a video whose frames (a GIF's logical screen) are larger than "
-                          "N pixels, before decoding (default: 33177600, 8K UHD)")
-    ask.add_argument("--decoder", choices=DECODERS, default="auto",
-                     help="video decoding library: auto uses decord where it handles the "
-                          "codec and PyAV (FFmpeg) for everything else and as the fallback; "
-                          "with several --decode-workers, PyAV (default: auto)")
-    ask.add_argument("--seek", choices=SEEKS, default="exact",
-                     help="exact decodes the sampled frames themselves (the paper's setting); "
-                          "keyframe takes the keyframe nearest each sampled time, decoding one "
-                          "frame a sample (much faster on long videos; each frame at most half "
-                          "a keyframe interval from the exact one; the report gives the true "
-                          "times) (default: exact)")
-    ask.add_argument("--time-window", type=time_window_arg, default=None,
-                     metavar="START,END",
-                     help="sample the frames from this part of the video only, in seconds "
-                          "(or M:SS / H:MM:SS) from its start, e.g. 600,900")
-    ask.add_argument("--decode-workers", type=_positive_int("--decode-workers"), default=None,
-                     metavar="N",
-                     help="parallel exact decoders, each on its own share of the video's "
-                          "keyframe intervals (default: the cores this process may use, a "
-                          "cgroup CPU quota included)")
-    _add_common(ask, device=True)
+    add_answer_args(ask)
+    _add_output_args(ask)
+    return ask
 
+
+def add_demo_parser(sub) -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="ask the bundled sample video with the tiny model",
                           description=f"Run 'ask' on the bundled {DEMO_FRAMES}-frame sample "
                           f"video with the tiny model, once per question: "
@@ -221,25 +179,19 @@ def build_parser() -> argparse.ArgumentParser:
                           f"your own questions about it).")
     demo.add_argument("--print-sample-path", action="store_true",
                       help="print where the bundled sample video is and exit")
-    demo.add_argument("--policy", default="auto", metavar=POLICY_HELP,
-                      help="as for ask; 'fragment' shows the Image Router's frame scores even "
-                           "when the routers are untrained (default: auto)")
-    _add_common(demo, device=False)
+    add_answer_args(demo, flags=("--policy",), overrides={"--policy": dict(
+        help="as for ask; 'fragment' shows the Image Router's frame scores even when the "
+             "routers are untrained (default: auto)")})
+    _add_output_args(demo)
+    # What ask's flags would say: the bundled clip and the tiny model on the CPU. The demo's
+    # small context is there to make the budget bite; dense shows what it would cost without.
+    demo.set_defaults(video=str(SAMPLE_VIDEO), model="tiny", routers=None, frames=DEMO_FRAMES,
+                      max_length=DEMO_MAX_LENGTH, max_new_tokens=DEMO_MAX_NEW_TOKENS,
+                      device="cpu", dtype="fp32", decoder="auto", allow_over_length=True)
+    return demo
 
-    from .serve.command import add_serve_parser  # standard library only until it runs
-    add_serve_parser(sub, _positive_int, POLICY_HELP, DTYPES)
-    # `eval` has its own parser (vr_runtime.eval.cli); main() hands it the arguments.
-    sub.add_parser("eval", help="accuracy of every method on a benchmark (see 'eval --help')",
-                   add_help=False)
-    return parser
 
-
-def _add_common(p, device: bool):
-    if device:
-        p.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                       help="default: cuda if available, else cpu")
-        p.add_argument("--dtype", choices=DTYPES, default=None,
-                       help="default: bf16 on cuda, fp32 on cpu")
+def _add_output_args(p) -> None:
     p.add_argument("--json", action="store_true",
                    help='print one JSON object {"answer": ..., "report": {...}} and nothing else')
     p.add_argument("--plot", metavar="FILE.png", default=None,
@@ -256,66 +208,71 @@ def run_ask(args) -> dict:
 def run_questions(args, questions) -> list:
     """``run_ask`` for several questions about one video: the model is loaded and the video
     decoded once (the demo's two questions); one {"answer", "report"} per question."""
-    check_inputs(args)
-    device, dtype = device_dtype(args)
-    from .video import decoders
-    decoders.set_limits(max_frame_pixels=getattr(args, "max_frame_pixels", 7680 * 4320))
-    from .video.load import prefetch_video
-    # Opens and validates the video now; decoding runs while the model loads below.
+    check_inputs(question=questions[0], policy=args.policy, model=args.model,
+                 routers=args.routers, plot=args.plot, scorer=getattr(args, "scorer", None),
+                 scorer_model=getattr(args, "scorer_model", None))
+    device, dtype = device_dtype(args.device, args.dtype)
+    future = _start_decoding(args, device, dtype)
+    vr = _load_model(args, device, dtype, future)
+    clip = future.result()  # raises VideoError if the file breaks part-way through
+    from .routing.scorers import DEFAULT_SCORER, build_scorer
+    scorer = build_scorer(getattr(args, "scorer", DEFAULT_SCORER),
+                          getattr(args, "scorer_model", None), device=device, dtype=dtype,
+                          cache_visual=False)
+    # answer() records clip.decode_s (which overlapped the model load) as the decode time;
+    # later questions reuse the decoded frames, so they report no decoding.
+    return [_answer_question(vr, args, scorer, question,
+                             clip if i == 0 else dataclasses.replace(clip, decode_s=0.0))
+            for i, question in enumerate(questions)]
+
+
+def _start_decoding(args, device, dtype):
+    """Open and check the video now and decode its frames on a background thread (a future),
+    so decoding overlaps the model load."""
     from .backbones import frame_spec_for
+    from .video import decoders
+    from .video.load import prefetch_video
+    decoders.set_limits(max_frame_pixels=getattr(args, "max_frame_pixels", MAX_FRAME_PIXELS))
     spec = frame_spec_for(args.model)   # from config.json: decoding overlaps the model load
     if stderr_is_tty() and not args.json:
         # A real checkpoint takes seconds to minutes to load, silently: say what is happening.
         # Terminals only: captured stderr stays one line per error.
         print(f"loading model {args.model} on {device} ({str(dtype).replace('torch.', '')}) "
               f"while the video decodes...", file=sys.stderr, flush=True)
-    time_window = getattr(args, "time_window", None)
-    seek = getattr(args, "seek", "exact")
-    future = prefetch_video(args.video, num_frames=args.frames, size=spec.size[0], mean=spec.mean,
-                            std=spec.std, progress=_show_progress(args),
-                            decoder=getattr(args, "decoder", "auto"),
-                            memory_limit=_memory_for_video(args, device),
-                            time_window=time_window, seek=seek,
-                            decode_workers=getattr(args, "decode_workers", None))
+    return prefetch_video(args.video, num_frames=args.frames, size=spec.size[0], mean=spec.mean,
+                          std=spec.std, progress=_show_progress(args),
+                          decoder=getattr(args, "decoder", "auto"),
+                          memory_limit=_memory_for_video(args, device),
+                          time_window=getattr(args, "time_window", None),
+                          seek=getattr(args, "seek", "exact"),
+                          decode_workers=getattr(args, "decode_workers", None))
+
+
+def _load_model(args, device, dtype, future):
+    """The VideoRouter; if it fails to load, its error (not a later decoding one) is raised,
+    once the decode thread has finished."""
+    from .runtime import VideoRouter
     try:
-        from .runtime import VideoRouter
-        vr = VideoRouter.from_pretrained(args.model, routers=args.routers, device=device,
-                                         dtype=dtype)
+        return VideoRouter.from_pretrained(args.model, routers=args.routers, device=device,
+                                           dtype=dtype)
     except BaseException:
-        # Report the model's problem, not a later one; let the decode thread finish first.
         with contextlib.suppress(Exception):
             future.result()
         raise
-    clip = future.result()  # raises VideoError if the file breaks part-way through
-    from .request import AnswerOptions
-    from .routing.scorers import DEFAULT_SCORER, build_scorer
-    scorer = build_scorer(getattr(args, "scorer", DEFAULT_SCORER),
-                          getattr(args, "scorer_model", None), device=device, dtype=dtype,
-                          cache_visual=False)
-    from .planning.scales import answer_kwargs as scale_kwargs, parse_scales
+
+
+def _answer_question(vr, args, scorer, question: str, clip) -> dict:
+    """One {"answer", "report"}: the options of ``args`` (--scales auto depends on the
+    question's length: the request resolves it)."""
+    from .planning.scales import parse_scales
+    from .telemetry.progress import stage_status
     scales = getattr(args, "scales", None) or parse_scales(None)
-    base = AnswerOptions(num_frames=args.frames, max_length=args.max_length,
-                         max_new_tokens=args.max_new_tokens, policy=args.policy,
-                         ttft_budget_s=getattr(args, "ttft_budget", None) or None,
-                         scorer=scorer, time_window=time_window, seek=seek,
-                         decoder=getattr(args, "decoder", "auto"),
-                         allow_over_length=bool(getattr(args, "allow_over_length", False)))
-    outs = []
-    for i, question in enumerate(questions):
-        # --scales auto depends on the question's length: one variant per question
-        opts = dataclasses.replace(base, **scale_kwargs(
-            scales, vr, question=question, num_frames=args.frames, max_length=args.max_length,
-            max_new_tokens=args.max_new_tokens))
-        # answer() records clip.decode_s (which overlapped the model load) as the decode time;
-        # later questions reuse the decoded frames, so they report no decoding.
-        from .telemetry.progress import stage_status
-        # the running stage on a terminal (vision, router, prefill...: seconds of silence
-        # otherwise at many frames)
-        with stage_status(_show_progress(args)):
-            res = vr.answer(clip if i == 0 else dataclasses.replace(clip, decode_s=0.0),
-                            question, options=opts)
-        outs.append({"answer": res.text, "report": dict(res.report)})
-    return outs
+    opts = answer_options(args, scorer=scorer, scales=scales)
+    # the running stage on a terminal (vision, router, prefill...: seconds of silence
+    # otherwise at many frames)
+    with stage_status(_show_progress(args)):
+        res = vr.answer(clip, question, options=opts)
+    return {"answer": res.text, "report": dict(res.report)}
 
 
 def _show_progress(args) -> bool:
@@ -346,17 +303,6 @@ def _memory_for_video(args, device) -> Optional[int]:
         if f.suffix in (".safetensors", ".bin") and f.is_file():
             weights += f.stat().st_size
     return max(avail - weights, 0)
-
-
-def _demo_args(args, question: str) -> argparse.Namespace:
-    return argparse.Namespace(
-        command="demo", video=str(SAMPLE_VIDEO), question=question, model="tiny",
-        routers=None, frames=DEMO_FRAMES, max_length=DEMO_MAX_LENGTH,
-        max_new_tokens=DEMO_MAX_NEW_TOKENS, policy=args.policy, device="cpu", dtype="fp32",
-        json=args.json, plot=args.plot, decoder="auto",
-        # the demo's small context is there to make the budget bite; dense shows what it
-        # would cost without one
-        allow_over_length=True)
 
 
 # ----------------------------------------------------------------------------- output
@@ -462,7 +408,7 @@ def main(argv: Optional[list] = None) -> int:
         install_interrupt_handler()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["eval"]:
-        from .eval.cli import main as eval_main
+        from .eval.cli import main as eval_main   # its parser imports the eval package
         return eval_main(argv[1:])
     debug = os.environ.get("VIDEOROUTER_DEBUG", "") not in ("", "0")
     if not debug:
@@ -475,31 +421,14 @@ def main(argv: Optional[list] = None) -> int:
         from .serve.command import run_serve
         return run_serve(args)
     questions = [args.question] if args.command == "ask" else list(DEMO_QUESTIONS)
-    if args.command == "demo":
-        args = _demo_args(args, questions[0])
     try:
         # With --json stdout carries the JSON object only: anything a library prints goes to
         # stderr instead.
         redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
         with redirect:
             outs = [run_ask(args)] if args.command == "ask" else run_questions(args, questions)
-            out = outs[0]
-            if args.command == "demo":
-                out = dict(out, demo=[dict(o, question=q) for q, o in zip(questions, outs)])
             if args.plot:
-                from .report import plot_reports
-                # Written under a temporary name and renamed: an interrupt never leaves a
-                # half-written PNG at the user's path.
-                plot = pathlib.Path(args.plot)
-                tmp = plot.with_name(f".{plot.stem}.{os.getpid()}.tmp.png")
-                titles = None if len(outs) == 1 else [_demo_title(q, o)
-                                                      for q, o in zip(questions, outs)]
-                try:
-                    plot_reports([o["report"] for o in outs], str(tmp), titles=titles)
-                    os.replace(tmp, plot)
-                finally:
-                    with contextlib.suppress(OSError):
-                        tmp.unlink()
+                _write_plot(args.plot, questions, outs)
     except KeyboardInterrupt:  # main() called in-process, without the handler
         sys.stderr.write(f"{PROG}: interrupted\n")
         return EXIT_INTERRUPTED
@@ -508,22 +437,60 @@ def main(argv: Optional[list] = None) -> int:
     except Exception as e:  # noqa: BLE001 - the one place that turns errors into exit codes
         fail_with(e, debug)
     if args.json:
+        out = outs[0]
+        if args.command == "demo":
+            out = dict(out, demo=[dict(o, question=q) for q, o in zip(questions, outs)])
         _write_stdout(json.dumps(out, default=jsonable) + "\n")
     else:
-        try:
-            for i, (q, o) in enumerate(zip(questions, outs)):
-                if len(outs) > 1:
-                    sys.stdout.write(f"{'' if i == 0 else chr(10)}Question: {q}\n")
-                print_result(o)
-            if len(outs) > 1:
-                sys.stdout.write("\n" + "\n".join(_demo_title(q, o)
-                                                    for q, o in zip(questions, outs)) + "\n")
-            if args.plot:
-                sys.stdout.write(f"plot: {args.plot}\n")
-        except BrokenPipeError:
-            _broken_pipe()
-        _write_stdout("")
+        _print_outputs(args, questions, outs)
     return 0
+
+
+def _write_plot(path: str, questions, outs) -> None:
+    """The PNG of ``--plot``, one panel per question. Written under a temporary name and
+    renamed: an interrupt never leaves a half-written PNG at the user's path."""
+    from .report import plot_reports
+    plot = pathlib.Path(path)
+    tmp = plot.with_name(f".{plot.stem}.{os.getpid()}.tmp.png")
+    titles = None if len(outs) == 1 else [_demo_title(q, o) for q, o in zip(questions, outs)]
+    try:
+        plot_reports([o["report"] for o in outs], str(tmp), titles=titles)
+        os.replace(tmp, plot)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def _print_outputs(args, questions, outs) -> None:
+    """The answers for people: each question's table, then (the demo) one line per question."""
+    try:
+        for i, (q, o) in enumerate(zip(questions, outs)):
+            if len(outs) > 1:
+                sys.stdout.write(f"{'' if i == 0 else chr(10)}Question: {q}\n")
+            print_result(o)
+        if len(outs) > 1:
+            sys.stdout.write("\n" + "\n".join(_demo_title(q, o)
+                                                for q, o in zip(questions, outs)) + "\n")
+        if args.plot:
+            sys.stdout.write(f"plot: {args.plot}\n")
+    except BrokenPipeError:
+        _broken_pipe()
+    _write_stdout("")
+
+
+# Names that moved to vr_runtime.cli_args, still importable from here for one release.
+_MOVED_TO_CLI_ARGS = {"POLICY_HELP": "POLICY_HELP", "DTYPES": "DTYPES", "DECODERS": "DECODERS",
+                      "SEEKS": "SEEKS", "time_window_arg": "time_window_arg",
+                      "_positive_int": "positive_int"}
+
+
+def __getattr__(name: str):
+    if name in _MOVED_TO_CLI_ARGS:
+        new = _MOVED_TO_CLI_ARGS[name]
+        warnings.warn(f"vr_runtime.cli.{name} is deprecated; use vr_runtime.cli_args.{new}",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(cli_args, new)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":

@@ -18,13 +18,13 @@ def counting_answers(monkeypatch):
     budget), filled as the run goes."""
     from vr_runtime.eval import runner
     calls = []
-    real = runner.Evaluator.answer
+    real = runner.Evaluator.predict
 
     def counting(self, clip, q, m, b, F):
         calls.append((q.id, m.name, b))
         return real(self, clip, q, m, b, F)
 
-    monkeypatch.setattr(runner.Evaluator, "answer", counting)
+    monkeypatch.setattr(runner.Evaluator, "predict", counting)
     return calls
 
 

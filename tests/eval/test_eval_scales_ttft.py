@@ -107,9 +107,9 @@ def test_lmms_model_args_scales():
     lmm.vr.answer = spy
     video = torch.randn(4, 3, 448, 448)
     lmm._text_and_video = lambda messages: ("What?", video)
-    res = lmm._answer({"question": "What?"}, None, {"max_new_tokens": 1})
+    res = lmm._respond({"question": "What?"}, None, {"max_new_tokens": 1})
     opts = seen["options"]
-    assert (opts.global_scale, opts.high, opts.low) == (4, 1, 8)
+    assert (opts.global_window, opts.relevant_window, opts.other_window) == (4, 1, 8)
     assert res.report["frame_tokens"] == [16] * 4
 
 

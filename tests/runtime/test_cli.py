@@ -9,9 +9,10 @@ import sys
 import warnings
 
 import numpy as np
+import torch
 import pytest
 
-from vr_runtime import cli
+from vr_runtime import cli, cli_args
 
 
 SAMPLE = str(cli.SAMPLE_VIDEO)
@@ -116,11 +117,46 @@ def test_ask_time_window_and_seek():
 
 
 def test_time_window_arg():
-    assert cli.time_window_arg("600,900") == (600.0, 900.0)
-    assert cli.time_window_arg("10:00,1:00:00.5") == (600.0, 3600.5)
+    assert cli_args.time_window_arg("600,900") == (600.0, 900.0)
+    assert cli_args.time_window_arg("10:00,1:00:00.5") == (600.0, 3600.5)
     for bad in ("5", "5,1", "a,b", "-1,4", "1,2,3", "1,inf"):
         with pytest.raises(Exception, match="START"):
-            cli.time_window_arg(bad)
+            cli_args.time_window_arg(bad)
+
+
+@pytest.mark.parametrize("old, new", [("time_window_arg", "time_window_arg"),
+                                      ("POLICY_HELP", "POLICY_HELP"), ("DTYPES", "DTYPES"),
+                                      ("DECODERS", "DECODERS"), ("SEEKS", "SEEKS"),
+                                      ("_positive_int", "positive_int")])
+def test_names_moved_to_cli_args_still_import_from_cli_with_a_warning(old, new):
+    with pytest.warns(DeprecationWarning, match=f"cli_args.{new}"):
+        assert getattr(cli, old) is getattr(cli_args, new)
+
+
+def test_check_inputs_and_device_dtype_take_values_and_warn_on_a_namespace():
+    import argparse
+    with pytest.raises(cli_args.UsageError, match="QUESTION is empty"):
+        cli_args.check_inputs(question=" ", policy="auto", model="tiny", routers=None)
+    ns = argparse.Namespace(question=" ", plot=None, policy="auto", model="tiny", routers=None)
+    with pytest.warns(DeprecationWarning, match="check_inputs\\(question="), \
+            pytest.raises(cli_args.UsageError, match="QUESTION is empty"):
+        cli_args.check_inputs(ns)
+    cli_args.check_inputs(question="q", policy="auto", model="tiny", routers=None)
+    assert cli_args.device_dtype("cpu", "fp32") == (torch.device("cpu"), torch.float32)
+    with pytest.warns(DeprecationWarning, match="device_dtype\\(device, dtype\\)"):
+        got = cli_args.device_dtype(argparse.Namespace(device="cpu", dtype="fp32"))
+    assert got == (torch.device("cpu"), torch.float32)
+
+
+def test_demo_parses_to_the_bundled_clip_and_tiny_model():
+    args = cli.build_parser().parse_args(["demo", "--policy", "fragment"])
+    assert (args.video, args.model, args.routers, args.frames, args.max_length,
+            args.max_new_tokens, args.device, args.dtype, args.allow_over_length) == (
+        str(cli.SAMPLE_VIDEO), "tiny", None, cli.DEMO_FRAMES, cli.DEMO_MAX_LENGTH,
+        cli.DEMO_MAX_NEW_TOKENS, "cpu", "fp32", True)
+    opts = cli_args.answer_options(args)
+    assert (opts.num_frames, opts.max_length, opts.policy, opts.allow_over_length) == (
+        cli.DEMO_FRAMES, cli.DEMO_MAX_LENGTH, "fragment", True)
 
 
 def test_demo_question_matches_synthetic_task():

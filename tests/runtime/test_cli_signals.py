@@ -164,4 +164,5 @@ def test_bad_decoder_is_a_usage_error():
 
 def test_decoder_choices_match_the_decoders_module():
     from vr_runtime.video import decoders
-    assert cli.DECODERS == decoders.DECODERS
+    from vr_runtime.cli_args import DECODERS, SEEKS
+    assert DECODERS == decoders.DECODERS and SEEKS == decoders.SEEKS

@@ -118,22 +118,19 @@ class VideoRouterLMM(lmms):
                  if c.type == "text"]
         return "\n".join(p for p in parts if p), str(videos[0])
 
-    def _answer(self, doc: dict, messages: ChatMessages, gen_kwargs: dict):
+    def _respond(self, doc: dict, messages: ChatMessages, gen_kwargs: dict):
+        """The model's answer (a ``VideoRouter`` result) to one lmms-eval request."""
         text, video = self._text_and_video(messages)
         bare = doc.get("question") if isinstance(doc, dict) else None
         max_new = self.max_new_tokens or int(gen_kwargs.get("max_new_tokens", 16) or 16)
         from ..request import AnswerOptions
-        from ..planning.scales import answer_kwargs as scale_kwargs
-        scales = scale_kwargs(self.scales, self.vr, question=text, num_frames=self.num_frames,
-                              max_length=self.max_length, max_new_tokens=max_new,
-                              budget=self.budget)
         opts = AnswerOptions(num_frames=self.num_frames, max_length=self.max_length,
                              max_new_tokens=max_new, policy=self.policy, budget=self.budget,
                              cache_visual=True, scorer=self.scorer,
                              allow_over_length=self.allow_over_length,
                              seek=self.seek, time_window=self.time_window,
                              router_question=bare if isinstance(bare, str) and bare.strip()
-                             else None, **scales)
+                             else None, scales=self.scales)
         return self.vr.answer(video, text, options=opts)
 
     def generate_until(self, requests: List[Instance]) -> List[GenerationResult]:
@@ -144,7 +141,7 @@ class VideoRouterLMM(lmms):
                 ctx, doc_to_messages, gen_kwargs, doc_id, task, split = req.args
                 doc = self.task_dict[task][split][doc_id]
                 messages = ChatMessages(messages=doc_to_messages(doc))
-                res = self._answer(doc, messages, dict(gen_kwargs or {}))
+                res = self._respond(doc, messages, dict(gen_kwargs or {}))
                 r = res.report
                 until = (gen_kwargs or {}).get("until") or []
                 text = res.text

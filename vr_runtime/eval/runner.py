@@ -2,7 +2,8 @@
 
 Work that does not depend on the question or the method is done once per video and frame
 count: the video is decoded once (one ``VideoClip``, prefetched on a background thread while
-the previous video is answered) and handed to every ``answer(..., cache_visual=True)`` call, so
+the previous video is answered) and handed to every ``VideoRouter.answer(...,
+cache_visual=True)`` call, so
 each model encodes Z (and the Image Router's question-independent state) once per video.
 Questions are therefore processed grouped by video.
 
@@ -34,12 +35,17 @@ import json
 import os
 import pathlib
 import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .benchmarks import Benchmark, Question, load_benchmark
+from ..data.atomic import write_files_atomically
+from ..fingerprint import weights_fingerprint
+from ..planning.scales import label as scales_label
+from .benchmarks import Benchmark, BenchmarkError, Question, load_benchmark
 from .methods import Method, parse_methods
 from .prompting import PromptConfig, extract_answer, mc_prompt
+from .tables import WRITE_HINT, write_outputs
 
 # Budgets of the paper's sweep (B_img, visual tokens) and its frame counts.
 PAPER_BUDGETS = (4096, 8192, 12288, 16384, 24576)
@@ -126,7 +132,7 @@ def shard_videos(videos: Iterable[str], rank: int, world: int) -> set:
 
 
 class Evaluator:
-    """Loads the models a run needs (lazily) and answers one job at a time."""
+    """Loads the models a run needs (lazily) and makes one job's prediction at a time."""
 
     def __init__(self, cfg: EvalConfig):
         self.cfg = cfg
@@ -166,8 +172,9 @@ class Evaluator:
     def main(self):
         return next(iter(self._models.values()))
 
-    def _call(self, clip, q: Question, m: Method, budget: Optional[int], frames: int):
-        """(model, (video, prompt), AnswerOptions) of the ``answer`` call for one job."""
+    def _request(self, clip, q: Question, m: Method, budget: Optional[int], frames: int):
+        """(model, (video, prompt), AnswerOptions): the ``VideoRouter.answer`` call of one
+        job."""
         # budget-resize: a sibling over the same weights at its own frame size (methods.py)
         vr = m.router_for(self._models[m.model], budget, frames)
         cfg = self.cfg
@@ -177,11 +184,10 @@ class Evaluator:
         else:
             max_length = budget + TEXT_ALLOWANCE
         kw = m.answer_kwargs(self.resources())
-        from ..planning.scales import answer_kwargs as scale_kwargs
         # The method's own windows (if any) win over --scales; auto reads the fixed budget.
-        kw = {**scale_kwargs(cfg.scales, vr, question=prompt, num_frames=frames,
-                             max_length=max_length, max_new_tokens=cfg.max_new_tokens,
-                             budget=budget), **kw}
+        if not any(k in kw for k in ("scales", "relevant_window", "other_window",
+                                     "global_window")):
+            kw["scales"] = cfg.scales
         if "scorer" not in kw and "relevant" not in kw and self._scorer is not None:
             kw["scorer"] = self._scorer   # --scorer, for every method without its own
             for k in ("frame_batch", "router_pool"):   # the default Image Router's settings
@@ -203,28 +209,44 @@ class Evaluator:
         from ..request import AnswerOptions
         return vr, (clip, prompt), AnswerOptions(**kw)
 
-    def answer(self, clip, q: Question, m: Method, budget: Optional[int], frames: int) -> dict:
-        vr, (video, prompt), opts = self._call(clip, q, m, budget, frames)
-        return self._row(vr, vr.answer(video, prompt, options=opts), opts, q, m, budget, frames)
+    def predict(self, clip, q: Question, m: Method, budget: Optional[int], frames: int) -> dict:
+        """One job's prediction record (a row of predictions.jsonl): the model's answer to
+        question ``q`` by method ``m`` at ``budget`` and ``frames``, parsed and scored."""
+        vr, (video, prompt), opts = self._request(clip, q, m, budget, frames)
+        return self._prediction(vr, vr.answer(video, prompt, options=opts), opts, q, m, budget,
+                                frames)
 
-    def answer_batch(self, clip, qs: Sequence[Question], m: Method, budget: Optional[int],
-                     frames: int) -> List[dict]:
-        """The questions of one video, method, budget and frame count, prefilled and decoded
-        in one batch (``VideoRouter.answer_batch``): the same predictions as ``answer`` one by
-        one; every timing but the prefill's and generation's is the question's own."""
+    def predict_batch(self, clip, qs: Sequence[Question], m: Method, budget: Optional[int],
+                      frames: int) -> List[dict]:
+        """The predictions of the questions of one video, method, budget and frame count,
+        prefilled and decoded in one batch (``VideoRouter.answer_batch``): the same
+        predictions as ``predict`` one by one; every timing but the prefill's and generation's
+        is the question's own."""
         if len(qs) == 1:
-            return [self.answer(clip, qs[0], m, budget, frames)]
-        calls = [self._call(clip, q, m, budget, frames) for q in qs]
+            return [self.predict(clip, qs[0], m, budget, frames)]
+        calls = [self._request(clip, q, m, budget, frames) for q in qs]
         vr = calls[0][0]
         answers = vr.answer_batch([a[0] for _, a, _ in calls], [a[1] for _, a, _ in calls],
                                   options=[opts for _, _, opts in calls])
-        rows = [self._row(vr, res, opts, q, m, budget, frames)
+        rows = [self._prediction(vr, res, opts, q, m, budget, frames)
                 for res, (_, _, opts), q in zip(answers, calls, qs)]
         for r in rows:
             r["batch"] = len(qs)
         return rows
 
-    def _row(self, vr, res, opts, q: Question, m: Method, budget: Optional[int],
+    def answer(self, *args, **kwargs) -> dict:
+        """Deprecated name of :meth:`predict`."""
+        warnings.warn("Evaluator.answer is deprecated; use Evaluator.predict",
+                      DeprecationWarning, stacklevel=2)
+        return self.predict(*args, **kwargs)
+
+    def answer_batch(self, *args, **kwargs) -> List[dict]:
+        """Deprecated name of :meth:`predict_batch`."""
+        warnings.warn("Evaluator.answer_batch is deprecated; use Evaluator.predict_batch",
+                      DeprecationWarning, stacklevel=2)
+        return self.predict_batch(*args, **kwargs)
+
+    def _prediction(self, vr, res, opts, q: Question, m: Method, budget: Optional[int],
              frames: int) -> dict:
         cfg = self.cfg
         r = res.report
@@ -256,7 +278,6 @@ def _dist(device: str):
 
 def run_eval(cfg: EvalConfig) -> Optional[dict]:
     """The whole run. Returns the results dict on rank 0 (None on other ranks)."""
-    from .tables import write_outputs
     resources = {"clip": cfg.clip, "data_ft_model": cfg.data_ft_model}
     methods = parse_methods(cfg.methods, resources)
     for m in methods:   # budget-resize on InternVL3: refused before anything loads
@@ -279,9 +300,9 @@ def run_eval(cfg: EvalConfig) -> Optional[dict]:
     if todo:
         ev = Evaluator(cfg)
         ev.load(methods)
-        new = _answer_all(ev, todo, out / f"predictions.part{rank}.jsonl",
-                          progress=cfg.progress and rank == 0, world=world,
-                          done_before=len(ours) - len(todo), batch_size=cfg.batch_size)
+        new = _predict_all(ev, todo, out / f"predictions.part{rank}.jsonl",
+                           progress=cfg.progress and rank == 0, world=world,
+                           done_before=len(ours) - len(todo), batch_size=cfg.batch_size)
     if state is not None:
         from accelerate.utils import gather_object
         state.wait_for_everyone()
@@ -306,13 +327,12 @@ def run_eval(cfg: EvalConfig) -> Optional[dict]:
 
 def settings_of(cfg: EvalConfig) -> dict:
     """What a prediction depends on besides its key (id, method, budget, frames)."""
-    from ..fingerprint import weights_fingerprint
     return {"benchmark": cfg.benchmark, "model": str(cfg.model), "routers": cfg.routers,
             "clip": cfg.clip, "data_ft_model": cfg.data_ft_model,
             "scorer": cfg.scorer, "scorer_model": cfg.scorer_model,
             "prompt_style": cfg.prompt.style, "pre_prompt": cfg.prompt.pre_prompt,
             "post_prompt": cfg.prompt.post_prompt, "answer_mode": cfg.prompt.answer_mode,
-            "max_new_tokens": cfg.max_new_tokens, "scales": _scales_label(cfg.scales),
+            "max_new_tokens": cfg.max_new_tokens, "scales": scales_label(cfg.scales),
             "seek": cfg.seek,
             "time_window": list(cfg.time_window) if cfg.time_window is not None else None,
             # the weights themselves, not only their names: retrained or overwritten weights
@@ -323,11 +343,6 @@ def settings_of(cfg: EvalConfig) -> dict:
                 if v is not None}}
 
 
-def _scales_label(scales) -> str:
-    from ..planning.scales import label
-    return label(scales)
-
-
 # Settings added later, with the value every earlier run had: an OUT written before they
 # existed still resumes when they are at that value.
 SETTINGS_BEFORE = {"scales": "2,1,4", "scorer": "image-router", "scorer_model": None,
@@ -336,9 +351,6 @@ SETTINGS_BEFORE = {"scales": "2,1,4", "scorer": "image-router", "scorer_model": 
 
 def check_settings(out: pathlib.Path, cfg: EvalConfig, write: bool) -> None:
     """A rerun resumes only with the settings the predictions in OUT were made with."""
-    from ..data.atomic import write_files_atomically
-    from .tables import WRITE_HINT
-    from .benchmarks import BenchmarkError
     f = out / "settings.json"
     now = settings_of(cfg)
     before, problem = None, "is missing"
@@ -415,37 +427,95 @@ def batches(todo, batch_size: int) -> List[list]:
     return out
 
 
-def _answer_all(ev: Evaluator, todo, part: pathlib.Path, progress: bool, world: int,
-                done_before: int = 0, batch_size: int = 1) -> List[dict]:
-    import concurrent.futures as cf
-
+def _predict_all(ev: Evaluator, todo, part: pathlib.Path, progress: bool, world: int,
+                 done_before: int = 0, batch_size: int = 1) -> List[dict]:
+    """Predict every job of ``todo`` (in ``jobs_for``'s order), appending each prediction to
+    ``part`` as it is made; returns the new predictions. Each video is decoded once per frame
+    count, the next one while the current one is answered."""
     from tqdm.auto import tqdm
-
-    from ..video.load import prefetch_video
-    size = ev.main.lm.frame_spec.size[0]
-    order: List[Tuple[str, int]] = []
-    for q, _, _, F in todo:
-        if not order or order[-1] != (q.video, F):
-            order.append((q.video, F))
-    futures = {}
-
-    def start(i):
-        if i < len(order) and order[i] not in futures:
-            v, F = order[i]
-            try:
-                futures[order[i]] = prefetch_video(v, num_frames=F, size=size, seek=ev.cfg.seek,
-                                                   time_window=ev.cfg.time_window)
-            except Exception as e:  # noqa: BLE001 - the video's failure, recorded below
-                futures[order[i]] = f = cf.Future()
-                f.set_exception(e)
-
+    videos = _VideoQueue(todo, size=ev.main.lm.frame_spec.size[0], seek=ev.cfg.seek,
+                         time_window=ev.cfg.time_window)
     new: List[dict] = []
     # A resumed run starts its bar at what is already done (and run_eval says so).
     bar = tqdm(total=done_before + len(todo), initial=done_before, disable=not progress,
                unit="answer", dynamic_ncols=True,
                mininterval=0.5 if sys.stderr.isatty() else 10.0,
                desc=f"eval ({world} proc)" if world > 1 else "eval", file=sys.stderr)
-    cur, clip, idx, failure = None, None, -1, None
+    cur, clip, failure = None, None, None
+    with _open_part(part) as fh:
+        for group in batches(todo, batch_size):
+            q, m, b, F = group[0]
+            if (q.video, F) != cur:
+                if cur is not None:
+                    for vr in ev._models.values():   # the last video's state is not needed
+                        vr.clear_visual_cache()
+                cur = (q.video, F)
+                clip, failure = videos.next_clip()
+            qs = [j[0] for j in group]
+            if failure is not None:
+                ps = [failed_prediction(qi, m, b, F, failure) for qi in qs]
+            elif len(qs) == 1:
+                ps = [ev.predict(clip, q, m, b, F)]
+            else:   # a kill loses at most this batch
+                ps = ev.predict_batch(clip, qs, m, b, F)
+            for p in ps:
+                _append_prediction(fh, part, p)
+                new.append(p)
+                bar.update(1)
+            bar.set_postfix_str(f"{m.name} B={b} T={F}", refresh=False)
+    bar.close()
+    return new
+
+
+class _VideoQueue:
+    """The (video, frame count) pairs of ``todo`` in order, each decoded on a background thread
+    (``prefetch_video``) while the one before it is answered."""
+
+    def __init__(self, todo, size: int, seek: str, time_window):
+        self.todo, self.size, self.seek, self.time_window = todo, size, seek, time_window
+        self.order: List[Tuple[str, int]] = []
+        for q, _, _, F in todo:
+            if not self.order or self.order[-1] != (q.video, F):
+                self.order.append((q.video, F))
+        self.futures: dict = {}
+        self.index = -1
+
+    def _start(self, i: int) -> None:
+        import concurrent.futures as cf
+
+        from ..video.load import prefetch_video
+        if i < len(self.order) and self.order[i] not in self.futures:
+            v, F = self.order[i]
+            try:
+                self.futures[self.order[i]] = prefetch_video(
+                    v, num_frames=F, size=self.size, seek=self.seek, time_window=self.time_window)
+            except Exception as e:  # noqa: BLE001 - the video's failure, recorded below
+                self.futures[self.order[i]] = f = cf.Future()
+                f.set_exception(e)
+
+    def next_clip(self):
+        """(clip, None) of the next pair, or (None, reason) when its video could not be
+        decoded (said on stderr); starts decoding the pair after it."""
+        from tqdm.auto import tqdm
+        if self.index >= 0:
+            self.futures.pop(self.order[self.index], None)
+        self.index += 1
+        cur = self.order[self.index]
+        self._start(self.index)
+        try:
+            clip, failure = self.futures[cur].result(), None
+        except Exception as e:  # noqa: BLE001 - one bad video must not stop the run
+            # Decoding reads only this file: whatever fails is this video's failure.
+            clip, failure = None, f"{type(e).__name__}: {e}"
+            n = sum(1 for j in self.todo if (j[0].video, j[3]) == cur)
+            tqdm.write(f"eval: {cur[0]} ({cur[1]} frames) failed, {n} answer(s) recorded as "
+                       f"failed, going on: {failure}", file=sys.stderr)
+        self._start(self.index + 1)                        # decode the next video meanwhile
+        return clip, failure
+
+
+def _open_part(part: pathlib.Path):
+    """This rank's predictions file, opened to append (on a line of its own)."""
     try:
         torn = _ends_mid_line(part)
         fh = open(part, "a")
@@ -453,46 +523,17 @@ def _answer_all(ev: Evaluator, todo, part: pathlib.Path, progress: bool, world: 
             fh.write("\n")
     except OSError as e:
         raise _no_space(e, part) from e
-    with fh:
-        for group in batches(todo, batch_size):
-            q, m, b, F = group[0]
-            if (q.video, F) != cur:
-                if cur is not None:
-                    futures.pop(cur, None)
-                    for vr in ev._models.values():   # the last video's state is not needed
-                        vr.clear_visual_cache()
-                idx += 1
-                cur = (q.video, F)
-                start(idx)
-                try:
-                    clip, failure = futures[cur].result(), None
-                except Exception as e:  # noqa: BLE001 - one bad video must not stop the run
-                    # Decoding reads only this file: whatever fails is this video's failure.
-                    clip, failure = None, f"{type(e).__name__}: {e}"
-                    n = sum(1 for j in todo if (j[0].video, j[3]) == cur)
-                    tqdm.write(f"eval: {q.video} ({F} frames) failed, {n} answer(s) recorded "
-                               f"as failed, going on: {failure}", file=sys.stderr)
-                start(idx + 1)                        # decode the next video meanwhile
-            qs = [j[0] for j in group]
-            if failure is not None:
-                ps = [failed_prediction(qi, m, b, F, failure) for qi in qs]
-            elif len(qs) == 1:
-                ps = [ev.answer(clip, q, m, b, F)]
-            else:   # a kill loses at most this batch
-                ps = ev.answer_batch(clip, qs, m, b, F)
-            for p in ps:
-                try:
-                    fh.write(json.dumps(p) + "\n")
-                    fh.flush()
-                except OSError as e:
-                    with contextlib.suppress(OSError):   # its buffer would fail again on close
-                        fh.close()
-                    raise _no_space(e, part) from e
-                new.append(p)
-                bar.update(1)
-            bar.set_postfix_str(f"{m.name} B={b} T={F}", refresh=False)
-    bar.close()
-    return new
+    return fh
+
+
+def _append_prediction(fh, part: pathlib.Path, p: dict) -> None:
+    try:
+        fh.write(json.dumps(p) + "\n")
+        fh.flush()
+    except OSError as e:
+        with contextlib.suppress(OSError):   # its buffer would fail again on close
+            fh.close()
+        raise _no_space(e, part) from e
 
 
 __all__ = ["EvalConfig", "run_eval", "read_predictions", "jobs_for", "shard_videos",
