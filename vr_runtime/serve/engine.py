@@ -173,11 +173,9 @@ class Engine:
     @classmethod
     def load(cls, config: EngineConfig, media: MediaStore) -> "Engine":
         """Load the model as ``videorouter ask`` does (same presets, devices, dtypes)."""
-        import argparse
-
         # (imported here: torch stays out of the serve command's start-up)
         from ..runtime import VideoRouter
-        device, dtype = device_dtype(argparse.Namespace(device=config.device, dtype=config.dtype))
+        device, dtype = device_dtype(config.device, config.dtype)
         vr = VideoRouter.from_pretrained(config.model, routers=config.routers, device=device,
                                          dtype=dtype, visual_cache_size=max(1, config.visual_cache))
         from ..routing.scorers import build_scorer
@@ -497,14 +495,10 @@ class Engine:
         """The request's :class:`~vr_runtime.request.AnswerOptions` (those of ``videorouter
         ask``, plus the server's visual cache)."""
         from ..request import AnswerOptions
-        from ..planning.scales import answer_kwargs as scale_kwargs
-        scales = scale_kwargs(s.scales, self.vr, question=s.question, num_frames=s.num_frames,
-                              max_length=s.max_length, max_new_tokens=s.max_new_tokens,
-                              system=s.system)
         return AnswerOptions(num_frames=s.num_frames, max_length=s.max_length,
                              max_new_tokens=s.max_new_tokens, policy=s.policy, system=s.system,
                              cache_visual=self.config.visual_cache > 0, scorer=self.scorer,
-                             seek=s.seek, time_window=s.time_window, **scales)
+                             seek=s.seek, time_window=s.time_window, scales=s.scales)
 
     # ------------------------------------------------------------------ one process, one model
     def run_sync(self, fn: Callable):
