@@ -219,9 +219,10 @@ def run_questions(args, questions) -> list:
     scorer = build_scorer(getattr(args, "scorer", DEFAULT_SCORER),
                           getattr(args, "scorer_model", None), device=device, dtype=dtype,
                           cache_visual=False)
+    opts = answer_options(args, scorer=scorer)
     # answer() records clip.decode_s (which overlapped the model load) as the decode time;
     # later questions reuse the decoded frames, so they report no decoding.
-    return [_answer_question(vr, args, scorer, question,
+    return [_answer_question(vr, args, opts, question,
                              clip if i == 0 else dataclasses.replace(clip, decode_s=0.0))
             for i, question in enumerate(questions)]
 
@@ -261,15 +262,10 @@ def _load_model(args, device, dtype, future):
         raise
 
 
-def _answer_question(vr, args, scorer, question: str, clip) -> dict:
-    """One {"answer", "report"}: the options of ``args`` (--scales auto depends on the
-    question's length: the request resolves it)."""
-    from .planning.scales import parse_scales
+def _answer_question(vr, args, opts, question: str, clip) -> dict:
+    """One {"answer", "report"}, with the running stage shown on a terminal (vision, router,
+    prefill...: seconds of silence otherwise at many frames)."""
     from .telemetry.progress import stage_status
-    scales = getattr(args, "scales", None) or parse_scales(None)
-    opts = answer_options(args, scorer=scorer, scales=scales)
-    # the running stage on a terminal (vision, router, prefill...: seconds of silence
-    # otherwise at many frames)
     with stage_status(_show_progress(args)):
         res = vr.answer(clip, question, options=opts)
     return {"answer": res.text, "report": dict(res.report)}

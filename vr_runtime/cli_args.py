@@ -192,10 +192,13 @@ def add_answer_args(p, flags=tuple(ANSWER_FLAGS), overrides=None) -> None:
 
 def answer_options(args, **extra):
     """The :class:`~vr_runtime.request.AnswerOptions` of parsed ask/demo arguments (a flag the
-    command lacks takes AnswerOptions' default); ``extra``: fields set apart (the scorer,
-    which needs the model's device)."""
+    command lacks takes AnswerOptions' default; no --scales, the paper's); ``extra``: fields set
+    apart (the scorer, which needs the model's device). --scales auto is resolved per request,
+    from its visual budget."""
+    from .planning.scales import parse_scales
     from .request import AnswerOptions
     return AnswerOptions(num_frames=args.frames, max_length=args.max_length,
+                         scales=getattr(args, "scales", None) or parse_scales(None),
                          max_new_tokens=args.max_new_tokens, policy=args.policy,
                          ttft_budget_s=getattr(args, "ttft_budget", None) or None,
                          time_window=getattr(args, "time_window", None),
