@@ -7,11 +7,21 @@ from __future__ import annotations
 import json
 from typing import List, Optional, Tuple
 
+import torch
+from accelerate import PartialState
 from lmms_eval.api.instance import GenerationResult, Instance, TokenCounts
 from lmms_eval.api.model import lmms
 from lmms_eval.protocol import ChatMessages
 from loguru import logger as eval_logger
 from tqdm import tqdm
+
+from ..backbones.devices import resolve_device, resolve_dtype
+from ..errors import expected_one_of
+from ..planning.policies import policy_names
+from ..planning.scales import parse_scales
+from ..request import AnswerOptions
+from ..routing.scorers import CLIPScorer, TokenMatchedScorer
+from ..runtime import VideoRouter
 
 _TRUE = ("1", "true", "yes")
 
@@ -36,18 +46,12 @@ class VideoRouterLMM(lmms):
                  allow_over_length=False, seek: str = "exact", time_window=None,
                  **kwargs) -> None:
         super().__init__()
-        import torch
-
-        from ..backbones.devices import resolve_device, resolve_dtype
-        from ..planning.policies import policy_names
-        from ..runtime import VideoRouter
         if kwargs:
             eval_logger.warning(f"videorouter: ignoring unknown model_args {sorted(kwargs)}")
         if int(batch_size) != 1:
             raise ValueError(f"videorouter: batch_size must be 1 (one video per prefill), got "
                              f"{batch_size}")
         if policy not in policy_names():
-            from ..errors import expected_one_of
             raise ValueError(f"videorouter: policy {policy!r}: "
                              f"{expected_one_of(policy, policy_names())}")
         if clip_mode not in CLIP_MODES:
@@ -55,14 +59,12 @@ class VideoRouterLMM(lmms):
                              f"{', '.join(CLIP_MODES)} (matched: as many frames at s1 as the "
                              f"Image Router marks relevant, the paper's protocol; fill: top CLIP "
                              f"frames until the budget is full)")
-        from ..planning.scales import parse_scales
         # model_args are split at commas, so scales are written 4:1:8 (or "auto")
         self.scales = parse_scales(scales, "videorouter: scales")
         if seek not in ("exact", "keyframe"):
             raise ValueError(f"videorouter: seek {seek!r}: expected exact or keyframe")
         self.seek = seek
         self.time_window = _time_window(time_window)
-        from accelerate import PartialState
         dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
         state = PartialState(cpu=dev == "cpu")
         self._rank, self._world_size = state.process_index, state.num_processes
@@ -81,7 +83,6 @@ class VideoRouterLMM(lmms):
         self.allow_over_length = str(allow_over_length).strip().lower() in ("1", "true", "yes")
         self.scorer = None
         if clip:   # as `videorouter eval`'s clip / clip-fill methods
-            from ..routing.scorers import CLIPScorer, TokenMatchedScorer
             inner = CLIPScorer.from_pretrained(clip, device=dev)
             self.scorer = TokenMatchedScorer(inner) if clip_mode == "matched" else inner
         self.visual_tokens_log = visual_tokens_log
@@ -123,7 +124,6 @@ class VideoRouterLMM(lmms):
         text, video = self._text_and_video(messages)
         bare = doc.get("question") if isinstance(doc, dict) else None
         max_new = self.max_new_tokens or int(gen_kwargs.get("max_new_tokens", 16) or 16)
-        from ..request import AnswerOptions
         opts = AnswerOptions(num_frames=self.num_frames, max_length=self.max_length,
                              max_new_tokens=max_new, policy=self.policy, budget=self.budget,
                              cache_visual=True, scorer=self.scorer,
