@@ -220,12 +220,14 @@ def add_scorer_args(p) -> None:
                         "clip-fill: a local CLIPModel or SiglipModel directory)")
 
 
-def check_scorer_args(args) -> None:
-    """``--scorer``/``--scorer-model``, checked before any model loads (one line each)."""
-    _check_scorer(args.scorer, getattr(args, "scorer_model", None))
-
-
-def _check_scorer(scorer: str, scorer_model) -> None:
+def check_scorer_args(scorer, scorer_model=None) -> None:
+    """``--scorer``/``--scorer-model``, checked before any model loads (one line each).
+    ``check_scorer_args(args)`` with a parsed namespace is the deprecated form."""
+    if not isinstance(scorer, str) and hasattr(scorer, "scorer"):
+        warnings.warn("check_scorer_args(args) is deprecated; pass the values: "
+                      "check_scorer_args(scorer, scorer_model)", DeprecationWarning,
+                      stacklevel=2)
+        scorer, scorer_model = scorer.scorer, getattr(scorer, "scorer_model", None)
     from .errors import ModelFilesError
     from .routing.scorers import check_scorer
     try:
@@ -259,7 +261,7 @@ def check_inputs(_args=None, /, *, question: str = "", policy: str = "auto", mod
         from .errors import expected_one_of
         raise UsageError(f"--policy {policy!r}: {expected_one_of(policy, policy_names())}")
     if scorer is not None:
-        _check_scorer(scorer, scorer_model)
+        check_scorer_args(scorer, scorer_model)
     _check_model_files(model, routers)
 
 

@@ -142,6 +142,11 @@ def test_check_inputs_and_device_dtype_take_values_and_warn_on_a_namespace():
             pytest.raises(cli_args.UsageError, match="QUESTION is empty"):
         cli_args.check_inputs(ns)
     cli_args.check_inputs(question="q", policy="auto", model="tiny", routers=None)
+    with pytest.raises(cli_args.UsageError, match="nope"):
+        cli_args.check_scorer_args("nope")
+    with pytest.warns(DeprecationWarning, match="check_scorer_args\\(scorer, scorer_model\\)"), \
+            pytest.raises(cli_args.UsageError, match="nope"):
+        cli_args.check_scorer_args(argparse.Namespace(scorer="nope", scorer_model=None))
     assert cli_args.device_dtype("cpu", "fp32") == (torch.device("cpu"), torch.float32)
     with pytest.warns(DeprecationWarning, match="device_dtype\\(device, dtype\\)"):
         got = cli_args.device_dtype(argparse.Namespace(device="cpu", dtype="fp32"))
