@@ -13,6 +13,10 @@ import pytest
 import torch
 
 from stage_helpers import stage_config
+# Imported before the tests below patch vr_runtime.backbones.load_backbone: a module imported
+# for the first time under the patch (runtime, through the CLI's labels import) would keep the
+# patched function after the test.
+import vr_runtime.runtime  # noqa: F401,E402
 from vr_runtime.training import checkpoints as ckpt
 from vr_runtime.training.__main__ import main as training_main
 from vr_runtime.training.loop import train

@@ -164,6 +164,8 @@ class TrainConfig:
 
     def _check_planning(self) -> None:
         """Stage 3's kernel backend and where its plans come from."""
+        # imported here, not at the top: the CLI imports this module to parse its arguments,
+        # and --help must not load torch
         from vr_kernels.pool_pack import BACKENDS
         if self.pool_pack_backend not in BACKENDS:
             raise ConfigError(f"pool_pack_backend: expected one of {', '.join(BACKENDS)}, "

@@ -13,7 +13,11 @@ import os
 from typing import Dict, Iterable, Optional
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
+
+from vr_runtime.video.load import load_video
 
 
 @torch.no_grad()
@@ -72,16 +76,13 @@ class FeatureCache:
         v = self.mem.get((video, T))
         if v is not None:
             return v
-        from safetensors.torch import load_file, save_file
         f = self._file(video, T)
         if f and os.path.isfile(f):
             v = load_file(f)["v"]
-            from safetensors import safe_open
             with safe_open(f, framework="pt") as fh:
                 meta = (fh.metadata() or {}).get("times")
             self.unit_times[(video, T)] = json.loads(meta) if meta else None
         else:
-            from vr_runtime.video.load import load_video
             spec = self.bb.frame_spec
             # non-square frames are squeezed to size x size (InternVL's resize, no crop)
             clip = load_video(video, num_frames=T, size=spec.size[0], mean=spec.mean,

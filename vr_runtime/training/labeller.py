@@ -51,9 +51,20 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..eval.option_scoring import option_logprobs
+import vr_kernels
+from vr_runtime import backbones
+from vr_runtime.backbones.internvl3 import InternVL3Backbone
+from vr_runtime.backbones.prompt import render_chat
+from vr_runtime.fingerprint import environment
+from vr_runtime.runtime import VideoRouter
+from vr_runtime.video.load import preprocess_frames
+
 from ..data import synthetic_videos
-from .config import ConfigError
+from ..eval.option_scoring import option_logprobs
+from .config import ConfigError, load_named_config
+from .labels import option_continuations
+from .loop import save_llm
+from .stages import answer_sequence
 
 FRAGMENT_CATEGORIES = ("object_shape", "absent_color")
 
@@ -86,7 +97,6 @@ class LabellerConfig:
     def load(cls, name_or_path: str = "tiny_labeller", **overrides) -> "LabellerConfig":
         """A JSON file, or a name in ``vr_runtime/configs``; ``ConfigError`` on a missing file,
         an unknown key or a bad value, before any model loads."""
-        from .config import load_named_config
         cfg = load_named_config(cls, name_or_path, "labeller config", overrides)
         cfg.check()
         return cfg
@@ -113,7 +123,6 @@ class LabellerConfig:
 
 def video_features(bb, spec: synthetic_videos.VideoSpec) -> torch.Tensor:
     """A spec rendered frame by frame -> the frozen tower's pre-projector features [T, N, C]."""
-    from vr_runtime.video.load import preprocess_frames
     fs = bb.frame_spec
     frames = np.stack([synthetic_videos.render_frame(spec, t) for t in range(spec.num_frames)])
     px = preprocess_frames(frames, size=fs.size[0], mean=fs.mean, std=fs.std)
@@ -167,9 +176,6 @@ def conversation_loss(bb, Z: torch.Tensor, turns, plan, route: Optional["RouteSu
     answer), ...] or [(question, answer, cue word), ...]: the first is the runtime's prompt for
     ``plan`` (``stages.answer_sequence``, exactly what ``option_logprobs`` scores), the others
     follow it as further turns of the chat template. One forward pass supervises every turn."""
-    import vr_kernels
-    from vr_runtime.backbones.prompt import render_chat
-    from .stages import answer_sequence
     if not turns:
         raise ValueError("turns: expected at least one (question, answer)")
     tok = bb.tokenizer
@@ -272,8 +278,6 @@ def evaluate(bb, cfg: LabellerConfig, videos: int, seed: int) -> dict:
     videos: at the reference (every frame kept at the finest window) and under one random drop
     plan per question; by category, by question wording (training / held-out) and, for the
     random plans, by number of kept frames."""
-    from vr_runtime.runtime import VideoRouter
-    from .labels import option_continuations
     bb.model.eval()
     vr = VideoRouter(bb, warmup_frames=0)
     options = list(synthetic_videos.SHAPES) + [synthetic_videos.ABSENT_ANSWER]
@@ -306,7 +310,6 @@ def train_labeller(cfg: LabellerConfig, progress: bool = True, results: Optional
     """Train from ``cfg.init``; writes ``output_dir/hf`` (the model ``label-study --model``
     loads), ``model.safetensors``, ``log.jsonl`` and ``metrics.json``; with ``results``, the same
     metrics with device, date, versions and ``command`` (a committed results file)."""
-    from .loop import save_llm
     cfg.check()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -329,9 +332,7 @@ def train_labeller(cfg: LabellerConfig, progress: bool = True, results: Optional
 def _labeller_model(cfg: LabellerConfig):
     """The tiny InternVL3 backbone ``cfg.init`` and its trained parameters (everything but the
     vision tower, and the projector unless ``train_projector``)."""
-    from vr_runtime.backbones import load_backbone
-    from vr_runtime.backbones.internvl3 import InternVL3Backbone
-    bb = load_backbone(cfg.init, device="cpu", dtype=torch.float32)
+    bb = backbones.load_backbone(cfg.init, device="cpu", dtype=torch.float32)
     if not isinstance(bb, InternVL3Backbone):
         raise ConfigError(f"labeller init {cfg.init!r}: the synthetic labeller is tiny-InternVL3 "
                           f"only (got {type(bb).__name__})")
@@ -413,7 +414,6 @@ def _accumulate_batch(bb, cfg: LabellerConfig, rng: random.Random, route):
 
 def _write_results(results: str, command: str, result: dict) -> None:
     """The committed results file: the metrics with device, date, versions and command."""
-    from vr_runtime.fingerprint import environment
     os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
     tmp = results + ".tmp"
     with open(tmp, "w") as f:

@@ -58,9 +58,19 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from ..backbones import PRESETS
+from ..backbones.devices import resolve_device, resolve_dtype
 from ..data import synthetic_videos
 from ..data.jsonl import write_jsonl
+from ..eval.benchmarks import LETTERS, load_benchmark
 from ..eval.option_scoring import option_logprobs
+from ..eval.prompting import PromptConfig, extract_answer, mc_prompt
+from ..fingerprint import environment
+from ..report import json_window
+from ..routing.scorers import FixedRelevance
+from ..runtime import VideoRouter
+from ..video.load import load_video
+from .data import DataFormatError, _labels, iter_jsonl
 
 MODES = {"drop": 0, "pool8": 8}
 LABEL_RULES = ("union", "necessary", "minimal-set")
@@ -77,7 +87,6 @@ class LabelError(ValueError):
 def option_continuations(tokenizer, options: Sequence[str], answer_mode: str) -> List[List[int]]:
     """Token ids each option is scored by: its letter (``letter``) or its text followed by the
     end-of-turn token (``option-text``; the end token makes "red" and "red circle" differ)."""
-    from ..eval.benchmarks import LETTERS
     if answer_mode == "letter":
         return [tokenizer.encode(LETTERS[i], add_special_tokens=False)
                 for i in range(len(options))]
@@ -249,7 +258,6 @@ class LabelConfig:
 
 def check_config(cfg: LabelConfig) -> None:
     """Every argument, before any model loads or video decodes."""
-    from ..eval.prompting import PromptConfig
     if cfg.mode not in MODES:
         raise LabelError(f"--mode {cfg.mode!r}: expected one of {', '.join(MODES)}")
     if cfg.rule not in LABEL_RULES:
@@ -272,7 +280,6 @@ def check_config(cfg: LabelConfig) -> None:
     if cfg.limit is not None and cfg.limit < 1:
         raise LabelError(f"--limit: expected an int >= 1, got {cfg.limit}")
     PromptConfig(answer_mode=cfg.answer_mode, style=cfg.prompt_style)
-    from ..backbones import PRESETS
     if str(cfg.model) not in PRESETS and not pathlib.Path(cfg.model).expanduser().is_dir():
         raise LabelError(f"--model {cfg.model!r}: not a preset ({', '.join(PRESETS)}) nor a "
                          f"local checkpoint directory")
@@ -281,13 +288,10 @@ def check_config(cfg: LabelConfig) -> None:
 
 
 def load_questions(cfg: LabelConfig):
-    from ..eval.benchmarks import load_benchmark
     return load_benchmark(cfg.benchmark, cfg.data, cfg.videos, limit=cfg.limit).questions
 
 
 def load_router(cfg: LabelConfig):
-    from ..backbones.devices import resolve_device, resolve_dtype
-    from ..runtime import VideoRouter
     dev = resolve_device(cfg.device)
     return VideoRouter.from_pretrained(cfg.model, routers=cfg.routers, device=dev,
                                        dtype=resolve_dtype(cfg.dtype, dev), warmup_frames=0)
@@ -301,7 +305,6 @@ def by_video(questions) -> Dict[str, list]:
 
 
 def load_clip(vr, path: str, frames: int):
-    from ..video.load import load_video
     spec = vr.lm.frame_spec
     return load_video(path, num_frames=frames, size=spec.size[0], mean=spec.mean, std=spec.std)
 
@@ -317,8 +320,6 @@ def label_frames(vr, questions, cfg: LabelConfig, out: str, diagnostics: Optiona
     """(a) over ``questions`` -> a Stage 1 relevance JSONL at ``out`` (answerable questions
     only; video paths relative to its folder) and, optionally, one diagnostics line per
     question. Returns counts and timings."""
-    from ..eval.benchmarks import LETTERS
-    from ..eval.prompting import PromptConfig, mc_prompt
     pcfg = PromptConfig(answer_mode=cfg.answer_mode, style=cfg.prompt_style)
     root = pathlib.Path(out).resolve().parent
     lines, diag = [], []
@@ -367,7 +368,6 @@ def label_frames(vr, questions, cfg: LabelConfig, out: str, diagnostics: Optiona
 def read_relevance(path: str) -> Dict[str, List[int]]:
     """``id`` -> ``frame_labels`` of a JSONL (the output of (a), or data lines that carry
     labels)."""
-    from .data import DataFormatError, _labels, iter_jsonl
     out = {}
     for where, rec in iter_jsonl(path, "relevance"):
         if not isinstance(rec, dict) or not isinstance(rec.get("id"), (str, int)):
@@ -395,10 +395,6 @@ def ab_probe(vr, questions, cfg: LabelConfig, out: str, relevance: Optional[dict
     routers' Image Router. ``scoring``: ``loglik`` -- the option with the highest
     log-likelihood under the plan ``answer`` made (as (a) scores); ``generate`` -- the generated
     answer, extracted as ``videorouter eval`` does (``--answer-mode``)."""
-    from ..eval.benchmarks import LETTERS
-    from ..eval.prompting import PromptConfig, extract_answer, mc_prompt
-    from ..report import json_window
-    from ..routing.scorers import FixedRelevance
     if scoring not in SCORINGS:
         raise LabelError(f"--scoring {scoring!r}: expected one of {', '.join(SCORINGS)}")
     pcfg = PromptConfig(answer_mode=cfg.answer_mode, style=cfg.prompt_style)
@@ -504,7 +500,6 @@ def label_study(cfg: LabelConfig, work: str, results: str, videos: int = 8, seed
     of necessity and the minimal set alone) with the generator's, into ``results`` (JSON with
     device, date, versions, command); the labels also go to ``work/counterfactual_relevance.jsonl``
     (Stage 1's format), next to the generator's own ``work/study_relevance.jsonl``."""
-    from ..fingerprint import environment
     check_config(cfg)
     os.makedirs(work, exist_ok=True)
     mc = synthetic_mc(work, videos, seed, cfg.frames)

@@ -19,12 +19,20 @@ import time
 from typing import List, Optional
 
 import torch
+from safetensors.torch import save_file
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
+from vr_runtime import backbones
+from vr_runtime.backbones.weights import nonfinite
+from vr_runtime.routing.routers import RouterConfig, Routers
+
 from . import checkpoints as ckpt
 from .config import TrainConfig
-from .data import Example, read_jsonl
+from .data import DataFormatError, Example, read_jsonl
+from .evaluate import evaluate_stage
+from .features import FeatureCache
+from .stages import Trainee, apply_freezing
 
 KINDS = {1: "relevance", 2: "policy", 3: "conversation"}
 LOCK = ".train.lock"     # holds the pid of the training that writes the output folder
@@ -96,7 +104,6 @@ class StageDataset(Dataset):
             for ex in examples:  # the labels index the sampled frames: their counts must agree
                 T = cache.get(ex.video, ex.frames).shape[0]
                 if ex.frame_labels is not None and len(cache.labels(ex.frame_labels)) != T:
-                    from .data import DataFormatError
                     raise DataFormatError(
                         f"{ex.video}: {len(ex.frame_labels)} frame_labels but {T} frames were "
                         f"sampled (num_frames={cache.num_frames}); the video has fewer frames "
@@ -133,7 +140,6 @@ def _num_frames(cfg: TrainConfig, examples: List[Example]) -> int:
     ``num_frames`` (lines with it, e.g. the synthetic task v2, are sampled at their own T)."""
     ns = {ex.num_frames for ex in examples if ex.num_frames and ex.frames is None}
     if len(ns) > 1:
-        from .data import DataFormatError
         raise DataFormatError(f"frame_labels of different lengths {sorted(ns)} in one file; "
                               f"use one num_frames per training file")
     return ns.pop() if ns else cfg.num_frames
@@ -141,11 +147,8 @@ def _num_frames(cfg: TrainConfig, examples: List[Example]) -> int:
 
 def build(cfg: TrainConfig, device=None, lm=None):
     """Model, routers (with the stage's freezing) and the Trainee."""
-    from vr_runtime.backbones import load_backbone
-    from vr_runtime.routing.routers import RouterConfig, Routers
-    from .stages import Trainee, apply_freezing
     if lm is None:
-        lm = load_backbone(cfg.model, device=device or "cpu", dtype=torch.float32)
+        lm = backbones.load_backbone(cfg.model, device=device or "cpu", dtype=torch.float32)
     if cfg.routers:
         routers = Routers.load(cfg.routers, lm)
     else:
@@ -206,6 +209,8 @@ def _load_state(acc, cands, main: bool):
 def train(cfg: TrainConfig, resume: Optional[str] = None, progress: bool = True, lm=None,
           pack=None, cache_dir: Optional[str] = None, evaluate: bool = True) -> dict:
     """Run one stage; returns {"global_step", "history", "metrics", "output_dir"}."""
+    # accelerate and transformers load when a stage runs, not at import: the CLI imports this
+    # module (DivergedError) for every command, data generation and labelling included
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, set_seed
 
@@ -303,7 +308,6 @@ class _StageRun:
         the training file unless ``cache_dir`` names another folder."""
         if self.cfg.stage == 2:
             return None
-        from .features import FeatureCache
         return FeatureCache(self.lm, frames,
                             cache_dir or os.path.join(os.path.dirname(
                                 os.path.abspath(self.cfg.train_data)), ".vr_cache"))
@@ -480,7 +484,6 @@ class _StageRun:
             if cfg.stage == 3:
                 save_llm(model.model, self.lm.tokenizer, cfg.output_dir)
             if heldout is not None:
-                from .evaluate import evaluate_stage
                 ev = heldout[:cfg.eval_limit] if cfg.eval_limit else heldout
                 result["metrics"] = evaluate_stage(model, ev, self.cache, progress=self.progress)
             ckpt.write_json_atomic(os.path.join(cfg.output_dir, "metrics.json"),
@@ -494,14 +497,12 @@ class _StageRun:
 
 def _nonfinite_weights(acc, trainee) -> Optional[str]:
     """What holds NaN or inf among the trained weights (None: all finite)."""
-    from vr_runtime.backbones.weights import nonfinite
     model = acc.unwrap_model(trainee)
     return nonfinite((n, p) for n, p in model.named_parameters() if p.requires_grad)
 
 
 def save_llm(model, tokenizer, output_dir: str) -> None:
     """Stage 3's model: Hugging Face format (``hf/``) and a plain safetensors state dict."""
-    from safetensors.torch import save_file
     model.save_pretrained(os.path.join(output_dir, "hf"), safe_serialization=True)
     tokenizer.save_pretrained(os.path.join(output_dir, "hf"))
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}

@@ -48,7 +48,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data.synthetic_videos import BACKGROUNDS, COLORS, SHAPES, Shape, VideoSpec, render_frame, shape_mask
+from vr_runtime.backbones.internvl3 import InternVL3Backbone
+from vr_runtime.backbones.tiny import init_weights_
+from vr_runtime.routing.routers import pool_frames
+from vr_runtime.video.load import preprocess_frames
+
+from ..data.synthetic_videos import (BACKGROUNDS, COLORS, SHAPES, Shape, VideoSpec, render_frame,
+                                     shape_mask)
+from .config import load_named_config
+from .loop import save_llm
 
 @dataclass
 class PretrainConfig:
@@ -84,7 +92,6 @@ class PretrainConfig:
     def load(cls, name_or_path: str = "tiny_stage0", **overrides) -> "PretrainConfig":
         """A JSON file, or a name in ``vr_runtime/configs`` (``tiny_stage0``); ``ConfigError`` on
         a missing file or an unknown key."""
-        from .config import load_named_config
         return load_named_config(cls, name_or_path, "stage 0 config", overrides)
 
 
@@ -160,7 +167,6 @@ class CaptionTokens:
 def frame_features(bb, specs: List[VideoSpec], chunk: int = 64) -> torch.Tensor:
     """Render one-frame specs -> pre-projector features [n, 256, 4C] (fp32; differentiable
     through the vision tower when grad is enabled and the tower trains)."""
-    from vr_runtime.video.load import preprocess_frames
     spec = bb.frame_spec
     out = []
     for i in range(0, len(specs), chunk):
@@ -210,7 +216,6 @@ class ObjectReadout(torch.nn.Module):
     def forward(self, Z: torch.Tensor, objects, window: int, grid) -> torch.Tensor:
         """Z [b, n, D] (already pooled with ``window``), objects[i] = ``object_coverage`` of frame
         i -> (logits [n_obj, colors + shapes], color targets, shape targets)."""
-        from vr_runtime.routing.routers import pool_frames
         flat = [(f, cov, color, shape) for f, objs in enumerate(objects)
                 for cov, color, shape in objs]
         frame, covs, colors, shapes = zip(*flat)
@@ -223,7 +228,6 @@ class ObjectReadout(torch.nn.Module):
 
 def _readout_loss(readout, bb, V, objects, window):
     """Phase A's loss and accuracies on a batch of pre-projector features ``V``."""
-    from vr_runtime.routing.routers import pool_frames
     Z = bb.project(V.float())
     if window > 1:
         Z = pool_frames(Z, window, tuple(bb.grid))
@@ -279,7 +283,6 @@ def evaluate_readout(readout, bb, V, specs, windows) -> dict:
 def _batch(bb, V, specs, window, toks, rng, mode="color"):
     """Features ``V`` [b, 256, 4C] of frames ``specs`` -> (inputs_embeds [Z_t; caption], targets
     over the caption positions)."""
-    from vr_runtime.routing.routers import pool_frames
     Z = bb.project(V.float())
     if window > 1:
         Z = pool_frames(Z, window, tuple(bb.grid))
@@ -352,9 +355,6 @@ def evaluate(bb, V, specs, toks, windows, seed: int = 1, batch: int = 50) -> dic
 def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict:
     """Run Stage 0 from the tiny preset's deterministic fill; writes ``output_dir/hf`` (the model
     Stage 1 starts from), ``model.safetensors``, ``log.jsonl`` and ``metrics.json``."""
-    from vr_runtime.backbones.internvl3 import InternVL3Backbone
-    from vr_runtime.backbones.tiny import init_weights_
-    from .loop import save_llm
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)

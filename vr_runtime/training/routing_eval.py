@@ -39,6 +39,15 @@ import time
 from collections import defaultdict
 from typing import Dict, List, Optional, Sequence
 
+from tqdm.auto import tqdm
+
+from vr_runtime.data.atomic import write_atomic
+from vr_runtime.data.synthetic_videos import FACTORS
+from vr_runtime.fingerprint import environment
+from vr_runtime.runtime import VideoRouter
+
+from .data import iter_jsonl, read_jsonl
+
 TARGETS = {  # the held-out targets of the task v1 split: (metric path, comparison, value)
     "image_router_frame_accuracy": (("image_router_frame_accuracy", "all", "rate"), ">=", 0.95),
     "auc_queried_vs_other_target": (("auc_queried_vs_other_target", "mean"), ">=", 0.95),
@@ -122,8 +131,6 @@ def eval_routing(vr, conversations: str, max_length: int = 1400, num_frames: int
     ``router_pool``: the Image Router's window on Z_t (None: the routers' configured one), to
     measure what a cheaper pool costs in accuracy. ``budget_fraction``: answer at that fraction
     of each video's dense visual tokens (None: at ``max_length``)."""
-    from tqdm.auto import tqdm
-    from .data import read_jsonl
 
     by_video: Dict[str, list] = defaultdict(list)
     for ex in read_jsonl(conversations, "conversation"):
@@ -274,7 +281,6 @@ def _all_differ(sets) -> bool:
 
 
 def _factor_order(row: str):
-    from ..data.synthetic_videos import FACTORS
     name, value = row.split("=", 1)
     names = list(FACTORS)
     vals = [str(v) for v in FACTORS.get(name, ())]
@@ -368,7 +374,6 @@ def markdown_table(metrics: dict) -> str:
 
 def is_task_v2(path: str) -> bool:
     """Whether a conversations JSONL is task-v2 data (its first line records ``factors``)."""
-    from .data import iter_jsonl
     for _, rec in iter_jsonl(path):
         return isinstance(rec, dict) and isinstance(rec.get("factors"), dict)
     return False
@@ -380,9 +385,6 @@ def run(model: str, routers: Optional[str], data: str, out: str, max_length: int
         budget_fraction: Optional[float] = None) -> dict:
     """Load the model, evaluate, write ``out`` (JSON with device, date, versions, command,
     the targets, the goals overall and per factor, and the markdown table)."""
-    from vr_runtime.data.atomic import write_atomic
-    from vr_runtime.fingerprint import environment
-    from vr_runtime.runtime import VideoRouter
     t0 = time.time()
     vr = VideoRouter.from_pretrained(model, routers=routers)
     m = eval_routing(vr, data, max_length=max_length, num_frames=num_frames,
