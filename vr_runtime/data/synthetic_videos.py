@@ -32,10 +32,12 @@ import math
 import os
 import random
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from typing import Dict, List, Optional
 
+import av
 import numpy as np
 
 from .jsonl import write_jsonl
@@ -254,8 +256,6 @@ def make_video(path: str, spec: VideoSpec) -> str:
     """Write ``spec`` as an mp4 with PyAV: H.264 (task v1: near-lossless, flat frames compress
     to a few kB), VP9 or AV1 (``spec.codec``, at ``spec.crf``). Width and height must be even
     (4:2:0 chroma)."""
-    import av
-
     if spec.codec not in CODECS:
         raise ValueError(f"codec: expected one of {sorted(CODECS)}, got {spec.codec!r}")
     w, h = spec.frame_size
@@ -280,8 +280,6 @@ _AV1_LOCK = threading.Lock()
 
 
 def _encode(path: str, spec: VideoSpec, encoder: str, options: dict) -> str:
-    import av
-
     w, h = spec.frame_size
     rate = Fraction(spec.fps).limit_denominator(1000)
     with av.open(path, mode="w") as container:
@@ -643,8 +641,6 @@ def check_decodes(path: str, num_frames: int) -> None:
     (SVT-AV1 at preset 12 did); such a video would fail training hours later, or, worse, lose
     its last frames silently, so the writer checks each file before it keeps it (about 0.1 s
     for a 256-frame video)."""
-    import av
-
     decoded = errors = 0
     try:
         container = av.open(path)
@@ -668,8 +664,6 @@ def _write_videos(todo) -> None:
     file is written under a temporary name and renamed, so a killed run leaves no torn video
     that a rerun would keep, and a file that does not decode whole (check_decodes) is an error,
     never a training video."""
-    from concurrent.futures import ThreadPoolExecutor
-
     def one(item):
         path, spec = item
         root, ext = os.path.splitext(path)

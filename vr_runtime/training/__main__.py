@@ -28,8 +28,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import sys
 
+# Only light modules here: each command imports what it runs inside its function, so that
+# --help and argument errors never load torch or the model stack.
 from .checkpoints import CheckpointError
 from .config import ConfigError
 from .data import DataFormatError
@@ -222,7 +226,6 @@ def add_curves_parser(sub) -> argparse.ArgumentParser:
 
 def _command(argv) -> str:
     """The command line as typed, for results files."""
-    import shlex
     return "python -m vr_runtime.training " + " ".join(
         shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
 
@@ -282,7 +285,6 @@ def _tiny(a, argv) -> None:
 
 
 def _routing_eval(a, argv) -> None:
-    import os
     if not os.path.isfile(a.data):
         raise DataFormatError(f"--data {a.data!r}: no such file (write one with "
                               f"'python -m vr_runtime.training synth')")
