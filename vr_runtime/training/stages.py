@@ -19,6 +19,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import vr_kernels
+from vr_kernels import pooled_counts
+from vr_runtime.backbones.base import deepstack_kwargs
+from vr_runtime.backbones.prompt import plan_dest
 from vr_runtime.planning.policies import Windows, get_planner, plan_fitted, relevant_from_logits
 
 GROUPS = ("vision", "projector", "language", "extractor", "semantic", "image")
@@ -61,7 +65,6 @@ def apply_freezing(bb, routers: nn.Module, trainable: List[str]) -> List[nn.Para
 
 
 def _pack(Z, plan, grid, out, dest, backend="auto"):
-    import vr_kernels
     return vr_kernels.pool_pack(Z, list(plan), grid, out=out, dest=dest, backend=backend)
 
 
@@ -76,8 +79,6 @@ def answer_sequence(bb, question: str, answer: str, plan, times=None):
     prompt's length, per-frame dest rows and the backbone's position ids (None: 1-D). The one
     place a training sequence is laid out, so that it is the prompt ``answer()`` and
     ``option_logprobs`` build for the same plan."""
-    from vr_kernels import pooled_counts
-    from ..backbones.prompt import plan_dest
     counts = pooled_counts(plan, bb.grid)
     ids, starts = bb.build_prompt(question, counts, **_times(bb, times))
     ids = ids.tolist()
@@ -247,7 +248,6 @@ class Trainee(nn.Module):
         """A plan that says nothing about the question: one window from ``random_plan_windows``
         for every frame (half the draws) or one per frame, within ``model_max_length`` (None
         when it does not fit: the caller plans as usual)."""
-        from vr_kernels import pooled_counts
         c = self.cfg
         ws = c.random_plan_windows
         if torch.rand(()).item() < 0.5:
@@ -310,7 +310,6 @@ class Trainee(nn.Module):
                   position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Decoder over the whole sequence; the LM head only on positions >= ``start``."""
         kw = {} if position_ids is None else {"position_ids": position_ids.to(inputs_embeds.device)}
-        from vr_runtime.backbones.base import deepstack_kwargs
         D = self.bb.hidden_size
         kw.update(deepstack_kwargs(inputs_embeds, D))   # wide rows: the DeepStack streams
         h = self.bb.decoder()(inputs_embeds=inputs_embeds[..., :D], use_cache=False,
