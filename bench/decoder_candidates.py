@@ -1,5 +1,5 @@
 """Candidate decoders against ffmpeg's own decode: which sampled frames each returns exactly, on
-the video corpus of tests/runtime/video_corpus.py, and its time to 32 frames of the 10-minute
+the video corpus of tests/video/video_corpus.py, and its time to 32 frames of the 10-minute
 720p H.264 clip of ``bench_video.py ttf`` (made first by that command).
 
 Run with the candidate first on the path, from an unpacked wheel (nothing is installed):

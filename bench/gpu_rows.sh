@@ -59,9 +59,9 @@ run() {   # run NAME CMD...: one command, its output in the log, its time and st
 for stage in "${STAGES[@]}"; do
     case "$stage" in
     tests)
-        run tests python3 -m pytest -m gpu -q tests/runtime/test_decode.py \
-            tests/runtime/test_runtime.py tests/runtime/test_qwen2_5_vl.py \
-            tests/runtime/test_memory.py tests/runtime/test_prefix_cache.py ;;
+        run tests python3 -m pytest -m gpu -q tests/runtime/test_generate.py \
+            tests/runtime/test_runtime.py tests/backbones/test_qwen2_5_vl.py \
+            tests/telemetry/test_memory.py tests/runtime/test_prefix_cache.py ;;
     decode)
         run decode python3 bench/bench_decode.py --runs 3 --warmup 1 \
             --out "$DEST/decode_gpu_8b.json" ;;
@@ -86,7 +86,7 @@ for stage in "${STAGES[@]}"; do
         run kernels python3 bench/bench_pool_pack.py --no-sweep --no-compile --processes 3 \
             --warm-ms 200 --out "$DEST/pool_pack_gpu_8b.json"
         run kernels_tests python3 -m pytest -m gpu -q tests/bench/test_kernel_timing.py \
-            tests/ops/test_warmup_coverage.py ;;
+            tests/kernels/test_warmup_coverage.py ;;
     cold)
         run cold_tiny python3 bench/bench_cold_start.py --shape tiny --device cuda --processes 3 \
             --out "$DEST/cold_start_tiny_gpu.json"

@@ -19,7 +19,7 @@ achieved bandwidth, which needs a GPU. ``--before COMMIT`` also compiles the ker
 were at that commit (default: the commit before the rewrite of the window path) for the
 before/after comparison.
 
-``tests/ops/test_kernels_static.py`` uses the same functions to assert the bounds in
+``tests/kernels/test_kernels_static.py`` uses the same functions to assert the bounds in
 :data:`BOUNDS` on every shipped configuration.
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ if ROOT not in sys.path:
 #: The commit whose kernels are the "before" of the before/after table.
 BEFORE_COMMIT = "21b719f"
 
-#: What tests/ops/test_kernels_static.py asserts for every shipped configuration.
+#: What tests/kernels/test_kernels_static.py asserts for every shipped configuration.
 BOUNDS = {
     "spill_instructions": 0,             # no STL/LDL, no local memory
     "min_occupancy": 0.5,                # theoretical, H100 SM
@@ -503,7 +503,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         "The 'before' kernels have no specialisations: their loops are listed in before_loops.",
         "compile_s: a cold compile for sm_90 on this CPU (fresh Triton cache, 2 compiles at a time, "
         "machine shared), i.e. what a first request pays per configuration without warmup().",
-        f"Bounds asserted by tests/ops/test_kernels_static.py: {BOUNDS}.",
+        f"Bounds asserted by tests/kernels/test_kernels_static.py: {BOUNDS}.",
     ]
     rows = _summary_rows(results + before)
     cols = ["version", "kernel", "dtype", "config", "registers", "occupancy", "spills", "shared", "barriers",

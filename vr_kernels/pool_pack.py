@@ -64,7 +64,7 @@ BACKENDS = ("auto", "triton", "torch", "reference")
 # Autotuning
 # ----------
 # At most four configurations per element size, each kept on static evidence (sm_90 SASS, see
-# bench/kernels_static.py and tests/ops/test_kernels_static.py): no spill, >= 50% occupancy,
+# bench/kernels_static.py and tests/kernels/test_kernels_static.py): no spill, >= 50% occupancy,
 # 128-bit loads and stores. (BLOCK_R, BLOCK_D, num_warps): BLOCK_R output rows x BLOCK_D
 # columns per step; every thread holds whole 16-byte vectors, also in the 8x8 specialisation's
 # 4-row steps (4 * BLOCK_D / threads >= one vector). BLOCK_R <= 16 (the 4x4 specialisation uses

@@ -31,27 +31,32 @@ import collections
 import concurrent.futures as cf
 import dataclasses
 import pathlib
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
 import torch
 
+import vr_kernels
 from vr_kernels import pooled_counts
 
 from .backbones import Backbone, backbone_from_config, load_backbone
-from .generate import GreedyDecoder
+from .backbones.tiny import ASSETS
+from .errors import VideoError
+from .generate import GreedyDecoder, PrefixCache
 from .planning import budget
-from .planning.latency import LatencyState
+from .planning.latency import LatencyState, fit_latency, latency_report
 from .planning.policies import (AUTO, SEMANTIC_CLASSES, UNTRAINED_AUTO_POLICY, FittedPlan,
                                 get_planner, is_budgeted, kept_frames, plan_fitted,
                                 policy_from_logits, policy_names)
 from .reconstruct import reconstruct_embeds, reconstruct_embeds_batch
-from .report import build_report
+from .report import build_report, json_window
 from .request import AnswerOptions, Request
 from .routing.routers import RouterConfig, Routers, embed_question
-from .routing.scorers import FrameScores, ScoringInput
+from .routing.scorers import FixedRelevance, FrameScores, ScoringInput
 from .telemetry.timing import StageTimer
+from .video import load as video_load   # looked up per call: tests swap its functions
 
 POLICIES = policy_names()  # the built-in ones; register_planner adds more at run time
 
@@ -127,7 +132,6 @@ class VideoRouter:
         self.greedy = GreedyDecoder(lm, decoding)   # checks ``decoding`` before any warm-up
         # Compile and autotune the pool_pack kernels now (CUDA; a no-op on CPU), for up to
         # ``warmup_frames`` frames, so that no request pays for compilation (0: skip).
-        import vr_kernels
         self.kernel_warmup = vr_kernels.warmup(lm.hidden_size, lm.dtype, lm.device, lm.grid,
                                                max_frames=warmup_frames) if warmup_frames else \
             {"skipped": "warmup_frames=0"}
@@ -152,11 +156,8 @@ class VideoRouter:
         (vision, both routers, pool_pack, prefill, decode steps), then forget it (the visual
         cache is cleared). What the kernel warm-up cannot reach -- CUDA's lazy module loading,
         the GEMM and attention kernel choices at these shapes, the shadow stack's first call,
-        the decoder's first steps -- is then paid at load, not by the first user (issue 21's
+        the decoder's first steps -- is then paid at load, not by the first user (the measured
         cold start: 1.9 s of router stage in a fresh process). -> {"seconds", "frames"}."""
-        import time
-
-        from .routing.scorers import FixedRelevance
         spec = self.lm.frame_spec
         frames = torch.randn(num_frames, 3, *spec.size, generator=torch.Generator().manual_seed(0))
         relevant = [t % 2 == 0 for t in range(num_frames)]   # both windows of the Fragment plan
@@ -182,7 +183,6 @@ class VideoRouter:
         lm = load_backbone(path_or_name, device=device, dtype=dtype,
                            attn_implementation=attn_implementation)
         if routers is None and str(path_or_name) == "tiny":
-            from .backbones.tiny import ASSETS
             shipped = ASSETS / "routers.safetensors"
             if shipped.is_file():
                 routers = shipped
@@ -341,7 +341,6 @@ class VideoRouter:
     def _load_frames(self, video, num_frames, time_window, decoder="auto",
                      seek="exact") -> Frames:
         """Frames of a tensor (as given), a path (decoded), a VideoClip or a Future of one."""
-        from .errors import VideoError
         if isinstance(video, torch.Tensor):
             if video.ndim != 4 or video.shape[1] != 3:
                 raise ValueError(f"video: a tensor must be [T, 3, H, W] frames, got {tuple(video.shape)}")
@@ -350,10 +349,9 @@ class VideoRouter:
             return Frames(video, list(range(video.shape[0])), None, [], None)
         spec = self.lm.frame_spec
         if isinstance(video, (str, pathlib.Path)):
-            from .video.load import load_video
-            clip = load_video(str(video), num_frames=num_frames, time_window=time_window,
-                              size=spec.size[0], mean=spec.mean, std=spec.std, decoder=decoder,
-                              seek=seek)
+            clip = video_load.load_video(
+                str(video), num_frames=num_frames, time_window=time_window, size=spec.size[0],
+                mean=spec.mean, std=spec.std, decoder=decoder, seek=seek)
         elif isinstance(video, cf.Future):  # from vr_runtime.video.load.prefetch_video
             clip = video.result()
         elif hasattr(video, "pixel_values") and hasattr(video, "frame_indices"):
@@ -440,7 +438,6 @@ class VideoRouter:
         fitted = plan_fitted(planner, T, grid, relevant, w, text_for, req.max_length,
                              req.max_new_tokens, req.margin, budget=req.budget)
         if req.ttft_budget_s is not None and planner.budgeted:
-            from .planning.latency import fit_latency
             fitted = fit_latency(self, req, planner, T, relevant, fitted, text_for)
         if sum(pooled_counts(fitted.plan, grid)) == 0:
             raise budget.BudgetError(f"visual budget {fitted.budget} holds no frame under policy "
@@ -619,8 +616,6 @@ class VideoRouter:
         token; it is shared only when an earlier question had the same plan and exactly the
         same ids (system prompt, frame labels, placeholders) and positions up to there -- the
         same Z then gives the same embeddings. One entry a video: another plan replaces it."""
-        from .generate import PrefixCache
-        from .report import json_window
         rows = (ids == self.lm.image_token_id).nonzero()
         if not len(rows) or int(rows[-1]) + 1 >= ids.numel():
             return None
@@ -645,7 +640,6 @@ class VideoRouter:
         text = self.lm.tokenizer.decode(gen, skip_special_tokens=True).strip()
         extra = None
         if req.ttft_budget_s is not None:
-            from .planning.latency import latency_report
             # a reused prefix's prefill is not the model's prefill: not observed
             extra = latency_report(self, req, p.planner, T, p.fitted, p.timer,
                                    observe=batch == 1 and not (p.prefix and p.prefix[1] == "hit"))
@@ -713,10 +707,9 @@ class VideoRouter:
         def start(i):
             v, o = videos[i], opts[i]
             if isinstance(v, (str, pathlib.Path)):
-                from .video.load import prefetch_video
-                return prefetch_video(str(v), num_frames=o.num_frames, time_window=o.time_window,
-                                      size=spec.size[0], mean=spec.mean, std=spec.std,
-                                      decoder=o.decoder, seek=o.seek)
+                return video_load.prefetch_video(
+                    str(v), num_frames=o.num_frames, time_window=o.time_window,
+                    size=spec.size[0], mean=spec.mean, std=spec.std, decoder=o.decoder, seek=o.seek)
             return v
 
         done: list = []

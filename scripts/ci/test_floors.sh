@@ -25,13 +25,13 @@ FLOORS=(
     "triton==3.6.0"
 )
 TESTS=(
-    tests/runtime/test_qwen2_5_vl.py
-    tests/runtime/test_qwen3_vl.py
-    tests/runtime/test_qwen3_5.py
-    tests/runtime/test_internvl3_5.py
-    tests/runtime/test_model.py
+    tests/backbones/test_qwen2_5_vl.py
+    tests/backbones/test_qwen3_vl.py
+    tests/backbones/test_qwen3_5.py
+    tests/backbones/test_internvl3_5.py
+    tests/backbones/test_model.py
     tests/runtime/test_runtime.py
-    tests/runtime/test_backbones_e2e.py
+    tests/backbones/test_backbones_e2e.py
 )
 
 VENV="${VR_FLOORS_VENV:-${TMPDIR:-/tmp}/videorouter-floors}"

@@ -174,8 +174,8 @@ def test_cpu_mode_end_to_end(tmp_path):
     assert "policy 'fragment'" in s["router_mode_detail"]
     rel = bench_e2e.relevance_pattern(T, 28 / 64, "spread")
     expect = {"dense": plan_dense(T), "budget": plan_budget(T, B), "uniform": plan_uniform(T, B),
-              "vr24": plan_fragment(rel, B, high=1, low=4, global_scale=2),
-              "vr48": plan_fragment(rel, B, high=1, low=8, global_scale=4)}
+              "vr24": plan_fragment(rel, B, relevant_window=1, other_window=4, global_window=2),
+              "vr48": plan_fragment(rel, B, relevant_window=1, other_window=8, global_window=4)}
     rows = {r["policy"]: r for r in doc["rows"] if r["sweep"] == "main"}
     assert set(rows) == set(expect) | {"clip"}
     # The CLIP row: CLIP really runs (timed as routing), and it keeps as many frames at s1 as

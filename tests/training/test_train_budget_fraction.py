@@ -24,7 +24,7 @@ def test_a_quarter_of_dense_plans_as_the_runtime_does_with_that_budget(tiny_lm, 
     ex = {"policy": 1, "question": Q, "labels": torch.tensor([float(m) for m in mask])}
     plan, fragment = tr.training_plan(torch.tensor([0.0, 1.0]), torch.zeros(T), ex)
     budget = T * 256 // 4
-    assert fragment and plan == plan_fragment(mask, budget, tr.grid, high=1, low=4)
+    assert fragment and plan == plan_fragment(mask, budget, tr.grid, relevant_window=1, other_window=4)
     vr = VideoRouter(tiny_lm, tr.routers)
     req = vr.request(torch.zeros(T, 3, 448, 448), Q, num_frames=T, policy="fragment",
                      relevant=mask, budget=budget)

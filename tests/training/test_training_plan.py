@@ -33,7 +33,7 @@ def test_tight_training_budget_drops_frames_like_the_runtime(tiny_lm):
                      relevant=mask)
     fitted = vr.plan(req, "fragment", T, mask)
     assert plan == fitted.plan
-    assert plan == plan_fragment(mask, fitted.budget, tr.grid, high=1, low=4)
+    assert plan == plan_fragment(mask, fitted.budget, tr.grid, relevant_window=1, other_window=4)
     low = sum(w == 4 for w in plan)
     assert [t for t in range(T) if plan[t] == 1] == rel and 0 < low < T - 3  # Algorithm 1 drops
 

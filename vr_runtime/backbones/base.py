@@ -32,7 +32,9 @@ from typing import ClassVar, Iterator, Optional, Sequence, Tuple
 
 import torch
 
-from .prompt import VisionTokens  # the prompt owns its framing strings
+from ..errors import ModelFilesError
+from .prompt import VisionTokens, build_video_prompt, text_tokens  # the prompt owns its framing
+from .tiny import init_weights_
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,6 @@ class Backbone(abc.ABC):
         return self.model.get_input_embeddings()
 
     def _check_tokens(self) -> int:
-        from ..errors import ModelFilesError
         tok, vt = self.tokenizer, self.vision_tokens
         for t in (vt.start, vt.end, vt.context):
             if len(tok.encode(t, add_special_tokens=False)) != 1:
@@ -215,7 +216,6 @@ class Backbone(abc.ABC):
     # ------------------------------------------------------------------ prompt
     def build_prompt(self, question: str, counts: Sequence[int], system: Optional[str] = None):
         """-> (ids [L] int64 CPU, first placeholder row of each kept frame)."""
-        from .prompt import build_video_prompt
         return build_video_prompt(self.tokenizer, question, counts, self.image_token_id, system,
                                   tokens=self.vision_tokens)
 
@@ -223,7 +223,6 @@ class Backbone(abc.ABC):
                     kept: Optional[Sequence[int]] = None) -> int:
         """L_text: prompt tokens that are not visual placeholders, with the lines of ``kept``
         frames (default: all ``num_frames``)."""
-        from .prompt import text_tokens
         return text_tokens(self.tokenizer, question, num_frames, system,
                            tokens=self.vision_tokens, kept=kept)
 
@@ -353,7 +352,6 @@ def build_model(model_cls, config, dtype: torch.dtype, attn: str, attn_explicit:
             raise
         model = build("sdpa")
     if seed is not None:
-        from .tiny import init_weights_
         init_weights_(model, seed)
     return model
 

@@ -8,7 +8,7 @@
   a row-major 16x16 grid. The vision path is reimplemented from the config fields instead of
   calling ``get_image_features`` so that one chunk of ViT activations is alive at a time and the
   frozen tower and the trainable projector can be run apart (training caches the former);
-  ``tests/runtime/test_model.py`` checks it against HF's own.
+  ``tests/backbones/test_model.py`` checks it against HF's own.
 * Prompt: ``FrameN: <img><IMG_CONTEXT> x n</img>`` lines in the ChatML template; 1-D positions.
 """
 from __future__ import annotations

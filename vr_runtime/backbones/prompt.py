@@ -15,7 +15,7 @@ are the *sampled* index + 1 even when earlier frames are left out, so "Frame12" 
 Tokenising 16K ``<IMG_CONTEXT>`` strings is slow and pointless, so the prompt is rendered and
 tokenised with one ``<IMG_CONTEXT>`` per kept frame and each is then expanded to n_i ids. Special
 tokens are split off before BPE, so this gives exactly the ids of tokenising the full text
-(``tests/runtime/test_prompt.py`` checks it).
+(``tests/backbones/test_prompt.py`` checks it).
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ Frames and Qwen's temporal patches (the decision)
     attends within each frame only (its own image), and the patch merger's 256 outputs, after
     the window un-permutation HF applies, are Z_t in row-major order of the 16x16 merged grid
     (token k at row k // 16, column k % 16), the same layout as InternVL3's, so ``vr_kernels``
-    pools both alike. ``tests/runtime/test_qwen2_5_vl.py`` checks the patch layout against the
+    pools both alike. ``tests/backbones/test_qwen2_5_vl.py`` checks the patch layout against the
     processor, Z_t against ``get_image_features``, and the row-major order with a tower whose
     blocks are the identity. (The other reading -- pairs of sampled frames in one temporal
     patch, Qwen's video mode -- halves the tokens per frame and makes a "frame" an unroutable

@@ -1,4 +1,4 @@
-"""Per-method TTFT that does not depend on the order of the methods (issue 27, item 6).
+"""Per-method TTFT that does not depend on the order of the methods.
 
 ``videorouter eval`` answers every method on one decoded video with ``cache_visual=True``: the
 first call on a video (the cache *miss*) runs the vision tower over all T frames, and the first

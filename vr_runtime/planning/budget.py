@@ -5,6 +5,7 @@ ready for ``vr_kernels.pool_pack``. Every plan's token total is <= the budget.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Sequence, Tuple
 
 from vr_kernels.windows import normalize_window, window_tokens
@@ -75,21 +76,52 @@ def plan_global(num_frames: int, budget: int, grid: Grid = (16, 16), scale=2) ->
 EMPTY_FRAGMENT = ("global", "low")   # what Algorithm 1 does with no relevant frame
 
 
-def plan_fragment(relevant: Sequence[bool], budget: int, grid: Grid = (16, 16), high=1, low=4,
-                  global_scale=2, empty: str = "global") -> list:
-    """Algorithm 1: relevant frames at ``high``, the others at ``low``, under ``budget``.
+# The windows' names before they said which frames they pool: ``high=1`` was the *small*
+# window (the high resolution). Accepted, with a DeprecationWarning, for one release.
+RENAMED_WINDOWS = {"high": "relevant_window", "low": "other_window",
+                   "global_scale": "global_window"}
+
+
+def renamed_window_kwargs(owner: str, kwargs: dict, stacklevel: int = 3) -> dict:
+    """``kwargs`` with the old window names (:data:`RENAMED_WINDOWS`) under the new ones, each
+    old name warned about; an old and a new name together is a TypeError."""
+    kwargs = dict(kwargs)
+    for old, new in RENAMED_WINDOWS.items():
+        if old in kwargs:
+            warnings.warn(f"{owner}: {old!r} is now {new!r}; the old name goes in the next "
+                          f"release", DeprecationWarning, stacklevel=stacklevel)
+            if new in kwargs:
+                raise TypeError(f"{owner}: give {new}= (or the deprecated {old}=), not both")
+            kwargs[new] = kwargs.pop(old)
+    return kwargs
+
+
+def plan_fragment(relevant: Sequence[bool], budget: int, grid: Grid = (16, 16),
+                  relevant_window=1, other_window=4, global_window=2, empty: str = "global",
+                  **renamed) -> list:
+    """Algorithm 1: relevant frames at ``relevant_window`` (s_1), the others at
+    ``other_window`` (s_0), under ``budget``.
 
     With no relevant frame: ``empty="global"`` (default) returns the Global plan
-    (``global_scale``); ``empty="low"`` is Algorithm 1 read literally (F_1 is empty, so every
-    frame is in F_0 at ``low``, uniformly subsampled if even that exceeds the budget)."""
+    (``global_window``, s_g); ``empty="low"`` is Algorithm 1 read literally (F_1 is empty, so
+    every frame is in F_0 at ``other_window``, uniformly subsampled if even that exceeds the
+    budget). ``high=``/``low=``/``global_scale=`` are the deprecated names of the windows."""
+    if renamed:
+        unknown = sorted(set(renamed) - set(RENAMED_WINDOWS))
+        if unknown:
+            raise TypeError(f"plan_fragment: unexpected keyword argument {unknown[0]!r}")
+        w = renamed_window_kwargs("plan_fragment", renamed)
+        relevant_window = w.get("relevant_window", relevant_window)
+        other_window = w.get("other_window", other_window)
+        global_window = w.get("global_window", global_window)
     if empty not in EMPTY_FRAGMENT:
         raise ValueError(f"empty: expected one of {EMPTY_FRAGMENT}, got {empty!r}")
     rel = [bool(r) for r in relevant]
     _check(len(rel), budget)
     T = len(rel)
     if not any(rel):
-        return plan_global(T, budget, grid, global_scale if empty == "global" else low)
-    n1, n0 = _tokens(high, grid), _tokens(low, grid)
+        return plan_global(T, budget, grid, global_window if empty == "global" else other_window)
+    n1, n0 = _tokens(relevant_window, grid), _tokens(other_window, grid)
     F1 = [t for t in range(T) if rel[t]]
     F0 = [t for t in range(T) if not rel[t]]
     C1, C0 = len(F1) * n1, len(F0) * n0
@@ -99,7 +131,8 @@ def plan_fragment(relevant: Sequence[bool], budget: int, grid: Grid = (16, 16), 
         keep = set(F1) | set(uniform_sample(F0, (budget - C1) // n0))
     else:
         keep = set(uniform_sample(F1, budget // n1))
-    return [(high if rel[t] else low) if t in keep else 0 for t in range(T)]
+    return [(relevant_window if rel[t] else other_window) if t in keep else 0
+            for t in range(T)]
 
 
 def plan_dense(num_frames: int) -> list:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import budget
-from .budget import BudgetError
+from .budget import RENAMED_WINDOWS, BudgetError
 
 AUTO = "auto"
 SEMANTIC_CLASSES = ("global", "fragment")   # Semantic Router class 0 / 1 (paper: y_s)
@@ -23,12 +23,6 @@ UNTRAINED_AUTO_POLICY = "global"            # what `auto` does without trained r
 DEFAULT_THRESHOLD = 0.5                     # frame relevant iff sigmoid(logit) > threshold
 
 Grid = Tuple[int, int]
-
-
-# The windows' names before they said which frames they pool: ``high=1`` was the *small*
-# window (the high resolution). Accepted, with a DeprecationWarning, for one release.
-RENAMED_WINDOWS = {"high": "relevant_window", "low": "other_window",
-                   "global_scale": "global_window"}
 
 
 def _warn_renamed(owner: str, old: str, new: str, stacklevel: int = 3) -> None:
@@ -111,8 +105,8 @@ def _global(T, budget_, grid, relevant, w: Windows):
                   description="Algorithm 1: relevant frames at s1, the others at s0",
                   when_none_relevant="the Global plan was used")
 def _fragment(T, budget_, grid, relevant, w: Windows):
-    return budget.plan_fragment(relevant, budget_, grid, high=w.relevant_window,
-                                low=w.other_window, global_scale=w.global_window)
+    return budget.plan_fragment(relevant, budget_, grid, w.relevant_window,
+                                w.other_window, w.global_window)
 
 
 @register_planner("dense", budgeted=False, description="every frame at full resolution, no budget")
@@ -135,8 +129,8 @@ def _uniform(T, budget_, grid, relevant, w: Windows):
                               "at s0 (the default `fragment` uses the Global plan instead)",
                   when_none_relevant="every frame at s0 (Algorithm 1 literally)")
 def _fragment_literal(T, budget_, grid, relevant, w: Windows):
-    return budget.plan_fragment(relevant, budget_, grid, high=w.relevant_window,
-                                low=w.other_window, global_scale=w.global_window, empty="low")
+    return budget.plan_fragment(relevant, budget_, grid, w.relevant_window,
+                                w.other_window, w.global_window, empty="low")
 
 
 def policy_names() -> Tuple[str, ...]:

@@ -23,12 +23,15 @@ instance can also be passed directly as ``AnswerOptions(scorer=...)``.
 from __future__ import annotations
 
 import abc
+import json
 import pathlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 
+from ..errors import ModelFilesError, expected_one_of
 from ..planning.policies import Windows, relevant_from_probs, topk_of, topk_relevant
 
 
@@ -193,8 +196,6 @@ class CLIPScorer(FrameScorer):
     def check_dir(path, flag: str = "--clip") -> str:
         """A cheap check of a CLIP/SigLIP directory (its config.json) -> its model_type;
         ``ModelFilesError`` naming ``flag`` otherwise. Nothing is loaded."""
-        import json
-        from ..errors import ModelFilesError
         p = pathlib.Path(path)
         if not (p / "config.json").is_file():
             raise ModelFilesError(f"{flag} {str(path)!r}: not a CLIP/SigLIP directory "
@@ -213,9 +214,7 @@ class CLIPScorer(FrameScorer):
                         flag: str = "--clip") -> "CLIPScorer":
         """A local CLIP/SigLIP directory (config.json, safetensors, tokenizer); nothing is
         downloaded. Image size and mean/std come from its preprocessor config when present."""
-        import json
         from transformers import AutoModel, AutoTokenizer
-        from ..errors import ModelFilesError
         p = pathlib.Path(path)
         mtype = cls.check_dir(path, flag)
         try:
@@ -239,7 +238,6 @@ class CLIPScorer(FrameScorer):
         """Cosine similarity [T] of each frame to the question. Units of k frames ([T, 3k, H, W],
         ``Backbone.units``: Qwen3-VL's temporal patches) score as their most similar frame, as a
         unit is relevant when one of its frames is."""
-        import torch.nn.functional as F
         k = pixel_values.shape[1] // 3
         if k > 1:
             U = pixel_values.shape[0]
@@ -333,7 +331,6 @@ def scorer_names() -> List[str]:
 def get_scorer(name: str) -> ScorerEntry:
     entry = SCORERS.get(name)
     if entry is None:
-        from ..errors import expected_one_of
         raise ValueError(f"--scorer {name!r}: {expected_one_of(name, SCORERS)}")
     return entry
 

@@ -130,7 +130,8 @@ def add_labels_parser(sub, name: str) -> argparse.ArgumentParser:
     s = sub.add_parser(name, help=_LABELS_HELP[name])
     if name == "label-study":
         s.add_argument("--work", default="runs/label_study")
-        s.add_argument("--results", default="bench/results/label_study.json")
+        s.add_argument("--results", default=None,
+                       help="the study's results file (default: WORK/label_study.json)")
         s.add_argument("--videos-count", type=int, default=8, dest="num_videos")
         s.add_argument("--seed", type=int, default=0)
     else:
@@ -192,7 +193,8 @@ def add_tiny_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--ship", action="store_true", help="copy the weights to vr_runtime/assets/tiny")
     s.add_argument("--train", type=int, default=160)
     s.add_argument("--heldout", type=int, default=40)
-    s.add_argument("--results", default="bench/results")
+    s.add_argument("--results", default=None,
+                   help="folder for training_curves.png and training_metrics.json (default: WORK)")
     s.add_argument("--task", default="v1", choices=("v1", "v2"),
                    help="the synthetic task to train on (see synth --task)")
     return s
@@ -220,7 +222,7 @@ def add_routing_eval_parser(sub) -> argparse.ArgumentParser:
 def add_curves_parser(sub) -> argparse.ArgumentParser:
     s = sub.add_parser("curves", help="plot the training curves of a tiny run")
     s.add_argument("--runs", default="runs/tiny")
-    s.add_argument("--out", default="bench/results/training_curves.png")
+    s.add_argument("--out", default=None, help="the plot (default: RUNS/training_curves.png)")
     return s
 
 
@@ -280,7 +282,8 @@ def _tiny(a, argv) -> None:
         if getattr(a, name) < 1:
             raise ConfigError(f"--{name}: expected a number of videos >= 1, "
                               f"got {getattr(a, name)}")
-    run_tiny(a.work, ship=a.ship, n_train=a.train, n_heldout=a.heldout, results=a.results,
+    run_tiny(a.work, ship=a.ship, n_train=a.train, n_heldout=a.heldout,
+             results=a.results or a.work,
              task=a.task)
 
 
@@ -308,7 +311,7 @@ def _routing_eval(a, argv) -> None:
 
 def _curves(a, argv) -> None:
     from .curves import plot_curves
-    plot_curves(a.runs, a.out)
+    plot_curves(a.runs, a.out or os.path.join(a.runs, "training_curves.png"))
 
 
 def main(argv=None) -> int:
@@ -344,6 +347,7 @@ def _labels_command(a, argv) -> None:
     if a.cmd == "label-study":
         if a.num_videos < 1:
             raise labels.LabelError(f"--videos-count: expected >= 1, got {a.num_videos}")
+        a.results = a.results or os.path.join(a.work, "label_study.json")
         study = labels.label_study(cfg, a.work, a.results, a.num_videos, a.seed,
                               command=_command(argv))
         print(json.dumps({k: study[k] for k in ("questions", "labelled", "unanswerable",

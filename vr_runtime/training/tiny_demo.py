@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import time
+from typing import Optional
 
 from ..data.synthetic_videos import generate
 from .checkpoints import write_json_atomic
@@ -59,7 +60,7 @@ def _stage0(work: str, summary: dict) -> str:
 
 
 def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
-             n_heldout: int = 40, results: str = "bench/results", seed: int = 0,
+             n_heldout: int = 40, results: Optional[str] = None, seed: int = 0,
              task: str = "v1") -> dict:
     """``task``: the synthetic task (``synthetic.generate``'s 'v1', the default, or 'v2': the
     factors real footage varies; its lines carry their own frame counts, which every stage
@@ -76,6 +77,7 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
         summary["stages"][f"stage{stage}"] = _run_stage(cfg, stage, prev)
     summary["final_routers"] = _final_routers(work, data, prev)
     print(json.dumps(summary["final_routers"], indent=2))
+    results = results or work   # the curves and metrics beside the run unless asked elsewhere
     os.makedirs(results, exist_ok=True)
     from .curves import plot_curves
     plot_curves(work, os.path.join(results, "training_curves.png"))

@@ -19,7 +19,7 @@ from .probe import OnFrame, VideoIndex, _check_cancel, _orient
 __all__ = ["DECORD_CODECS", "DECORD_CONTAINERS", "decode_decord"]
 
 # Codecs and containers for which decord's bundled FFmpeg gives ffmpeg's frames (checked by
-# tests/runtime/test_video_corpus.py). Everything else goes to PyAV: decord has no AV1, fails
+# tests/video/test_video_corpus.py). Everything else goes to PyAV: decord has no AV1, fails
 # on real-time VP9 and GIF, returns wrong frames from MPEG-TS, and from HEVC when it seeks
 # (sparse sampling gave frames up to 255 levels off ffmpeg's).
 DECORD_CODECS = frozenset({"h264", "mjpeg"})

@@ -157,7 +157,7 @@ def scaled_size(width: int, height: int, size: int) -> Tuple[int, int]:
     """The resolution frames are decoded to for a ``size`` x ``size`` model input: each side
     capped at ``2 * size`` (the final resize, InternVL's PIL bicubic, then shrinks by at most
     2x, so its result stays within a grey level or two of resizing the full frame; see
-    tests/runtime/test_video_corpus.py). Sources already that small are not scaled."""
+    tests/video/test_video_corpus.py). Sources already that small are not scaled."""
     cap = 2 * int(size)
     return min(int(width), cap), min(int(height), cap)
 

@@ -1,4 +1,4 @@
-"""Real-world video input: a corpus made by ffmpeg at test time (tests/runtime/video_corpus.py)
+"""Real-world video input: a corpus made by ffmpeg at test time (tests/video/video_corpus.py)
 decoded through vr_runtime.video.decoders / vr_runtime.video.load, checked against ffmpeg's own decode.
 
 Tolerances (stated once, here):

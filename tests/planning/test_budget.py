@@ -67,7 +67,7 @@ def test_fragment_properties(seed):
 
 def test_fragment_custom_scales_counts_match_kernel():
     rel = [t % 5 == 0 for t in range(64)]
-    p = plan_fragment(rel, 5000, high=2, low=(4, 8))
+    p = plan_fragment(rel, 5000, relevant_window=2, other_window=(4, 8))
     assert plan_tokens(p) == sum(pooled_counts(p)) <= 5000
 
 
@@ -80,3 +80,13 @@ def test_budget_and_uniform_policies():
     assert plan_uniform(8, 10**6) == [1] * 8
     with pytest.raises(BudgetError):
         plan_uniform(64, 10)
+
+
+def test_plan_fragment_old_window_names_warn_and_plan_the_same():
+    rel = [True, False, False, True, False]
+    new = plan_fragment(rel, 600, relevant_window=2, other_window=4, global_window=2)
+    with pytest.warns(DeprecationWarning, match="'high' is now 'relevant_window'"):
+        old = plan_fragment(rel, 600, high=2, low=4, global_scale=2)
+    assert old == new
+    with pytest.raises(TypeError, match="unexpected keyword argument 'hihg'"):
+        plan_fragment(rel, 600, hihg=2)

@@ -1,0 +1,238 @@
+"""The house rules of the layout, checked over the source itself: the package is folded by
+pipeline stage, imports only run down the floors (no circles, no climbs), functions stay short,
+comments say what the code does rather than which issue asked for it, and the tests mirror the
+packages."""
+import ast
+import pathlib
+import re
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# Lowest floor first. A module may import its own floor and any floor below it, never one
+# above: the pipeline's stages sit on the shared pieces (errors, telemetry, video, backbones,
+# data), the request on the stages, the runtime on the request, and the front doors (cli_args,
+# eval, serve, training, the CLI) on the runtime.
+FLOORS = (
+    ("vr_kernels",),
+    ("vr_runtime", "vr_runtime._aliases", "vr_runtime.errors"),
+    ("vr_runtime.telemetry",),
+    ("vr_runtime.video", "vr_runtime.backbones"),
+    ("vr_runtime.data",),
+    ("vr_runtime.routing", "vr_runtime.planning", "vr_runtime.reconstruct", "vr_runtime.generate"),
+    ("vr_runtime.request", "vr_runtime.report", "vr_runtime.fingerprint"),
+    ("vr_runtime.runtime",),
+    ("vr_runtime.cli_args",),
+    ("vr_runtime.eval", "vr_runtime.serve"),
+    ("vr_runtime.training",),
+    ("vr_runtime.cli",),
+)
+MAX_TOP_LEVEL_MODULES = 12
+LONG, TOO_LONG, MAX_LONG = 60, 80, 5
+ISSUE_REF = re.compile(r"(?<![a-z])issues?[ _#-]*\d+", re.IGNORECASE)
+
+
+def _module_files():
+    files = {}
+    for pkg in ("vr_runtime", "vr_kernels"):
+        for p in (ROOT / pkg).rglob("*.py"):
+            parts = p.relative_to(ROOT).with_suffix("").parts
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return files
+
+
+def module_graph():
+    """module -> the package modules it imports (function-level imports included)."""
+    files = _module_files()
+    graph = {m: set() for m in files}
+    for m, p in files.items():
+        pkg = m if p.name == "__init__.py" else m.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(p.read_text())):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = pkg.split(".")[:len(pkg.split(".")) - node.level + 1]
+                    mod = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    mod = node.module or ""
+                targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
+            graph[m].update(t for t in targets if t in files and t != m)
+    return graph
+
+
+def cycles(graph):
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def floor(module: str, floors=FLOORS) -> int:
+    """The floor of the longest prefix that names the module's package or the module."""
+    best, best_len = None, -1
+    for i, names in enumerate(floors):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and len(name) > best_len:
+                best, best_len = i, len(name)
+    if best is None:
+        raise AssertionError(f"{module}: on no floor; add it to FLOORS in {__file__}")
+    return best
+
+
+def climbs(graph, floors=FLOORS):
+    return sorted(f"{m} -> {t}" for m, ts in graph.items() for t in ts
+                  if floor(t, floors) > floor(m, floors))
+
+
+def test_the_finder_sees_a_circle():
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
+
+
+def test_no_import_circles():
+    graph = module_graph()
+    assert "vr_runtime.cli_args" in graph and graph["vr_runtime.runtime"]
+    assert cycles(graph) == []
+
+
+def test_the_climb_check_sees_an_upward_import():
+    floors = (("low",), ("high",))
+    assert climbs({"low.a": {"high.b"}, "high.b": {"low.a"}}, floors) == ["low.a -> high.b"]
+
+
+def test_no_import_runs_up_a_floor():
+    assert climbs(module_graph()) == []
+
+
+def test_top_level_modules():
+    mods = sorted(p.stem for p in (ROOT / "vr_runtime").glob("*.py") if p.name != "__init__.py")
+    assert len(mods) <= MAX_TOP_LEVEL_MODULES, mods
+
+
+def _functions(paths):
+    for p in paths:
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield f"{p.relative_to(ROOT)}:{node.lineno} {node.name}", \
+                    node.end_lineno - node.lineno + 1
+
+
+def test_functions_are_short():
+    lengths = dict(_functions(_module_files().values()))
+    too_long = {k: n for k, n in lengths.items() if n > TOO_LONG}
+    long = {k: n for k, n in lengths.items() if n > LONG}
+    assert not too_long, too_long
+    assert len(long) <= MAX_LONG, long
+
+
+def test_the_issue_pattern():
+    for text in ("issue 21", "Issue #7", "(issue 3 item 1)", "gpu_issue21.sh", "issues 32-35"):
+        assert ISSUE_REF.search(text), text
+    for text in ("an issue with the clock", "issues of decoding", "tissue 4"):
+        assert not ISSUE_REF.search(text), text
+
+
+def test_no_issue_numbers_in_code_bench_or_scripts():
+    tracked = subprocess.run(["git", "ls-files", "vr_runtime", "vr_kernels", "bench", "scripts"],
+                             cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    hits = []
+    for name in tracked:
+        p = ROOT / name
+        if not p.is_file() or p.suffix not in (".py", ".sh", ".md", ".json", ".yaml", ".txt"):
+            continue
+        for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
+            if ISSUE_REF.search(line):
+                hits.append(f"{name}:{i}: {line.strip()[:100]}")
+    assert not hits, "\n".join(hits)
+
+
+def test_tests_mirror_the_packages():
+    packages = sorted(p.parent.name for p in (ROOT / "vr_runtime").glob("*/__init__.py"))
+    missing = [p for p in packages if not (ROOT / "tests" / p).is_dir()]
+    assert not missing, f"no tests/<package> folder for {missing}"
+    assert (ROOT / "tests" / "kernels").is_dir()
+
+
+@pytest.mark.parametrize("old", ["vr_runtime.policies", "vr_runtime.decoders",
+                                 "vr_runtime.training.synthetic", "vr_runtime.cli_common"])
+def test_old_module_paths_import_the_moved_module_and_warn(old):
+    from vr_runtime._aliases import MOVED
+    code = (f"import importlib, warnings\n"
+            f"warnings.simplefilter('always')\n"
+            f"with warnings.catch_warnings(record=True) as w:\n"
+            f"    warnings.simplefilter('always')\n"
+            f"    old = importlib.import_module({old!r})\n"
+            f"new = importlib.import_module({MOVED[old]!r})\n"
+            f"assert old is new, (old, new)\n"
+            f"assert new.__spec__.name == {MOVED[old]!r}, new.__spec__.name\n"
+            f"msgs = [str(x.message) for x in w if x.category is DeprecationWarning]\n"
+            f"assert any({MOVED[old]!r} in m for m in msgs), msgs\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_every_old_path_has_a_new_module():
+    import importlib.util
+    from vr_runtime._aliases import MOVED
+    for old, new in MOVED.items():
+        assert importlib.util.find_spec(new) is not None, new
+        assert not (ROOT / (old.replace(".", "/") + ".py")).exists(), old
+
+
+REPO_PATHS = ("bench/", "studies/", "scripts/", "tests/", "docs/")
+
+
+def repo_path_defaults(tree):
+    """String defaults (of a function's parameters or an argparse ``default=``) that name a
+    folder of this repository: a package installed from a wheel has none of them."""
+    hits = []
+    for node in ast.walk(tree):
+        values = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            values = node.args.defaults + [d for d in node.args.kw_defaults if d is not None]
+        elif isinstance(node, ast.Call):
+            values = [k.value for k in node.keywords if k.arg == "default"]
+        hits += [v.value for v in values if isinstance(v, ast.Constant)
+                 and isinstance(v.value, str) and v.value.startswith(REPO_PATHS)]
+    return hits
+
+
+def test_the_default_check_sees_a_repo_path():
+    tree = ast.parse("def f(out='bench/results'): pass\np.add_argument('--x', default='studies/a')")
+    assert repo_path_defaults(tree) == ["bench/results", "studies/a"]
+
+
+def test_no_repo_paths_as_package_defaults():
+    hits = {str(p.relative_to(ROOT)): repo_path_defaults(ast.parse(p.read_text()))
+            for p in _module_files().values()}
+    assert not {k: v for k, v in hits.items() if v}
