@@ -161,11 +161,10 @@ def _decode(info, indices, scale, decoder, workers, seek):
     import time
 
     import numpy as np
-    from vr_runtime.video import decoders as D
     got = {}
     c0 = time.process_time()
     t0 = time.perf_counter()
-    D.decode_frames(info, indices, scale, lambda i, f: got.__setitem__(i, f), decoder,
+    decoders.decode_frames(info, indices, scale, lambda i, f: got.__setitem__(i, f), decoder,
                     workers=workers, seek=seek)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
@@ -188,10 +187,9 @@ def ttf_main(argv) -> int:
                                                   "video_ttf_cpu.json"))
     args = ap.parse_args(argv)
     import numpy as np
-    from vr_runtime.video import decoders as D
     from vr_runtime.video import pyav_decoder
     from vr_runtime.video.load import open_video, sample_indices
-    cores = D.default_workers()
+    cores = decoders.default_workers()
     rows = []
     for name in args.clips.split(","):
         path = ttf_clip(args.cache, name)
@@ -199,14 +197,14 @@ def ttf_main(argv) -> int:
         keys = np.unique(info.keyframe)
         gop = float(np.mean(np.diff(keys))) if keys.size > 1 else float(info.num_frames)
         rate, cpu_rate = ffmpeg_rate(path)
-        scale = D.scaled_size(info.width, info.height, 448)
+        scale = decoders.scaled_size(info.width, info.height, 448)
         for T in (int(x) for x in args.frames.split(",")):
             idx = sample_indices(info.num_frames, T, info.fps)
             need = needed_frames(info, idx)
             limit, limit_cpu = need / rate, need / cpu_rate
-            kidx = D.keyframe_indices(info, idx)
+            kidx = decoders.keyframe_indices(info, idx)
             methods = [("decord", "decord", 1, "exact")] if "decord" in \
-                D.available_decoders() else []
+                decoders.available_decoders() else []
             methods += [("PyAV (1 decoder, no frame skipping)", "pyav-plain", 1, "exact"),
                         ("ours exact, 1 worker", "pyav", 1, "exact")]
             methods += [(f"ours exact, {w} workers" + (" (all cores)" if w == cores else ""),
@@ -258,7 +256,7 @@ def ttf_main(argv) -> int:
     env = environment()
     env.update(pyav=av.__version__, ffmpeg_in_pyav=av.ffmpeg_version_info,
                cores_available=cores, cpu_count=os.cpu_count())
-    if "decord" in D.available_decoders():
+    if "decord" in decoders.available_decoders():
         import decord
         env["decord"] = decord.__version__
     try:

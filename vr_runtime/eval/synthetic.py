@@ -30,7 +30,7 @@ TASK_TYPES = {"object_shape": "Object Recognition", "absent_color": "Object Reas
 
 def make_synthetic(out_dir, videos_per_split: int = 4, seed: int = 0) -> Dict[str, object]:
     """Write the benchmark; returns {"data": file, "videos": dir, "questions": n}."""
-    from ..data import synthetic_videos as S
+    from ..data import synthetic_videos
     from .benchmarks import LETTERS
     if videos_per_split < 1:
         raise ValueError(f"--videos-per-split: expected >= 1, got {videos_per_split}")
@@ -42,16 +42,16 @@ def make_synthetic(out_dir, videos_per_split: int = 4, seed: int = 0) -> Dict[st
         rng = random.Random(f"videomme-synthetic-{seed}-{split}")
         k = T // 16
         for i in range(videos_per_split):
-            spec = S.sample_spec(rng, num_frames=T, n_target=(2 * k, 3 * k),
-                                 n_distractor=(3 * k, 6 * k))
+            spec = synthetic_videos.sample_spec(rng, num_frames=T, n_target=(2 * k, 3 * k),
+                                                n_distractor=(3 * k, 6 * k))
             vid = f"syn_{split}_{i:03d}"
             num_videos += 1
             path = vdir / f"{vid}.mp4"
             if not path.is_file():
-                S.make_video(str(path), spec)
-            for j, q in enumerate(S.questions(spec, rng)):
-                choices = sorted(S.BACKGROUNDS) if q["category"] == "background" \
-                    else list(S.SHAPES) + [S.ABSENT_ANSWER]
+                synthetic_videos.make_video(str(path), spec)
+            for j, q in enumerate(synthetic_videos.questions(spec, rng)):
+                choices = sorted(synthetic_videos.BACKGROUNDS) if q["category"] == "background" \
+                    else list(synthetic_videos.SHAPES) + [synthetic_videos.ABSENT_ANSWER]
                 rng.shuffle(choices)
                 rows.append({
                     "video_id": f"{num_videos:03d}", "duration": split,
