@@ -114,7 +114,7 @@ def test_paper_configs_hold_the_table(stage):
         assert getattr(c, k) == v, k
     assert (c.model_max_length, c.warmup_ratio, c.lr_scheduler_type, c.dropout) == \
         (12288, 0.03, "cosine", 0.0)
-    assert c.freeze_vision_model and (c.global_scale, c.fragment_scales) == (2, [1, 4])
+    assert c.freeze_vision_model and (c.global_window, c.fragment_windows) == (2, [1, 4])
     assert (c.lambda_sem, c.lambda_img) == (0.01, 0.01)
     groups = {1: ["extractor", "image"], 2: ["semantic"],
               3: ["projector", "language", "extractor", "semantic", "image"]}

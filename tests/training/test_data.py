@@ -113,3 +113,22 @@ def test_jsonl_helpers_are_shared_and_training_keeps_its_names(tmp_path):
         list(training_data.iter_jsonl(str(path)))
     with pytest.raises(DataFormatError, match="no such relevance file"):
         list(training_data.iter_jsonl(str(tmp_path / "none.jsonl"), "relevance"))
+
+
+
+def test_training_config_reads_the_old_window_keys_with_a_warning(tmp_path):
+    from vr_runtime.training.config import CONFIG_DIR, ConfigError, load_config
+    out = str(tmp_path / "run")
+    new = load_config("tiny_stage1", output_dir=out)
+    raw = json.loads((CONFIG_DIR / "tiny_stage1.json").read_text())
+    raw["fragment_scales"] = raw.pop("fragment_windows")
+    raw["global_scale"] = raw.pop("global_window")
+    old_file = tmp_path / "old.json"
+    old_file.write_text(json.dumps(raw))
+    with pytest.warns(DeprecationWarning, match="'fragment_scales' is now 'fragment_windows'"):
+        old = load_config(str(old_file), output_dir=out)
+    assert (old.global_window, old.fragment_windows) == (new.global_window, new.fragment_windows)
+    raw["fragment_windows"] = [1, 8]
+    old_file.write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match="not both"), pytest.warns(DeprecationWarning):
+        load_config(str(old_file), output_dir=out)

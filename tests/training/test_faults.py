@@ -277,7 +277,7 @@ BAD_SETS = [
     (["per_device_train_batch_size=true"], "per_device_train_batch_size"),
     (["report_to=tensorboard"], "report_to"),
     (["router_dim=30", "router_heads=4"], "router_dim"),
-    (["fragment_scales=[1, 0]"], "fragment_scales"),
+    (["fragment_windows=[1, 0]"], "fragment_windows"),
     (["pool_pack_backend=cuda"], "pool_pack_backend"),
     (["learnin_rate=0.1"], "learning_rate"),          # unknown key, with the near one
     (["eval_data=/no/such/heldout.jsonl"], "eval_data"),

@@ -16,6 +16,7 @@ import math
 import os
 import pathlib
 import typing
+import warnings
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -54,8 +55,8 @@ class TrainConfig:
     freeze_Semantic_Router: bool = True
     freeze_Image_Router: bool = True
     dropout: float = 0.0
-    global_scale: int = 2
-    fragment_scales: List[int] = field(default_factory=lambda: [1, 4])
+    global_window: int = 2                  # s_g: every frame under Global
+    fragment_windows: List[int] = field(default_factory=lambda: [1, 4])   # [s_1, s_0]
     lambda_sem: float = 0.01
     lambda_img: float = 0.01
     pool_pack_backend: str = "auto"     # vr_kernels backend: auto / triton / torch / reference
@@ -125,7 +126,7 @@ class TrainConfig:
             if not isinstance(getattr(self, k), int) or getattr(self, k) < 1:
                 raise ConfigError(f"{k}: expected an int >= 1, got {getattr(self, k)!r}")
         for k in ("logging_steps", "router_num_layers", "router_heads", "router_pool",
-                  "global_scale"):
+                  "global_window"):
             if getattr(self, k) < 1:
                 raise ConfigError(f"{k}: expected an int >= 1, got {getattr(self, k)!r}")
         for k in ("save_steps", "save_total_limit", "max_steps", "eval_limit",
@@ -206,8 +207,9 @@ class TrainConfig:
                               f"got {self.random_plan_windows!r}")
         if any(not isinstance(v, int) or v < 1 for v in self.eval_max_lengths):
             raise ConfigError(f"eval_max_lengths: expected ints >= 1, got {self.eval_max_lengths!r}")
-        if len(self.fragment_scales) != 2 or min(self.fragment_scales) < 1:
-            raise ConfigError(f"fragment_scales: expected [s1, s0], got {self.fragment_scales!r}")
+        if len(self.fragment_windows) != 2 or min(self.fragment_windows) < 1:
+            raise ConfigError(f"fragment_windows: expected [s1, s0], got "
+                              f"{self.fragment_windows!r}")
         if self.dropout != 0.0:
             raise ConfigError("dropout: the paper trains with dropout 0.0 and the routing plan "
                               "must not depend on dropout; set it to 0.0")
@@ -315,6 +317,23 @@ def load_named_config(cls, name_or_path: str, what: str, overrides: dict):
     return cls(**d)
 
 
+# Keys renamed to say what they hold (pooling windows, not scales), read under their old names,
+# with a DeprecationWarning, for one release.
+RENAMED_KEYS = {"global_scale": "global_window", "fragment_scales": "fragment_windows"}
+
+
+def _renamed_keys(d: dict, known: set, where: str) -> dict:
+    out = dict(d)
+    for old, new in RENAMED_KEYS.items():
+        if old in out and new in known:
+            warnings.warn(f"{where}: {old!r} is now {new!r}; the old key goes in the next release",
+                          DeprecationWarning, stacklevel=4)
+            if new in out:
+                raise ConfigError(f"{where}: give {new!r} (or the deprecated {old!r}), not both")
+            out[new] = out.pop(old)
+    return out
+
+
 def config_fields(path, cls, overrides: dict) -> dict:
     """The keys of a JSON config file (``_comment``-style keys dropped) updated by
     ``overrides``, checked against the fields of dataclass ``cls``; ``ConfigError`` otherwise."""
@@ -330,6 +349,7 @@ def config_fields(path, cls, overrides: dict) -> dict:
                           f"{type(raw).__name__}")
     raw = {k: v for k, v in raw.items() if not k.startswith("_")}  # "_comment" keys
     known = {f.name for f in dataclasses.fields(cls)}
+    raw, overrides = _renamed_keys(raw, known, str(p)), _renamed_keys(overrides, known, "--set")
     for where, d in ((f"--set", overrides), (str(p), raw)):
         unknown = sorted(set(d) - known)
         if unknown:

@@ -200,8 +200,8 @@ class Trainee(nn.Module):
         if c.plan_policy == "routers":
             name = "fragment" if fragment else "global"
         T = frame_logits.shape[0]
-        s1, s0 = c.fragment_scales
-        w = Windows(relevant_window=s1, other_window=s0, global_window=c.global_scale)
+        s1, s0 = c.fragment_windows
+        w = Windows(relevant_window=s1, other_window=s0, global_window=c.global_window)
         fitted = plan_fitted(get_planner(name), T, self.grid, relevant, w,
                              lambda kept: self.bb.text_tokens(ex["question"], T, kept=kept,
                                                               **_times(self.bb, ex.get("times"))),
