@@ -53,7 +53,7 @@ What is measured, and how:
   the videos one after another; total and per-video wall time, peak memory over the batch.
 * ``--decoding`` picks VideoRouter's decode mode (vr_runtime.generate); the rows report the mode
   used and ``decode_ms_per_token``. ``--router-pool`` reaches every row that runs the routers.
-* Targets (issue): on an H100/H200 at 8B / 64 frames / 12,288, VideoRouter (1,4) TTFT <= 0.40x
+* Targets: on an H100/H200 at 8B / 64 frames / 12,288, VideoRouter (1,4) TTFT <= 0.40x
   Dense and <= 1.0 s, routers <= 8% of its TTFT, peak memory <= 20 GB; evaluated and printed
   only for such a run, and never for CPU figures.
 """
@@ -693,7 +693,7 @@ def batch_call(vr, dev, args, videos, max_length, budget, kw, rel, batched):
 
 # ----------------------------------------------------------------------------- targets
 def check_targets(rows, args, cuda: bool) -> dict:
-    """The issue's acceptance targets; only meaningful on a GPU at 8B / 64 frames / 12,288."""
+    """The latency and memory targets of the fast path; only meaningful on a GPU at 8B / 64 frames / 12,288."""
     applies = (cuda and args.shape == "8b" and not args.text_layers and not args.vision_layers
                and args.frames == PAPER_FRAMES and args.budget == PAPER_BUDGET)
     out = {"applies": applies, "targets": TARGETS}

@@ -1,4 +1,4 @@
-"""Latency-budgeted routing on CPU (issue: "the measured TTFT is within the target in >= 90% of
+"""Latency-budgeted routing on CPU (the target: "the measured TTFT is within the target in >= 90% of
 runs across a range of targets"): ``answer(ttft_budget_s=target)`` with the tiny preset.
 
     python bench/bench_ttft_budget.py                       # 16 frames, 7 targets x 8 runs, 1 thread
