@@ -693,7 +693,8 @@ def batch_call(vr, dev, args, videos, max_length, budget, kw, rel, batched):
 
 # ----------------------------------------------------------------------------- targets
 def check_targets(rows, args, cuda: bool) -> dict:
-    """The latency and memory targets of the fast path; only meaningful on a GPU at 8B / 64 frames / 12,288."""
+    """The fast path's latency and memory targets; only meaningful on a GPU at 8B / 64 frames /
+    12,288."""
     applies = (cuda and args.shape == "8b" and not args.text_layers and not args.vision_layers
                and args.frames == PAPER_FRAMES and args.budget == PAPER_BUDGET)
     out = {"applies": applies, "targets": TARGETS}
