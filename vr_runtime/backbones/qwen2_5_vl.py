@@ -82,9 +82,9 @@ import torch
 import torch.nn as nn
 
 from ..errors import ModelFilesError
-from .devices import pick_attn_implementation, resolve_device, resolve_dtype
 from .base import (Backbone, CostShape, FrameSpec, VisionTokens, build_model, cache_kwargs,
                    check_pixels)
+from .devices import pick_attn_implementation, resolve_device, resolve_dtype
 from .files import check_weights_dir, load_hf_model
 
 QWEN_TOKENS = VisionTokens("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")
@@ -231,9 +231,44 @@ def budget_frame_size(frames: int, budget: int, size: Tuple[int, int] = FRAME_SI
 # ----------------------------------------------------------------------------- the backbone
 class QwenGridPositions:
     """What the Qwen-VL backbones (2.5-VL, 3-VL and 3.5) share over their merged patch grid:
-    views at another frame size and M-RoPE positions for prompts of pooled grids. Needs
-    ``patch_size``, ``merge_size``, ``frame_size``, ``grid``, ``image_token_id``,
-    ``vision_tokens``, ``frames_per_unit`` and ``device``."""
+    the grid read from the vision config (:meth:`_init_grid`), the frozen trunk and the LM
+    head, views at another frame size, and M-RoPE positions for prompts of pooled grids. Needs
+    ``image_token_id``, ``vision_tokens``, ``frames_per_unit`` and ``device`` of the backbone."""
+
+    def _init_grid(self, model, name: str, trunk: nn.Module,
+                   frame_size: Tuple[int, int]) -> None:
+        """Patch, merge and temporal patch sizes from the vision config (the merged unit must
+        tile the full ``frame_size``), the frame size, the frozen trunk, the merger's stand-in and the lock
+        under which ``vision_features`` swaps the merger(s) out for one call."""
+        vc = model.config.vision_config
+        self.patch_size = int(vc.patch_size)
+        self.merge_size = int(vc.spatial_merge_size)
+        self.temporal_patch_size = int(vc.temporal_patch_size)
+        unit = self.patch_size * self.merge_size
+        if frame_size[0] % unit or frame_size[1] % unit:
+            raise ModelFilesError(f"model {name!r}: patch {self.patch_size} x merge "
+                                  f"{self.merge_size} does not tile {frame_size} frames")
+        # (H, W) of every frame: the full size, or a view's own size (at_resolution)
+        self.frame_size: Tuple[int, int] = frame_size
+        self._trunk = trunk
+        self._group = _MergeGroups(self.merge_size ** 2)
+        self._swap = threading.Lock()
+
+    @property
+    def grid(self) -> Tuple[int, int]:
+        u = self.patch_size * self.merge_size
+        return self.frame_size[0] // u, self.frame_size[1] // u
+
+    def lm_head(self) -> nn.Module:
+        return self.model.lm_head
+
+    def vision_tower(self) -> nn.Module:
+        return self._trunk
+
+    def step_position_ids(self, position: int) -> torch.Tensor:
+        """[3, 1, 1]: a decoded token is text, all three axes at ``position`` (the base
+        class's ``next_position``, max + 1, is where HF's rope_deltas put the first one)."""
+        return torch.full((3, 1, 1), int(position), dtype=torch.long, device=self.device)
 
     def at_resolution(self, height: int, width: int) -> "Backbone":
         """A view of this model (the same weights, tokenizer and merger-swap lock) whose frames
@@ -301,27 +336,10 @@ class Qwen25VLBackbone(QwenGridPositions, Backbone):
     def __init__(self, model, tokenizer, device, dtype, name):
         super().__init__(model, tokenizer, device, dtype, name)
         visual = model.model.visual
-        vc = model.config.vision_config
-        self.patch_size = int(vc.patch_size)
-        self.merge_size = int(vc.spatial_merge_size)
-        self.temporal_patch_size = int(vc.temporal_patch_size)
-        unit = self.patch_size * self.merge_size
-        if FRAME_SIZE[0] % unit or FRAME_SIZE[1] % unit:
-            raise ModelFilesError(f"model {name!r}: patch {self.patch_size} x merge "
-                                  f"{self.merge_size} does not tile {FRAME_SIZE} frames")
-        # (H, W) of every frame: FRAME_SIZE, or a view's own size (at_resolution)
-        self.frame_size: Tuple[int, int] = FRAME_SIZE
+        self._init_grid(model, name, VisionTrunk(visual), FRAME_SIZE)
         self._merger = visual.merger
-        self._trunk = VisionTrunk(visual)
-        self._group = _MergeGroups(self.merge_size ** 2)
-        self._swap = threading.Lock()  # vision_features swaps the merger out for one call
 
     # ------------------------------------------------------------------ identity and parts
-    @property
-    def grid(self) -> Tuple[int, int]:
-        u = self.patch_size * self.merge_size
-        return self.frame_size[0] // u, self.frame_size[1] // u
-
     @property
     def frame_spec(self) -> FrameSpec:
         return FrameSpec(size=self.frame_size, mean=CLIP_MEAN, std=CLIP_STD)
@@ -362,12 +380,6 @@ class Qwen25VLBackbone(QwenGridPositions, Backbone):
 
     def decoder(self) -> nn.Module:
         return self.model.model.language_model  # Qwen2_5_VLTextModel
-
-    def lm_head(self) -> nn.Module:
-        return self.model.lm_head
-
-    def vision_tower(self) -> nn.Module:
-        return self._trunk
 
     def projector(self) -> nn.Module:
         return self._merger  # Qwen2_5_VLPatchMerger: RMSNorm + MLP over 2x2 patch groups
@@ -426,12 +438,6 @@ class Qwen25VLBackbone(QwenGridPositions, Backbone):
                 "image_grid_thw": torch.tensor([[1, gh, gw]] * pixel_values.shape[0],
                                                dtype=torch.long, device=self.device),
                 "mm_token_type_ids": (ids == self.image_token_id).int()}
-
-    # ------------------------------------------------------------------ positions
-    def step_position_ids(self, position: int) -> torch.Tensor:
-        """[3, 1, 1]: a decoded token is text, all three axes at ``position`` (the base
-        class's ``next_position``, max + 1, is where HF's rope_deltas put the first one)."""
-        return torch.full((3, 1, 1), int(position), dtype=torch.long, device=self.device)
 
     # ------------------------------------------------------------------ generation
     def forward(self, *, inputs_embeds=None, input_ids=None, position_ids=None,

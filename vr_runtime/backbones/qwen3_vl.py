@@ -53,19 +53,16 @@ Positions (interleaved M-RoPE)
 from __future__ import annotations
 
 import pathlib
-import threading
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 
-from .devices import pick_attn_implementation, resolve_device, resolve_dtype
-from ..errors import ModelFilesError
 from .base import (Backbone, CostShape, FrameSpec, VisionTokens, build_model, cache_kwargs,
                    deepstack_kwargs)
+from .devices import pick_attn_implementation, resolve_device, resolve_dtype
 from .files import check_weights_dir, load_hf_model
-from .qwen2_5_vl import (QwenGridPositions, _MergeGroups, special_ids, tiny_tokenizer,
-                         with_token_ids)
+from .qwen2_5_vl import QwenGridPositions, special_ids, tiny_tokenizer, with_token_ids
 
 QWEN3_TOKENS = VisionTokens("<|vision_start|>", "<|vision_end|>", "<|video_pad|>")
 # Qwen3-VL's processor (Qwen3VLVideoProcessor image_mean / image_std).
@@ -131,31 +128,15 @@ class Qwen3VLBackbone(QwenGridPositions, Backbone):
     def __init__(self, model, tokenizer, device, dtype, name):
         super().__init__(model, tokenizer, device, dtype, name)
         visual = model.model.visual
-        vc = model.config.vision_config
-        self.patch_size = int(vc.patch_size)
-        self.merge_size = int(vc.spatial_merge_size)
-        self.temporal_patch_size = int(vc.temporal_patch_size)
+        self._init_grid(model, name, VisionTrunk(visual), FRAME_SIZE)
         self.frames_per_unit = self.temporal_patch_size
-        unit = self.patch_size * self.merge_size
-        if FRAME_SIZE[0] % unit or FRAME_SIZE[1] % unit:
-            raise ModelFilesError(f"model {name!r}: patch {self.patch_size} x merge "
-                                  f"{self.merge_size} does not tile {FRAME_SIZE} frames")
         # DeepStack streams (Qwen3-VL: 3; a tower without them, Qwen3.5's: none)
+        vc = model.config.vision_config
         self.streams = 1 + len(getattr(vc, "deepstack_visual_indexes", None) or ())
-        # (H, W) of every frame: FRAME_SIZE, or a view's own size (at_resolution)
-        self.frame_size: Tuple[int, int] = FRAME_SIZE
-        self._trunk = VisionTrunk(visual)
         self._mergers = nn.ModuleList([visual.merger,
                                        *(getattr(visual, "deepstack_merger_list", None) or [])])
-        self._group = _MergeGroups(self.merge_size ** 2)
-        self._swap = threading.Lock()   # vision_features swaps the mergers out for one call
 
     # ------------------------------------------------------------------ identity and parts
-    @property
-    def grid(self) -> Tuple[int, int]:
-        u = self.patch_size * self.merge_size
-        return self.frame_size[0] // u, self.frame_size[1] // u
-
     @property
     def frame_spec(self) -> FrameSpec:
         return FrameSpec(size=self.frame_size, mean=QWEN3_MEAN, std=QWEN3_STD)
@@ -198,12 +179,6 @@ class Qwen3VLBackbone(QwenGridPositions, Backbone):
 
     def decoder(self) -> nn.Module:
         return self.model.model.language_model   # Qwen3VLTextModel (takes the DeepStack streams)
-
-    def lm_head(self) -> nn.Module:
-        return self.model.lm_head
-
-    def vision_tower(self) -> nn.Module:
-        return self._trunk
 
     def projector(self) -> nn.Module:
         return self._mergers   # the merger and the DeepStack mergers (trainable in Stage 3)
@@ -368,10 +343,6 @@ class Qwen3VLBackbone(QwenGridPositions, Backbone):
         kept = range(int(num_frames)) if kept is None else list(kept)
         text = render_chat(self.tokenizer, self._content(question, kept, times), system)
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"]) - len(kept)
-
-    # ------------------------------------------------------------------ positions
-    def step_position_ids(self, position: int) -> torch.Tensor:
-        return torch.full((3, 1, 1), int(position), dtype=torch.long, device=self.device)
 
     # ------------------------------------------------------------------ generation
     def forward(self, *, inputs_embeds=None, input_ids=None, position_ids=None,
