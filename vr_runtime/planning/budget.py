@@ -82,14 +82,20 @@ RENAMED_WINDOWS = {"high": "relevant_window", "low": "other_window",
                    "global_scale": "global_window"}
 
 
+def warn_renamed(owner: str, old: str, new: str, stacklevel: int = 3) -> None:
+    """The DeprecationWarning of an old window name (``stacklevel`` 3: the caller of the
+    function that calls this)."""
+    warnings.warn(f"{owner}: {old!r} is now {new!r}; the old name goes in the next release",
+                  DeprecationWarning, stacklevel=stacklevel)
+
+
 def renamed_window_kwargs(owner: str, kwargs: dict, stacklevel: int = 3) -> dict:
     """``kwargs`` with the old window names (:data:`RENAMED_WINDOWS`) under the new ones, each
     old name warned about; an old and a new name together is a TypeError."""
     kwargs = dict(kwargs)
     for old, new in RENAMED_WINDOWS.items():
         if old in kwargs:
-            warnings.warn(f"{owner}: {old!r} is now {new!r}; the old name goes in the next "
-                          f"release", DeprecationWarning, stacklevel=stacklevel)
+            warn_renamed(owner, old, new, stacklevel + 1)
             if new in kwargs:
                 raise TypeError(f"{owner}: give {new}= (or the deprecated {old}=), not both")
             kwargs[new] = kwargs.pop(old)

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import budget
-from .budget import RENAMED_WINDOWS, BudgetError
+from .budget import RENAMED_WINDOWS, BudgetError, renamed_window_kwargs, warn_renamed
 
 AUTO = "auto"
 SEMANTIC_CLASSES = ("global", "fragment")   # Semantic Router class 0 / 1 (paper: y_s)
@@ -23,11 +22,6 @@ UNTRAINED_AUTO_POLICY = "global"            # what `auto` does without trained r
 DEFAULT_THRESHOLD = 0.5                     # frame relevant iff sigmoid(logit) > threshold
 
 Grid = Tuple[int, int]
-
-
-def _warn_renamed(owner: str, old: str, new: str, stacklevel: int = 3) -> None:
-    warnings.warn(f"{owner}: {old!r} is now {new!r}; the old name goes in the next release",
-                  DeprecationWarning, stacklevel=stacklevel)
 
 
 def accepts_renamed_windows(cls):
@@ -38,18 +32,11 @@ def accepts_renamed_windows(cls):
 
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
-        for old, new in RENAMED_WINDOWS.items():
-            if old in kwargs:
-                _warn_renamed(cls.__name__, old, new)
-                if new in kwargs:
-                    raise TypeError(f"{cls.__name__}: give {new}= (or the deprecated {old}=), "
-                                    f"not both")
-                kwargs[new] = kwargs.pop(old)
-        init(self, *args, **kwargs)
+        init(self, *args, **renamed_window_kwargs(cls.__name__, kwargs))
 
     def old_name(old, new):
         def get(self):
-            _warn_renamed(cls.__name__, old, new)
+            warn_renamed(cls.__name__, old, new)
             return getattr(self, new)
         return property(get, doc=f"Deprecated: :attr:`{new}`.")
 
