@@ -209,12 +209,13 @@ class Request:
     def _auto_windows(self, lm) -> Windows:
         """``scales="auto"``: the budget study's windows at this request's visual budget B_img
         (a fixed ``budget``, or what ``max_length`` leaves for ``num_frames`` frames' prompt),
-        as :func:`vr_runtime.planning.scales.request_budget` counts it."""
+        as :func:`vr_runtime.planning.scales.request_budget` counts it, from this request's
+        memoised text count."""
         o = self.options
         b = o.budget
         if b is None:
-            n_text = self.text_tokens(lm, o.num_frames)
-            b = max(0, o.max_length - n_text - o.max_new_tokens - o.margin)
+            b = scale_rules.budget_from_text(self.text_tokens(lm, o.num_frames), o.max_length,
+                                             o.max_new_tokens, o.margin)
         s_g, s_1, s_0 = scale_rules.auto_scales(b, int(lm.grid[0]) * int(lm.grid[1]))
         return Windows(relevant_window=s_1, other_window=s_0, global_window=s_g)
 

@@ -89,14 +89,21 @@ def auto_scales(budget: int, frame_tokens: int = 256) -> Tuple[int, int, int]:
     return COARSE_SCALES if budget <= AUTO_FRAMES_OF_BUDGET * frame_tokens else PAPER_SCALES
 
 
+def budget_from_text(text_tokens: int, max_length: int, max_new_tokens: int,
+                     margin: int = 100) -> int:
+    """B_img that ``max_length`` leaves beside a prompt of ``text_tokens`` text tokens. Never
+    below 0: a hopeless budget is the runtime's to refuse."""
+    return max(0, int(max_length) - int(text_tokens) - int(max_new_tokens) - int(margin))
+
+
 def request_budget(vr, question: str, num_frames: int, max_length: int, max_new_tokens: int,
                    margin: int = 100, budget: Optional[int] = None, system=None) -> int:
     """B_img of a request, counted as the runtime counts it for ``num_frames`` frames (a fixed
-    ``budget`` is returned as is). Never below 0: a hopeless budget is the runtime's to refuse."""
+    ``budget`` is returned as is)."""
     if budget is not None:
         return int(budget)
-    n_text = int(vr.lm.text_tokens(question, num_frames, system))
-    return max(0, int(max_length) - n_text - int(max_new_tokens) - int(margin))
+    n_text = vr.lm.text_tokens(question, num_frames, system)
+    return budget_from_text(n_text, max_length, max_new_tokens, margin)
 
 
 def resolve(scales: Scales, budget: int, frame_tokens: int = 256) -> Tuple[int, int, int]:
@@ -127,4 +134,4 @@ def label(scales: Scales) -> str:
 
 
 __all__ = ["PAPER_SCALES", "COARSE_SCALES", "AUTO", "SCALES_HELP", "ScalesError", "parse_scales",
-           "auto_scales", "request_budget", "resolve", "answer_kwargs", "label"]
+           "auto_scales", "budget_from_text", "request_budget", "resolve", "answer_kwargs", "label"]
