@@ -2,11 +2,12 @@
 still imports from it, as the very object its new home defines."""
 import importlib
 
-from vr_runtime.video import decoders, decord_decoder, probe, pyav_decoder, workers
+from vr_runtime.video import (decoders, decord_decoder, probe, pyav_decoder,
+                              torchcodec_decoder, workers)
 
 
 def test_every_exported_name_still_imports_from_decoders():
-    homes = (probe, pyav_decoder, decord_decoder, workers)
+    homes = (probe, pyav_decoder, decord_decoder, torchcodec_decoder, workers)
     for name in decoders.__all__:
         obj = getattr(decoders, name)
         owner = [m for m in homes if getattr(m, name, None) is obj]
@@ -30,5 +31,6 @@ def test_set_limits_is_seen_by_the_probe():
 
 def test_the_backends_are_the_decoder_modules():
     assert decoders._BACKENDS == {"pyav": pyav_decoder.decode_pyav,
-                                  "decord": decord_decoder.decode_decord}
+                                  "decord": decord_decoder.decode_decord,
+                                  "torchcodec": torchcodec_decoder.decode_torchcodec}
     assert importlib.import_module("vr_runtime.video.decoders") is decoders

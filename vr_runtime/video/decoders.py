@@ -1,6 +1,6 @@
 """Video decoding backends: one probe (PyAV, :mod:`.probe`) that indexes a file, and
-interchangeable decoders (:mod:`.pyav_decoder`, :mod:`.decord_decoder`) that turn a list of
-frame indices into small RGB frames. This module chooses the decoder for a file and dispatches
+interchangeable decoders (:mod:`.pyav_decoder`, :mod:`.decord_decoder`,
+:mod:`.torchcodec_decoder`) that turn a list of frame indices into small RGB frames. This module chooses the decoder for a file and dispatches
 to it (:func:`decode_frames`); it re-exports the probe's names.
 
 Why a layer: no single library decodes everything users hand over. decord (named by the
@@ -9,7 +9,10 @@ returns wrong frames from MPEG-TS and from HEVC when it seeks, mishandles rotati
 aarch64 / Apple-arm64 wheel. PyAV (always installed) ships an FFmpeg with every common decoder
 (dav1d for AV1). ``decoder="auto"`` uses decord only where the corpus tests show it gives
 ffmpeg's frames (``DECORD_CODECS`` / ``DECORD_CONTAINERS``), when it is installed, and PyAV for
-everything else and as the fallback whenever decord fails on a file.
+everything else and as the fallback whenever decord fails on a file. On a CUDA device
+(``device="cuda"``) ``auto`` first tries torchcodec's NVDEC where it is installed and NVDEC
+has the codec (``NVDEC_CODECS``), so decoding leaves the host's cores free; on CPU nothing
+changes.
 
 Frames are decoded straight to a reduced resolution (``scaled_size``: each side capped at
 twice the model's input size) by the decoder's scaler, one frame at a time, so a 4K file holds
@@ -28,6 +31,7 @@ from .decord_decoder import DECORD_CODECS, DECORD_CONTAINERS, _decord_module, de
 from .probe import (Limits, OnFrame, VideoIndex, _clean_reason, cancel_scope, limits, probe,
                     scaled_size, set_limits)
 from .pyav_decoder import decode_pyav, split_by_gop
+from .torchcodec_decoder import decode_torchcodec, nvdec_available, torchcodec_module
 from .workers import default_workers, resolve_workers
 
 __all__ = ["VideoIndex", "probe", "decode_frames", "DECODERS", "available_decoders",
@@ -35,7 +39,7 @@ __all__ = ["VideoIndex", "probe", "decode_frames", "DECODERS", "available_decode
            "SEEKS", "resolve_seek", "keyframe_indices", "default_workers", "resolve_workers",
            "split_by_gop"]
 
-DECODERS = ("auto", "pyav", "decord")
+DECODERS = ("auto", "pyav", "decord", "torchcodec")
 # How sampled times become frames: "exact" decodes the sampled frame itself (InternVL's
 # sampling, the paper's setting); "keyframe" takes the keyframe nearest each sampled time and
 # decodes only it (one frame a sample; at most half a GOP from the exact frame).
@@ -47,6 +51,8 @@ def available_decoders() -> List[str]:
     out = ["pyav"]
     if _decord_module() is not None:
         out.append("decord")
+    if torchcodec_module() is not None:
+        out.append("torchcodec")
     return out
 
 
@@ -57,6 +63,10 @@ def resolve_decoder(decoder: str) -> str:
     if decoder == "decord" and _decord_module() is None:
         raise VideoError("decoder 'decord' is not installed here (it has no wheel for this "
                          "platform); use --decoder auto or pyav")
+    if decoder == "torchcodec" and torchcodec_module() is None:
+        raise VideoError("decoder 'torchcodec' is not installed here, or does not load (it "
+                         "needs a CUDA PyTorch and FFmpeg's shared libraries; docs/video-input.md "
+                         "lists the wheels); use --decoder auto or pyav")
     return decoder
 
 
@@ -90,9 +100,14 @@ def keyframe_indices(info: VideoIndex, indices: Sequence[int]) -> List[int]:
     return sorted(out)
 
 
-def _candidates(info: VideoIndex, decoder: str, workers: int = 1) -> List[str]:
+def _candidates(info: VideoIndex, decoder: str, workers: int = 1,
+                device: str = "cpu") -> List[str]:
     if decoder != "auto":
         return [decoder]
+    # On a GPU, NVDEC first: it takes the decode off the host's cores (PyAV stays the fallback).
+    if (device.startswith("cuda") and info.has_pts and info.bits <= 10
+            and nvdec_available(info.codec)):
+        return ["torchcodec", "pyav"]
     # Several workers: PyAV's parallel decode (decord indexes the whole file per reader and
     # decodes one GOP at a time).
     if workers > 1 and info.has_pts:
@@ -105,7 +120,7 @@ def _candidates(info: VideoIndex, decoder: str, workers: int = 1) -> List[str]:
 
 def decode_frames(info: VideoIndex, indices: Sequence[int], scale: Tuple[int, int],
                   on_frame: OnFrame, decoder: str = "auto", workers: int = 1,
-                  seek: str = "exact") -> str:
+                  seek: str = "exact", device: str = "cpu") -> str:
     """Decode frames ``indices`` (increasing, distinct) of ``info`` as uint8 RGB scaled to
     ``scale`` = (width, height) of the coded frame and rotated for display, calling
     ``on_frame(position_in_indices, frame)`` for each. Returns the backend used.
@@ -118,10 +133,12 @@ def decode_frames(info: VideoIndex, indices: Sequence[int], scale: Tuple[int, in
     keyframes are decoded.
 
     With ``decoder="auto"`` a backend that fails before delivering a frame is replaced by the
-    next; an explicit backend's failure is the user's answer."""
+    next; an explicit backend's failure is the user's answer. ``device``: where the frames are
+    going ("cuda": ``auto`` may use NVDEC, :mod:`.torchcodec_decoder`); an explicit
+    ``torchcodec`` decodes on CUDA where there is one, else on the CPU."""
     resolve_seek(seek)
     workers = max(1, int(workers))
-    cands = _candidates(info, decoder, workers if seek == "exact" else 2)
+    cands = _candidates(info, decoder, workers if seek == "exact" else 2, device)
     last: Optional[BaseException] = None
     for name in cands:
         delivered = [0]
@@ -150,4 +167,4 @@ def decode_frames(info: VideoIndex, indices: Sequence[int], scale: Tuple[int, in
     raise VideoError(f"{info.path}: cannot decode the video ({_clean_reason(last)})")
 
 
-_BACKENDS = {"pyav": decode_pyav, "decord": decode_decord}
+_BACKENDS = {"pyav": decode_pyav, "decord": decode_decord, "torchcodec": decode_torchcodec}
