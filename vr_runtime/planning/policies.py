@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from . import budget
+from . import budget, long_prompt
 from .budget import RENAMED_WINDOWS, BudgetError, renamed_window_kwargs, warn_renamed
 
 AUTO = "auto"
@@ -53,6 +53,11 @@ class Windows:
     relevant_window: object = 1   #: s_1: the Image Router's relevant frames (Fragment)
     other_window: object = 4      #: s_0: the other frames (Fragment); the coarsest window
     global_window: object = 2     #: s_g: every frame (Global)
+    #: Long-prompt planners only (beyond the paper): the most frames in the prompt, the figure
+    #: the backbone was trained on (None: the planner's own figure; ``long_prompt.py``).
+    prompt_frames: Optional[int] = None
+    #: Long-prompt planners only: the relevant frames' neighbours' middle window (None: none).
+    neighbour_window: object = None
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,43 @@ def _uniform(T, budget_, grid, relevant, w: Windows):
 def _fragment_literal(T, budget_, grid, relevant, w: Windows):
     return budget.plan_fragment(relevant, budget_, grid, w.relevant_window,
                                 w.other_window, w.global_window, empty="low")
+
+
+def register_long_planners(suffix: str = "", prompt_frames: Optional[int] = None,
+                           neighbour_window=None) -> None:
+    """The long-prompt planners (``long_prompt.py``, beyond the paper) as ``fragment-long`` and
+    ``global-long`` plus ``suffix``: their cap is ``Windows.prompt_frames``, else
+    ``prompt_frames``, else ``long_prompt.DEFAULT_PROMPT_FRAMES``; the neighbours' window is
+    ``Windows.neighbour_window``, else ``neighbour_window``."""
+    def frag(T, budget_, grid, relevant, w: Windows):
+        nb = w.neighbour_window if w.neighbour_window is not None else neighbour_window
+        return long_prompt.plan_fragment_long(
+            relevant, budget_, grid, w.relevant_window, w.other_window, w.global_window,
+            long_prompt.prompt_frames_of(w, prompt_frames), nb)
+
+    def glob(T, budget_, grid, relevant, w: Windows):
+        return long_prompt.plan_global_long(T, budget_, grid, w.global_window,
+                                            long_prompt.prompt_frames_of(w, prompt_frames))
+
+    cap = prompt_frames or "the backbone's trained"
+    register_planner(f"fragment-long{suffix}", needs_relevance=True,
+                     description=f"beyond the paper: Algorithm 1 within {cap} frames (relevant "
+                                 f"at s1, a coverage set spread in time at s0)",
+                     when_none_relevant="the Global plan over frames spread in time was used")(frag)
+    if neighbour_window is not None:
+        return   # the Global plan has no relevant frames, so no neighbours: global-long's own
+    register_planner(f"global-long{suffix}",
+                     description=f"beyond the paper: the Global plan over {cap} frames spread "
+                                 f"in time")(glob)
+
+
+# The cap from the request's windows (the backbone's figure); the shipped tiny model's own
+# figure, 16 frames (every tiny_stage*.json trains on 16), by name until a request can say so;
+# and the variants that give the relevant frames' neighbours the Global window (s_g = 2).
+register_long_planners()
+register_long_planners("-16", prompt_frames=16)
+register_long_planners("-mid", neighbour_window=2)
+register_long_planners("-16-mid", prompt_frames=16, neighbour_window=2)
 
 
 def policy_names() -> Tuple[str, ...]:
@@ -273,7 +315,8 @@ def plan_fitted(planner: "Planner", num_frames: int, grid: Grid,
 
 __all__ = ["AUTO", "SEMANTIC_CLASSES", "UNTRAINED_AUTO_POLICY", "DEFAULT_THRESHOLD", "Windows",
            "RENAMED_WINDOWS", "accepts_renamed_windows",
-           "Planner", "PLANNERS", "register_planner", "policy_names", "get_planner",
+           "Planner", "PLANNERS", "register_planner", "register_long_planners", "policy_names",
+           "get_planner",
            "policy_from_logits", "relevant_from_probs", "relevant_from_logits", "topk_relevant",
            "topk_of",
            "FittedPlan", "fit_plan", "plan_fitted", "kept_frames"]
