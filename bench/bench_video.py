@@ -3,6 +3,8 @@ and decoder (CPU figures).
 
     python bench/bench_video.py              # 448p, 1080p and 4K H.264, 32 frames, each decoder
     python bench/bench_video.py --frames 64 --seconds 8
+    python bench/bench_video.py ttf              # time to frames of long clips, by method
+    python bench/bench_video.py nvdec            # NVDEC (torchcodec) against the CPU decoders
 
 Each case runs in a fresh subprocess so its peak RSS (``ru_maxrss``) is its own; the table gives
 the peak above the process's RSS after the imports (torch, PyAV, decord), i.e. what decoding and
@@ -23,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common import environment, finish, markdown_table  # noqa: E402
+from vr_runtime.video import decoders  # noqa: E402
 
 SOURCES = {"448p": (800, 448), "1080p": (1920, 1080), "4K": (3840, 2160)}
 
@@ -45,17 +48,28 @@ print(json.dumps({"base_mb": base / 1024, "peak_mb": peak / 1024, "wall_s": wall
 """
 
 
-def main(argv=None) -> int:
-    if argv is None:
-        argv = sys.argv[1:]
+def parse_any(argv):
+    """The arguments of whichever mode ``argv`` asks for (bench/check_args.py checks them)."""
     if argv[:1] == ["ttf"]:
-        return ttf_main(argv[1:])
+        return ttf_args(argv[1:])
+    if argv[:1] == ["nvdec"]:
+        return nvdec_args(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--frames", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
                                                   "video_cpu.json"))
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["ttf"]:
+        return ttf_main(argv[1:])
+    if argv[:1] == ["nvdec"]:
+        return nvdec_main(argv[1:])
+    args = parse_any(argv)
     from vr_runtime.video.decoders import available_decoders
     from vr_runtime.video.load import estimate_memory
     decoders = available_decoders()
@@ -174,7 +188,7 @@ def _decode(info, indices, scale, decoder, workers, seek):
     return wall, cpu, h.hexdigest()
 
 
-def ttf_main(argv) -> int:
+def ttf_args(argv):
     ap = argparse.ArgumentParser(prog="bench_video.py ttf",
                                  description="time to frames: seconds until the sampled frames "
                                              "are decoded, by method, against ffmpeg's single-"
@@ -186,6 +200,14 @@ def ttf_main(argv) -> int:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
                                                   "video_ttf_cpu.json"))
     args = ap.parse_args(argv)
+    bad = [c for c in args.clips.split(",") if c not in TTF_CLIPS]
+    if bad:
+        ap.error(f"--clips: unknown {bad}; choose from {','.join(TTF_CLIPS)}")
+    return args
+
+
+def ttf_main(argv) -> int:
+    args = ttf_args(argv)
     import numpy as np
     from vr_runtime.video import pyav_decoder
     from vr_runtime.video.load import open_video, sample_indices
@@ -274,6 +296,139 @@ def ttf_main(argv) -> int:
     md = markdown_table(rows, ["clip", "frames", "method", "time_s", "x_limit", "cpu_s",
                                "cpu_x_limit", "frames_used", "identical_to_pyav"])
     finish(args.out, payload, md, show=True)
+    return 0
+
+
+# ----------------------------------------------------------------------------- NVDEC
+
+# The long clip of the NVDEC rows: long enough for 2,048 distinct samples, short enough to make
+# in seconds on the device (x264's defaults at -preset veryfast: keyint 250, 3 B-frames, CABAC).
+NVDEC_CLIP = ("h264_720p_150s.mp4", 150, 1280, 720, 30)
+
+
+def nvdec_args(argv):
+    ap = argparse.ArgumentParser(prog="bench_video.py nvdec",
+                                 description="seconds to decode the sampled frames of a long "
+                                             "H.264 clip: torchcodec on NVDEC against the CPU "
+                                             "decoders on every core")
+    ap.add_argument("--frames", default="64,2048", help="comma list of sampled frame counts")
+    ap.add_argument("--cache", default=os.environ.get(
+        "VIDEOROUTER_BENCH_CACHE", os.path.expanduser("~/.cache/videorouter-bench")))
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
+                                                  "video_nvdec.json"))
+    args = ap.parse_args(argv)
+    try:
+        args.frames = [int(x) for x in args.frames.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--frames: expected a comma list of ints, got {args.frames!r}")
+    if not args.frames or min(args.frames) < 1 or max(args.frames) > NVDEC_CLIP[1] * NVDEC_CLIP[4]:
+        ap.error(f"--frames: expected ints in 1..{NVDEC_CLIP[1] * NVDEC_CLIP[4]} (the clip's "
+                 f"frames), got {args.frames}")
+    return args
+
+
+def nvdec_clip(cache: str) -> str:
+    """The long clip, made once: by ffmpeg where it is on PATH, else by PyAV's own libx264 (a
+    GPU image may have no ffmpeg command)."""
+    import shutil
+    fname, seconds, w, h, rate = NVDEC_CLIP
+    path = os.path.join(cache, fname)
+    if os.path.exists(path):
+        return path
+    os.makedirs(cache, exist_ok=True)
+    tmp = path + ".tmp.mp4"
+    if shutil.which("ffmpeg"):
+        subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i",
+                        f"testsrc2=size={w}x{h}:rate={rate}", "-t", str(seconds), "-c:v",
+                        "libx264", "-preset", "veryfast", "-pix_fmt", "yuv420p", tmp], check=True)
+    else:
+        _pyav_clip(tmp, seconds, w, h, rate)
+    os.replace(tmp, path)
+    return path
+
+
+def _pyav_clip(path: str, seconds: int, w: int, h: int, rate: int) -> None:
+    import av
+    import numpy as np
+    yy, xx = np.mgrid[0:h, 0:w]
+    with av.open(path, "w") as c:
+        s = c.add_stream("libx264", rate=rate)
+        s.width, s.height, s.pix_fmt = w, h, "yuv420p"
+        s.options = {"preset": "veryfast"}
+        for i in range(seconds * rate):   # a moving gradient: every frame differs
+            img = np.stack([(xx + 4 * i) % 256, (yy + 2 * i) % 256,
+                            np.full_like(xx, (3 * i) % 256)], -1).astype(np.uint8)
+            for pkt in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                c.mux(pkt)
+        for pkt in s.encode():
+            c.mux(pkt)
+
+
+def _nvdec_methods(cores: int, T: int) -> list:
+    """(label, decoder, workers, seek, device) rows for T samples."""
+    have = decoders.available_decoders()
+    rows = []
+    if "torchcodec" in have:
+        import torch
+        if torch.cuda.is_available():
+            rows.append(("torchcodec, NVDEC (cuda)", "torchcodec", 1, "exact", "cuda"))
+        rows.append(("torchcodec, CPU", "torchcodec", 1, "exact", "cpu"))
+    rows.append((f"PyAV exact, {cores} workers (all cores)", "pyav", cores, "exact", "cpu"))
+    rows.append((f"PyAV keyframe, {cores} workers (all cores)", "pyav", cores, "keyframe", "cpu"))
+    if "decord" in have and T <= 256:   # one thread: at 2,048 samples it would take the stage
+        rows.append(("decord, 1 thread", "decord", 1, "exact", "cpu"))
+    return rows
+
+
+def _nvdec_one(info, idx, scale, dec, workers, seek, device):
+    import time
+    from vr_runtime.video import torchcodec_decoder
+    n = [0]
+    t0, c0 = time.perf_counter(), time.process_time()
+    if dec == "torchcodec":   # its device named explicitly: the CPU row too
+        torchcodec_decoder.decode_torchcodec(info, idx, scale, lambda i, f: n.__setitem__(0, n[0] + 1),
+                                             device=device)
+    else:
+        decoders.decode_frames(info, idx, scale, lambda i, f: n.__setitem__(0, n[0] + 1), dec,
+                               workers=workers, seek=seek)
+    return time.perf_counter() - t0, time.process_time() - c0, n[0]
+
+
+def nvdec_main(argv) -> int:
+    args = nvdec_args(argv)
+    from vr_runtime.video.load import open_video, sample_indices
+    cores = decoders.default_workers()
+    info = open_video(nvdec_clip(args.cache))
+    scale = decoders.scaled_size(info.width, info.height, 448)
+    rows = []
+    for T in args.frames:
+        idx = sample_indices(info.num_frames, T, info.fps)
+        for label, dec, w, seek, device in _nvdec_methods(cores, T):
+            use = decoders.keyframe_indices(info, idx) if seek == "keyframe" else idx
+            try:
+                if T == args.frames[0]:   # device and library start-up, once, untimed
+                    _nvdec_one(info, use[:2], scale, dec, w, seek, device)
+                wall, cpu, got = _nvdec_one(info, use, scale, dec, w, seek, device)
+                row = dict(frames=T, method=label, time_s=round(wall, 3), cpu_s=round(cpu, 2),
+                           frames_delivered=got)
+            except Exception as e:   # a decoder that fails here: say so, time the others
+                row = dict(frames=T, method=label, time_s="fails: " + str(e).splitlines()[0][:120])
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    env = environment()
+    env.update(cores_available=cores, decoders=decoders.available_decoders())
+    try:
+        import torchcodec
+        env["torchcodec"] = torchcodec.__version__
+    except Exception as e:  # recorded: why the NVDEC rows are missing
+        env["torchcodec"] = "not loaded: " + str(e).splitlines()[0][:160]
+    payload = {"benchmark": "NVDEC (torchcodec) against the CPU decoders: seconds to decode the "
+                            "sampled frames of a long clip at the pipeline's decode size",
+               "clip": f"{info.codec} {info.width}x{info.height}, {info.duration_s:.0f} s, "
+                       f"{info.num_frames} frames", "environment": env,
+               "settings": vars(args), "rows": rows}
+    finish(args.out, payload, markdown_table(rows, ["frames", "method", "time_s", "cpu_s",
+                                                    "frames_delivered"]), show=True)
     return 0
 
 

@@ -1,0 +1,85 @@
+"""Check a benchmark's command line as the GPU run will parse it, without running anything.
+
+    python3 bench/check_args.py bench/bench_e2e.py --runs 3 --decoding graph ...
+
+Device time is scarce: a typo in a flag must fail here, on CPU, not in the first minute on a
+GPU. Each script is imported and its own argument parsing runs on the exact arguments
+(validation after argparse included); the benchmark itself never starts. CUDA is reported as
+available while parsing, so the defaults and checks are those of the GPU run (bench_decode
+refuses graph modes on a CPU). Exit 0 and one line ``ok SCRIPT``, or argparse's exit 2 and its
+one-line message.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Callable, Dict, List
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+
+class _Parsed(Exception):
+    """Raised where a script's parsing ends and its work would begin."""
+
+
+def _stop(*_a, **_k):
+    raise _Parsed()
+
+
+def _call(name: str) -> Callable:
+    """A script whose parsing is one function of its own: call it."""
+    return lambda mod, argv: getattr(mod, name)(argv)
+
+
+def _main_until(*stops: str) -> Callable:
+    """A script that parses inside ``main``: the functions it calls once the arguments are
+    checked are replaced by a stop, then ``main`` runs."""
+    def run(mod, argv):
+        for s in stops:
+            setattr(mod, s, _stop)
+        mod.main(argv)
+    return run
+
+
+# How each benchmark the GPU run starts is parsed without running (a script missing here is
+# refused: a new stage must say how its arguments are checked).
+PARSERS: Dict[str, Callable] = {
+    "bench_e2e.py": _call("parse_args"),
+    "bench_cold_start.py": _call("parse_args"),
+    "bench_decode.py": _call("parse"),
+    "bench_pool_pack.py": _main_until("run_processes", "cpu_vs_compile", "has_cuda"),
+    "bench_video.py": _call("parse_any"),
+}
+
+
+def check(script: str, argv: List[str]) -> None:
+    """Parse ``argv`` as ``script`` would; raises SystemExit(2) with argparse's message."""
+    name = os.path.basename(script)
+    if name not in PARSERS:
+        sys.exit(f"check_args: no argument check for {script}; add it to PARSERS in "
+                 f"bench/check_args.py")
+    if not os.path.isfile(os.path.join(HERE, name)):
+        sys.exit(f"check_args: {script}: no such benchmark in bench/")
+    import torch
+    torch.cuda.is_available = lambda: True   # parse as on the GPU (defaults, graph modes)
+    mod = importlib.import_module(name[:-3])
+    try:
+        PARSERS[name](mod, list(argv))
+    except _Parsed:
+        pass
+
+
+def main(argv: List[str] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        sys.exit("usage: python3 bench/check_args.py bench/SCRIPT.py [ARGS ...]")
+    check(argv[0], argv[1:])
+    print(f"ok {argv[0]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
