@@ -8,11 +8,20 @@ GPU. Each script is imported and its own argument parsing runs on the exact argu
 available while parsing, so the defaults and checks are those of the GPU run (bench_decode
 refuses graph modes on a CPU). Exit 0 and one line ``ok SCRIPT``, or argparse's exit 2 and its
 one-line message.
+
+    python3 bench/check_args.py --stages WORK
+
+checks every stage bench/gpu_run.sh --dry-run queued (``WORK/logs/<stage>.cmd``, its argv
+NUL-separated) in one process, the pytest stages by collecting their tests, and writes
+``WORK/check.tsv`` (stage, ok or bad, message); exit 2 if any is bad.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import os
+import subprocess
 import sys
 from typing import Callable, Dict, List
 
@@ -72,10 +81,55 @@ def check(script: str, argv: List[str]) -> None:
         pass
 
 
+def check_command(argv: List[str]) -> str:
+    """'' when ``argv`` (a stage's command, ``python3 bench/X.py ...`` or ``python3 -m pytest
+    ...``) parses, else the one-line reason."""
+    if argv[:3] == ["python3", "-m", "pytest"]:
+        # collected in a process of its own: the tests must see the real CUDA answer
+        r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", *argv[3:]],
+                           capture_output=True, text=True)
+        if r.returncode == 0:
+            return ""
+        lines = (r.stdout + r.stderr).strip().splitlines()
+        return "pytest cannot collect: " + (lines[-1] if lines else f"rc={r.returncode}")
+    if len(argv) < 2 or argv[0] != "python3" or not argv[1].endswith(".py"):
+        return f"not a 'python3 bench/SCRIPT.py ...' command: {' '.join(argv)[:120]}"
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            check(argv[1], argv[2:])
+    except SystemExit as e:
+        if e.code not in (0, None):
+            lines = err.getvalue().strip().splitlines() or [str(e.code)]
+            return lines[-1]
+    return ""
+
+
+def check_stages(work: str) -> int:
+    """Every ``WORK/logs/<stage>.cmd`` in stages.tsv's order; ``WORK/check.tsv`` written."""
+    with open(os.path.join(work, "stages.tsv")) as f:
+        names = [line.split("\t", 1)[0] for line in f if line.strip()]
+    bad = 0
+    rows = []
+    for name in names:
+        with open(os.path.join(work, "logs", f"{name}.cmd")) as f:
+            argv = [a for a in f.read().split("\0") if a]
+        why = check_command(argv)
+        bad += bool(why)
+        rows.append(f"{name}\t{'bad' if why else 'ok'}\t{why}")
+        print(f"{name}: {'BAD ARGUMENTS: ' + why if why else 'arguments ok'}", flush=True)
+    with open(os.path.join(work, "check.tsv"), "w") as f:
+        f.write("\n".join(rows) + "\n")
+    return 2 if bad else 0
+
+
 def main(argv: List[str] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv:
-        sys.exit("usage: python3 bench/check_args.py bench/SCRIPT.py [ARGS ...]")
+    if argv[:1] == ["--stages"] and len(argv) == 2:
+        return check_stages(argv[1])
+    if not argv or argv[0].startswith("-"):
+        sys.exit("usage: python3 bench/check_args.py bench/SCRIPT.py [ARGS ...]  |  "
+                 "--stages WORK")
     check(argv[0], argv[1:])
     print(f"ok {argv[0]}")
     return 0

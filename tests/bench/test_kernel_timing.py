@@ -146,12 +146,12 @@ def test_time_kernel_on_cuda_times_graph_replays_and_host_apart():
 
 
 def _script_commands(name):
-    """The command lines of gpu_rows.sh that run ``name`` (continuations joined)."""
-    text = (ROOT / "bench" / "gpu_rows.sh").read_text().replace("\\\n", " ")
+    """The command lines of gpu_run.sh that run ``name`` (continuations joined)."""
+    text = (ROOT / "bench" / "gpu_run.sh").read_text().replace("\\\n", " ")
     cmds = []
     for line in text.splitlines():
-        if f"bench/{name}" in line and line.strip().startswith("run "):
-            words = line.split(f"bench/{name}", 1)[1].replace('"$DEST', '"/tmp/x').split()
+        if f"bench/{name}" in line and line.strip().startswith("stage "):
+            words = line.split(f"bench/{name}", 1)[1].replace('"$W', '"/tmp/x').split()
             cmds.append([w.strip('"').rstrip(";") for w in words if w not in (";;",)])
     return cmds
 
@@ -166,5 +166,5 @@ def test_gpu_script_kernels_and_cold_stages_parse(monkeypatch):
     assert seen[0].processes == 3 and seen[0].warm_ms >= 200 and seen[0].no_sweep
     colds = _script_commands("bench_cold_start.py")
     assert {bench_cold_start.parse_args(c).shape for c in colds} == {"tiny", "8b"}
-    r = subprocess.run(["bash", str(ROOT / "bench" / "gpu_rows.sh"), "nope"], capture_output=True, text=True)
-    assert r.returncode == 2 and "cold" in r.stderr
+    r = subprocess.run(["bash", str(ROOT / "bench" / "gpu_run.sh"), "nope"], capture_output=True, text=True)
+    assert r.returncode == 2 and "extra" in r.stderr

@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# The GPU rows of BENCHMARKS.md's goals table in one call of the device tool, sized for a
+# session's 15 minutes of device time (docs/gpu-run.md says how to run it and what comes back).
+#
+#   bash bench/gpu_run.sh [--dry-run] [main|extra]
+#
+# main (default; stage caps sum to ~6 min on one H100), in order of value, InternVL3-8B shape,
+# random weights, bf16, 64 frames, budget 12,288 unless said:
+#   e2e      bench_e2e.py Dense and VideoRouter (s=2,4): TTFT, the ratio, router share, memory
+#   kernels  bench_pool_pack.py at the paper shape, kernel and same-bytes device copy, 3 processes
+#   decode   bench_decode.py: ms a new token, batch 1, dynamic and CUDA-graph decoding
+#   batch    bench_e2e.py --sweep batch: 4 videos against 1 (one batched prefill)
+#   frames   bench_e2e.py --sweep frames at 256 frames: the TTFT ratio there
+#   tests    pytest -m gpu of the new paths (graph decoding, batched pool_pack, prefix cache,
+#            memory, kernel timing, NVDEC frames against PyAV's)
+#   video    bench_video.py nvdec: 64 and 2,048 frames of a long clip, NVDEC against the CPU
+#            decoders on every core
+# extra (~3 min): what did not fit: the cold start (tiny and 8B) and the frames sweep to 1,024.
+#
+# Each stage runs under its own cap (timeout) and within what is left of the part's budget
+# (GPU_RUN_BUDGET_S: 390 s main, 180 s extra); after every stage the results so far are packed
+# into ONE archive and the summary rewritten, so a run killed part-way still leaves both. With
+# $OUT (the device tool's folder): $OUT/gpu_rows.tgz + $OUT/summary.md (extra: gpu_extra.tgz +
+# summary_extra.md), the work files under $TMPDIR; without it, everything in
+# bench/results/gpu_run_<date>_<part>/. The summary table is printed last.
+#
+# --dry-run (CPU, seconds): no benchmark runs; every stage's command line is parsed by its own
+# script (bench/check_args.py) and the test files are collected, the archive and the summary
+# are made; exit 2 if any command line is wrong. tests/bench/test_gpu_run.py runs it.
+set -u -o pipefail
+ROOT="${GPU_RUN_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}"
+cd "$ROOT"
+export PYTHONPATH="$ROOT:$ROOT/bench${PYTHONPATH:+:$PYTHONPATH}"
+DRY=0
+PART=main
+for a in "$@"; do
+    case "$a" in
+    --dry-run) DRY=1 ;;
+    main|extra) PART=$a ;;
+    *) echo "gpu_run.sh: unknown argument '$a': expected [--dry-run] [main|extra]" >&2; exit 2 ;;
+    esac
+done
+if [ "$PART" = main ]; then TGZ=gpu_rows.tgz; SUMMARY=summary.md; BUDGET=${GPU_RUN_BUDGET_S:-390}
+else TGZ=gpu_extra.tgz; SUMMARY=summary_extra.md; BUDGET=${GPU_RUN_BUDGET_S:-180}; fi
+if [ -n "${OUT:-}" ]; then
+    DEST="$OUT"
+    WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpu_run_${PART}.XXXX")"
+else
+    DEST="bench/results/gpu_run_$(date -u +%Y-%m-%d)_$PART"
+    WORK="$DEST"
+fi
+mkdir -p "$DEST" "$WORK/logs"
+START=$SECONDS
+: >"$WORK/stages.tsv"
+CUDA=$(python3 -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
+
+# What ran where: device, versions, the command (the results README is written from it).
+python3 - "$WORK/environment.json" "$PART" "$DRY" >"$WORK/logs/environment.log" 2>&1 <<'EOF'
+import json, platform, shutil, subprocess, sys
+env = {"part": sys.argv[2], "dry_run": sys.argv[3] == "1", "python": platform.python_version()}
+for mod in ("torch", "triton", "transformers", "av", "decord", "torchcodec"):
+    try:
+        env[mod] = __import__(mod).__version__
+    except Exception as e:   # absent or not loading: say which
+        env[mod] = "not loaded: " + str(e).splitlines()[0][:120]
+import torch
+env["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA"
+env["cuda"] = torch.version.cuda
+try:
+    env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                   text=True).stdout.strip() or "unknown"
+except OSError:
+    env["commit"] = "unknown"
+env["ffmpeg_cli"] = shutil.which("ffmpeg") or "absent"
+try:   # torchcodec demuxes with the system's FFmpeg libraries: are they there?
+    out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
+    env["libavcodec"] = sorted({l.split()[0] for l in out.splitlines() if "libavcodec.so." in l})
+except OSError:
+    env["libavcodec"] = "unknown"
+json.dump(env, open(sys.argv[1], "w"), indent=1)
+print(env)
+EOF
+
+finish() {   # the summary and the archive, as they stand now
+    python3 bench/gpu_summary.py "$WORK" "$PART" >"$DEST/$SUMMARY.tmp" 2>>"$WORK/logs/summary.log" \
+        && mv "$DEST/$SUMMARY.tmp" "$DEST/$SUMMARY"
+    cp "$DEST/$SUMMARY" "$WORK/$SUMMARY" 2>/dev/null
+    tar czf "$DEST/$TGZ.tmp" -C "$WORK" --exclude="$TGZ" --exclude="$TGZ.tmp" . \
+        && mv "$DEST/$TGZ.tmp" "$DEST/$TGZ"
+}
+
+# stage NAME CAP_S CMD...: one command under its cap, its log in logs/NAME.log, a row in
+# stages.tsv (name, status, seconds, cap), then the summary and archive rewritten.
+stage() {
+    local name=$1 cap=$2; shift 2
+    local left=$((BUDGET - (SECONDS - START) - 10))   # 10 s kept for packing
+    local t0=$SECONDS status rc
+    printf '%s\0' "$@" >"$WORK/logs/$name.cmd"
+    if [ "$DRY" = 1 ]; then
+        status="dry-run: queued for the argument check"
+        [ "$CUDA" = 1 ] || status="needs CUDA: not run here; $status"
+    elif [ "$CUDA" != 1 ]; then
+        status="skipped: needs CUDA (no CUDA device here)"
+    elif [ "$left" -lt 20 ]; then
+        status="skipped: ${left} s of the ${BUDGET} s budget left"
+    else
+        [ "$cap" -gt "$left" ] && cap=$left
+        echo "== $name (cap $cap s): $*" | tee -a "$WORK/logs/run.log"
+        timeout -k 10 "$cap" "$@" >"$WORK/logs/$name.log" 2>&1
+        rc=$?
+        case $rc in
+        0) status="ok" ;;
+        124|137) status="timed out at its cap ($cap s)" ;;
+        *) status="failed, rc=$rc (logs/$name.log)" ;;
+        esac
+    fi
+    printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$((SECONDS - t0))" "$cap" >>"$WORK/stages.tsv"
+    echo "== $name: $status, $((SECONDS - t0)) s" | tee -a "$WORK/logs/run.log"
+    finish
+}
+
+W="$WORK"
+E2E=(python3 bench/bench_e2e.py --no-plot --decoding graph)
+if [ "$PART" = main ]; then
+    stage e2e 95 "${E2E[@]}" --runs 3 --warmup 1 --policies dense,vr24 --out "$W/e2e_gpu_8b"
+    stage kernels 60 python3 bench/bench_pool_pack.py --no-sweep --no-compile --processes 3 \
+        --warm-ms 200 --methods kernel,copy --out "$W/pool_pack_gpu_8b.json"
+    stage decode 45 python3 bench/bench_decode.py --modes dynamic,graph --batch-sizes 1 \
+        --runs 2 --warmup 1 --out "$W/decode_gpu_8b.json"
+    stage batch 50 "${E2E[@]}" --runs 1 --warmup 1 --sweep batch --batch-sizes 1,4 \
+        --policies vr24 --out "$W/e2e_gpu_8b_batch"
+    stage frames 50 "${E2E[@]}" --runs 1 --warmup 1 --sweep frames --sweep-frames 256 \
+        --policies dense,vr24 --out "$W/e2e_gpu_8b_frames"
+    stage tests 50 python3 -m pytest -m gpu -v -p no:cacheprovider \
+        tests/runtime/test_generate.py tests/runtime/test_prefix_cache.py \
+        tests/runtime/test_runtime.py tests/backbones/test_qwen2_5_vl.py \
+        tests/telemetry/test_memory.py tests/bench/test_kernel_timing.py \
+        tests/video/test_torchcodec_decoder.py
+    stage video 35 python3 bench/bench_video.py nvdec --frames 64,2048 \
+        --out "$W/video_nvdec_gpu.json"
+else
+    stage cold_tiny 40 python3 bench/bench_cold_start.py --shape tiny --device cuda \
+        --processes 2 --out "$W/cold_start_tiny_gpu.json"
+    stage cold_8b 70 python3 bench/bench_cold_start.py --shape 8b --device cuda --processes 1 \
+        --out "$W/cold_start_8b_gpu.json"
+    stage frames_1024 60 "${E2E[@]}" --runs 1 --warmup 1 --sweep frames \
+        --sweep-frames 128,512,1024 --policies dense,vr24 --out "$W/e2e_gpu_8b_frames_1024"
+fi
+
+RC=0
+if [ "$DRY" = 1 ]; then   # every queued command line, parsed by its own script, in one process
+    python3 bench/check_args.py --stages "$WORK" >"$WORK/logs/check_args.log" 2>&1 || RC=2
+    cat "$WORK/logs/check_args.log" >&2
+    finish
+fi
+echo "results: $DEST/$TGZ (work files in $WORK), $(( SECONDS - START )) s"
+cat "$DEST/$SUMMARY"
+exit $RC

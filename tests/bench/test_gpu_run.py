@@ -1,0 +1,111 @@
+"""bench/gpu_run.sh, the prepared GPU command, dry-run on CPU: every stage's command line is
+parsed by its own script, the archive and the summary are made, and a bad flag fails here
+instead of in the first minute of device time."""
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "gpu_run.sh"
+sys.path.insert(0, str(ROOT / "bench"))
+
+import check_args  # noqa: E402
+import gpu_summary  # noqa: E402
+
+MAIN = ["e2e", "kernels", "decode", "batch", "frames", "tests", "video"]
+EXTRA = ["cold_tiny", "cold_8b", "frames_1024"]
+
+
+def _dry(tmp_path, *args, script=SCRIPT):
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), TMPDIR=str(tmp_path), GPU_RUN_ROOT=str(ROOT))
+    r = subprocess.run(["bash", str(script), "--dry-run", *args], capture_output=True,
+                       text=True, env=env, timeout=240)
+    return r, out
+
+
+def _stages(text):
+    """(name, cap) of each ``stage`` line of the script, main part then extra part."""
+    body = text.replace("\\\n", " ")
+    cut = body.index("stage cold_tiny")   # the extra part's first stage
+    main, extra = body[:cut], body[cut - 4:]
+    pick = re.compile(r"^\s*stage (\w+) (\d+) ", re.M)
+    return ([(n, int(c)) for n, c in pick.findall(main)],
+            [(n, int(c)) for n, c in pick.findall(extra)])
+
+
+def test_dry_run_checks_every_stage_and_leaves_one_archive_and_the_summary(tmp_path):
+    r, out = _dry(tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_rows.tgz", "summary.md"]
+    summary = (out / "summary.md").read_text()
+    for name in MAIN:
+        assert re.search(rf"^\| {name} \| .*dry-run: arguments ok", summary, re.M), name
+    assert "pending (stage e2e)" in summary
+    # the summary table is the last thing printed: a killed run still shows it
+    assert r.stdout.rstrip().endswith(summary.rstrip().splitlines()[-1])
+    with tarfile.open(out / "gpu_rows.tgz") as t:
+        names = set(t.getnames())
+    assert {"./stages.tsv", "./environment.json", "./summary.md", "./logs/e2e.cmd"} <= names
+
+
+def test_a_bad_flag_fails_the_dry_run_and_names_its_stage(tmp_path):
+    text = SCRIPT.read_text()
+    assert "--sweep-frames 128,512,1024" in text
+    bad = tmp_path / "gpu_run.sh"
+    bad.write_text(text.replace("--sweep-frames 128,512,1024", "--sweep-framez 128,512,1024"))
+    r, out = _dry(tmp_path, "extra", script=bad)
+    assert r.returncode == 2
+    summary = (out / "summary_extra.md").read_text()
+    assert re.search(r"^\| frames_1024 \| .*BAD ARGUMENTS: .*--sweep-framez", summary, re.M)
+    assert re.search(r"^\| cold_8b \| .*arguments ok", summary, re.M)
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_extra.tgz", "summary_extra.md"]
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["python3", "bench/bench_e2e.py", "--runz", "3"], "--runz"),
+    (["python3", "bench/bench_e2e.py", "--policies", "dense,vr99"], "vr99"),
+    (["python3", "bench/bench_pool_pack.py", "--methods", "kernel,cpy"], "cpy"),
+    (["python3", "bench/bench_decode.py", "--modes", "grph"], "grph"),
+    (["python3", "bench/bench_cold_start.py", "--shape", "9b"], "9b"),
+    (["python3", "bench/bench_video.py", "nvdec", "--frames", "64,x"], "--frames"),
+    (["python3", "bench/bench_nope.py"], "no argument check"),
+])
+def test_check_command_names_what_is_wrong(argv, msg):
+    why = check_args.check_command(argv)
+    assert msg in why and "\n" not in why
+
+
+def test_the_prepared_commands_parse_as_on_the_gpu():
+    assert check_args.check_command(["python3", "bench/bench_decode.py", "--modes",
+                                     "dynamic,graph"]) == ""
+
+
+def test_stages_in_order_of_value_and_caps_within_the_budgets():
+    main, extra = _stages(SCRIPT.read_text())
+    assert [n for n, _ in main] == MAIN and [n for n, _ in extra] == EXTRA
+    assert sum(c for _, c in main) <= 390 and sum(c for _, c in extra) <= 180
+
+
+def test_unknown_argument_is_one_line():
+    r = subprocess.run(["bash", str(SCRIPT), "nope"], capture_output=True, text=True)
+    assert r.returncode == 2 and "expected [--dry-run] [main|extra]" in r.stderr
+
+
+def test_summary_reads_the_results_files(tmp_path):
+    """The readers on the 2026-11-24 H100 files (renamed as the run names them) give the
+    figures that run published."""
+    src = ROOT / "bench" / "results" / "gpu_h100_2026-11-24"
+    for a, b in [("e2e_gpu_8b", "e2e_gpu_8b"), ("e2e_gpu_8b_batch", "e2e_gpu_8b_batch"),
+                 ("e2e_gpu_8b_frames", "e2e_gpu_8b_frames"), ("pool_pack_gpu", "pool_pack_gpu_8b")]:
+        (tmp_path / f"{b}.json").write_text((src / f"{a}.json").read_text())
+    text = gpu_summary.summary(str(tmp_path))
+    for row, got in [("TTFT VideoRouter (2,4) / Dense", "0.68"), ("router share", "16.0%"),
+                     ("peak memory", "1.01"), ("pool_pack", "88 / 65"), ("4 videos", "3.08x"),
+                     ("256 frames", "0.32"), ("decode per token", "pending (stage decode)")]:
+        assert re.search(rf"^\| {re.escape(row)}.*\| {re.escape(got)}", text, re.M), row
