@@ -13,7 +13,7 @@ figures, nothing measured), beside the one H100 measurement and the goals.
   table): FLOPs, bytes, the time floor at the H100's nominal peak (989 TFLOP/s dense bf16,
   3.35 TB/s) and at the cost model's H100 spec (70% / 90% of those).
 * The goals table: each row's model figure, the one H100 measurement (2026-11-24) and the goal,
-  with the ``bench/gpu_rows.sh`` stage whose results fill the measured column.
+  with the ``bench/gpu_run.sh`` stage whose results fill the measured column.
 * Memory: weights resident, KV caches and a rough activation floor per stage
   (``prefill_activation_bytes``), as a whole-process and an activation-only ratio to Dense.
 """
@@ -51,7 +51,7 @@ GOALS = {
     "ttft_ratio_256": "<= 0.25x", "decode_ms": "<= 7 ms", "batch4": "<= 2.0x",
     "kernel": ">= 90% / >= 85%, spread <= 10% over 3 processes", "memory": "<= 0.90x",
 }
-STAGE = {   # the bench/gpu_rows.sh stage that measures each row, and its results file
+STAGE = {   # the bench/gpu_run.sh stage that measures each row, and its results file
     "ttft_ratio": "e2e (e2e_gpu_8b.json)", "ttft_s": "e2e (e2e_gpu_8b.json)",
     "router_share": "e2e (e2e_gpu_8b.json, e2e_gpu_8b_rp2.json)",
     "ttft_ratio_256": "frames (e2e_gpu_8b_frames.json)",
@@ -199,7 +199,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         "The H100 column is the one run of 2026-11-24 (8B shape, random weights, 64 frames, budget "
         "12,288; bench/results/gpu_h100_2026-11-24); it predates the batched pool_pack, the memory "
         "changes, static/graph decoding and the router-pool plumbing. 'GPU run' is what "
-        "`PYTHONPATH=.:bench bash bench/gpu_rows.sh` fills (the stage named per row).",
+        "`bash bench/gpu_run.sh` fills (the stage named per row).",
         f"Shapes: {FRAMES} frames, {TEXT} text tokens, Dense {DENSE_TOKENS:,} and VideoRouter "
         f"(s=2,4) {VR_TOKENS:,} visual tokens; 256 frames: ~{text256} text tokens, VideoRouter at "
         f"budget {BUDGET:,}; decode at the context reached mid-way through {NEW_TOKENS} new tokens.",
@@ -223,7 +223,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
           markdown_table(goal_rows, ["row", "model", "h100_2026_11_24", "goal", "gpu_run",
                                      "measured_by"],
                          ["row", "model (H100 spec)", "H100 measured 2026-11-24", "goal",
-                          "H100/H200 now", "gpu_rows.sh stage (file)"]),
+                          "H100/H200 now", "gpu_run.sh stage (file)"]),
           "", "## Per stage (64 frames)", "",
           markdown_table(stage_rows, ["method", "stage", "gflop", "gbytes", "floor_ms",
                                       "model_ms"],

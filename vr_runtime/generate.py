@@ -10,7 +10,7 @@ Three ways to run the decode steps (``VideoRouter(decoding=...)``), all giving t
              ``torch.compile(mode="reduce-overhead")``: CUDA graphs replay a whole step in one
              launch (the gpt-fast pattern), for CUDA, where decoding an 8B model eagerly is
              bound by the host (about 1,900 kernel launches a token). Opt-in until it has been
-             measured on a GPU (bench/gpu_rows.sh): ``auto`` stays ``dynamic`` everywhere,
+             measured on a GPU (bench/gpu_run.sh): ``auto`` stays ``dynamic`` everywhere,
              because the first answer of each cache size pays an unmeasured compile.
 
 The prefill itself is the same in every mode (a dynamic cache: sdpa keeps its causal flash path;

@@ -107,5 +107,5 @@ def test_summary_reads_the_results_files(tmp_path):
     text = gpu_summary.summary(str(tmp_path))
     for row, got in [("TTFT VideoRouter (2,4) / Dense", "0.68"), ("router share", "16.0%"),
                      ("peak memory", "1.01"), ("pool_pack", "88 / 65"), ("4 videos", "3.08x"),
-                     ("256 frames", "0.32"), ("decode per token", "pending (stage decode)")]:
+                     ("TTFT ratio at 256 frames", "0.32"), ("decode per token", "pending (stage decode)")]:
         assert re.search(rf"^\| {re.escape(row)}.*\| {re.escape(got)}", text, re.M), row

@@ -173,7 +173,7 @@ def test_one_pool_pack_for_the_batch(vr, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["tiny", "tiny-qwen2.5-vl"])
 def test_one_pool_pack_for_the_batch_cuda(name):
-    """CUDA, the Triton kernel (bench/gpu_rows.sh, stage tests): the batch's one pool_pack
+    """CUDA, the Triton kernel (bench/gpu_run.sh, stage tests): the batch's one pool_pack
     gives each request's own rows bit for bit, and the one-by-one tokens."""
     from vr_runtime.backbones import load_backbone
     torch.manual_seed(0)

@@ -90,7 +90,7 @@ def test_another_plan_or_prompt_head_is_a_miss(pair):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["tiny", "tiny-qwen2.5-vl"])
 def test_prefix_cache_cuda(name):
-    """CUDA (bench/gpu_rows.sh, stage tests): the same tokens with the prefix reused."""
+    """CUDA (bench/gpu_run.sh, stage tests): the same tokens with the prefix reused."""
     from vr_runtime.backbones import load_backbone
     torch.manual_seed(0)
     lm = load_backbone(name, device="cuda", dtype=torch.float32)

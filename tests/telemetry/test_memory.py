@@ -100,7 +100,7 @@ def test_kept_rows_are_not_copied_out_of_z(tiny_vr, frames):
 
 @pytest.mark.gpu
 def test_cuda_activation_peak_below_dense():
-    """CUDA (bench/gpu_rows.sh, stage tests): the report's peak minus the weights on the
+    """CUDA (bench/gpu_run.sh, stage tests): the report's peak minus the weights on the
     device, Dense against Global and Fragment with both routers run, tiny model, bf16."""
     from vr_runtime.runtime import VideoRouter
     vr = VideoRouter.from_pretrained("tiny", device="cuda", dtype="bf16", warm_request=False)
