@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import math
 import os
@@ -212,54 +211,48 @@ def run_questions(args, questions) -> list:
                  routers=args.routers, plot=args.plot, scorer=getattr(args, "scorer", None),
                  scorer_model=getattr(args, "scorer_model", None))
     device, dtype = device_dtype(args.device, args.dtype)
-    future = _start_decoding(args, device, dtype)
-    vr = _load_model(args, device, dtype, future)
-    clip = future.result()  # raises VideoError if the file breaks part-way through
+    source = _open_video(args, device, dtype)   # a bad file fails before the model loads
+    vr = _load_model(args, device, dtype)
     from .routing.scorers import DEFAULT_SCORER, build_scorer
     scorer = build_scorer(getattr(args, "scorer", DEFAULT_SCORER),
                           getattr(args, "scorer_model", None), device=device, dtype=dtype,
                           cache_visual=False)
     opts = answer_options(args, scorer=scorer)
-    # answer() records clip.decode_s (which overlapped the model load) as the decode time;
-    # later questions reuse the decoded frames, so they report no decoding.
-    return [_answer_question(vr, args, opts, question,
-                             clip if i == 0 else dataclasses.replace(clip, decode_s=0.0))
-            for i, question in enumerate(questions)]
+    # Each answer streams the frames through the vision tower (decoded and resized on every
+    # core while the tower encodes the chunk before): no clip is held between questions.
+    return [_answer_question(vr, args, opts, question, source) for question in questions]
 
 
-def _start_decoding(args, device, dtype):
-    """Open and check the video now and decode its frames on a background thread (a future),
-    so decoding overlaps the model load."""
+def _open_video(args, device, dtype):
+    """Open and check the video now (its index, the sampled frames, the memory check): a
+    missing, corrupt or unsupported file fails in a second, before the model loads. Its frames
+    are decoded later, streamed through the vision tower (vr_runtime.video.frames)."""
     from .backbones import frame_spec_for
     from .video import decoders
-    from .video.load import prefetch_video
+    from .video.frames import open_frames
     decoders.set_limits(max_frame_pixels=getattr(args, "max_frame_pixels", MAX_FRAME_PIXELS))
-    spec = frame_spec_for(args.model)   # from config.json: decoding overlaps the model load
+    spec = frame_spec_for(args.model)   # from config.json: no model needed to check the video
+    source = open_frames(args.video, num_frames=args.frames, size=spec.size[0], mean=spec.mean,
+                         std=spec.std, decoder=getattr(args, "decoder", "auto"),
+                         memory_limit=_memory_for_video(args, device),
+                         time_window=getattr(args, "time_window", None),
+                         seek=getattr(args, "seek", "exact"),
+                         decode_workers=getattr(args, "decode_workers", None),
+                         fps=getattr(args, "fps", None), min_frames=getattr(args, "min_frames", 4),
+                         max_frames=getattr(args, "max_frames", 768))
     if stderr_is_tty() and not args.json:
         # A real checkpoint takes seconds to minutes to load, silently: say what is happening.
         # Terminals only: captured stderr stays one line per error.
-        print(f"loading model {args.model} on {device} ({str(dtype).replace('torch.', '')}) "
-              f"while the video decodes...", file=sys.stderr, flush=True)
-    return prefetch_video(args.video, num_frames=args.frames, size=spec.size[0], mean=spec.mean,
-                          std=spec.std, progress=_show_progress(args),
-                          decoder=getattr(args, "decoder", "auto"),
-                          memory_limit=_memory_for_video(args, device),
-                          time_window=getattr(args, "time_window", None),
-                          seek=getattr(args, "seek", "exact"),
-                          decode_workers=getattr(args, "decode_workers", None))
+        print(f"loading model {args.model} on {device} ({str(dtype).replace('torch.', '')})...",
+              file=sys.stderr, flush=True)
+    return source
 
 
-def _load_model(args, device, dtype, future):
-    """The VideoRouter; if it fails to load, its error (not a later decoding one) is raised,
-    once the decode thread has finished."""
+def _load_model(args, device, dtype):
+    """The VideoRouter."""
     from .runtime import VideoRouter
-    try:
-        return VideoRouter.from_pretrained(args.model, routers=args.routers, device=device,
-                                           dtype=dtype)
-    except BaseException:
-        with contextlib.suppress(Exception):
-            future.result()
-        raise
+    return VideoRouter.from_pretrained(args.model, routers=args.routers, device=device,
+                                       dtype=dtype)
 
 
 def _answer_question(vr, args, opts, question: str, clip) -> dict:

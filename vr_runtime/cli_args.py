@@ -101,7 +101,7 @@ scales_arg.__name__ = "--scales"
 # parsing (importing the planners pulls in torch, which --help and a bad flag should not wait for).
 POLICY_HELP = "auto|global|fragment|dense|budget|uniform"
 DTYPES = ("bf16", "fp16", "fp32")
-DECODERS = ("auto", "pyav", "decord")  # vr_runtime.video.decoders.DECODERS (not imported: heavy)
+DECODERS = ("auto", "pyav", "decord", "torchcodec")  # vr_runtime.video.decoders.DECODERS (not imported: heavy)
 SEEKS = ("exact", "keyframe")          # vr_runtime.video.decoders.SEEKS
 MAX_FRAME_PIXELS = 7680 * 4320         # 8K UHD: --max-frame-pixels' default
 
@@ -120,7 +120,20 @@ positive_seconds = arg_type(float, lambda v: 0 < v < float("inf"), "a number of 
 ANSWER_FLAGS = {
     "--frames": lambda: dict(
         type=positive_int("--frames"), default=64,
-        help="frames to sample with InternVL's segment sampling (default: 64)"),
+        help="frames to sample, spread evenly over the video (InternVL's segment sampling, the "
+             "paper's; for every backbone) (default: 64)"),
+    "--fps": lambda: dict(
+        type=arg_type(float, lambda v: 0 < v < float("inf"), "frames a second > 0", "--fps"),
+        default=None, metavar="F",
+        help="sample by rate instead of --frames: F frames a second, evenly spread (Qwen2.5-VL "
+             "and Qwen3-VL's sampling; their processors use 2), between --min-frames and "
+             "--max-frames (default: off, the paper's --frames segment sampling)"),
+    "--min-frames": lambda: dict(
+        type=positive_int("--min-frames"), default=4, metavar="N",
+        help="with --fps: sample at least N frames (default: 4)"),
+    "--max-frames": lambda: dict(
+        type=positive_int("--max-frames"), default=768, metavar="N",
+        help="with --fps: sample at most N frames (default: 768)"),
     "--max-length": lambda: dict(
         type=positive_int("--max-length"), default=12288,
         help="context length L_max in tokens (default: 12288)"),
@@ -151,7 +164,7 @@ ANSWER_FLAGS = {
         choices=DECODERS, default="auto",
         help="video decoding library: auto uses decord where it handles the codec and PyAV "
              "(FFmpeg) for everything else and as the fallback; with several --decode-workers, "
-             "PyAV (default: auto)"),
+             "PyAV; torchcodec: NVDEC on a GPU (when installed) (default: auto)"),
     "--seek": lambda: dict(
         choices=SEEKS, default="exact",
         help="exact decodes the sampled frames themselves (the paper's setting); keyframe takes "
@@ -202,6 +215,9 @@ def answer_options(args, **extra):
                          max_new_tokens=args.max_new_tokens, policy=args.policy,
                          ttft_budget_s=getattr(args, "ttft_budget", None) or None,
                          time_window=getattr(args, "time_window", None),
+                         fps=getattr(args, "fps", None),
+                         min_frames=getattr(args, "min_frames", 4),
+                         max_frames=getattr(args, "max_frames", 768),
                          seek=getattr(args, "seek", "exact"),
                          decoder=getattr(args, "decoder", "auto"),
                          allow_over_length=bool(getattr(args, "allow_over_length", False)),

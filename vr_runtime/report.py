@@ -13,7 +13,7 @@ import os
 from typing import List, Optional, Sequence
 
 from vr_kernels import pooled_counts
-from vr_kernels.windows import normalize_window
+from vr_kernels.windows import normalize_window, window_tokens
 
 __all__ = ["build_report", "json_window", "STAGES", "TTFT_STAGES", "frame_rows", "plot_report",
            "plot_reports"]
@@ -78,10 +78,30 @@ def _frame_fields(frames, scores, visual_cache, plan, counts, req) -> dict:
         "scales": [json_window(w) for w in plan],
         "frame_tokens": counts,
         "frames_kept": sum(1 for c in counts if c > 0),
+        "frames_dropped": sum(1 for c in counts if c == 0),
         # Algorithm 1 found no relevant frame: `fragment` fell back to the Global plan,
         # `fragment-literal` put every frame at s0 (the eval tables count how often)
         "no_relevant_frame": bool(fragment and not any(scores.relevant)),
     }
+
+
+def dropped_note(plan: Sequence, grid, budget: Optional[int], policy: str,
+                 relevant: Optional[Sequence[bool]] = None) -> Optional[str]:
+    """Why a plan left frames out of the prompt (None when it kept every frame): the budget
+    holds fewer frames than were sampled even at the windows the plan used, so the planner kept
+    a subset spread evenly in time (the relevant frames first, under a relevance policy)."""
+    dropped = [t for t, w in enumerate(plan) if json_window(w) == 0]
+    if not dropped:
+        return None
+    T, kept = len(plan), len(plan) - len(dropped)
+    lost = "" if relevant is None else \
+        f" ({sum(1 for t in dropped if relevant[t])} of them relevant)"
+    coarsest = min((window_tokens(w, grid) for w in plan if json_window(w) != 0), default=0)
+    why = (f"the visual budget of {budget} tokens holds only {kept} of the {T} sampled frames "
+           f"at these windows" if budget is not None else "the plan keeps a subset")
+    return (f"{len(dropped)} of {T} sampled frames were dropped{lost} under {policy}: {why} "
+            f"(the smallest kept frame is {coarsest} tokens); the kept frames are spread evenly "
+            f"in time. Sample fewer frames (--frames) or raise --max-length to keep them all")
 
 
 def _token_fields(grid, fitted, counts, req, prompt_tokens: int, generated: int) -> dict:
@@ -98,12 +118,19 @@ def _token_fields(grid, fitted, counts, req, prompt_tokens: int, generated: int)
 
 
 def _timings(frames, timer) -> dict:
-    """Seconds per stage, and TTFT (the stages after decoding, as in the paper)."""
+    """Seconds per stage, TTFT (the stages after decoding, as in the paper) and the wall time
+    from the request's start to its first token. The frames stream through the vision tower:
+    "decode" (opening the video, then decoding and resizing, start to last frame) overlaps
+    "vision" (the tower's own time); "frames_wait" is the part of it the tower waited for
+    frames. So the stages do not add up to the wall time: "first_token" is that."""
     t = timer.times
     timings = {k: round(t.get(k, 0.0), 6) for k in STAGES}
     if frames.decode_s is not None and frames.decode_s > 0:
-        timings["decode"] = round(float(frames.decode_s), 6)  # includes a prefetch that overlapped
+        timings["decode"] = round(float(frames.decode_s), 6)
+    timings["frames_wait"] = round(t.get("frames_wait", 0.0), 6)
     timings["ttft"] = round(sum(t.get(k, 0.0) for k in TTFT_STAGES), 6)
+    start, end = getattr(timer, "started", None), timer.ended.get("prefill")
+    timings["first_token"] = None if start is None or end is None else round(end - start, 6)
     return timings
 
 

@@ -41,6 +41,15 @@ class AnswerOptions:
     policy: str = "auto"
     #: (start_s, end_s): sample only this part of a video file.
     time_window: Optional[tuple] = None
+    #: Sample by rate instead (Qwen2.5-VL/Qwen3-VL's ``fps``, as vLLM's ``mm_processor_kwargs``
+    #: pass it): ``fps`` frames a second of the video (or its ``time_window``), evenly spread,
+    #: at least ``min_frames`` and at most ``max_frames``; ``num_frames`` is then unused.
+    #: None: the paper's ``num_frames`` segment sampling.
+    fps: Optional[float] = None
+    #: The fewest frames ``fps`` sampling takes (Qwen's processors: 4).
+    min_frames: int = 4
+    #: The most frames ``fps`` sampling takes (Qwen's processors: 768).
+    max_frames: int = 768
     #: Fixed Image Router decisions, one bool per sampled frame (a :class:`FixedRelevance`).
     relevant: Optional[Sequence[bool]] = None
     #: A :class:`~vr_runtime.routing.scorers.FrameScorer` that decides the relevant frames.
@@ -91,8 +100,10 @@ class AnswerOptions:
             raise ValueError(f"policy {self.policy!r}: "
                              f"{expected_one_of(self.policy, policy_names())}")
         for name, lo in (("num_frames", 1), ("max_length", 1), ("max_new_tokens", 0),
-                         ("margin", 0), ("chunk_size", 1)):
+                         ("margin", 0), ("chunk_size", 1), ("min_frames", 1),
+                         ("max_frames", 1)):
             _check_int(name, getattr(self, name), lo)
+        self._check_rate()
         b = self.budget
         if b is not None and (not isinstance(b, int) or isinstance(b, bool) or b < 1):
             raise ValueError(f"budget: expected a visual-token budget >= 1 or None, got {b!r}")
@@ -129,6 +140,15 @@ class AnswerOptions:
                 raise ValueError(f"ttft_budget_s: chooses the visual budget, so it does not go "
                                  f"with policy {self.policy!r} (no budget) or a fixed budget=")
             object.__setattr__(self, "ttft_budget_s", float(t))
+
+    def _check_rate(self) -> None:
+        f = self.fps
+        if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float))
+                              or not 0 < f < float("inf")):
+            raise ValueError(f"fps: expected frames a second > 0 (e.g. 2), got {f!r}")
+        if self.min_frames > self.max_frames:
+            raise ValueError(f"min_frames {self.min_frames} is above max_frames "
+                             f"{self.max_frames}; lower --min-frames or raise --max-frames")
 
     def _check_scales(self) -> None:
         """``scales``: parsed once; a triple is written into the per-window fields (which must

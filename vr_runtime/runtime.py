@@ -51,12 +51,13 @@ from .planning.policies import (AUTO, SEMANTIC_CLASSES, UNTRAINED_AUTO_POLICY, F
                                 get_planner, is_budgeted, kept_frames, plan_fitted,
                                 policy_from_logits, policy_names)
 from .reconstruct import reconstruct_embeds, reconstruct_embeds_batch
-from .report import build_report, json_window
+from .report import build_report, dropped_note, json_window
 from .request import AnswerOptions, Request
 from .routing.routers import RouterConfig, Routers, embed_question
 from .routing.scorers import FixedRelevance, FrameScores, ScoringInput
 from .telemetry.timing import StageTimer
-from .video import load as video_load   # looked up per call: tests swap its functions
+from .video import frames as video_frames   # looked up per call: tests swap its functions
+from .video.frames import FileSource, Frames, FrameSource, TensorSource
 
 POLICIES = policy_names()  # the built-in ones; register_planner adds more at run time
 
@@ -65,22 +66,6 @@ POLICIES = policy_names()  # the built-in ones; register_planner adds more at ru
 class Answer:
     text: str
     report: dict = field(default_factory=dict)
-
-
-@dataclass
-class Frames:
-    pixel_values: torch.Tensor     # [T, 3, H, W]
-    indices: List[int]
-    times_s: Optional[List[float]]
-    notes: List[str]
-    decode_s: Optional[float]
-    decoder: Optional[str] = None  # which library decoded the file, and its codec
-    codec: Optional[str] = None
-    seek: Optional[str] = None     # "exact" or "keyframe" (None: frames given as a tensor)
-
-    @property
-    def T(self) -> int:
-        return int(self.pixel_values.shape[0])
 
 
 @dataclass
@@ -276,11 +261,11 @@ class VideoRouter:
 
     def has_frames(self, video, num_frames: int, time_window=None, decoder="auto",
                    seek="exact") -> bool:
-        """Whether the visual cache holds the decoded frames of ``video`` (a path) at these
-        settings, so that answering it decodes nothing (the server decodes off the model's lock
+        """Whether the visual cache holds Z of ``video`` (a path) at these settings, so that
+        answering it decodes nothing (the server opens the video off the model's lock
         otherwise). A read of the cache only; safe from another thread."""
         st = self._vcache.get(self._video_key(video, num_frames, time_window, decoder, seek))
-        return st is not None and "frames" in st
+        return st is not None and "Z" in st
 
     def video_state(self, req: Request) -> Optional[dict]:
         """The cached per-video state for ``cache_visual`` (a dict, ``{}`` on a miss), or None."""
@@ -301,27 +286,27 @@ class VideoRouter:
 
     def load_frames(self, req: Request, timer: StageTimer,
                     state: Optional[dict] = None) -> Frames:
-        """The request's frames: sampled, decoded and preprocessed (timed as "decode"), or the
-        video cache's (``state``); grouped into the backbone's routing units."""
+        """The request's frames, opened (a file: checked, indexed and sampled, timed as
+        "decode"; nothing is decoded before the vision stage streams it), or the video cache's
+        (``state``); grouped into the backbone's routing units."""
         if state is not None and "frames" in state:
             f = state["frames"]
-            return Frames(f.pixel_values, f.indices, f.times_s, list(f.notes), None, f.decoder,
-                          f.codec, f.seek)
+            return dataclasses.replace(f, notes=list(f.notes), decode_s=None, open_s=0.0)
+        t0 = time.perf_counter()
         with timer.stage("decode"):
-            frames = self._load_frames(req.video, req.num_frames, req.time_window,
+            source = self._open_frames(req.video, req.num_frames, req.time_window,
                                        req.decoder, req.seek)
         spec = self.lm.frame_spec
-        if tuple(frames.pixel_values.shape[-2:]) != tuple(spec.size):
-            raise ValueError(f"video: frames are {tuple(frames.pixel_values.shape[-2:])}, the "
-                             f"model expects {tuple(spec.size)}")
-        if frames.T == 0:
+        if tuple(source.size) != tuple(spec.size):
+            raise ValueError(f"video: frames are {tuple(source.size)}, the model expects "
+                             f"{tuple(spec.size)}")
+        if len(source) == 0:
             raise ValueError("video: no frames to answer from")
-        if isinstance(req.video, torch.Tensor) and frames.T != req.num_frames:
-            frames.notes.append(f"{frames.T} frames were given as a tensor; "
-                                f"num_frames={req.num_frames} was not applied")
-        if self.lm.frames_per_unit > 1:   # the routing unit groups frames (a temporal patch)
-            pv, idx, times = self.lm.units(frames.pixel_values, frames.indices, frames.times_s)
-            frames = dataclasses.replace(frames, pixel_values=pv, indices=idx, times_s=times)
+        notes = []
+        if isinstance(req.video, torch.Tensor) and len(source) != req.num_frames:
+            notes.append(f"{len(source)} frames were given as a tensor; "
+                         f"num_frames={req.num_frames} was not applied")
+        frames = Frames.of(source, self.lm.units, notes, time.perf_counter() - t0)
         if state is not None:
             state["frames"] = frames
         return frames
@@ -340,29 +325,34 @@ class VideoRouter:
 
     def _load_frames(self, video, num_frames, time_window, decoder="auto",
                      seek="exact") -> Frames:
-        """Frames of a tensor (as given), a path (decoded), a VideoClip or a Future of one."""
+        """The units of a video input (opened, not decoded: see :meth:`load_frames`)."""
+        return Frames.of(self._open_frames(video, num_frames, time_window, decoder, seek),
+                         self.lm.units)
+
+    def _open_frames(self, video, num_frames, time_window, decoder="auto",
+                     seek="exact") -> FrameSource:
+        """A :class:`~vr_runtime.video.frames.FrameSource` of a path (opened: checked, indexed,
+        sampled), a FileSource, a [T,3,H,W] tensor, a VideoClip or a Future of one."""
         if isinstance(video, torch.Tensor):
-            if video.ndim != 4 or video.shape[1] != 3:
-                raise ValueError(f"video: a tensor must be [T, 3, H, W] frames, got {tuple(video.shape)}")
             if time_window is not None:
                 raise ValueError("time_window: only applies to a video file, not to a frame tensor")
-            return Frames(video, list(range(video.shape[0])), None, [], None)
+            return TensorSource(video)
+        if isinstance(video, FrameSource):
+            return video
         spec = self.lm.frame_spec
         if isinstance(video, (str, pathlib.Path)):
-            clip = video_load.load_video(
+            return video_frames.open_frames(
                 str(video), num_frames=num_frames, time_window=time_window, size=spec.size[0],
                 mean=spec.mean, std=spec.std, decoder=decoder, seek=seek)
-        elif isinstance(video, cf.Future):  # from vr_runtime.video.load.prefetch_video
-            clip = video.result()
-        elif hasattr(video, "pixel_values") and hasattr(video, "frame_indices"):
-            clip = video
-        else:
-            raise VideoError(f"video: expected a path, a VideoClip, a Future of one or a "
-                             f"[T,3,H,W] tensor, got {type(video).__name__}")
-        notes = [clip.note] if getattr(clip, "note", None) else []
-        return Frames(clip.pixel_values, list(clip.frame_indices), list(clip.timestamps_s), notes,
-                      getattr(clip, "decode_s", None), getattr(clip, "decoder", None),
-                      getattr(clip, "codec", None), getattr(clip, "seek", None))
+        if isinstance(video, cf.Future):  # from vr_runtime.video.load.prefetch_video
+            video = video.result()
+        if hasattr(video, "pixel_values") and hasattr(video, "frame_indices"):
+            return TensorSource(video.pixel_values, video.frame_indices, video.timestamps_s,
+                                getattr(video, "note", None), getattr(video, "decoder", None),
+                                getattr(video, "codec", None), getattr(video, "seek", None),
+                                getattr(video, "decode_s", None))
+        raise VideoError(f"video: expected a path, a VideoClip, a Future of one or a "
+                         f"[T,3,H,W] tensor, got {type(video).__name__}")
 
     # ------------------------------------------------------------------ stage: policy
     def decide_policy(self, req: Request, timer: StageTimer) -> PolicyDecision:
@@ -380,44 +370,75 @@ class VideoRouter:
 
     # ------------------------------------------------------------------ stage: vision
     def encode(self, frames: Frames, req: Request, timer: StageTimer, state: Optional[dict],
-               keep: Optional[Sequence[int]] = None) -> torch.Tensor:
-        """Z of the ``keep`` frames (all when None). With a video cache, Z of every frame is
-        computed once and kept (a later question may keep other frames)."""
+               keep: Optional[Sequence[int]] = None, retain: bool = False) -> torch.Tensor:
+        """Z of the ``keep`` units (all when None), streamed: the frames are decoded and resized
+        on worker threads while the tower encodes the chunk before, and dropped once encoded.
+        With a video cache, Z of every unit is computed once and kept (a later question may
+        keep other frames). ``retain``: keep the pixels too (a scorer that reads them)."""
         if state is not None:
             if "Z" not in state:
-                with timer.stage("vision"):
-                    state["Z"] = self.lm.encode_frames(frames.pixel_values, req.chunk_size)
+                state["Z"] = self._encode_stream(frames, req, timer, None, retain)
             else:
                 timer.add("vision", 0.0)
             Z = state["Z"]
             return Z if keep is None else Z[list(keep)]
-        pv, keep = frames.pixel_values, None if keep is None else list(keep)
-        c = req.chunk_size
-        with timer.stage("vision"):
-            if keep is None or keep == list(range(frames.T)):
-                return self.lm.encode_frames(pv, c) if pv.shape[0] else None
-            if len(keep) <= c:
-                return self.lm.encode_frames(pv[keep], c) if keep else None
-            # Index the kept frames one chunk at a time: ``pv[keep]`` would copy every kept
-            # frame's pixels at once (fp32 448x448: 2.4 MB a frame, 0.6 GB at 256 frames). The
-            # chunks are the ones encode_frames makes of pv[keep], so Z is the same.
-            Z = None
-            for i in range(0, len(keep), c):
-                z = self.lm.encode_frames(pv[keep[i:i + c]], c)
-                if Z is None:
-                    Z = z.new_empty(len(keep), *z.shape[1:])
-                Z[i:i + z.shape[0]].copy_(z)
-                del z
-            return Z
+        return self._encode_stream(frames, req, timer, keep, retain)
+
+    def _encode_stream(self, frames: Frames, req: Request, timer: StageTimer,
+                       keep: Optional[Sequence[int]], retain: bool) -> Optional[torch.Tensor]:
+        """The tower over ``frames.unit_chunks``: ``req.chunk_size`` units a call, the chunks
+        ``encode_frames`` would make of the same units at once (so Z is the same). Time spent
+        waiting for frames is "frames_wait"; the tower's own is "vision"."""
+        units = list(range(frames.T)) if keep is None else list(keep)
+        if not units:
+            return None
+        c, Z, row, kept_pixels = req.chunk_size, None, 0, [] if retain else None
+        chunks = frames.unit_chunks(units, c, self.lm.device)
+        try:
+            while True:
+                t0 = time.perf_counter()
+                pv = next(chunks, None)
+                timer.add("frames_wait", time.perf_counter() - t0)
+                if pv is None:
+                    break
+                with timer.stage("vision"):
+                    z = self.lm.encode_frames(pv, c)
+                    if Z is None:
+                        Z = z.new_empty(len(units), *z.shape[1:])
+                    Z[row:row + z.shape[0]].copy_(z)
+                row += z.shape[0]
+                if kept_pixels is not None:
+                    kept_pixels.append(pv.cpu())
+                del pv, z
+        finally:
+            if hasattr(chunks, "close"):
+                chunks.close()       # stops and joins the decoding workers, also on an error
+        frames.finished()
+        if kept_pixels is not None and keep is None:
+            frames.pixel_values = torch.cat(kept_pixels)
+        return Z
 
     # ------------------------------------------------------------------ stage: score
     def score_frames(self, req: Request, frames: Frames, Z, timer: StageTimer,
                      state: Optional[dict], budget: int) -> FrameScores:
-        inp = ScoringInput(req.routed_question, frames.pixel_values, Z, budget, req.windows,
+        pixels = self._pixels(frames, req, timer) if req.scorer.needs_pixels else None
+        inp = ScoringInput(req.routed_question, pixels, Z, budget, req.windows,
                            state, routers=self.routers, grid=self.lm.grid,
-                           frame_spec=self.lm.frame_spec, embed=self.question_embeddings)
+                           frame_spec=self.lm.frame_spec, embed=self.question_embeddings,
+                           num_frames=frames.T)
         with timer.stage("router"):
             return req.scorer.score(inp)
+
+    def _pixels(self, frames: Frames, req: Request, timer: StageTimer) -> torch.Tensor:
+        """Every unit's pixels [T, 3k, H, W] on the CPU, for a scorer that reads them: kept by
+        the vision stage when it ran, else streamed now (timed as "frames_wait")."""
+        if frames.pixel_values is None:
+            t0 = time.perf_counter()
+            frames.pixel_values = torch.cat(list(frames.unit_chunks(range(frames.T),
+                                                                    req.chunk_size)))
+            frames.finished()
+            timer.add("frames_wait", time.perf_counter() - t0)
+        return frames.pixel_values
 
     # ------------------------------------------------------------------ stage: plan
     def _times(self, times) -> dict:
@@ -556,6 +577,7 @@ class VideoRouter:
         """Every stage of :meth:`answer` before the prefill -> the prompt's embeddings and
         everything the report needs. ``pack=False`` (answer_batch): the prompt is built but
         its frames are not pooled yet (``packing`` holds what the batch's one pool_pack needs)."""
+        req = self._with_rate(req)
         T_req = int(req.video.shape[0]) if isinstance(req.video, torch.Tensor) else req.num_frames
         self.check_budget(req, T_req)              # a hopeless budget fails before decoding
         timer = StageTimer(self.lm.device, resident=True)   # CPU: this request's resident peak
@@ -571,7 +593,8 @@ class VideoRouter:
         planner = get_planner(decision.policy)
         scores, Z = None, None
         if planner.needs_relevance:   # vision first when the scorer reads Z, then score
-            Z = self.encode(frames, req, timer, state) if req.scorer.needs_z else None
+            Z = self.encode(frames, req, timer, state, retain=req.scorer.needs_pixels) \
+                if req.scorer.needs_z else None
             scores = self.score_frames(req, frames, Z, timer, state, self._scoring_budget(req, T))
             notes += scores.notes
         fitted = self.plan(req, decision.policy, T, scores.relevant if scores else None,
@@ -580,6 +603,10 @@ class VideoRouter:
         if scores is not None and not any(scores.relevant) and planner.when_none_relevant:
             notes.append("no frame was relevant: " + planner.when_none_relevant)
         notes += fitted.notes
+        dropped = dropped_note(fitted.plan, self.lm.grid, fitted.budget, decision.policy,
+                               scores.relevant if scores else None)
+        if dropped and planner.budgeted:
+            notes.append(dropped)
         keep = kept_frames(fitted.plan, self.lm.grid)
         if Z is None:   # plan-first policies encode only the frames they keep        # vision
             # (with a video cache, every frame once: the cached Z itself is packed below)
@@ -609,6 +636,26 @@ class VideoRouter:
                          f"reused from an earlier question; prefill ran on the rest")
         return _Prepared(req, timer, frames, decision, planner, scores, fitted, ids, embeds, pos,
                          notes, hit, packing, prefix)
+
+    def _with_rate(self, req: Request) -> Request:
+        """``fps`` sampling: the file is opened now, its duration gives the frame count, and
+        the request reads those frames of the opened file (the budget and ``scales="auto"``
+        are then those of the real count)."""
+        if req.fps is None:
+            return req
+        source = req.video
+        if isinstance(source, (str, pathlib.Path)):
+            spec = self.lm.frame_spec
+            source = video_frames.open_frames(
+                str(source), time_window=req.time_window, size=spec.size[0], mean=spec.mean,
+                std=spec.std, decoder=req.decoder, seek=req.seek, fps=req.fps,
+                min_frames=req.min_frames, max_frames=req.max_frames)
+        elif not isinstance(source, FileSource):   # (a FileSource: opened by rate already)
+            raise ValueError("fps: samples a video file by rate; give a path (frames given as "
+                             "a tensor or a clip are already sampled)")
+        opts = dataclasses.replace(req.options, num_frames=source.plan.num_frames, fps=None,
+                                   time_window=None)
+        return self.request(source, req.question, opts)
 
     def _visual_prefix(self, state: dict, plan: Sequence, ids: torch.Tensor, pos):
         """(PrefixCache, "hit" | "miss") for a prompt of this video (``state``: its visual cache
@@ -701,26 +748,25 @@ class VideoRouter:
 
     def _prepare_each(self, videos: list, qs: list, opts: list, batch_prefill: bool) -> list:
         """Every stage before the prefill for each video in turn (``batch_prefill``; else the
-        whole answer), decoding the next video file in the background meanwhile."""
+        whole answer). Every video file is opened (checked, indexed, sampled) before the first
+        is answered, so a bad file fails the batch before any model work; each one's frames
+        then stream through the tower in its turn."""
         spec = self.lm.frame_spec
 
-        def start(i):
-            v, o = videos[i], opts[i]
+        def opened(v, o):
             if isinstance(v, (str, pathlib.Path)):
-                return video_load.prefetch_video(
+                return video_frames.open_frames(
                     str(v), num_frames=o.num_frames, time_window=o.time_window,
                     size=spec.size[0], mean=spec.mean, std=spec.std, decoder=o.decoder, seek=o.seek)
             return v
 
+        sources = [opened(v, o) for v, o in zip(videos, opts)]
         done: list = []
-        pending = start(0) if videos else None
-        for i, q in enumerate(qs):
-            cur, o = pending, opts[i]
-            pending = start(i + 1) if i + 1 < len(videos) else None
-            if isinstance(cur, cf.Future):   # the window was applied when it was decoded
+        for src, q, o in zip(sources, qs, opts):
+            if isinstance(src, FileSource):   # the window was applied when it was opened
                 o = dataclasses.replace(o, time_window=None)
-            done.append(self._prepare(self.request(cur, q, o), pack=False) if batch_prefill
-                        else self.answer(cur, q, o))
+            done.append(self._prepare(self.request(src, q, o), pack=False) if batch_prefill
+                        else self.answer(src, q, o))
         return done
 
     def _generate_batch(self, done: List["_Prepared"]) -> List[Answer]:
@@ -736,6 +782,7 @@ class VideoRouter:
         for p in done:
             for stage in ("compress", "prefill", "generate"):
                 p.timer.add(stage, timer.get(stage))
+            p.timer.ended["prefill"] = timer.ended.get("prefill")   # the batch's first tokens
             if len(done) > 1:
                 p.notes.append(f"packed (one pool_pack), prefilled and decoded in one batch of "
                                f"{len(done)} requests: compress's pooling, prefill and generate "

@@ -59,9 +59,11 @@ def image_router_notes(routers, uses_routers: bool, pool: Optional[int]) -> List
 
 @dataclass
 class ScoringInput:
-    """What a scorer may read. ``Z`` is filled only for scorers with ``needs_z``."""
+    """What a scorer may read. ``Z`` is filled only for scorers with ``needs_z``, and
+    ``pixel_values`` only for scorers with ``needs_pixels`` (the runtime streams frames through
+    the vision tower and keeps no pixel otherwise)."""
     question: str                        # what the routers read (the bare question)
-    pixel_values: torch.Tensor           # [T, 3, H, W] normalised by ``frame_spec``
+    pixel_values: Optional[torch.Tensor]  # [T, 3, H, W] normalised by ``frame_spec``
     Z: Optional[torch.Tensor]            # [T, H*W, D]
     budget: int                          # visual budget (for rank-based scorers)
     windows: Windows
@@ -70,7 +72,13 @@ class ScoringInput:
     grid: Tuple[int, int] = (16, 16)     # the backbone's patch grid of one frame
     frame_spec: Any = None               # the backbone's FrameSpec (size, mean, std)
     embed: Optional[Callable[[str], torch.Tensor]] = None   # text -> Emb(text) [L, D]
+    num_frames: Optional[int] = None     # T (the routing units); default pixel_values' or Z's
     _emb: Optional[torch.Tensor] = field(default=None, init=False, repr=False)
+
+    def __post_init__(self):
+        if self.num_frames is None:
+            src = self.pixel_values if self.pixel_values is not None else self.Z
+            self.num_frames = None if src is None else int(src.shape[0])
 
     def question_embeddings(self) -> torch.Tensor:
         """Emb(q) [Lq, D] of ``question``, what both routers read (computed once)."""
@@ -82,6 +90,9 @@ class ScoringInput:
 class FrameScorer(abc.ABC):
     name: ClassVar[str] = ""
     needs_z: ClassVar[bool] = True       # the runtime encodes Z before scoring
+    # the runtime keeps the frames' pixels for it (True unless a scorer says it reads none:
+    # a scorer written before the frame stream may read them)
+    needs_pixels: ClassVar[bool] = True
     uses_routers: ClassVar[bool] = True  # decisions come from the routers' weights
 
     @abc.abstractmethod
@@ -97,6 +108,7 @@ class FrameScorer(abc.ABC):
 class ImageRouterScorer(FrameScorer):
     """sigmoid(Image Router logit) > the routers' threshold, per frame."""
     name = "image-router"
+    needs_pixels = False
 
     def __init__(self, frame_batch: Optional[int] = None, router_pool: Optional[int] = None):
         self.frame_batch = frame_batch
@@ -144,6 +156,7 @@ class FixedRelevance(FrameScorer):
     ``router_pool`` reach the Image Router exactly as :class:`ImageRouterScorer`'s do, so the
     cost measured is the cost of the configuration asked for (the report names the pool)."""
     name = "fixed"
+    needs_pixels = False
 
     def __init__(self, relevant: Sequence[bool], run_routers: bool = False,
                  frame_batch: Optional[int] = None, router_pool: Optional[int] = None):
@@ -161,7 +174,7 @@ class FixedRelevance(FrameScorer):
         return routers.config.router_pool if self.router_pool is None else self.router_pool
 
     def score(self, inp: ScoringInput) -> FrameScores:
-        T = inp.pixel_values.shape[0]
+        T = inp.num_frames
         if len(self.relevant) != T:
             raise ValueError(f"relevant: expected {T} entries (one per sampled frame), got "
                              f"{len(self.relevant)}")

@@ -31,13 +31,15 @@ prefill and decode for all, each answer the one it gets alone, each request its 
 batch that fails is answered one request at a time, so each gets its own error. Streaming
 requests are never batched.
 
-Videos are checked and decoded before they wait for the model, never under its lock: each
-request's check (open once, index, caps) and decode run on a daemon thread of their own (a
-request that hangs holds no shared worker, and none can keep the process from exiting), and the
-decode stops between frames once the request is given up (deadline, client gone, drain), so
-``--timeout`` bounds it. At most ``max_batch + 1`` decoded clips wait at once (the one on the
-model and the next), which bounds their memory; a video whose frames the visual cache already
-holds is not decoded again.
+Videos are checked before they wait for the model, never under its lock: each request's check
+(open once, index, caps, the sampling and the memory check) runs on a daemon thread of its own (a
+request that hangs holds no shared worker, and none can keep the process from exiting). Its
+frames are decoded on the model's turn, streamed through the vision tower a chunk at a time
+(:mod:`vr_runtime.video.frames`): decoding overlaps the tower, and a request holds a bounded
+window of frames however many it samples. The decode stops between packets once the request is
+given up (deadline, client gone, drain), so ``--timeout`` bounds it. At most ``max_batch + 1``
+opened videos wait at once (the one on the model and the next); a video whose Z the visual
+cache already holds is not decoded again.
 
 Draining (:meth:`Engine.drain`, on SIGTERM): no new request is admitted (503 + Retry-After), every
 request not yet on the model is answered 503 + Retry-After at once, and the one running gets until
@@ -465,11 +467,14 @@ class Engine:
                     raise _Skipped(504, "the request was given up while waiting to decode")
             try:
                 spec = self.vr.lm.frame_spec
-                from ..video.load import load_video
-                clip = load_video(video.path, num_frames=s.num_frames, size=spec.size[0],
-                                  mean=spec.mean, std=spec.std, should_stop=should_stop,
-                                  limits=self.media.config.limits(),
-                                  time_window=s.time_window, seek=s.seek)
+                from ..video.frames import open_frames
+                # Checked, indexed and sampled here; its frames are decoded on the model's
+                # turn, streamed through the vision tower a chunk at a time (bounded memory
+                # per request however many frames), and stop once the request is given up.
+                clip = open_frames(video.path, num_frames=s.num_frames, size=spec.size[0],
+                                   mean=spec.mean, std=spec.std, should_stop=should_stop,
+                                   limits=self.media.config.limits(),
+                                   time_window=s.time_window, seek=s.seek)
             except BaseException:
                 self._clip_slots.release()
                 raise
@@ -510,7 +515,8 @@ class Engine:
 
 
 def _input(video: Video):
-    """What the runtime answers from: the clip decoded off the lock, else the opened file."""
+    """What the runtime answers from: the video opened off the lock (a FileSource), else the
+    checked file."""
     return video.clip if video.clip is not None else video.path
 
 

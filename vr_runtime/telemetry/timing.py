@@ -72,6 +72,10 @@ class StageTimer:
         requests' peaks)."""
         self.device = torch.device(device)
         self.times: Dict[str, float] = {}
+        # perf_counter() when each stage last ended: the wall time to the first token is the
+        # end of "prefill" (the first token is its output) from the request's start
+        self.ended: Dict[str, float] = {}
+        self.started = time.perf_counter()
         self._nvml = _NVML(self.device)
         self.nvml_peak: Optional[int] = self._nvml.used()
         self.resident = None
@@ -91,7 +95,8 @@ class StageTimer:
             yield
         finally:
             _sync(self.device)
-            self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
+            self.ended[name] = time.perf_counter()
+            self.times[name] = self.times.get(name, 0.0) + self.ended[name] - t0
             for fn in list(_listeners):
                 fn(name, False)
             used = self._nvml.used()

@@ -37,13 +37,13 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
-from PIL import Image
 from tqdm.auto import tqdm
 
 from ..errors import VideoError
 from .decoders import (Limits, VideoIndex, cancel_scope, decode_frames, keyframe_indices,
                        resolve_decoder, resolve_seek, resolve_workers, scaled_size)
 from .probe import _duration, _reason, probe
+from .stream import FrameStream, normalise, resize_frame
 
 __all__ = ["VideoClip", "VideoFile", "load_video", "sample_indices", "sample_window",
            "prefetch_video", "open_video", "preprocess_frames", "estimate_memory", "available_memory",
@@ -54,6 +54,8 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 # Frames resized per step: bounds the uint8 staging memory and gives the progress bar steps.
 CHUNK = 8
+# Frames a worker of the frame stream decodes in one job (vr_runtime.video.stream.gop_jobs).
+STREAM_JOB = 16
 # Env override for the memory the video may use (bytes, or with a K/M/G/T suffix): for
 # machines whose free memory is not what the process may really use, and for tests.
 MEMORY_ENV = "VIDEOROUTER_MEMORY_LIMIT"
@@ -145,6 +147,29 @@ def sample_window(pts_s: Sequence[float], num_frames: int, time_window: Tuple[fl
     return [min(max(i, first), last) for i in out]
 
 
+def rate_frames(duration_s: float, fps: float, min_frames: int = 4,
+                max_frames: int = 768) -> int:
+    """Frames to sample at ``fps`` frames a second from ``duration_s`` seconds, clamped to
+    [``min_frames``, ``max_frames``] (Qwen2.5-VL/Qwen3-VL's ``fps`` sampling: their processors'
+    defaults are 2 fps, 4 to 768 frames)."""
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not fps > 0 \
+            or not math.isfinite(fps):
+        raise VideoError(f"fps: expected frames a second > 0, got {fps!r}")
+    _check_count(min_frames, "min_frames")
+    _check_count(max_frames, "max_frames")
+    if min_frames > max_frames:
+        raise VideoError(f"min_frames {min_frames} is above max_frames {max_frames}")
+    return int(min(max(round(duration_s * fps), min_frames), max_frames))
+
+
+def sample_rate_indices(first: int, last: int, n: int) -> List[int]:
+    """``n`` frames evenly spread over ``[first, last]``, both ends included (Qwen's
+    ``linspace(0, total - 1, n).round()``); all of them if the range is not longer."""
+    if last - first + 1 <= n:
+        return list(range(first, last + 1))
+    return sorted({int(i) for i in np.linspace(first, last, n).round()})
+
+
 def _validate_window(time_window, duration: float, total_frames: int, fps: float):
     try:
         start_s, end_s = (float(v) for v in time_window)
@@ -211,12 +236,9 @@ def preprocess_frames(frames: np.ndarray, size: int = 448, mean: Sequence[float]
         raise VideoError(f"std must be > 0, got {tuple(std)}")
     frames = np.ascontiguousarray(frames, dtype=np.uint8)
     if frames.shape[1:3] != (size, size):
-        bicubic = getattr(getattr(Image, "Resampling", Image), "BICUBIC")
-        frames = np.stack([np.asarray(Image.fromarray(f).resize((size, size), bicubic))
-                           for f in frames])
-    x = torch.from_numpy(frames).permute(0, 3, 1, 2).float()
+        frames = np.stack([resize_frame(f, size) for f in frames])
     # In place: the same arithmetic as (x - mean) / std, one float copy fewer at the peak.
-    return x.sub_(mean_t * 255.0).div_(std_t * 255.0).contiguous()
+    return normalise(torch.from_numpy(frames).permute(0, 3, 1, 2), mean_t, std_t).contiguous()
 
 
 def _norm(v, name) -> torch.Tensor:
@@ -232,13 +254,16 @@ def _norm(v, name) -> torch.Tensor:
 # ----------------------------------------------------------------------------- memory
 
 def estimate_memory(num_frames: int, size: int, width: int, height: int, bits: int = 8,
-                    workers: int = 1) -> int:
+                    workers: int = 1, streaming: bool = False) -> int:
     """Bytes that loading ``num_frames`` frames of a ``width`` x ``height`` video at ``size``
     needs at its peak; an upper estimate (bench/results/video_cpu.md compares it with the
     measured peak, decord and PyAV, 448p to 4K):
 
     * the clip, float32 ``[T, 3, size, size]``, counted twice: the caller's model takes a
-      device/dtype copy of it (none on CPU in fp32, a full one on CUDA);
+      device/dtype copy of it (none on CPU in fp32, a full one on CUDA). ``streaming`` (the
+      runtime's frame stream, :mod:`vr_runtime.video.stream`) holds no clip: instead its
+      reorder window of resized uint8 frames ((workers + 1) jobs of ``STREAM_JOB`` frames) and
+      one chunk normalised to float32, whatever ``num_frames`` is;
     * one chunk of staging: ``CHUNK`` decoded frames at the reduced decode size, their PIL
       resized copies, and four float32 temporaries of the normalisation;
     * the decoder's own frames at full source resolution: reference frames plus
@@ -248,11 +273,15 @@ def estimate_memory(num_frames: int, size: int, width: int, height: int, bits: i
     * a fixed 100 MB for the decoding libraries' contexts and allocator slack."""
     w2, h2 = scaled_size(width, height, size)
     workers = max(1, int(workers))
-    clip = int(num_frames) * 3 * size * size * 4
+    if streaming:
+        frame = 3 * size * size
+        clip = (workers + 1) * STREAM_JOB * frame + STREAM_JOB * frame * 4
+    else:
+        clip = 2 * int(num_frames) * 3 * size * size * 4
     staging = CHUNK * (w2 * h2 * 3 + size * size * 3 + 4 * 3 * size * size * 4)
     sample_bytes = 2 if bits > 8 else 1
     decoder = workers * (32 * int(width * height * 1.5) * sample_bytes + w2 * h2 * 3)
-    return 2 * clip + staging + decoder + 100 * 2 ** 20
+    return clip + staging + decoder + 100 * 2 ** 20
 
 
 def available_memory() -> Optional[int]:
@@ -308,16 +337,21 @@ def _fmt_bytes(n: float) -> str:
 
 
 def _check_memory(path: str, info: "VideoIndex", n: int, size: int,
-                  limit: Optional[int], workers: int = 1) -> int:
+                  limit: Optional[int], workers: int = 1, streaming: bool = False) -> int:
     """Refuse before allocating when ``n`` frames cannot fit in memory; returns the parallel
     decoders that fit (``workers``, or fewer when each one's frames would not)."""
     avail = available_memory() if limit is None else int(limit)
     if avail is None:
         return workers
     for w in range(max(1, workers), 0, -1):
-        if estimate_memory(n, size, info.width, info.height, info.bits, w) <= avail:
+        if estimate_memory(n, size, info.width, info.height, info.bits, w, streaming) <= avail:
             return w
-    need = estimate_memory(n, size, info.width, info.height, info.bits)
+    need = estimate_memory(n, size, info.width, info.height, info.bits, 1, streaming)
+    if streaming:
+        raise VideoError(f"{path}: streaming frames at {size}x{size} need about "
+                         f"{_fmt_bytes(need)} of memory (one decoder and a window of frames, "
+                         f"whatever the frame count) but only {_fmt_bytes(avail)} is "
+                         f"available; free some memory first")
     per_frame = estimate_memory(2, size, info.width, info.height, info.bits) - \
         estimate_memory(1, size, info.width, info.height, info.bits)
     fixed = need - n * per_frame
@@ -456,18 +490,40 @@ class _Plan:
     workers: int = 1
 
 
-def _plan(info, num_frames: int, time_window, seek: str = "exact") -> Tuple[List[int], Optional[str]]:
-    total = info.num_frames
+def _rate_plan(info, rate: tuple, time_window) -> Tuple[List[int], int, str]:
+    """``rate`` = (fps, min_frames, max_frames): the frames a rate gives over the clip or the
+    window (sampled by time inside a window), their count, and a note saying so."""
+    fps, lo, hi = rate
     if time_window is None:
+        span = info.duration_s
+        n = rate_frames(span, fps, lo, hi)
+        indices = sample_rate_indices(0, info.num_frames - 1, n)
+    else:
+        start_s, end_s = _validate_window(time_window, info.duration_s, info.num_frames,
+                                          info.fps)
+        span = min(end_s, info.duration_s) - start_s
+        n = rate_frames(span, fps, lo, hi)
+        indices = sample_window(info.pts_s, n, time_window, info.fps)
+    return indices, n, (f"sampled at {fps:g} fps: {span:.1f} s -> {n} frames "
+                        f"(between {lo} and {hi})")
+
+
+def _plan(info, num_frames: int, time_window, seek: str = "exact",
+          rate: Optional[tuple] = None) -> Tuple[List[int], Optional[str]]:
+    total = info.num_frames
+    note = None
+    if rate is not None:
+        indices, num_frames, note = _rate_plan(info, rate, time_window)
+    elif time_window is None:
         indices = sample_indices(total, num_frames, info.fps)
     else:
         indices = sample_window(info.pts_s, num_frames, time_window, info.fps)
-    note = None
     if len(indices) < num_frames:
         where = "the video has" if time_window is None else "the time window holds"
         frames = "frame" if len(indices) == 1 else "frames"
-        note = (f"{where} only {len(indices)} {frames}; {num_frames} were asked for, "
-                f"so all {len(indices)} are used")
+        few = (f"{where} only {len(indices)} {frames}; {num_frames} were asked for, "
+               f"so all {len(indices)} are used")
+        note = few if note is None else f"{note}; {few}"
     if seek == "keyframe":
         sampled = len(indices)
         indices = keyframe_indices(info, indices)
@@ -495,71 +551,28 @@ def _plan(info, num_frames: int, time_window, seek: str = "exact") -> Tuple[List
 
 
 def _prepare(path, num_frames, time_window, size, decoder, mean, std, memory_limit,
-             should_stop=None, limits=None, seek="exact", decode_workers=None) -> _Plan:
+             should_stop=None, limits=None, seek="exact", decode_workers=None,
+             streaming: bool = False, rate: Optional[tuple] = None) -> _Plan:
     """The cheap part: argument checks, probing/indexing, the sampling plan and the memory
     check (before anything large is allocated)."""
     _check_count(num_frames, "num_frames")
     _check_count(size, "size")
-    _norm(mean, "mean"), _norm(std, "std")
+    _norm(mean, "mean")
+    if not bool((_norm(std, "std") > 0).all()):
+        raise VideoError(f"std must be > 0, got {tuple(std)}")
     decoder = resolve_decoder(decoder)
     seek = resolve_seek(seek)
     workers = resolve_workers(decode_workers)
     path = os.fspath(path)
     with cancel_scope(should_stop):
         info = open_video(path, limits=limits)
-    indices, note = _plan(info, num_frames, time_window, seek)
-    workers = _check_memory(path, info, len(indices), size, memory_limit, workers)
+    if rate is not None:   # the count the rate gives is the count asked for
+        num_frames = _rate_plan(info, rate, time_window)[1]
+    indices, note = _plan(info, num_frames, time_window, seek, rate)
+    workers = _check_memory(path, info, len(indices), size, memory_limit, workers, streaming)
     return _Plan(info, path, indices, num_frames, size, note, decoder, mean, std,
                  tuple(time_window) if time_window is not None else None, should_stop,
                  seek, workers)
-
-
-class _FrameSink:
-    """Where decoded frames go: preprocessed ``CHUNK`` at a time into ``out`` [n, 3, size,
-    size], by position. Frames arrive in order from one decoder, in any order from parallel
-    ones (decode_frames serialises the calls), and a backend that starts over delivers a
-    position again, which overwrites it."""
-
-    def __init__(self, n: int, size: int, mean, std, bar=None):
-        self.out = torch.empty(n, 3, size, size, dtype=torch.float32)
-        self.size, self.mean, self.std, self.bar = size, mean, std, bar
-        self.pending: List[Tuple[int, np.ndarray]] = []
-        self.got = np.zeros(n, dtype=bool)
-        # Parallel decoders call flush from their own threads, where the caller's inference
-        # mode (thread-local) is off: ``out``, made under it, may only be written under it.
-        self.inference = torch.is_inference_mode_enabled()
-
-    @property
-    def done(self) -> int:
-        return int(self.got.sum())
-
-    def on_frame(self, i: int, frame: np.ndarray) -> None:
-        self.pending.append((i, frame))
-        if len(self.pending) == CHUNK:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.pending:
-            with torch.inference_mode(self.inference):
-                self._write()
-
-    def _write(self) -> None:
-        pos = [i for i, _ in self.pending]
-        x = preprocess_frames(np.stack([f for _, f in self.pending]), self.size, self.mean,
-                              self.std)
-        if pos == list(range(pos[0], pos[0] + len(pos))):
-            self.out[pos[0]:pos[0] + len(pos)] = x
-        else:
-            self.out[pos] = x
-        new = int((~self.got[pos]).sum())
-        self.got[pos] = True
-        if self.bar is not None and new:
-            self.bar.update(new)
-        self.pending.clear()
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 def _progress_bar(n: int):
@@ -569,23 +582,31 @@ def _progress_bar(n: int):
 
 
 def _finish(plan: _Plan, progress: bool, t0: float) -> VideoClip:
-    """Decode the plan's frames into a :class:`VideoClip`."""
+    """Decode the plan's frames into a :class:`VideoClip`: the frame stream's frames (decoded
+    and resized on ``plan.workers`` threads, :mod:`vr_runtime.video.stream`), normalised
+    ``CHUNK`` at a time into one float32 clip."""
     info = plan.info
     n = len(plan.indices)
     scale = scaled_size(info.width, info.height, plan.size)
-    sink = _FrameSink(n, plan.size, plan.mean, plan.std,
-                      _progress_bar(n) if progress and n > CHUNK else None)
+    mean, std = _norm(plan.mean, "mean"), _norm(plan.std, "std")
+    out = torch.empty(n, 3, plan.size, plan.size, dtype=torch.float32)
+    bar = _progress_bar(n) if progress and n > CHUNK else None
     try:
-        with cancel_scope(plan.should_stop):
-            used = decode_frames(info, plan.indices, scale, sink.on_frame, plan.decoder,
-                                 workers=plan.workers, seek=plan.seek)
-        sink.flush()
+        with FrameStream(info, plan.indices, scale, plan.size, plan.decoder, plan.seek,
+                         plan.workers, job_frames=STREAM_JOB,
+                         should_stop=plan.should_stop) as stream:
+            for i in range(0, n, CHUNK):
+                m = min(CHUNK, n - i)
+                u8 = torch.stack([torch.from_numpy(stream.take(i + j)).permute(2, 0, 1)
+                                  for j in range(m)])
+                out[i:i + m] = normalise(u8, mean, std)
+                if bar is not None:
+                    bar.update(m)
+        used = stream.used or plan.decoder   # after close: every worker joined
     finally:
-        sink.close()
-    if sink.done != n:
-        raise VideoError(f"{plan.path}: only {sink.done} of {n} sampled frames decoded; the "
-                         f"file is corrupt or truncated")
-    return _clip(plan, sink.out, used, t0)
+        if bar is not None:
+            bar.close()
+    return _clip(plan, out, used, t0)
 
 
 def _clip(plan: _Plan, pixel_values: torch.Tensor, used: str, t0: float) -> VideoClip:

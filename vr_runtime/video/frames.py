@@ -1,0 +1,246 @@
+"""The frames of one request: what the runtime knows before any pixel (how many, which source
+frames, their times, the decoder's notes) and a way to get their pixels a chunk at a time.
+
+A :class:`FrameSource` is opened cheaply (a file: checked, indexed, sampled; see
+:func:`open_frames`) and read with :meth:`FrameSource.chunks`: normalised float32 ``[n, 3, S, S]``
+chunks of the positions asked for, in order. A file decodes and resizes on worker threads
+while the caller encodes the chunk before (:mod:`vr_runtime.video.stream`), so only a bounded
+window of frames is ever held; a tensor or an already-decoded clip is sliced. The runtime's
+vision stage reads every video this one way.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator, List, Optional, Sequence
+
+import torch
+
+from .decoders import scaled_size
+from .load import _norm, _Plan, _prepare
+from .stream import FrameStream, normalise
+
+__all__ = ["FrameSource", "TensorSource", "FileSource", "open_frames", "Frames", "unit_groups"]
+
+
+class FrameSource:
+    """Sampled frames: ``indices`` (source frame numbers), ``times_s`` (seconds, or None),
+    ``note`` (what sampling had to say), the ``decoder``/``codec``/``seek`` that made them."""
+    indices: List[int]
+    times_s: Optional[List[float]]
+    note: Optional[str] = None
+    decoder: Optional[str] = None
+    codec: Optional[str] = None
+    seek: Optional[str] = None
+    size: tuple = ()
+    #: wall seconds of the last :meth:`chunks`, from its start to its last frame (None: no
+    #: decoding, or not finished)
+    decode_s: Optional[float] = None
+    #: the most decoded frames held at once by the last :meth:`chunks`
+    held_peak: int = 0
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def chunks(self, positions: Sequence[int], chunk: int,
+               device=None) -> Iterator[torch.Tensor]:
+        """Normalised float32 pixels ``[n, 3, H, W]`` of ``positions`` (non-decreasing; a
+        position may repeat), ``chunk`` positions at a time, on ``device`` (default CPU)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the source holds open (a file)."""
+
+
+def _check_positions(positions: Sequence[int], n: int) -> List[int]:
+    pos = [int(p) for p in positions]
+    if any(b < a for a, b in zip(pos, pos[1:])) or (pos and (pos[0] < 0 or pos[-1] >= n)):
+        raise ValueError(f"positions: expected non-decreasing positions in [0, {n}), got "
+                         f"{pos[:4]}...")
+    return pos
+
+
+class TensorSource(FrameSource):
+    """Frames given as a normalised ``[T, 3, H, W]`` tensor (or a decoded clip's)."""
+
+    def __init__(self, pixel_values: torch.Tensor, indices=None, times_s=None, note=None,
+                 decoder=None, codec=None, seek=None, decode_s=None):
+        if pixel_values.ndim != 4 or pixel_values.shape[1] != 3:
+            raise ValueError(f"video: a tensor must be [T, 3, H, W] frames, got "
+                             f"{tuple(pixel_values.shape)}")
+        self.pixel_values = pixel_values
+        T = int(pixel_values.shape[0])
+        self.indices = list(range(T)) if indices is None else [int(i) for i in indices]
+        self.times_s = None if times_s is None else [float(t) for t in times_s]
+        self.note, self.decoder, self.codec, self.seek = note, decoder, codec, seek
+        self.size = tuple(pixel_values.shape[-2:])
+        self.decode_s = decode_s
+
+    def chunks(self, positions, chunk, device=None):
+        pos = _check_positions(positions, len(self.indices))
+        pv = self.pixel_values
+        for i in range(0, len(pos), chunk):
+            part = pos[i:i + chunk]
+            # a run of consecutive positions is a view, not a copy
+            x = pv[part[0]:part[-1] + 1] if part == list(range(part[0], part[-1] + 1)) \
+                else pv[part]
+            yield x if device is None else x.to(device, non_blocking=True)
+
+
+class FileSource(FrameSource):
+    """A video file, checked, indexed and sampled (``plan``: the loader's); its frames are
+    decoded only when :meth:`chunks` asks for them, on ``plan.workers`` threads."""
+
+    def __init__(self, plan: _Plan):
+        self.plan = plan
+        info = plan.info
+        self.indices = list(plan.indices)
+        self.times_s = [float(info.pts_s[i]) for i in plan.indices]
+        self.note, self.decoder, self.codec = plan.note, plan.decoder, info.codec
+        self.seek, self.size = plan.seek, (plan.size, plan.size)
+        self.mean, self.std = _norm(plan.mean, "mean"), _norm(plan.std, "std")
+        self.fps, self.total_frames = info.fps, info.num_frames
+
+    @property
+    def path(self) -> str:
+        return self.plan.path
+
+    @property
+    def source_key(self) -> Optional[tuple]:
+        """(real path, file identity, frames, window, decoder, seek): the visual cache's key."""
+        p, f = self.plan, self.plan.info.handle
+        return None if f is None else (f.real_path, f.identity, int(p.num_frames),
+                                       p.time_window, p.decoder, p.seek)
+
+    def stream(self, ranks: Sequence[int], job_frames: int = 16) -> FrameStream:
+        """A :class:`FrameStream` of the sampled frames at ``ranks`` (increasing, distinct)."""
+        p = self.plan
+        scale = scaled_size(p.info.width, p.info.height, p.size)
+        return FrameStream(p.info, [p.indices[r] for r in ranks], scale, p.size, p.decoder,
+                           p.seek, p.workers, job_frames=job_frames, should_stop=p.should_stop)
+
+    def chunks(self, positions, chunk, device=None):
+        pos = _check_positions(positions, len(self.indices))
+        ranks = sorted(set(pos))
+        rank_of = {r: i for i, r in enumerate(ranks)}
+        last_use = {p: i for i, p in enumerate(pos)}
+        t0 = time.perf_counter()
+        self.decode_s = None
+        with self.stream(ranks, max(chunk, 8)) as s:
+            held, taken = {}, 0
+            for i in range(0, len(pos), chunk):
+                part = pos[i:i + chunk]
+                out = torch.empty(len(part), 3, *self.size, dtype=torch.uint8)
+                for j, p in enumerate(part):
+                    while p not in held:      # frames come in rank order
+                        held[ranks[taken]] = s.take(taken)
+                        taken += 1
+                    out[j] = torch.from_numpy(held[p]).permute(2, 0, 1)
+                    if last_use[p] == i + j:
+                        del held[p]
+                if i + chunk >= len(pos):
+                    self.decode_s = time.perf_counter() - t0
+                    self.held_peak = s.held_peak
+                yield normalise(out, self.mean, self.std, device)
+                del out
+        assert taken == len(rank_of)
+
+    def close(self) -> None:
+        f = self.plan.info.handle
+        if f is not None:
+            f.close()
+
+
+def open_frames(path, num_frames: int = 64, time_window=None, size: int = 448, *,
+                decoder: str = "auto", mean=None, std=None, memory_limit: Optional[int] = None,
+                should_stop=None, limits=None, seek: str = "exact",
+                decode_workers: Optional[int] = None, fps: Optional[float] = None,
+                min_frames: int = 4, max_frames: int = 768) -> FileSource:
+    """Check, index and sample ``path`` (every check of
+    :func:`~vr_runtime.video.load.load_video`, which raises ``VideoError`` at once for a bad
+    file or arguments) -> a :class:`FileSource` that decodes nothing until it is read.
+    ``fps``: sample by rate (``min_frames`` to ``max_frames`` frames; ``num_frames`` unused)."""
+    from .load import IMAGENET_MEAN, IMAGENET_STD
+    plan = _prepare(path, num_frames, time_window, size, decoder,
+                    IMAGENET_MEAN if mean is None else mean, IMAGENET_STD if std is None else std,
+                    memory_limit, should_stop, limits, seek, decode_workers, streaming=True,
+                    rate=None if fps is None else (fps, min_frames, max_frames))
+    return FileSource(plan)
+
+
+@dataclass
+class Frames:
+    """The frames of one request as the model's stages see them: routing units of ``k``
+    consecutive sampled frames (``k`` > 1 for a backbone with a temporal patch; the last unit
+    padded with the last frame), each unit's first source index and time, and the source that
+    gives their pixels. ``pixel_values`` (units ``[T, 3k, H, W]``) is filled only for a scorer
+    that reads pixels; otherwise no pixel outlives the vision stage."""
+    source: FrameSource
+    indices: List[int]
+    times_s: Optional[List[float]]
+    notes: List[str]
+    k: int = 1
+    pixel_values: Optional[torch.Tensor] = None
+    #: wall seconds of opening and decoding the frames (None: none decoded for this request)
+    decode_s: Optional[float] = None
+    open_s: float = 0.0
+
+    @classmethod
+    def of(cls, source: FrameSource, units, notes: Optional[List[str]] = None,
+           open_s: float = 0.0) -> "Frames":
+        """``units(pixel_values, indices, times)``: the backbone's grouping of frames into
+        units (``Backbone.units``), asked here for the units' first indices and times only."""
+        n = len(source)
+        probe = torch.zeros(n, 3, 1, 1)
+        pv, indices, times = units(probe, source.indices, source.times_s)
+        k = int(pv.shape[1]) // 3
+        base = [source.note] if source.note else []
+        return cls(source, list(indices), None if times is None else list(times),
+                   base + list(notes or []), k, None, source.decode_s, open_s)
+
+    @property
+    def T(self) -> int:
+        return len(self.indices)
+
+    @property
+    def decoder(self) -> Optional[str]:
+        return self.source.decoder
+
+    @property
+    def codec(self) -> Optional[str]:
+        return self.source.codec
+
+    @property
+    def seek(self) -> Optional[str]:
+        return self.source.seek
+
+    def positions(self, units: Sequence[int]) -> List[int]:
+        """The sampled frames' positions of ``units``, unit by unit (padding repeats)."""
+        groups = unit_groups(len(self.source), self.k)
+        return [p for u in units for p in groups[u]]
+
+    def unit_chunks(self, units: Sequence[int], chunk: int, device=None) -> Iterator:
+        """Normalised pixels of ``units``, ``chunk`` units at a time, as ``[n, 3k, H, W]``
+        (frames of a unit side by side on the channel axis, as ``Backbone.units`` lays them).
+        Closing this generator stops the source's decoding workers."""
+        if self.pixel_values is not None:
+            yield from TensorSource(self.pixel_values).chunks(list(units), chunk, device)
+            return
+        k = self.k
+        gen = self.source.chunks(self.positions(units), chunk * k, device)
+        try:
+            for x in gen:
+                yield x if k == 1 else x.reshape(x.shape[0] // k, 3 * k, *x.shape[-2:])
+        finally:
+            gen.close()
+
+    def finished(self) -> None:
+        """Record the source's decoding time once its stream has ended."""
+        if self.source.decode_s is not None:
+            self.decode_s = self.open_s + self.source.decode_s
+
+
+def unit_groups(n: int, k: int) -> List[List[int]]:
+    """Positions of each unit of ``k`` consecutive frames among ``n``; the last one padded with
+    the last frame (as Qwen's processor pads a video to a multiple of its temporal patch)."""
+    return [[min(i + j, n - 1) for j in range(k)] for i in range(0, n, k)]
