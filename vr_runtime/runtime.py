@@ -432,13 +432,10 @@ class VideoRouter:
     def _pixels(self, frames: Frames, req: Request, timer: StageTimer) -> torch.Tensor:
         """Every unit's pixels [T, 3k, H, W] on the CPU, for a scorer that reads them: kept by
         the vision stage when it ran, else streamed now (timed as "frames_wait")."""
-        if frames.pixel_values is None:
-            t0 = time.perf_counter()
-            frames.pixel_values = torch.cat(list(frames.unit_chunks(range(frames.T),
-                                                                    req.chunk_size)))
-            frames.finished()
-            timer.add("frames_wait", time.perf_counter() - t0)
-        return frames.pixel_values
+        t0 = time.perf_counter()
+        pixels = frames.all_pixels(req.chunk_size)
+        timer.add("frames_wait", time.perf_counter() - t0)
+        return pixels
 
     # ------------------------------------------------------------------ stage: plan
     def _times(self, times) -> dict:

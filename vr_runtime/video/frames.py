@@ -234,6 +234,14 @@ class Frames:
         finally:
             gen.close()
 
+    def all_pixels(self, chunk: int = 16) -> torch.Tensor:
+        """Every unit's pixels ``[T, 3k, H, W]`` on the CPU, held at once (a scorer that reads
+        pixels; tests): the whole clip's memory, which the vision stage never needs."""
+        if self.pixel_values is None:
+            self.pixel_values = torch.cat(list(self.unit_chunks(range(self.T), chunk)))
+            self.finished()
+        return self.pixel_values
+
     def finished(self) -> None:
         """Record the source's decoding time once its stream has ended."""
         if self.source.decode_s is not None:
