@@ -120,6 +120,22 @@ def test_seek_and_time_window(client, media):
     assert rep["seek"] == "keyframe" and rep["frame_times_s"] == [0.0]  # its one keyframe
 
 
+def test_fps_samples_by_rate(client, media):
+    """fps (top level or mm_processor_kwargs, as vLLM's Qwen users pass it) samples by rate: the
+    8 s sample at 1 fps is 8 frames, at most num_frames; a bad rate is a 400 naming it."""
+    from vr_runtime.serve.schema import Limits, parse_request, to_settings
+    url = (media / "sample.mp4").as_uri()
+    r = post(client, video_body(url, Q, **{**SET, "num_frames": None},
+                                mm_processor_kwargs={"fps": 1}))
+    assert r.status_code == 200, r.text
+    rep = r.json()["videorouter"]
+    assert rep["num_frames_used"] == 8 and any("1 fps" in n for n in rep["notes"])
+    s = to_settings(parse_request(video_body(url, Q, fps=2)), Limits(max_frames=12), ["tiny"])
+    assert (s.fps, s.num_frames) == (2.0, 12)          # by rate, up to the server's cap
+    r = post(client, video_body(url, Q, fps=-1, **SET))
+    assert r.status_code == 400 and "fps" in r.text
+
+
 def test_visual_cache_does_not_change_answers(vr):
     """cache_visual=True (miss, then hit) gives what a fresh uncached answer gives."""
     vr.clear_visual_cache()

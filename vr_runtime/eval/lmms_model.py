@@ -44,7 +44,7 @@ class VideoRouterLMM(lmms):
                  dtype: Optional[str] = None, max_new_tokens=None, batch_size=1,
                  visual_tokens_log: Optional[str] = None, scales=None, clip_mode: str = "matched",
                  allow_over_length=False, seek: str = "exact", time_window=None,
-                 **kwargs) -> None:
+                 fps=None, max_frames=768, min_frames=4, **kwargs) -> None:
         super().__init__()
         if kwargs:
             eval_logger.warning(f"videorouter: ignoring unknown model_args {sorted(kwargs)}")
@@ -77,6 +77,9 @@ class VideoRouterLMM(lmms):
         self.policy = policy
         self.max_length = int(max_length)
         self.num_frames = int(num_frames)
+        # fps (model_args fps=2,max_frames=768): sample by rate, as Qwen's processors do
+        self.fps = None if fps in (None, "", "None") else float(fps)
+        self.max_frames, self.min_frames = int(max_frames), int(min_frames)
         self.budget = _opt_int(budget)
         self.max_new_tokens = _opt_int(max_new_tokens)
         # model_args arrive as strings: allow_over_length=True lets dense pass max_length
@@ -128,7 +131,8 @@ class VideoRouterLMM(lmms):
                              max_new_tokens=max_new, policy=self.policy, budget=self.budget,
                              cache_visual=True, scorer=self.scorer,
                              allow_over_length=self.allow_over_length,
-                             seek=self.seek, time_window=self.time_window,
+                             seek=self.seek, time_window=self.time_window, fps=self.fps,
+                             max_frames=self.max_frames, min_frames=self.min_frames,
                              router_question=bare if isinstance(bare, str) and bare.strip()
                              else None, scales=self.scales)
         return self.vr.answer(video, text, options=opts)

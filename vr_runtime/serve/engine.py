@@ -459,8 +459,8 @@ class Engine:
         video = self.media.resolve(s.video_url)
         try:
             cached = getattr(self.vr, "has_frames", None)   # (absent on test doubles)
-            if self.config.visual_cache > 0 and cached and cached(video.path, s.num_frames,
-                                                                  s.time_window, "auto", s.seek):
+            if self.config.visual_cache > 0 and cached and s.fps is None and \
+                    cached(video.path, s.num_frames, s.time_window, "auto", s.seek):
                 return video
             while not self._clip_slots.acquire(timeout=0.05):   # bounds clips held in memory
                 if should_stop():
@@ -474,7 +474,8 @@ class Engine:
                 clip = open_frames(video.path, num_frames=s.num_frames, size=spec.size[0],
                                    mean=spec.mean, std=spec.std, should_stop=should_stop,
                                    limits=self.media.config.limits(),
-                                   time_window=s.time_window, seek=s.seek)
+                                   time_window=s.time_window, seek=s.seek, fps=s.fps,
+                                   min_frames=min(4, s.num_frames), max_frames=s.num_frames)
             except BaseException:
                 self._clip_slots.release()
                 raise
@@ -503,7 +504,9 @@ class Engine:
         return AnswerOptions(num_frames=s.num_frames, max_length=s.max_length,
                              max_new_tokens=s.max_new_tokens, policy=s.policy, system=s.system,
                              cache_visual=self.config.visual_cache > 0, scorer=self.scorer,
-                             seek=s.seek, time_window=s.time_window, scales=s.scales)
+                             seek=s.seek, time_window=s.time_window, scales=s.scales,
+                             fps=s.fps, min_frames=min(4, s.num_frames),
+                             max_frames=s.num_frames)
 
     # ------------------------------------------------------------------ one process, one model
     def run_sync(self, fn: Callable):

@@ -27,7 +27,7 @@ from .errors import APIError
 # The per-request settings a client may give at the top level or under mm_processor_kwargs
 # (docs/CONTRACT.md section 6); media_io_kwargs {"video": {"num_frames": N}} is what lmms-eval's `openai`
 # model sends with pass_video_url=True (vLLM's spelling for the frames its video loader samples).
-SETTINGS = ("num_frames", "max_length", "policy", "scales", "seek", "time_window")
+SETTINGS = ("num_frames", "fps", "max_length", "policy", "scales", "seek", "time_window")
 
 
 class _Strict(BaseModel):
@@ -89,6 +89,7 @@ class ChatRequest(_Strict):
     logprobs: Optional[bool] = False
     tools: Optional[List[Any]] = None
     num_frames: Optional[int] = None
+    fps: Union[float, int, None] = None            # sample by rate (Qwen's fps), up to max_frames
     max_length: Optional[int] = None
     policy: Optional[str] = None
     scales: Union[str, List[Any], None] = None    # "2,1,4" / [2, 1, 4] / "auto" (vr_runtime.planning.scales)
@@ -113,6 +114,7 @@ class Settings:
     scales: Any = (2, 1, 4)      # (s_g, s_1, s_0) or "auto"
     seek: str = "exact"          # "exact" or "keyframe" (vr_runtime.video.decoders.SEEKS)
     time_window: Optional[tuple] = None   # (start_s, end_s): sample only this part
+    fps: Optional[float] = None  # sample by rate: fps frames a second, 4 to num_frames
 
 
 @dataclass(frozen=True)
@@ -267,11 +269,13 @@ def to_settings(req: ChatRequest, limits: Limits, model_names) -> Settings:
     frames, max_length = _frames_setting(req, limits), _max_length_setting(req, limits)
     policy, scales = _policy_setting(req, limits), _scales_setting(req, limits)
     new_tokens = _max_tokens_setting(req, limits)
-    seek, window = _seek_setting(req), _time_window_setting(req)
+    seek, window, fps = _seek_setting(req), _time_window_setting(req), _fps_setting(req)
+    if fps is not None and _merged_setting(req, "num_frames")[0] is None:
+        frames = limits.max_frames   # by rate, up to the server's cap (or num_frames if given)
     return Settings(video_url, question, system, frames, max_length, new_tokens, policy,
                     bool(req.stream),
                     bool(req.stream_options and req.stream_options.include_usage), scales,
-                    seek, window)
+                    seek, window, fps)
 
 
 def _refuse_unsupported(req: ChatRequest, model_names) -> None:
@@ -351,6 +355,16 @@ def _frames_setting(req: ChatRequest, limits: Limits) -> int:
     frames, where = _merged_setting(req, "num_frames")
     return limits.num_frames if frames is None else _int_setting(where, frames, 1,
                                                                  limits.max_frames)
+
+
+def _fps_setting(req: ChatRequest) -> Optional[float]:
+    fps, where = _merged_setting(req, "fps")
+    if fps is None:
+        return None
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps < float("inf"):
+        raise APIError(400, f"{where}: expected frames a second > 0 (e.g. 2), got {fps!r}",
+                       where)
+    return float(fps)
 
 
 def _max_length_setting(req: ChatRequest, limits: Limits) -> int:
