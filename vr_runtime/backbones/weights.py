@@ -29,9 +29,13 @@ def nonfinite(named_tensors, limit: int = 3) -> Optional[str]:
     """``None`` when every floating-point tensor of ``named_tensors`` ((name, tensor) pairs, e.g.
     ``module.named_parameters()`` or ``state.items()``) is finite; else a description naming
     the first few that hold NaN or inf, for the caller's own error message."""
+    items = [(name, t) for name, t in named_tensors
+             if torch.is_tensor(t) and t.is_floating_point() and t.numel()]
+    if _all_finite([t for _, t in items]):
+        return None
     bad, n = [], 0
-    for name, t in named_tensors:
-        if torch.is_tensor(t) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+    for name, t in items:   # rare: name the culprits, one tensor at a time
+        if not bool(torch.isfinite(t).all()):
             n += 1
             if len(bad) < limit:
                 bad.append(name)
@@ -39,3 +43,22 @@ def nonfinite(named_tensors, limit: int = 3) -> Optional[str]:
         return None
     more = ", ..." if n > len(bad) else ""
     return f"{n} tensor(s) hold NaN or inf ({', '.join(bad)}{more})"
+
+
+@torch.no_grad()
+def _all_finite(tensors) -> bool:
+    """Whether every tensor is finite, from each one's largest magnitude (NaN and inf carry
+    through the max, a finite value never overflows it): one batched reduction and one host
+    sync per (device, dtype): an isfinite, an all and a sync per tensor cost a small model's
+    load more than the arithmetic does (bench/results/ask_one_shot_cpu.md)."""
+    groups: Dict[tuple, list] = {}
+    for t in tensors:
+        groups.setdefault((t.device, t.dtype), []).append(t.detach())
+    for group in groups.values():
+        try:
+            ok = torch.isfinite(torch.stack(torch._foreach_norm(group, ord=float("inf"))))
+        except (RuntimeError, NotImplementedError, AttributeError):  # a dtype it lacks (fp8)
+            ok = torch.stack([torch.isfinite(t).all() for t in group])
+        if not bool(ok.all()):
+            return False
+    return True
