@@ -100,16 +100,16 @@ def markdown(env: dict, payload: dict) -> str:
         out += [f"## {side} ({payload['trees'][side]})", "",
                 markdown_table(payload[side], cols), ""]
     lim = payload["limits"]
-    g = payload["growth"]
+    g = {k: "-" if v is None else f"{v:.2f}" if isinstance(v, float) else v
+         for k, v in payload["growth"].items()}
     out += ["## Limits", "",
             f"- ffmpeg, keyframes only, one core, the whole clip: {lim['ffmpeg_keyframes_s']:.1f} s",
             *[f"- the tiny vision tower alone on {n} frames: {s:.1f} s"
               for n, s in lim["tower_alone_s"].items()], "",
             "## Goals", "",
-            f"- host memory growth, 256 to 2,048 frames: before {g['before_mb_per_frame']:.2f} "
-            f"MB a frame, after {g['after_mb_per_frame']:.2f} MB a frame (goal <= 0.5)",
-            f"- wall time at 2,048 frames, after / before: {g['wall_ratio_2048']:.2f} "
-            f"(goal <= 0.6)",
+            f"- host memory growth, 256 to 2,048 frames: before {g['before_mb_per_frame']} "
+            f"MB a frame, after {g['after_mb_per_frame']} MB a frame (goal <= 0.5)",
+            f"- wall time at 2,048 frames, after / before: {g['wall_ratio_2048']} (goal <= 0.6)",
             f"- 256 frames, the same answer, frame indices and windows: {g['same_at_256']}"]
     return "\n".join(out)
 
@@ -139,8 +139,8 @@ def main(argv=None) -> None:
                          "tower_alone_s": {n: tower_alone(n) for n in counts}}
     b = {r["frames"]: r for r in payload["before"]}
     f = {r["frames"]: r for r in payload["after"]}
-    same = 256 in b and 256 in f and all(b[256].get(k) == f[256].get(k)
-                                         for k in ("answer", "scales", "frame_indices"))
+    same = None if 256 not in b or 256 not in f else all(
+        b[256].get(k) == f[256].get(k) for k in ("answer", "scales", "frame_indices"))
     payload["growth"] = {
         "before_mb_per_frame": growth(payload["before"], "peak_rss_mb"),
         "after_mb_per_frame": growth(payload["after"], "peak_rss_mb"),

@@ -95,6 +95,20 @@ def _stats(res, wall) -> dict:
                           "p99": round(_quantile(lat, 0.99), 2)}}
 
 
+def _reset_peak_rss(pid: int) -> None:
+    """Start the server's resident high-water mark over (Linux: clear_refs 5)."""
+    with contextlib.suppress(OSError):
+        pathlib.Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+def _peak_rss_mb(pid: int):
+    """The server's resident high-water mark since the last reset, MB (None off Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        m = re.search(r"VmHWM:\s+(\d+) kB", pathlib.Path(f"/proc/{pid}/status").read_text())
+        return round(int(m.group(1)) / 1024, 1)
+    return None
+
+
 def measure(source: pathlib.Path, clips, requests, concurrencies, frames, time_limit) -> dict:
     """One server from ``source``; the same requests at each concurrency in turn."""
     with tempfile.TemporaryDirectory(prefix="bench-serve-long-") as tmp:
@@ -103,7 +117,8 @@ def measure(source: pathlib.Path, clips, requests, concurrencies, frames, time_l
         for c in (*clips, SAMPLE):
             shutil.copy(c, media / c.name)
         extra = ("--model", "tiny", "--device", "cpu", "--visual-cache", "0",
-                 "--max-video-mb", "1024", "--max-queue", str(requests + 4))
+                 "--max-video-mb", "1024", "--max-queue", str(requests + 4),
+                 "--max-frames", str(max(frames, 256)))
         settings = {"num_frames": frames, "max_tokens": 8, "policy": "auto"}
         with serve_from(source, media, *extra) as (server, vr_file):
             if not pathlib.Path(vr_file).resolve().is_relative_to(source.resolve()):
@@ -114,9 +129,11 @@ def measure(source: pathlib.Path, clips, requests, concurrencies, frames, time_l
                                   settings) for i in range(requests)]
             by_c = {}
             for c in concurrencies:
+                _reset_peak_rss(server.proc.pid)
                 t0 = time.perf_counter()
                 res = asyncio.run(_send(server.url, bodies, c, time_limit))
                 by_c[str(c)] = _stats(res, time.perf_counter() - t0)
+                by_c[str(c)]["server_peak_rss_mb"] = _peak_rss_mb(server.proc.pid)
     commit = subprocess.run(["git", "-C", str(source), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
     return {"source": str(source), "commit": commit, "vr_runtime_file": vr_file,
@@ -136,13 +153,13 @@ def _markdown(payload) -> str:
              f"- load: {payload['requests']} requests ({payload['frames']} frames, max_tokens 8, "
              f"policy auto, spread over the clips) at each concurrency, `--visual-cache 0`", "",
              "| tree | commit | concurrency | all 200 | wall (s) | throughput (req/s) | p50 (s) "
-             "| p99 (s) |", "|---|---|---:|:--:|---:|---:|---:|---:|"]
+             "| p99 (s) | server peak RSS (MB) |", "|---|---|---:|:--:|---:|---:|---:|---:|---:|"]
     for r in runs:
         for c, m in r["by_concurrency"].items():
             lines.append(f"| {r['source']} | {r['commit']} | {c} | "
                          f"{'yes' if m['all_200'] else 'NO'} | {m['wall_s']} | "
                          f"{m['throughput_rps']} | {m['latency_s']['p50']} | "
-                         f"{m['latency_s']['p99']} |")
+                         f"{m['latency_s']['p99']} | {m.get('server_peak_rss_mb', '-')} |")
     for c, ratio in payload.get("ratio", {}).items():
         lines += ["", f"Concurrency {c}: throughput ratio (second / first) {ratio}x."]
     return "\n".join(lines) + "\n"

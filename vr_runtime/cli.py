@@ -304,7 +304,8 @@ def _fmt_num(v, spec=".3f") -> str:
     return format(v, spec) if isinstance(v, (int, float)) else str(v)
 
 
-TIMING_ORDER = ("decode", "vision", "router", "compress", "prefill", "ttft", "generate")
+TIMING_ORDER = ("decode", "frames_wait", "vision", "router", "compress", "prefill", "ttft",
+                "first_token", "generate")
 
 
 def _summary_lines(report: dict) -> list:

@@ -28,19 +28,17 @@ def counting_answers(monkeypatch):
     return calls
 
 
-def failing_prefetch(bad_name: str):
-    """A ``vr_runtime.video.load.prefetch_video`` whose future fails for the file ``bad_name`` (the
-    cheap checks pass, the background decode raises) and decodes every other file."""
-    import concurrent.futures as cf
+def failing_decode(bad_name: str):
+    """A ``vr_runtime.video.stream.decode_frames`` that fails part-way for the file
+    ``bad_name`` (the cheap checks pass, decoding its frames raises) and decodes every other
+    file (patch it with ``monkeypatch.setattr(stream, "decode_frames", ...)``)."""
     import pathlib
 
-    from vr_runtime.video import load as video
-    real = video.prefetch_video
+    from vr_runtime.video import stream
+    real = stream.decode_frames
 
-    def prefetch(path, *a, **kw):
-        if pathlib.Path(path).name == bad_name:
-            f = cf.Future()
-            f.set_exception(RuntimeError("decoder crashed at frame 7"))
-            return f
-        return real(path, *a, **kw)
-    return prefetch
+    def decode(info, *a, **kw):
+        if pathlib.Path(info.path).name == bad_name:
+            raise RuntimeError("decoder crashed at frame 7")
+        return real(info, *a, **kw)
+    return decode

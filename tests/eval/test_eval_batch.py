@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from eval_helpers import failing_prefetch, run_cli
+from eval_helpers import failing_decode, run_cli
 
 METHODS = "dense,uniform,auto"
 FIELDS = ("answer", "prediction", "response", "visual_tokens", "policy", "frames_used",
@@ -90,14 +90,14 @@ def test_a_bad_video_is_recorded_as_failed_and_retried(synth_bench, sequential, 
                                                        capsys, monkeypatch):
     import pathlib
 
-    from vr_runtime.video import load as video
+    from vr_runtime.video import stream
     bad_name = sorted(pathlib.Path(synth_bench["videos"]).iterdir())[1].name
-    prefetch = failing_prefetch(bad_name)
+    decode = failing_decode(bad_name)
 
     out = tmp_path / "o"
     argv = argv_for(synth_bench, out, 8)
     with monkeypatch.context() as m:
-        m.setattr(video, "prefetch_video", prefetch)
+        m.setattr(stream, "decode_frames", decode)
         status, stdout, err = run_cli(argv, capsys)
     assert status == 0, err
     preds = preds_of(out)

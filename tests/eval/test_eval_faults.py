@@ -20,7 +20,7 @@ import time
 import pytest
 import torch
 
-from eval_helpers import counting_answers, failing_prefetch, run_cli
+from eval_helpers import counting_answers, failing_decode, run_cli
 
 METHODS = "uniform,auto"
 
@@ -115,17 +115,17 @@ def test_a_truncated_video_does_not_stop_the_run(synth_bench, reference, tmp_pat
     assert results_of(out) == reference[1]
 
 
-def test_a_video_failing_while_decoding_in_the_background(synth_bench, tmp_path, capsys,
+def test_a_video_failing_while_its_frames_stream(synth_bench, tmp_path, capsys,
                                                           monkeypatch):
-    """The other way a video fails: the cheap checks pass, the background decode raises."""
-    from vr_runtime.video import load as video
+    """The other way a video fails: the cheap checks pass, decoding its frames raises."""
+    from vr_runtime.video import stream
     bad_name = sorted(pathlib.Path(synth_bench["videos"]).iterdir())[0].name
-    monkeypatch.setattr(video, "prefetch_video", failing_prefetch(bad_name))
+    monkeypatch.setattr(stream, "decode_frames", failing_decode(bad_name))
     status, stdout, err = run_cli(argv_for(synth_bench, tmp_path / "o"), capsys)
     assert status == 0, err
     res = json.loads((tmp_path / "o" / "results.json").read_text())
     assert res["meta"]["failed"] > 0
-    assert all(q["reason"] == "RuntimeError: decoder crashed at frame 7"
+    assert all("RuntimeError: decoder crashed at frame 7" in q["reason"]
                for q in res["meta"]["failed_questions"])
     assert "failed: " in stdout.strip().splitlines()[-1]
 

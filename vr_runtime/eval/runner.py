@@ -1,10 +1,10 @@
 """The evaluation loop: questions x methods x budgets x frame counts -> predictions -> tables.
 
 Work that does not depend on the question or the method is done once per video and frame
-count: the video is decoded once (one ``VideoClip``, prefetched on a background thread while
-the previous video is answered) and handed to every ``VideoRouter.answer(...,
-cache_visual=True)`` call, so
-each model encodes Z (and the Image Router's question-independent state) once per video.
+count: the video is opened once (checked, indexed, sampled: a ``FileSource``) and handed to
+every ``VideoRouter.answer(..., cache_visual=True)`` call; the first streams its frames through
+the vision tower, so each model encodes Z (and the Image Router's question-independent state)
+once per video, and no decoded clip is held (a window of frames at a time, at any frame count).
 Questions are therefore processed grouped by video.
 
 Data-parallel: under ``accelerate launch --num_processes N`` videos are sharded round-robin
@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..data.atomic import write_files_atomically
+from ..errors import VideoError
 from ..fingerprint import weights_fingerprint
 from ..planning.scales import label as scales_label
 from .benchmarks import Benchmark, BenchmarkError, Question, load_benchmark
@@ -433,7 +434,7 @@ def _predict_all(ev: Evaluator, todo, part: pathlib.Path, progress: bool, world:
     ``part`` as it is made; returns the new predictions. Each video is decoded once per frame
     count, the next one while the current one is answered."""
     from tqdm.auto import tqdm
-    videos = _VideoQueue(todo, size=ev.main.lm.frame_spec.size[0], seek=ev.cfg.seek,
+    videos = _VideoQueue(todo, ev.main.lm.frame_spec, seek=ev.cfg.seek,
                          time_window=ev.cfg.time_window)
     new: List[dict] = []
     # A resumed run starts its bar at what is already done (and run_eval says so).
@@ -452,12 +453,14 @@ def _predict_all(ev: Evaluator, todo, part: pathlib.Path, progress: bool, world:
                 cur = (q.video, F)
                 clip, failure = videos.next_clip()
             qs = [j[0] for j in group]
+            if failure is None:
+                try:   # a kill loses at most this batch
+                    ps = [ev.predict(clip, q, m, b, F)] if len(qs) == 1 else \
+                        ev.predict_batch(clip, qs, m, b, F)
+                except VideoError as e:   # its frames failed to decode part-way
+                    failure = videos.failed(e)
             if failure is not None:
                 ps = [failed_prediction(qi, m, b, F, failure) for qi in qs]
-            elif len(qs) == 1:
-                ps = [ev.predict(clip, q, m, b, F)]
-            else:   # a kill loses at most this batch
-                ps = ev.predict_batch(clip, qs, m, b, F)
             for p in ps:
                 _append_prediction(fh, part, p)
                 new.append(p)
@@ -468,50 +471,42 @@ def _predict_all(ev: Evaluator, todo, part: pathlib.Path, progress: bool, world:
 
 
 class _VideoQueue:
-    """The (video, frame count) pairs of ``todo`` in order, each decoded on a background thread
-    (``prefetch_video``) while the one before it is answered."""
+    """The (video, frame count) pairs of ``todo`` in order, each opened (checked, indexed,
+    sampled: ``open_frames``) when its turn comes. Its frames are decoded by the first answer
+    that needs them, streamed through the vision tower into the runtime's visual cache (Z, not
+    pixels), so a long video at thousands of frames holds a window of frames, not a clip."""
 
-    def __init__(self, todo, size: int, seek: str, time_window):
-        self.todo, self.size, self.seek, self.time_window = todo, size, seek, time_window
+    def __init__(self, todo, spec, seek: str, time_window):
+        self.todo, self.spec, self.seek, self.time_window = todo, spec, seek, time_window
         self.order: List[Tuple[str, int]] = []
         for q, _, _, F in todo:
             if not self.order or self.order[-1] != (q.video, F):
                 self.order.append((q.video, F))
-        self.futures: dict = {}
         self.index = -1
 
-    def _start(self, i: int) -> None:
-        import concurrent.futures as cf
-
-        from ..video.load import prefetch_video
-        if i < len(self.order) and self.order[i] not in self.futures:
-            v, F = self.order[i]
-            try:
-                self.futures[self.order[i]] = prefetch_video(
-                    v, num_frames=F, size=self.size, seek=self.seek, time_window=self.time_window)
-            except Exception as e:  # noqa: BLE001 - the video's failure, recorded below
-                self.futures[self.order[i]] = f = cf.Future()
-                f.set_exception(e)
-
     def next_clip(self):
-        """(clip, None) of the next pair, or (None, reason) when its video could not be
-        decoded (said on stderr); starts decoding the pair after it."""
-        from tqdm.auto import tqdm
-        if self.index >= 0:
-            self.futures.pop(self.order[self.index], None)
+        """(source, None) of the next pair, or (None, reason) when its video could not be
+        opened (said on stderr)."""
+        from ..video import frames as video_frames
         self.index += 1
-        cur = self.order[self.index]
-        self._start(self.index)
+        v, F = self.order[self.index]
         try:
-            clip, failure = self.futures[cur].result(), None
+            return video_frames.open_frames(v, num_frames=F, size=self.spec.size[0],
+                                            mean=self.spec.mean, std=self.spec.std,
+                                            seek=self.seek, time_window=self.time_window), None
         except Exception as e:  # noqa: BLE001 - one bad video must not stop the run
-            # Decoding reads only this file: whatever fails is this video's failure.
-            clip, failure = None, f"{type(e).__name__}: {e}"
-            n = sum(1 for j in self.todo if (j[0].video, j[3]) == cur)
-            tqdm.write(f"eval: {cur[0]} ({cur[1]} frames) failed, {n} answer(s) recorded as "
-                       f"failed, going on: {failure}", file=sys.stderr)
-        self._start(self.index + 1)                        # decode the next video meanwhile
-        return clip, failure
+            return None, self.failed(e)
+
+    def failed(self, e: BaseException) -> str:
+        """The current video's failure (opening it, or decoding it part-way), said once."""
+        from tqdm.auto import tqdm
+        cur = self.order[self.index]
+        # Decoding reads only this file: whatever fails is this video's failure.
+        failure = f"{type(e).__name__}: {e}"
+        n = sum(1 for j in self.todo if (j[0].video, j[3]) == cur)
+        tqdm.write(f"eval: {cur[0]} ({cur[1]} frames) failed, its {n} answer(s) recorded as "
+                   f"failed, going on: {failure}", file=sys.stderr)
+        return failure
 
 
 def _open_part(part: pathlib.Path):
