@@ -112,3 +112,14 @@ def test_dropped_frames_are_said(tiny_vr):
     dropped = r.report["frames_dropped"]
     assert dropped > 0 and dropped + r.report["frames_kept"] == 40
     assert any(f"{dropped} of 40 sampled frames were dropped" in n for n in r.report["notes"])
+
+
+def test_rate_and_count_sampling_never_share_a_cache_entry(tiny_vr, clip_path):
+    """8 frames by count and 8 frames by rate are different frames: a cached video keyed by one
+    must not answer the other."""
+    kw = dict(max_length=1500, max_new_tokens=2, policy="uniform", cache_visual=True)
+    a = tiny_vr.answer(clip_path, Q, num_frames=3, **kw)
+    b = tiny_vr.answer(clip_path, Q, fps=1.0, max_frames=3, min_frames=3, **kw)
+    assert b.report["visual_cache"] == "miss"
+    assert a.report["frame_indices"] != b.report["frame_indices"]
+    tiny_vr.clear_visual_cache()

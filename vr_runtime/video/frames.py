@@ -107,10 +107,12 @@ class FileSource(FrameSource):
 
     @property
     def source_key(self) -> Optional[tuple]:
-        """(real path, file identity, frames, window, decoder, seek): the visual cache's key."""
+        """(real path, file identity, frames, window, decoder, seek[, rate]): the visual
+        cache's key (a path's, for frames sampled by count; a rate samples other frames)."""
         p, f = self.plan, self.plan.info.handle
+        rate = () if p.rate is None else (("fps",) + p.rate,)
         return None if f is None else (f.real_path, f.identity, int(p.num_frames),
-                                       p.time_window, p.decoder, p.seek)
+                                       p.time_window, p.decoder, p.seek) + rate
 
     def stream(self, ranks: Sequence[int], job_frames: int = 16) -> FrameStream:
         """A :class:`FrameStream` of the sampled frames at ``ranks`` (increasing, distinct)."""

@@ -488,6 +488,7 @@ class _Plan:
     should_stop: Optional[object] = None
     seek: str = "exact"
     workers: int = 1
+    rate: Optional[tuple] = None     # (fps, min_frames, max_frames) when sampled by rate
 
 
 def _rate_plan(info, rate: tuple, time_window) -> Tuple[List[int], int, str]:
@@ -572,7 +573,7 @@ def _prepare(path, num_frames, time_window, size, decoder, mean, std, memory_lim
     workers = _check_memory(path, info, len(indices), size, memory_limit, workers, streaming)
     return _Plan(info, path, indices, num_frames, size, note, decoder, mean, std,
                  tuple(time_window) if time_window is not None else None, should_stop,
-                 seek, workers)
+                 seek, workers, None if rate is None else tuple(rate))
 
 
 def _progress_bar(n: int):
