@@ -37,17 +37,17 @@ class SlowModel:
 
 
 def test_two_requests_take_less_than_the_sum_of_their_parts(vr, media, monkeypatch):
-    import vr_runtime.video.load as V
+    import vr_runtime.video.frames as V
     from vr_runtime.serve.app import create_app
     from vr_runtime.serve.engine import Engine, EngineConfig
     from vr_runtime.serve.media import MediaConfig, MediaStore
     from vr_runtime.serve.schema import Limits
-    real = V.load_video
+    real = V.open_frames
 
-    def long_decode(*a, **k):
+    def long_decode(*a, **k):       # the off-lock check and prefetch take DECODE_S
         time.sleep(DECODE_S)
         return real(*a, **k)
-    monkeypatch.setattr(V, "load_video", long_decode)
+    monkeypatch.setattr(V, "open_frames", long_decode)
     engine = Engine(SlowModel(vr), MediaStore(MediaConfig(media_dir=media)),
                     EngineConfig(max_batch=1, visual_cache=0))
     app = create_app(engine, Limits())

@@ -169,3 +169,21 @@ def test_mean_and_std_reach_the_stream(clips):
     m, s = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
     rgb = x * s + m
     torch.testing.assert_close(y, (rgb - 0.5) / 0.25, atol=1e-4, rtol=1e-4)
+
+
+def test_prefetched_frames_are_the_same_frames(clips):
+    """A server decodes a request's first frames before its turn (prefetch), then streams the
+    rest: the frames are the same, for every frame or a kept subset, and a prefetch stopped by
+    its deadline is one VideoError with nothing left running."""
+    path, size = clips["9:16"], 40
+    ref = load_video(path, num_frames=20, size=size).pixel_values
+    src = open_frames(path, num_frames=20, size=size, decode_workers=2)
+    src.prefetch(6)
+    assert src._prefetch.held_peak <= 6
+    assert torch.equal(torch.cat(list(src.chunks(range(20), 7))), ref)
+    src.prefetch(8)
+    pos = [0, 3, 3, 9, 15, 19]
+    assert torch.equal(torch.cat(list(src.chunks(pos, 4))), ref[pos])
+    with pytest.raises(VideoError, match="given up"):
+        open_frames(path, num_frames=20, size=size).prefetch(20, lambda: "given up")
+    assert not _workers_alive()

@@ -31,15 +31,17 @@ prefill and decode for all, each answer the one it gets alone, each request its 
 batch that fails is answered one request at a time, so each gets its own error. Streaming
 requests are never batched.
 
-Videos are checked before they wait for the model, never under its lock: each request's check
-(open once, index, caps, the sampling and the memory check) runs on a daemon thread of its own (a
-request that hangs holds no shared worker, and none can keep the process from exiting). Its
-frames are decoded on the model's turn, streamed through the vision tower a chunk at a time
-(:mod:`vr_runtime.video.frames`): decoding overlaps the tower, and a request holds a bounded
-window of frames however many it samples. The decode stops between packets once the request is
-given up (deadline, client gone, drain), so ``--timeout`` bounds it. At most ``max_batch + 1``
-opened videos wait at once (the one on the model and the next); a video whose Z the visual
-cache already holds is not decoded again.
+Videos are checked and decoded before they wait for the model, never under its lock: each
+request's check (open once, index, caps, the sampling and the memory check) and the decode of its
+first ``prefetch_frames`` frames (256: every frame of a request at the default caps) run on a
+daemon thread of its own (a request that hangs holds no shared worker, and none can keep the
+process from exiting). The frames wait as resized uint8 (0.6 MB a frame at 448x448, a quarter of
+the float32 clip). A longer video's other frames stream on its turn on the model, through the
+vision tower a chunk at a time (:mod:`vr_runtime.video.frames`), so a request holds at most
+``prefetch_frames`` frames however many it samples. The decode stops between packets once the
+request is given up (deadline, client gone; a drain lets the running request finish), so
+``--timeout`` bounds it. At most ``max_batch + 1`` decoded videos wait at once (the one on the
+model and the next); a video whose Z the visual cache already holds is not decoded again.
 
 Draining (:meth:`Engine.drain`, on SIGTERM): no new request is admitted (503 + Retry-After), every
 request not yet on the model is answered 503 + Retry-After at once, and the one running gets until
@@ -77,6 +79,9 @@ class EngineConfig:
     max_batch: int = 1                    # >1: answer up to this many waiting requests together
     scorer: str = "image-router"          # --scorer: a registered frame scorer (vr_runtime.routing.scorers)
     scorer_model: Optional[str] = None    # --scorer-model DIR, for scorers that load a model
+    # Frames of a request decoded off the model's lock, before its turn (resized uint8: 0.6 MB
+    # a frame at 448x448); the rest stream on its turn, overlapping the vision tower
+    prefetch_frames: int = 256
 
 
 # Retry-After (seconds) on a 429 (busy) or a 503 (shutting down): long enough for a restarted
@@ -111,9 +116,13 @@ class _Slot:
             self.running = True
             return True
 
-    def abandon(self) -> bool:
-        """Give the request up; True if its job had not started (so it never will)."""
+    def abandon(self, waiting_only: bool = False) -> bool:
+        """Give the request up; True if its job had not started (so it never will).
+        ``waiting_only``: leave a running job alone (a drain lets it finish: its frames,
+        streamed on the model's turn, must not be stopped)."""
         with self._lock:
+            if waiting_only and self.running:
+                return False
             self.abandoned = True
             self.cancel.set()
             return not self.running
@@ -259,7 +268,7 @@ class Engine:
         loop = asyncio.get_running_loop()
         self.draining = True
         for slot in list(self._slots):
-            if slot.abandon():
+            if slot.abandon(waiting_only=True):
                 self._count("drained")
                 slot.fail(shutting_down(" and this request had not started"))
         end = loop.time() + timeout_s
@@ -468,14 +477,16 @@ class Engine:
             try:
                 spec = self.vr.lm.frame_spec
                 from ..video.frames import open_frames
-                # Checked, indexed and sampled here; its frames are decoded on the model's
-                # turn, streamed through the vision tower a chunk at a time (bounded memory
-                # per request however many frames), and stop once the request is given up.
+                # Checked, indexed and sampled here, and its first prefetch_frames frames
+                # decoded; the rest (a long video) stream on the model's turn, through the
+                # vision tower a chunk at a time: bounded memory per request however many
+                # frames. Decoding stops once the request is given up.
                 clip = open_frames(video.path, num_frames=s.num_frames, size=spec.size[0],
                                    mean=spec.mean, std=spec.std, should_stop=should_stop,
                                    limits=self.media.config.limits(),
                                    time_window=s.time_window, seek=s.seek, fps=s.fps,
                                    min_frames=min(4, s.num_frames), max_frames=s.num_frames)
+                clip.prefetch(self.config.prefetch_frames, should_stop)
             except BaseException:
                 self._clip_slots.release()
                 raise

@@ -17,7 +17,7 @@ from typing import Iterator, List, Optional, Sequence
 import torch
 
 from .decoders import scaled_size
-from .load import _norm, _Plan, _prepare
+from .load import _norm, _Plan, _prepare, available_memory
 from .stream import FrameStream, normalise
 
 __all__ = ["FrameSource", "TensorSource", "FileSource", "open_frames", "Frames", "unit_groups"]
@@ -114,40 +114,100 @@ class FileSource(FrameSource):
         return None if f is None else (f.real_path, f.identity, int(p.num_frames),
                                        p.time_window, p.decoder, p.seek) + rate
 
-    def stream(self, ranks: Sequence[int], job_frames: int = 16) -> FrameStream:
+    _prefetch: Optional[FrameStream] = None
+
+    def stream(self, ranks: Sequence[int], job_frames: int = 16,
+               window: Optional[int] = None) -> FrameStream:
         """A :class:`FrameStream` of the sampled frames at ``ranks`` (increasing, distinct)."""
         p = self.plan
         scale = scaled_size(p.info.width, p.info.height, p.size)
         return FrameStream(p.info, [p.indices[r] for r in ranks], scale, p.size, p.decoder,
-                           p.seek, p.workers, job_frames=job_frames, should_stop=p.should_stop)
+                           p.seek, p.workers, job_frames=job_frames, window=window,
+                           should_stop=p.should_stop)
+
+    def prefetch(self, frames: int, should_stop=None) -> "FileSource":
+        """Decode the first ``frames`` sampled frames now (and wait for them), before the
+        caller's turn on the model (the server does this off the model's lock): the frames the
+        vision stage then reads come from here first, and the stream goes on from there. At
+        most ``frames`` resized frames are held meanwhile."""
+        frames = min(int(frames), len(self.indices), self._frames_that_fit())
+        if self._prefetch is None and frames > 0:
+            self._t_prefetch = time.perf_counter()
+            self._prefetch = self.stream(range(len(self.indices)),
+                                         window=max(int(frames), 1))
+        if self._prefetch is None:
+            return self
+        try:
+            self._prefetch.wait_filled(frames, should_stop)
+        except BaseException:
+            self.close_prefetch()
+            raise
+        return self
+
+    def _frames_that_fit(self) -> int:
+        """Resized frames that half the memory still free would hold (a prefetch takes fewer
+        frames rather than fail: the rest stream later)."""
+        avail = available_memory()
+        return 1 << 30 if avail is None else int(avail // 2 // (3 * self.size[0] * self.size[1]))
+
+    def close_prefetch(self) -> None:
+        s, self._prefetch = self._prefetch, None
+        if s is not None:
+            s.close()
+
+    def _frames_of(self, ranks: List[int], chunk: int) -> Iterator:
+        """(rank, frame) of ``ranks`` (increasing, distinct) in order: from the prefetched
+        stream (its frames already decoded first; it goes on when every frame is wanted), then
+        from a stream of the rest."""
+        pre, start = self._prefetch, 0
+        if pre is not None:
+            self._prefetch = None
+            wanted = set(ranks)
+            every = len(ranks) == len(self.indices)
+            with pre:
+                r = 0
+                while r < len(self.indices) and (every or pre.ready(r)):
+                    frame = pre.take(r)
+                    if r in wanted:
+                        yield r, frame
+                    r += 1
+                self.held_peak = pre.held_peak
+            start = next((i for i, x in enumerate(ranks) if x >= r), len(ranks))
+        rest = ranks[start:]
+        if rest:
+            with self.stream(rest, max(chunk, 8)) as s:
+                for i, r in enumerate(rest):
+                    yield r, s.take(i)
+                self.held_peak = max(self.held_peak, s.held_peak)
 
     def chunks(self, positions, chunk, device=None):
         pos = _check_positions(positions, len(self.indices))
-        ranks = sorted(set(pos))
-        rank_of = {r: i for i, r in enumerate(ranks)}
         last_use = {p: i for i, p in enumerate(pos)}
-        t0 = time.perf_counter()
+        t0 = getattr(self, "_t_prefetch", None) if self._prefetch is not None else None
+        t0 = time.perf_counter() if t0 is None else t0
         self.decode_s = None
-        with self.stream(ranks, max(chunk, 8)) as s:
-            held, taken = {}, 0
+        frames = self._frames_of(sorted(set(pos)), chunk)
+        try:
+            held = {}
             for i in range(0, len(pos), chunk):
                 part = pos[i:i + chunk]
                 out = torch.empty(len(part), 3, *self.size, dtype=torch.uint8)
                 for j, p in enumerate(part):
                     while p not in held:      # frames come in rank order
-                        held[ranks[taken]] = s.take(taken)
-                        taken += 1
+                        r, f = next(frames)
+                        held[r] = f
                     out[j] = torch.from_numpy(held[p]).permute(2, 0, 1)
                     if last_use[p] == i + j:
                         del held[p]
                 if i + chunk >= len(pos):
                     self.decode_s = time.perf_counter() - t0
-                    self.held_peak = s.held_peak
                 yield normalise(out, self.mean, self.std, device)
                 del out
-        assert taken == len(rank_of)
+        finally:
+            frames.close()      # stops and joins the decoding workers
 
     def close(self) -> None:
+        self.close_prefetch()
         f = self.plan.info.handle
         if f is not None:
             f.close()

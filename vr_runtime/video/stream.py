@@ -195,6 +195,28 @@ class FrameStream:
                 self._cond.notify_all()
 
     # ------------------------------------------------------------------ the consumer
+    def ready(self, rank: int) -> bool:
+        """Whether the frame of ``rank`` is decoded and waiting (``take`` would not wait)."""
+        with self._cond:
+            return rank in self._frames
+
+    def wait_filled(self, frames: int, should_stop=None) -> None:
+        """Wait until the first ``frames`` frames are decoded (or the stream failed: raised
+        here), asking ``should_stop()`` between looks (a reason stops the wait with a
+        ``VideoError``)."""
+        n = min(int(frames), len(self.indices))
+        with self._cond:
+            while not all(r in self._frames for r in range(self._next, n)):
+                if self._failed:
+                    raise self._failure()
+                why = should_stop() if should_stop is not None else None
+                if why or (self._closed and not self._failed):
+                    raise VideoError(f"{self.info.path}: decoding stopped: "
+                                     f"{why or 'the frame stream was closed'}")
+                if not any(t.is_alive() for t in self._threads):
+                    return      # take() names the missing frame
+                self._cond.wait(_POLL_S)
+
     def take(self, rank: int) -> np.ndarray:
         """The resized frame of rank ``rank`` ([size, size, 3] uint8), the ranks taken in
         order; waits for it (a Ctrl-C meanwhile is raised here)."""
