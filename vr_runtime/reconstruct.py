@@ -14,6 +14,7 @@ import torch
 from vr_kernels import pool_pack, pooled_counts
 
 from .backbones.prompt import plan_dest
+from .planning.request_plan import frame_times
 
 def _backend_kw(device: torch.device, backend: Optional[str]) -> dict:
     """On CPU the runtime takes pool_pack's vectorised torch path even under TRITON_INTERPRET=1:
@@ -137,4 +138,27 @@ def reconstruct_embeds_batch(model, input_ids: Sequence[torch.Tensor],
     return out.view(B, L, D), lengths
 
 
-__all__ = ["reconstruct_embeds", "reconstruct_embeds_batch", "placeholder_starts"]
+def build_prompt(lm, req, plan: Sequence, keep: Sequence[int], times=None):
+    """The prompt of a plan on backbone ``lm``: ids [L] with per-frame placeholder counts, the
+    first row of each kept frame, the kept frames' windows, and position ids (None: 1-D)."""
+    ids, starts = lm.build_prompt(req.question, pooled_counts(plan, lm.grid), req.system,
+                                  **frame_times(lm, times))
+    kept_plan = [plan[t] for t in keep]
+    return ids, starts, kept_plan, lm.position_ids(ids, kept_plan, starts)
+
+
+def compress(lm, req, plan: Sequence, Z: torch.Tensor, keep: Sequence[int], timer, times=None,
+             z_plan: Optional[Sequence] = None):
+    """The compress stage: the prompt's ids, and the kept frames of Z pooled straight into
+    their rows of inputs_embeds -> (ids [L], embeds [1, L, D], position_ids or None).
+    ``z_plan``: the window of each row of Z (0 for a dropped frame, when Z holds every frame);
+    None: Z holds the kept frames only."""
+    with timer.stage("compress"):
+        ids, starts, kept_plan, pos = build_prompt(lm, req, plan, keep, times)
+        embeds = reconstruct_embeds(lm.model, ids, Z, kept_plan if z_plan is None else z_plan,
+                                    lm.image_token_id, lm.grid, frame_starts=starts)
+    return ids, embeds, pos
+
+
+__all__ = ["reconstruct_embeds", "reconstruct_embeds_batch", "placeholder_starts",
+           "build_prompt", "compress"]

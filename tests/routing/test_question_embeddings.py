@@ -2,7 +2,7 @@
 (the scorer) read the same question embeddings."""
 import torch
 
-from vr_runtime import runtime as rt
+from vr_runtime.runtime import pipeline as rt
 from vr_runtime.cli import SAMPLE_VIDEO
 
 

@@ -68,9 +68,9 @@ def test_latency_inputs_use_the_scorers_pool(tiny_vr):
     from vr_runtime.planning.policies import get_planner
     req = tiny_vr.request(torch.zeros(2, 3, 448, 448), Q, num_frames=2, policy="fragment",
                           scorer=FixedRelevance([True, False], run_routers=True, router_pool=4))
-    inputs = plan_inputs(tiny_vr, req, get_planner("fragment"), 2)([1, 0])
+    inputs = plan_inputs(tiny_vr.latency_context, req, get_planner("fragment"), 2)([1, 0])
     assert inputs["router_pool"] == 4 and inputs["routers"] is True
     req = tiny_vr.request(torch.zeros(2, 3, 448, 448), Q, num_frames=2, policy="fragment",
                           relevant=[True, False])
-    assert plan_inputs(tiny_vr, req, get_planner("fragment"), 2)([1, 0])["routers"] is False
+    assert plan_inputs(tiny_vr.latency_context, req, get_planner("fragment"), 2)([1, 0])["routers"] is False
 

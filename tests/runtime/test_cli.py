@@ -124,33 +124,24 @@ def test_time_window_arg():
             cli_args.time_window_arg(bad)
 
 
-@pytest.mark.parametrize("old, new", [("time_window_arg", "time_window_arg"),
-                                      ("POLICY_HELP", "POLICY_HELP"), ("DTYPES", "DTYPES"),
-                                      ("DECODERS", "DECODERS"), ("SEEKS", "SEEKS"),
-                                      ("_positive_int", "positive_int")])
-def test_names_moved_to_cli_args_still_import_from_cli_with_a_warning(old, new):
-    with pytest.warns(DeprecationWarning, match=f"cli_args.{new}"):
-        assert getattr(cli, old) is getattr(cli_args, new)
-
-
-def test_check_inputs_and_device_dtype_take_values_and_warn_on_a_namespace():
-    import argparse
-    with pytest.raises(cli_args.UsageError, match="QUESTION is empty"):
-        cli_args.check_inputs(question=" ", policy="auto", model="tiny", routers=None)
-    ns = argparse.Namespace(question=" ", plot=None, policy="auto", model="tiny", routers=None)
-    with pytest.warns(DeprecationWarning, match="check_inputs\\(question="), \
-            pytest.raises(cli_args.UsageError, match="QUESTION is empty"):
-        cli_args.check_inputs(ns)
-    cli_args.check_inputs(question="q", policy="auto", model="tiny", routers=None)
-    with pytest.raises(cli_args.UsageError, match="nope"):
-        cli_args.check_scorer_args("nope")
-    with pytest.warns(DeprecationWarning, match="check_scorer_args\\(scorer, scorer_model\\)"), \
-            pytest.raises(cli_args.UsageError, match="nope"):
-        cli_args.check_scorer_args(argparse.Namespace(scorer="nope", scorer_model=None))
-    assert cli_args.device_dtype("cpu", "fp32") == (torch.device("cpu"), torch.float32)
-    with pytest.warns(DeprecationWarning, match="device_dtype\\(device, dtype\\)"):
-        got = cli_args.device_dtype(argparse.Namespace(device="cpu", dtype="fp32"))
-    assert got == (torch.device("cpu"), torch.float32)
+def test_check_inputs_checks_each_value_in_its_stage(tmp_path):
+    from vr_runtime.cli_io import UsageError
+    from vr_runtime.errors import ModelFilesError, RouterWeightsError
+    args = cli.build_parser().parse_args(["ask", "v.mp4", "q"])
+    with pytest.raises(UsageError, match="QUESTION is empty"):
+        cli.check_inputs(args, " ")
+    cli.check_inputs(args, "q")
+    for flag, value, error, needle in (
+            ("plot", "x.jpg", UsageError, "--plot 'x.jpg': expected a file name ending in .png"),
+            ("plot", str(tmp_path / "no" / "x.png"), UsageError, "does not exist"),
+            ("policy", "fragmnet", ValueError, "--policy 'fragmnet': expected one of"),
+            ("scorer", "nope", ValueError, "--scorer 'nope'"),
+            ("model", str(tmp_path / "none"), ModelFilesError, "--model '"),
+            ("routers", str(tmp_path / "r.safetensors"), RouterWeightsError, "no such file")):
+        bad = cli.build_parser().parse_args(["ask", "v.mp4", "q"])
+        setattr(bad, flag, value)
+        with pytest.raises(error, match=needle):
+            cli.check_inputs(bad, "q")
 
 
 def test_demo_parses_to_the_bundled_clip_and_tiny_model():

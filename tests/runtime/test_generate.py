@@ -156,7 +156,7 @@ def test_one_pool_pack_for_the_batch(vr, monkeypatch):
     texts = [vr.answer(v, q, num_frames=v.shape[0], **kw, **o).text
              for v, q, o in zip(videos, QUESTIONS, opts)]
     monkeypatch.setattr(rec, "pool_pack", counting)
-    import vr_runtime.runtime as rt
+    import vr_runtime.runtime.batch as rt
     monkeypatch.setattr(rt, "reconstruct_embeds_batch", keep)
     got = vr.answer_batch(videos, QUESTIONS, [dict(num_frames=v.shape[0], **kw, **o)
                                               for v, o in zip(videos, opts)])
@@ -187,7 +187,8 @@ def test_one_pool_pack_for_the_batch_cuda(name):
              for x, q, o in zip(videos, QUESTIONS, opts)]
     done = [v._prepare(v.request(x, q, num_frames=x.shape[0], **kw, **o), pack=False)
             for x, q, o in zip(videos, QUESTIONS, opts)]
-    x, lengths = v._pack_batch(done)
+    from vr_runtime.runtime.batch import pack_batch
+    x, lengths = pack_batch(v.lm, done)
     for b, p in enumerate(alone):
         assert torch.equal(x[b, :lengths[b]], p.embeds[0])
     texts = [v.answer(x_, q, num_frames=x_.shape[0], **kw, **o).text

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vr_runtime.planning.policies import Windows
-from vr_runtime.planning.scales import answer_kwargs
+from vr_runtime.planning.scales import auto_scales, budget_from_text
 from vr_runtime.request import AnswerOptions
 
 Q = "What shape is the red object?"
@@ -52,10 +52,18 @@ def test_scales_triple_sets_the_windows():
         AnswerOptions(scales="auto").windows
 
 
+def _auto_windows(vr, num_frames, max_length, max_new_tokens, margin=100) -> dict:
+    """The budget study's windows at the B_img of Q with ``num_frames`` frames' lines."""
+    b = budget_from_text(vr.lm.text_tokens(Q, num_frames, None), max_length, max_new_tokens,
+                         margin)
+    s = auto_scales(b, vr.lm.grid[0] * vr.lm.grid[1])
+    return dict(global_window=s[0], relevant_window=s[1], other_window=s[2])
+
+
 @pytest.mark.parametrize("max_length", [1400, 99999])
-def test_scales_auto_resolves_per_request_as_answer_kwargs_did(tiny_vr, max_length):
+def test_scales_auto_resolves_per_request(tiny_vr, max_length):
     kw = dict(num_frames=16, max_length=max_length, max_new_tokens=16)
-    want = answer_kwargs("auto", tiny_vr, question=Q, **kw)
+    want = _auto_windows(tiny_vr, **kw)
     req = tiny_vr.request(torch.zeros(16, 3, 448, 448), Q, scales="auto", **kw)
     got = req.windows
     assert dict(global_window=got.global_window, relevant_window=got.relevant_window,
@@ -68,9 +76,8 @@ def test_scales_auto_resolves_per_request_as_answer_kwargs_did(tiny_vr, max_leng
 def test_scales_auto_and_fixed_give_the_same_answer(tiny_vr):
     v = torch.randn(4, 3, 448, 448, generator=torch.Generator().manual_seed(0))
     kw = dict(num_frames=4, max_new_tokens=2, max_length=1400, policy="global")
-    fixed = answer_kwargs("auto", tiny_vr, question=Q, **{k: kw[k] for k in
-                                                          ("num_frames", "max_length",
-                                                           "max_new_tokens")})
+    fixed = _auto_windows(tiny_vr, **{k: kw[k] for k in ("num_frames", "max_length",
+                                                         "max_new_tokens")})
     a = tiny_vr.answer(v, Q, scales="auto", **kw)
     b = tiny_vr.answer(v, Q, **fixed, **kw)
     assert a.text == b.text and a.report["scales"] == b.report["scales"]
@@ -90,12 +97,10 @@ def test_text_tokens_counted_once_per_distinct_count(tiny_vr, monkeypatch):
     assert calls and len(calls) == len(set(calls))
 
 
-def test_load_frames_and_its_old_names(tiny_vr):
+def test_load_frames_opens_without_decoding(tiny_vr):
     pv = torch.zeros(3, 3, 448, 448)
-    f = tiny_vr._load_frames(pv, 3, None)
-    with pytest.warns(DeprecationWarning, match="_load_frames"):
-        assert tiny_vr._decode(pv, 3, None).T == f.T
+    assert tiny_vr._load_frames(pv, 3, None).T == 3
     from vr_runtime.telemetry.timing import StageTimer
     req = tiny_vr.request(pv, Q, num_frames=3)
-    with pytest.warns(DeprecationWarning, match="load_frames"):
-        assert tiny_vr.decode(req, StageTimer(tiny_vr.lm.device)).T == 3
+    f = tiny_vr.load_frames(req, StageTimer(tiny_vr.lm.device))
+    assert f.T == 3 and f.pixel_values is None

@@ -34,5 +34,5 @@ def test_warm_request_runs_every_stage_and_changes_no_answer(tiny_lm, monkeypatc
     # the throw-away request ran vision and the routers (FixedRelevance(run_routers=True))
     assert len(stages) == 1 and {"vision", "router", "compress"} <= set(stages[0])
     assert warm.request_warmup["frames"] == 8 and warm.request_warmup["seconds"] > 0
-    assert len(warm._vcache) == 0          # forgotten: nothing of it is served to a user
+    assert len(warm.visual_cache) == 0          # forgotten: nothing of it is served to a user
     assert _ask(warm, video) == before     # the same answer, tokens and length

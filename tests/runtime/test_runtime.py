@@ -70,7 +70,8 @@ def test_dense_over_max_length_is_refused_unless_allowed(tiny_vr, frames):
 def test_prompt_past_the_models_context_is_refused(tiny_vr, frames, monkeypatch):
     # the model's positions bound every policy, dense allowed over max_length or not
     monkeypatch.setattr(tiny_vr.lm.text_config, "max_position_embeddings", 1000)
-    assert tiny_vr.max_positions == 1000
+    from vr_runtime.planning.request_plan import max_positions
+    assert max_positions(tiny_vr.lm) == 1000
     with pytest.raises(B.BudgetError, match=r"over the model's context \(max_position_embeddings\)"
                                             r" of 1000: at most 3 frames fit"):
         tiny_vr.answer(frames(5, seed=3), Q, num_frames=5, max_length=4000, max_new_tokens=3,
@@ -112,7 +113,7 @@ def test_generation_matches_full_recompute(tiny_vr, tiny_lm, frames):
         Z = lm.encode_frames(frames(2, seed=6))
         embeds = reconstruct_embeds(lm.model, ids, Z, plan, lm.image_token_id, lm.grid, frame_starts=starts)
         vr = VideoRouter(lm, tiny_vr.routers)
-        vr._stop_ids = set()  # compare a fixed number of steps
+        vr.stop_ids = set()  # compare a fixed number of steps
         got = vr.generate(embeds, 6)
         emb = lm.model.get_input_embeddings()
         seq, ref = embeds, []
@@ -126,14 +127,14 @@ def test_generation_matches_full_recompute(tiny_vr, tiny_lm, frames):
 def test_stops_at_stop_token(tiny_vr, tiny_lm, frames):
     """Decoding stops before a stop id: stopping on the 3rd greedy token leaves 2 tokens."""
     vr = VideoRouter(tiny_lm, tiny_vr.routers)
-    assert tiny_lm.tokenizer.convert_tokens_to_ids("<|im_end|>") in vr._stop_ids
+    assert tiny_lm.tokenizer.convert_tokens_to_ids("<|im_end|>") in vr.stop_ids
     pv = frames(2, seed=8)
-    vr._stop_ids = set()
+    vr.stop_ids = set()
     free = vr.answer(pv, Q, num_frames=2, max_new_tokens=4, policy="global").report
     assert free["generated_tokens"] == 4
     with torch.no_grad():
         ids = vr.generate(_embeds(tiny_lm, pv), 4)
-    vr._stop_ids = {ids[2]} if ids[2] not in ids[:2] else {ids[0]}
+    vr.stop_ids = {ids[2]} if ids[2] not in ids[:2] else {ids[0]}
     stopped = vr.answer(pv, Q, num_frames=2, max_new_tokens=4, policy="global")
     expect = 2 if ids[2] not in ids[:2] else 0
     assert stopped.report["generated_tokens"] == expect
@@ -208,7 +209,7 @@ def test_cache_visual_reuses_and_matches(tiny_lm, tiny_vr, frames):
                       policy="global").report
     assert other["visual_cache"] == "miss" and other["scales"] == [2] * 4
     vr.clear_visual_cache()
-    assert not vr._vcache
+    assert not len(vr.visual_cache)
 
 
 def test_answer_batch_paths_and_tensors(tiny_vr, frames):

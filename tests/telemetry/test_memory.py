@@ -90,7 +90,7 @@ def test_kept_rows_are_not_copied_out_of_z(tiny_vr, frames):
                                          cache_visual=True))
     keep = kept_frames(p.fitted.plan, tiny_vr.lm.grid)
     assert 0 < len(keep) < 6
-    Z = next(iter(tiny_vr._vcache.values()))["Z"]
+    Z = tiny_vr.visual_cache.entries()[0]["Z"]
     assert Z.shape[0] == 6
     want = reconstruct_embeds(tiny_vr.lm.model, p.ids, Z[keep], [p.fitted.plan[t] for t in keep],
                               tiny_vr.lm.image_token_id, tiny_vr.lm.grid)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from vr_runtime.planning.budget import plan_fragment, plan_global
+from vr_runtime.planning.request_plan import plan_request
 from vr_runtime.runtime import VideoRouter
 from vr_runtime.training.config import ConfigError, load_config
 from stage_helpers import stage3_trainee
@@ -28,7 +29,7 @@ def test_a_quarter_of_dense_plans_as_the_runtime_does_with_that_budget(tiny_lm, 
     vr = VideoRouter(tiny_lm, tr.routers)
     req = vr.request(torch.zeros(T, 3, 448, 448), Q, num_frames=T, policy="fragment",
                      relevant=mask, budget=budget)
-    assert plan == vr.plan(req, "fragment", T, mask).plan
+    assert plan == plan_request(vr.lm, req, "fragment", T, mask).plan
     gplan, gfrag = tr.training_plan(torch.tensor([1.0, 0.0]), torch.zeros(T),
                                     {"policy": 0, "question": Q})
     assert not gfrag and gplan == plan_global(T, budget, tr.grid, scale=2)

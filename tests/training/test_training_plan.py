@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from vr_runtime.planning.budget import plan_fragment
+from vr_runtime.planning.request_plan import plan_request
 from vr_runtime.runtime import VideoRouter
 from vr_runtime.training.config import load_config
 from stage_helpers import stage3_trainee as _trainee
@@ -31,7 +32,7 @@ def test_tight_training_budget_drops_frames_like_the_runtime(tiny_lm):
     vr = VideoRouter(tiny_lm, tr.routers)
     req = vr.request(torch.zeros(T, 3, 448, 448), Q, num_frames=T, max_length=L, policy="fragment",
                      relevant=mask)
-    fitted = vr.plan(req, "fragment", T, mask)
+    fitted = plan_request(vr.lm, req, "fragment", T, mask)
     assert plan == fitted.plan
     assert plan == plan_fragment(mask, fitted.budget, tr.grid, relevant_window=1, other_window=4)
     low = sum(w == 4 for w in plan)

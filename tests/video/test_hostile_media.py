@@ -130,17 +130,17 @@ def test_a_decode_stops_between_frames_when_asked(undeclared):
 
 
 def test_the_cache_key_changes_when_content_is_rewritten_keeping_size_and_mtime(tmp_path):
-    from vr_runtime.runtime import VideoRouter
+    from vr_runtime.runtime.cache import video_key
     p = tmp_path / "clip.mp4"
     p.write_bytes(SAMPLE.read_bytes())
     st = p.stat()
-    key = VideoRouter._video_key(str(p), 8, None)
+    key = video_key(str(p), 8, None)
     data = bytearray(p.read_bytes())
     data[-1] ^= 0xFF                      # other content, same size (cp -p, rsync -t, tar)
     p.write_bytes(bytes(data))
     os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert p.stat().st_size == st.st_size and p.stat().st_mtime_ns == st.st_mtime_ns
-    assert VideoRouter._video_key(str(p), 8, None) != key
+    assert video_key(str(p), 8, None) != key
     # a clip decoded from the file is keyed as the file itself
     clip = load_video(p, num_frames=8)
-    assert VideoRouter._video_key(clip, 8, None) == VideoRouter._video_key(str(p), 8, None)
+    assert video_key(clip, 8, None) == video_key(str(p), 8, None)

@@ -17,6 +17,12 @@ class BudgetError(ValueError):
     """The budget cannot hold what was asked for (raised before any GPU work)."""
 
 
+def b_img(max_length: int, text_tokens: int, gen_tokens: int, margin: int = 100) -> int:
+    """B_img = L_max - L_text - L_gen - eps: the one place the visual budget is computed (it
+    may be below a frame's tokens, or below 0: callers refuse or clamp it)."""
+    return int(max_length) - int(text_tokens) - int(gen_tokens) - int(margin)
+
+
 def visual_budget(max_length: int, text_tokens: int, gen_tokens: int, margin: int = 100, *,
                   grid: Grid = (16, 16), coarsest=4) -> int:
     """B_img = L_max - L_text - L_gen - eps.
@@ -27,7 +33,7 @@ def visual_budget(max_length: int, text_tokens: int, gen_tokens: int, margin: in
                     ("gen_tokens", gen_tokens), ("margin", margin)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise ValueError(f"{name}: expected an int >= 0, got {v!r}")
-    budget = max_length - text_tokens - gen_tokens - margin
+    budget = b_img(max_length, text_tokens, gen_tokens, margin)
     need = window_tokens(coarsest, grid)
     if budget < need:
         raise BudgetError(

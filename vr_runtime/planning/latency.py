@@ -21,6 +21,7 @@ the smallest plan is used and the report says so.
 from __future__ import annotations
 
 import collections
+from dataclasses import dataclass
 from typing import Callable, Dict, Optional
 
 import torch
@@ -80,10 +81,11 @@ class LatencyModel:
         return {s: v * self.scale(s) for s, v in self.raw(**kw).items()}
 
     @torch.inference_mode()
-    def probe(self, vr, frames: int = 2, tokens: int = 512, question_tokens: int = 16) -> None:
-        """Seed the per-stage ratios with this machine's speed on the real modules (warm)."""
+    def probe(self, bb, routers, frames: int = 2, tokens: int = 512,
+              question_tokens: int = 16) -> None:
+        """Seed the per-stage ratios with this machine's speed on the real modules (warm):
+        backbone ``bb`` and its ``routers``."""
         import time
-        bb, routers = vr.lm, vr.routers
         H, W = bb.frame_spec.size
         pv = torch.zeros(frames, 3 * bb.frames_per_unit, H, W)   # units (Backbone.units)
         x = torch.zeros(1, tokens, bb.hidden_size, device=bb.device, dtype=bb.dtype)
@@ -136,43 +138,53 @@ def largest_fitting_budget(predict_for: Callable[[int], float], lo: int, hi: int
 
 
 # ---------------------------------------------------------------------- the runtime's use of it
-# Functions of a VideoRouter ``vr`` (duck-typed: this module does not import the runtime, which
-# imports it), called by ``VideoRouter.plan`` and the report when ``ttft_budget_s`` is given.
+# What latency planning needs of a runtime is a :class:`LatencyContext`: the backbone, the
+# routers, the latency state and the question embedder -- not the runtime itself.
 
 class LatencyState:
-    """A runtime's latency model (``VideoRouter.latency``): none until a request gives
-    ``ttft_budget_s``, then built and probed once (the probe runs the model) and corrected by
-    every answer after."""
+    """A runtime's latency model: none until a request gives ``ttft_budget_s``, then built
+    and probed once (the probe runs the model) and corrected by every answer after."""
 
     def __init__(self, model: Optional[LatencyModel] = None):
         self.model = model
 
-    def get(self, vr) -> LatencyModel:
-        """The model of ``vr``'s backbone on its device (built on first use)."""
+    def get(self, lm, routers) -> LatencyModel:
+        """The model of backbone ``lm`` on its device (built and probed on first use)."""
         if self.model is None:
-            model = LatencyModel.for_backbone(vr.lm)
-            model.probe(vr)
+            model = LatencyModel.for_backbone(lm)
+            model.probe(lm, routers)
             self.model = model
         return self.model
 
 
-def latency_model(vr) -> LatencyModel:
-    """The cost model of ``vr``'s backbone on its device, corrected by this process's
-    measurements: ``vr.latency``'s, built (CPU: calibrated) on first use."""
-    return vr.latency.get(vr)
+@dataclass
+class LatencyContext:
+    """What latency planning reads: backbone ``lm``, its ``routers``, the runtime's
+    :class:`LatencyState` and ``embed`` (question -> Emb(q), for the question's length)."""
+    lm: object
+    routers: object
+    state: LatencyState
+    embed: Callable[[str], torch.Tensor]
+
+    @property
+    def model(self) -> LatencyModel:
+        """The cost model of the backbone on its device, corrected by this process's
+        measurements (built, CPU: calibrated, on first use)."""
+        return self.state.get(self.lm, self.routers)
 
 
-def plan_inputs(vr, req, planner, T: int):
+def plan_inputs(ctx: LatencyContext, req, planner, T: int):
     """-> ``inputs(plan)``: the cost model's inputs for one plan of ``req``. What does not
     depend on the plan (the prompt's text, the question's length) is counted once."""
-    pool = req.scorer.image_router_pool(vr.routers)   # None: the scorer runs no Image Router
-    fixed = dict(text_tokens=req.text_tokens(vr.lm, T),
+    routers = ctx.routers
+    pool = req.scorer.image_router_pool(routers)   # None: the scorer runs no Image Router
+    fixed = dict(text_tokens=req.text_tokens(ctx.lm, T),
                  routers=planner.needs_relevance and (req.scorer.uses_routers
                                                       or pool is not None),
-                 router_layers=vr.routers.config.num_layers,
-                 router_pool=vr.routers.config.router_pool if pool is None else pool,
-                 question_tokens=int(vr.question_embeddings(req.routed_question).shape[0]))
-    grid = vr.lm.grid
+                 router_layers=routers.config.num_layers,
+                 router_pool=routers.config.router_pool if pool is None else pool,
+                 question_tokens=int(ctx.embed(req.routed_question).shape[0]))
+    grid = ctx.lm.grid
 
     def inputs(plan) -> dict:
         kept = len(kept_frames(plan, grid))
@@ -182,12 +194,12 @@ def plan_inputs(vr, req, planner, T: int):
     return inputs
 
 
-def fit_latency(vr, req, planner, T: int, relevant, fitted, text_for):
+def fit_latency(ctx: LatencyContext, req, planner, T: int, relevant, fitted, text_for):
     """The largest visual budget (at most the context's) whose predicted TTFT fits
     ``req.ttft_budget_s`` -> a FittedPlan."""
-    model = latency_model(vr)
-    grid, w = vr.lm.grid, req.windows
-    inputs = plan_inputs(vr, req, planner, T)
+    model = ctx.model
+    grid, w = ctx.lm.grid, req.windows
+    inputs = plan_inputs(ctx, req, planner, T)
 
     def plan_for(b: int):
         try:
@@ -215,11 +227,12 @@ def fit_latency(vr, req, planner, T: int, relevant, fitted, text_for):
     return FittedPlan(plan, chosen, text_for(kept_frames(plan, grid)), notes)
 
 
-def latency_report(vr, req, planner, T: int, fitted, timer, observe: bool = True) -> dict:
+def latency_report(ctx: LatencyContext, req, planner, T: int, fitted, timer,
+                   observe: bool = True) -> dict:
     """The report's prediction for the plan that ran; ``observe``: correct the model by what
     this request measured."""
-    model = latency_model(vr)
-    inputs = plan_inputs(vr, req, planner, T)(fitted.plan)
+    model = ctx.model
+    inputs = plan_inputs(ctx, req, planner, T)(fitted.plan)
     raw = model.raw(**inputs)
     pred = model.predict(**inputs)
     if observe:   # a batch's shared prefill is not one request's: it would mislead the model
@@ -230,6 +243,5 @@ def latency_report(vr, req, planner, T: int, fitted, timer, observe: bool = True
             "ttft_model_device": model.device.name}
 
 
-__all__ = ["LatencyModel", "LatencyState", "largest_fitting_budget", "STAGES", "latency_model",
-           "plan_inputs",
-           "fit_latency", "latency_report"]
+__all__ = ["LatencyModel", "LatencyState", "LatencyContext", "largest_fitting_budget", "STAGES",
+           "plan_inputs", "fit_latency", "latency_report"]

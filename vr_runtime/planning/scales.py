@@ -36,7 +36,7 @@ Why the default stays (2, 1, 4) and not ``auto``: the main results, the ablation
 from __future__ import annotations
 
 import re
-from typing import Optional, Tuple, Union
+from typing import Tuple, Union
 
 PAPER_SCALES: Tuple[int, int, int] = (2, 1, 4)     # (s_g, s_1, s_0), Section 3.2 / Appendix H
 COARSE_SCALES: Tuple[int, int, int] = (4, 1, 8)    # Section 5.3 at 4K-8K budgets
@@ -93,39 +93,13 @@ def budget_from_text(text_tokens: int, max_length: int, max_new_tokens: int,
                      margin: int = 100) -> int:
     """B_img that ``max_length`` leaves beside a prompt of ``text_tokens`` text tokens. Never
     below 0: a hopeless budget is the runtime's to refuse."""
-    return max(0, int(max_length) - int(text_tokens) - int(max_new_tokens) - int(margin))
-
-
-def request_budget(vr, question: str, num_frames: int, max_length: int, max_new_tokens: int,
-                   margin: int = 100, budget: Optional[int] = None, system=None) -> int:
-    """B_img of a request, counted as the runtime counts it for ``num_frames`` frames (a fixed
-    ``budget`` is returned as is)."""
-    if budget is not None:
-        return int(budget)
-    n_text = vr.lm.text_tokens(question, num_frames, system)
-    return budget_from_text(n_text, max_length, max_new_tokens, margin)
+    from .budget import b_img
+    return max(0, b_img(max_length, text_tokens, max_new_tokens, margin))
 
 
 def resolve(scales: Scales, budget: int, frame_tokens: int = 256) -> Tuple[int, int, int]:
     """A parsed value -> the (s_g, s_1, s_0) to run."""
     return auto_scales(budget, frame_tokens) if scales == AUTO else tuple(scales)
-
-
-def answer_kwargs(scales: Scales, vr=None, *, question: str = "", num_frames: int = 64,
-                  max_length: int = 12288, max_new_tokens: int = 64, margin: int = 100,
-                  budget: Optional[int] = None, system=None) -> dict:
-    """``AnswerOptions`` window fields (``global_window``, ``relevant_window``,
-    ``other_window``) of a parsed value; ``auto`` needs ``vr`` and the request's arguments to
-    count its budget. ``AnswerOptions(scales=...)`` does this itself, per request."""
-    if scales == AUTO:
-        grid = vr.lm.grid
-        n = int(grid[0]) * int(grid[1])
-        b = request_budget(vr, question, num_frames, max_length, max_new_tokens, margin, budget,
-                           system)
-        s = auto_scales(b, n)
-    else:
-        s = tuple(scales)
-    return dict(global_window=s[0], relevant_window=s[1], other_window=s[2])
 
 
 def label(scales: Scales) -> str:
@@ -134,4 +108,4 @@ def label(scales: Scales) -> str:
 
 
 __all__ = ["PAPER_SCALES", "COARSE_SCALES", "AUTO", "SCALES_HELP", "ScalesError", "parse_scales",
-           "auto_scales", "budget_from_text", "request_budget", "resolve", "answer_kwargs", "label"]
+           "auto_scales", "budget_from_text", "resolve", "label"]

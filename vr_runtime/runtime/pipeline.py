@@ -1,0 +1,467 @@
+"""VideoRouter: the inference path of the paper (Sections 3.1-3.2, Algorithm 1) over a backbone,
+as a short sequence of stages, each a function in the package of its stage::
+
+    request   AnswerOptions -> Request (vr_runtime.request): every argument checked once;
+              ``fps``: the file opened now, its duration gives the frame count
+    budget    planning.request_plan.check_budget: a hopeless B_img fails before any decoding
+    frames    video.frames: the video opened (checked, indexed, sampled), nothing decoded yet
+              -> Frames (its routing units)
+    policy    routing.policy.decide_policy: the Semantic Router on the question (``auto``)
+    vision    backbones.encode.encode_stream: frames decoded on every core while the tower
+              encodes the chunk before -> Z [T, H*W, D] (pixels dropped once encoded)
+    score     a FrameScorer (routing.scorers: Image Router, cached, fixed, CLIP) -> FrameScores
+    plan      planning.request_plan.plan_request: the policy's windows fitted exactly into
+              max_length -> FittedPlan; check_length refuses a prompt over the context
+    compress  reconstruct.compress: the prompt, the kept frames pool_packed into inputs_embeds
+    prefill   generate: one decoder pass (last-row logits, KV cache)   TTFT = vision + router +
+    generate  greedy decoding with the cache                               compress + prefill
+    report    report.build_report (+ planning.latency.latency_report with ttft_budget_s)
+
+When the plan does not depend on Z (every policy but ``fragment``), it is made before the vision
+stage and only the frames it keeps are decoded and encoded. The visual cache is
+:mod:`.cache`, the batch path :mod:`.batch`; option scoring (labels, evaluation) is in
+:mod:`vr_runtime.eval.option_scoring`. Everything specific to a model family is behind
+``self.lm``, a :class:`~vr_runtime.backbones.Backbone`.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import pathlib
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
+
+import torch
+
+import vr_kernels
+
+from ..backbones import Backbone, backbone_from_config, load_backbone
+from ..backbones.encode import encode_stream
+from ..backbones.tiny import ASSETS
+from ..errors import VideoError
+from ..generate import GreedyDecoder
+from ..planning import request_plan as plans
+from ..planning.latency import LatencyContext, LatencyState, latency_report
+from ..planning.policies import FittedPlan, get_planner, kept_frames
+from ..reconstruct import build_prompt, compress
+from ..report import build_report, dropped_note
+from ..request import AnswerOptions, Request
+from ..routing.policy import PolicyDecision, decide_policy
+from ..routing.routers import RouterConfig, Routers, embed_question
+from ..routing.scorers import FixedRelevance, FrameScores, ScoringInput
+from ..telemetry.timing import StageTimer
+from ..video import frames as video_frames   # looked up per call: tests swap its functions
+from ..video.frames import FileSource, Frames, FrameSource, TensorSource
+from .batch import batch_options, generate_batch, prepare_each
+from .cache import VisualCache, visual_prefix
+
+
+@dataclass
+class Answer:
+    text: str
+    report: dict = field(default_factory=dict)
+
+
+@dataclass
+class _Prepared:
+    """One request after every stage before the prefill (``answer`` / ``answer_batch``)."""
+    req: Request
+    timer: StageTimer
+    frames: Frames
+    decision: PolicyDecision
+    planner: object
+    scores: Optional[FrameScores]
+    fitted: FittedPlan
+    ids: torch.Tensor
+    embeds: Optional[torch.Tensor]
+    position_ids: Optional[torch.Tensor]
+    notes: list
+    hit: bool
+    # answer_batch: (Z of the kept frames, their windows, first rows) until the one pool_pack
+    # of the whole batch; None after it (no Z outlives the packing)
+    packing: Optional[tuple] = None
+    # prefix_cache: (PrefixCache of the visual prefix, "hit" | "miss")
+    prefix: Optional[tuple] = None
+
+
+class VideoRouter:
+    def __init__(self, lm: Backbone, routers: Optional[Routers] = None,
+                 visual_cache_size: int = 1, warmup_frames: int = 256, decoding: str = "auto",
+                 warm_request: Optional[bool] = None, prefix_cache: bool = False):
+        """``decoding``: how tokens after the first are generated (vr_runtime.generate): "auto"
+        (the eager dynamic cache; "graph", CUDA graphs over a static KV cache, is opt-in until
+        measured on a GPU), "dynamic", "static" or "graph" -- the same greedy tokens in every
+        mode. ``warm_request``: answer one throw-away request at load
+        (:meth:`warm_up_request`); None = on CUDA only. ``prefix_cache``: with
+        ``cache_visual``, keep the KV cache of the prompt up to the end of its visual tokens in
+        the video's cache entry, and prefill only the rest for a later question with the same
+        plan and prompt up to there. Off by default: a TTFT measured with it is amortised."""
+        self.lm = lm
+        self.prefix_cache = bool(prefix_cache)
+        self.greedy = GreedyDecoder(lm, decoding)   # checks ``decoding`` before any warm-up
+        # Compile and autotune the pool_pack kernels now (CUDA; a no-op on CPU), for up to
+        # ``warmup_frames`` frames, so that no request pays for compilation (0: skip).
+        self.kernel_warmup = vr_kernels.warmup(lm.hidden_size, lm.dtype, lm.device, lm.grid,
+                                               max_frames=warmup_frames) if warmup_frames else \
+            {"skipped": "warmup_frames=0"}
+        self.routers = routers if routers is not None else Routers.from_backbone(lm)
+        self.routers.eval()
+        self._last_question_emb: Optional[tuple] = None   # (question, Emb(q))
+        self.stop_ids = lm.stop_token_ids()
+        self.visual_cache = VisualCache(visual_cache_size)
+        # ttft_budget_s: the cost model of this backbone on this device, built (and probed) on
+        # the first request that asks, then corrected by every answer (planning.latency)
+        self.latency = LatencyState()
+        if warm_request is None:
+            warm_request = torch.device(lm.device).type == "cuda"
+        self.request_warmup = self.warm_up_request() if warm_request else \
+            {"skipped": "warm_request is off (the default off CUDA)"}
+
+    @torch.inference_mode()
+    def warm_up_request(self, num_frames: int = 8, max_new_tokens: int = 2) -> dict:
+        """Answer one throw-away question on random frames through every stage a request runs
+        (vision, both routers, pool_pack, prefill, decode steps), then forget it: what the
+        kernel warm-up cannot reach (CUDA's lazy module loading, the GEMM and attention kernel
+        choices, the shadow stack's first call) is paid at load, not by the first user."""
+        spec = self.lm.frame_spec
+        frames = torch.randn(num_frames, 3, *spec.size, generator=torch.Generator().manual_seed(0))
+        relevant = [t % 2 == 0 for t in range(num_frames)]   # both windows of the Fragment plan
+        t0 = time.perf_counter()
+        self.answer(frames, "What happens in the video?", num_frames=num_frames,
+                    max_new_tokens=max_new_tokens, policy="fragment",
+                    scorer=FixedRelevance(relevant, run_routers=True))
+        if torch.device(self.lm.device).type == "cuda":
+            torch.cuda.synchronize(self.lm.device)
+        self.clear_visual_cache()
+        return {"seconds": round(time.perf_counter() - t0, 6), "frames": num_frames,
+                "max_new_tokens": max_new_tokens}
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_pretrained(cls, path_or_name="tiny", routers=None, device="cpu", dtype=None,
+                        attn_implementation=None, router_config: Optional[RouterConfig] = None,
+                        **kw):
+        """``path_or_name``: a local checkpoint directory, a cached Hub id or a preset.
+        ``routers``: a safetensors path, a :class:`Routers`, or None; for ``"tiny"`` with None
+        the shipped ``assets/tiny/routers.safetensors`` loads."""
+        lm = load_backbone(path_or_name, device=device, dtype=dtype,
+                           attn_implementation=attn_implementation)
+        if routers is None and str(path_or_name) == "tiny":
+            shipped = ASSETS / "routers.safetensors"
+            if shipped.is_file():
+                routers = shipped
+        return cls(lm, cls._routers_for(lm, routers, router_config), **kw)
+
+    @classmethod
+    def from_config(cls, config, device="cpu", dtype=None, seed: int = 0, routers=None,
+                    attn_implementation=None, router_config: Optional[RouterConfig] = None, **kw):
+        """Random weights of a shape preset (``vr_runtime.backbones.backbone_from_config``)."""
+        lm = backbone_from_config(config, device=device, dtype=dtype, seed=seed,
+                                  attn_implementation=attn_implementation)
+        return cls(lm, cls._routers_for(lm, routers, router_config), **kw)
+
+    @staticmethod
+    def _routers_for(lm, routers, router_config):
+        if isinstance(routers, Routers):
+            routers.positions = lm.router_position_ids
+            return routers.to_model(lm.device, lm.dtype)
+        if routers is not None:
+            return Routers.load(pathlib.Path(routers), lm)  # built on the model's device/dtype
+        return Routers.from_backbone(lm, router_config)
+
+    @property
+    def routers_trained(self) -> bool:
+        return bool(getattr(self.routers, "trained", False))
+
+    @property
+    def latency_context(self) -> LatencyContext:
+        return LatencyContext(self.lm, self.routers, self.latency, self.question_embeddings)
+
+    def clear_visual_cache(self) -> None:
+        self.visual_cache.clear()
+
+    def has_frames(self, video, num_frames: int, time_window=None, decoder="auto",
+                   seek="exact") -> bool:
+        """Whether the visual cache holds Z of ``video`` at these settings (answering it then
+        decodes nothing). A read of the cache only; safe from another thread."""
+        return self.visual_cache.has_z(video, num_frames, time_window, decoder, seek)
+
+    def question_embeddings(self, question: str) -> torch.Tensor:
+        """Emb(q) [Lq, D]: what both routers read. The Semantic Router and the scorer of one
+        answer ask for the same question, so the last one is kept."""
+        last = self._last_question_emb
+        if last is not None and last[0] == question:
+            return last[1]
+        emb = embed_question(self.lm.model, self.lm.tokenizer, question)
+        self._last_question_emb = (question, emb)   # one tuple: a reader sees a whole pair
+        return emb
+
+    # ------------------------------------------------------------------ request and frames
+    def request(self, video, question, options: Optional[AnswerOptions] = None,
+                **kwargs) -> Request:
+        """Check a call of :meth:`answer` (before any decoding) -> :class:`Request`.
+        ``options`` or ``kwargs`` (the fields of :class:`~vr_runtime.request.AnswerOptions`);
+        ``scales="auto"`` is resolved here, on this backbone."""
+        if options is None:
+            options = AnswerOptions(**kwargs)
+        elif kwargs:
+            raise ValueError(f"options: give an AnswerOptions or keywords, not both (got "
+                             f"{', '.join(sorted(kwargs))} besides options=)")
+        elif not isinstance(options, AnswerOptions):
+            raise ValueError(f"options: expected a vr_runtime.AnswerOptions, got "
+                             f"{type(options).__name__}")
+        return Request.build(video, question, options, lm=self.lm)
+
+    def _with_rate(self, req: Request) -> Request:
+        """``fps`` sampling: the file is opened now, its duration gives the frame count, and the
+        request reads those frames of the opened file (the budget and ``scales="auto"`` are
+        then those of the real count)."""
+        if req.fps is None:
+            return req
+        source = req.video
+        if isinstance(source, (str, pathlib.Path)):
+            spec = self.lm.frame_spec
+            source = video_frames.open_frames(
+                str(source), time_window=req.time_window, size=spec.size[0], mean=spec.mean,
+                std=spec.std, decoder=req.decoder, seek=req.seek, fps=req.fps,
+                min_frames=req.min_frames, max_frames=req.max_frames)
+        elif not isinstance(source, FileSource):   # (a FileSource: opened by rate already)
+            raise ValueError("fps: samples a video file by rate; give a path (frames given as "
+                             "a tensor or a clip are already sampled)")
+        opts = dataclasses.replace(req.options, num_frames=source.plan.num_frames, fps=None,
+                                   time_window=None)
+        return self.request(source, req.question, opts)
+
+    def load_frames(self, req: Request, timer: StageTimer,
+                    state: Optional[dict] = None) -> Frames:
+        """The request's frames, opened (timed as "decode"; nothing is decoded before the
+        vision stage streams it), or the video cache's (``state``); as routing units."""
+        if state is not None and "frames" in state:
+            f = state["frames"]
+            return dataclasses.replace(f, notes=list(f.notes), decode_s=None, open_s=0.0)
+        t0 = time.perf_counter()
+        with timer.stage("decode"):
+            source = self._open_frames(req.video, req.num_frames, req.time_window,
+                                       req.decoder, req.seek)
+        if tuple(source.size) != tuple(self.lm.frame_spec.size):
+            raise ValueError(f"video: frames are {tuple(source.size)}, the model expects "
+                             f"{tuple(self.lm.frame_spec.size)}")
+        if len(source) == 0:
+            raise ValueError("video: no frames to answer from")
+        notes = []
+        if isinstance(req.video, torch.Tensor) and len(source) != req.num_frames:
+            notes.append(f"{len(source)} frames were given as a tensor; "
+                         f"num_frames={req.num_frames} was not applied")
+        frames = Frames.of(source, self.lm.units, notes, time.perf_counter() - t0)
+        if state is not None:
+            state["frames"] = frames
+        return frames
+
+    def _load_frames(self, video, num_frames, time_window, decoder="auto",
+                     seek="exact") -> Frames:
+        """The units of a video input (opened, not decoded: see :meth:`load_frames`)."""
+        return Frames.of(self._open_frames(video, num_frames, time_window, decoder, seek),
+                         self.lm.units)
+
+    def _open_frames(self, video, num_frames, time_window, decoder="auto",
+                     seek="exact") -> FrameSource:
+        """A FrameSource of a path (opened: checked, indexed, sampled), a FileSource, a
+        [T,3,H,W] tensor, a VideoClip or a Future of one."""
+        if isinstance(video, torch.Tensor):
+            if time_window is not None:
+                raise ValueError("time_window: only applies to a video file, not to a frame tensor")
+            return TensorSource(video)
+        if isinstance(video, FrameSource):
+            return video
+        spec = self.lm.frame_spec
+        if isinstance(video, (str, pathlib.Path)):
+            return video_frames.open_frames(
+                str(video), num_frames=num_frames, time_window=time_window, size=spec.size[0],
+                mean=spec.mean, std=spec.std, decoder=decoder, seek=seek)
+        if isinstance(video, cf.Future):  # from vr_runtime.video.load.prefetch_video
+            video = video.result()
+        if hasattr(video, "pixel_values") and hasattr(video, "frame_indices"):
+            return TensorSource(video.pixel_values, video.frame_indices, video.timestamps_s,
+                                getattr(video, "note", None), getattr(video, "decoder", None),
+                                getattr(video, "codec", None), getattr(video, "seek", None),
+                                getattr(video, "decode_s", None))
+        raise VideoError(f"video: expected a path, a VideoClip, a Future of one or a "
+                         f"[T,3,H,W] tensor, got {type(video).__name__}")
+
+    # ------------------------------------------------------------------ vision and scores
+    def encode(self, frames: Frames, req: Request, timer: StageTimer, state: Optional[dict],
+               keep: Optional[Sequence[int]] = None, retain: bool = False) -> torch.Tensor:
+        """Z of the ``keep`` units (all when None), streamed (backbones.encode). With a video
+        cache, Z of every unit is computed once and kept (a later question may keep other
+        frames). ``retain``: keep the pixels too (a scorer that reads them)."""
+        if state is None:
+            return encode_stream(self.lm, frames, keep, req.chunk_size, timer, retain)
+        if "Z" not in state:
+            state["Z"] = encode_stream(self.lm, frames, None, req.chunk_size, timer, retain)
+        else:
+            timer.add("vision", 0.0)
+        return state["Z"] if keep is None else state["Z"][list(keep)]
+
+    def score_frames(self, req: Request, frames: Frames, Z, timer: StageTimer,
+                     state: Optional[dict], budget: int) -> FrameScores:
+        pixels = None
+        if req.scorer.needs_pixels:   # every unit's pixels, kept by the vision stage or now
+            t0 = time.perf_counter()
+            pixels = frames.all_pixels(req.chunk_size)
+            timer.add("frames_wait", time.perf_counter() - t0)
+        inp = ScoringInput(req.routed_question, pixels, Z, budget, req.windows, state,
+                           routers=self.routers, grid=self.lm.grid,
+                           frame_spec=self.lm.frame_spec, embed=self.question_embeddings,
+                           num_frames=frames.T)
+        with timer.stage("router"):
+            return req.scorer.score(inp)
+
+    # ------------------------------------------------------------------ the pipeline
+    @torch.inference_mode()
+    def answer(self, video, question: str, options: Optional[AnswerOptions] = None, *,
+               on_token=None, **kwargs) -> Answer:
+        """Answer ``question`` about ``video`` (path | VideoClip | Future | [T,3,H,W] tensor).
+
+        ``options``: an :class:`~vr_runtime.request.AnswerOptions` (frames, context, policy,
+        scorer, windows, budget, cache, ...); or its fields as keywords, e.g.
+        ``answer(video, q, num_frames=16, policy="global")``. ``on_token``: called with each
+        generated id as it is decided (streaming; the answer is the same)."""
+        req = self.request(video, question, options, **kwargs)             # request
+        p = self._prepare(req)          # frames, policy, vision, score, plan, compress
+        gen = self.generate(p.embeds, req.max_new_tokens, p.timer, p.position_ids,
+                            on_token, prefix=p.prefix and p.prefix[0])     # prefill, generate
+        return self._finish(p, gen)                                        # report
+
+    @torch.inference_mode()
+    def generate(self, embeds: torch.Tensor, max_new_tokens: int,
+                 timer: Optional[StageTimer] = None, position_ids: Optional[torch.Tensor] = None,
+                 on_token=None, prefix=None) -> List[int]:
+        """Prefill ``embeds`` [1, L, D] (last-row logits, KV cache), then greedy decoding until
+        a stop id or ``max_new_tokens`` (``self.greedy``: dynamic, static or graph-captured
+        steps, the same tokens) -> the new ids (the stop id excluded); "prefill" and "generate"
+        go to ``timer``; ``on_token(id)`` is called with each new id; ``prefix``: the visual
+        prefix's PrefixCache (``prefix_cache``)."""
+        each = None if on_token is None else (lambda row, i: on_token(i))
+        return self.greedy.generate([embeds], [max_new_tokens], [position_ids], self.stop_ids,
+                                    timer, each, prefix=prefix)[0]
+
+    def _prepare(self, req: Request, pack: bool = True) -> _Prepared:
+        """Every stage of :meth:`answer` before the prefill. ``pack=False`` (answer_batch):
+        the prompt is built but its frames are not pooled yet (``packing``)."""
+        req = self._with_rate(req)
+        T_req = int(req.video.shape[0]) if isinstance(req.video, torch.Tensor) else req.num_frames
+        plans.check_budget(self.lm, req, T_req)    # a hopeless budget fails before decoding
+        timer = StageTimer(self.lm.device, resident=True)   # CPU: this request's resident peak
+        state = self.visual_cache.state(req)
+        hit = bool(state and state["hit"])
+        frames = self.load_frames(req, timer, state)                                 # frames
+        notes = list(frames.notes) + ([
+            "visual cache hit: the frames' Z and the Image Router's question-independent state "
+            "were reused from an earlier question"] if hit else [])
+        decision = decide_policy(req, self.routers, self.question_embeddings, timer)  # policy
+        notes += decision.notes
+        planner = get_planner(decision.policy)
+        scores, Z = None, None
+        if planner.needs_relevance:   # vision first when the scorer reads Z, then score
+            Z = self.encode(frames, req, timer, state, retain=req.scorer.needs_pixels) \
+                if req.scorer.needs_z else None                                     # vision
+            scores = self.score_frames(req, frames, Z, timer, state,
+                                       plans.scoring_budget(self.lm, req, frames.T))  # score
+            notes += scores.notes
+        fitted = self._plan(req, decision, planner, frames, scores, notes)           # plan
+        keep = kept_frames(fitted.plan, self.lm.grid)
+        if Z is None:   # plan-first policies decode and encode only the frames they keep
+            Z = self.encode(frames, req, timer, state, None if state is not None else keep)
+        return self._compress(req, timer, frames, decision, planner, scores, fitted, keep, Z,
+                              notes, hit, state, pack)                             # compress
+
+    def _plan(self, req, decision, planner, frames, scores, notes) -> FittedPlan:
+        """The plan stage and its notes (what was dropped, and why)."""
+        relevant = scores.relevant if scores else None
+        fitted = plans.plan_request(self.lm, req, decision.policy, frames.T, relevant,
+                                    frames.times_s, self.latency_context)
+        plans.check_length(self.lm, req, decision.policy, planner, frames.T, fitted)
+        if scores is not None and not any(scores.relevant) and planner.when_none_relevant:
+            notes.append("no frame was relevant: " + planner.when_none_relevant)
+        notes += fitted.notes
+        dropped = dropped_note(fitted.plan, self.lm.grid, fitted.budget, decision.policy,
+                               relevant)
+        if dropped and planner.budgeted:
+            notes.append(dropped)
+        return fitted
+
+    def _compress(self, req, timer, frames, decision, planner, scores, fitted, keep, Z, notes,
+                  hit, state, pack) -> _Prepared:
+        """The prompt and its embeddings (or, for a batch, what its one pool_pack needs)."""
+        T = frames.T
+        # Z holds every frame (a relevance policy's, or the video cache's) or only the kept
+        # ones; pool_pack skips a frame whose window is 0, so no kept row is copied out of Z
+        z_plan = list(fitted.plan) if Z.shape[0] == T else [fitted.plan[t] for t in keep]
+        packing = None
+        if pack:
+            ids, embeds, pos = compress(self.lm, req, fitted.plan, Z, keep, timer,
+                                        frames.times_s, z_plan)
+        else:
+            with timer.stage("compress"):
+                ids, starts, _, pos = build_prompt(self.lm, req, fitted.plan, keep,
+                                                   frames.times_s)
+            embeds, packing = None, (Z, z_plan, starts)
+        del Z   # the pooled rows are in embeds (or the batch's packing): Z is not kept here
+        if not planner.budgeted and ids.numel() + req.max_new_tokens > req.max_length:
+            notes.append(f"{decision.policy} has no budget: its prompt of {ids.numel()} tokens "
+                         f"plus {req.max_new_tokens} new tokens exceeds max_length "
+                         f"{req.max_length}")
+        prefix = visual_prefix(state, fitted.plan, ids, pos, self.lm.image_token_id) \
+            if self.prefix_cache and state is not None and pack else None
+        if prefix is not None and prefix[1] == "hit":
+            notes.append(f"visual prefix cache hit: the KV cache of the prompt's first "
+                         f"{prefix[0].length} tokens (up to the end of the visual tokens) was "
+                         f"reused from an earlier question; prefill ran on the rest")
+        return _Prepared(req, timer, frames, decision, planner, scores, fitted, ids, embeds, pos,
+                         notes, hit, packing, prefix)
+
+    def _finish(self, p: _Prepared, gen: List[int], batch: int = 1) -> Answer:
+        """The answer's text and report from the generated ids."""
+        req, T = p.req, p.frames.T
+        p.embeds = None
+        text = self.lm.tokenizer.decode(gen, skip_special_tokens=True).strip()
+        extra = None
+        if req.ttft_budget_s is not None:
+            # a reused prefix's prefill is not the model's prefill: not observed
+            extra = latency_report(self.latency_context, req, p.planner, T, p.fitted, p.timer,
+                                   observe=batch == 1 and not (p.prefix and p.prefix[1] == "hit"))
+        report = build_report(self.lm, self.routers, req, p.frames, p.decision, p.scores,
+                              p.fitted, p.ids.numel(), len(gen), p.timer, p.notes,
+                              ("hit" if p.hit else "miss") if req.cache_visual else None)
+        report["decoding"] = self.greedy.mode
+        if self.prefix_cache:
+            report["prefix_cache"] = None if p.prefix is None else \
+                {"status": p.prefix[1], "tokens": p.prefix[0].length}
+        if self.greedy.fallback and self.greedy.fallback not in report["notes"]:
+            report["notes"].append(self.greedy.fallback)
+        if extra:
+            report.update(extra)
+        return Answer(text=text, report=report)
+
+    @torch.inference_mode()   # as answer: no autograd graph (cached state is deep-copied)
+    def answer_batch(self, videos: Sequence, questions, options=None, *,
+                     batch_prefill: bool = True, **kwargs) -> List[Answer]:
+        """``answer`` for several videos (``questions``: one string for all, or one per video).
+        ``options``: one :class:`~vr_runtime.request.AnswerOptions` for every video, or one per
+        video (an AnswerOptions, or a dict of its fields over ``kwargs``); ``kwargs``:
+        AnswerOptions fields for all. With ``batch_prefill`` (the default) the prompts are
+        prefilled in one decoder batch and decoded together (vr_runtime.generate: every answer
+        the one it gets alone); each report's "prefill" and "generate" are the batch's.
+        ``batch_prefill=False``: one ``answer`` after another."""
+        videos = list(videos)
+        qs, opts = batch_options(videos, questions, options, kwargs)
+        if not self.lm.pads_exactly:   # a recurrent LLM: padding would enter a shorter state
+            batch_prefill = False
+        done = prepare_each(self, videos, qs, opts, batch_prefill)
+        if not batch_prefill or not done:
+            return done
+        return generate_batch(self, done)
+
+
+__all__ = ["VideoRouter", "Answer", "PolicyDecision"]
