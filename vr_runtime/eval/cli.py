@@ -8,6 +8,8 @@
                      [--answer-mode letter|option-text] [--pre-prompt S] [--post-prompt S]
                      [--batch-size N]
     videorouter eval --make-synthetic DIR [--videos-per-split N]
+    videorouter eval --make-synthetic DIR --synthetic-task needle [--videos-per-split N]
+                     [--needle-minutes 5,20]     # long clips, 2-second events
     videorouter eval compare DIR_A DIR_B [--json]   # two runs, question by question
     accelerate launch --num_processes N -m vr_runtime.eval ...      # data-parallel
 
@@ -23,7 +25,8 @@ import shlex
 import sys
 from typing import List, Optional
 
-from ..cli_args import Parser, add_answer_args, fail_with, quiet_libraries
+from ..cli_args import Parser, add_answer_args, model_help
+from ..cli_io import fail_with, quiet_libraries
 from ..errors import ModelFilesError
 from ..planning.scales import PAPER_SCALES
 from .benchmarks import BenchmarkError
@@ -31,7 +34,8 @@ from .compare import main as compare_main
 from .methods import DEFAULT_METHODS, METHODS
 from .prompting import DEFAULT_POST_PROMPT, PromptConfig
 from .runner import PAPER_BUDGETS, EvalConfig, run_eval
-from .synthetic import make_synthetic, quick_eval_answers, quick_eval_argv
+from .synthetic import (NEEDLE_MINUTES, make_needle, make_synthetic, needle_eval_argv,
+                        quick_eval_answers, quick_eval_argv)
 from .tables import markdown
 
 PROG = "videorouter eval"
@@ -50,6 +54,16 @@ def _int_list(name):
     return parse
 
 
+def _minutes(text):
+    try:
+        lo, hi = (float(x) for x in str(text).split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO,HI in minutes, got {text!r}")
+    if not 0 < lo <= hi:
+        raise argparse.ArgumentTypeError(f"expected 0 < LO <= HI, got {text!r}")
+    return lo, hi
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog=PROG, description="Accuracy of every method of the paper on a benchmark "
                 "read from local files.",
@@ -60,7 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write a small benchmark in Video-MME layout from the synthetic task, "
                         "print the command that evaluates the tiny model on it, and exit")
     p.add_argument("--videos-per-split", type=int, default=4,
-                   help="--make-synthetic: videos per duration group (default: 4)")
+                   help="--make-synthetic: videos per duration group (default: 4); with "
+                        "--synthetic-task needle, the number of clips")
+    p.add_argument("--synthetic-task", choices=("videomme", "needle"), default="videomme",
+                   help="--make-synthetic: videomme (short clips in Video-MME layout, default) "
+                        "or needle (5-20 minute clips, three 2-second events each, jsonl)")
+    p.add_argument("--needle-minutes", type=_minutes, default=NEEDLE_MINUTES, metavar="LO,HI",
+                   help="--synthetic-task needle: clip lengths, drawn uniformly (default: 5,20)")
     _add_benchmark_args(p)
     _add_model_args(p)
     _add_prompt_args(p)
@@ -96,9 +116,8 @@ def _add_benchmark_args(p) -> None:
 
 def _add_model_args(p) -> None:
     """The weights: the model and its routers, and those of the methods that need their own."""
-    p.add_argument("--model", default="tiny", metavar="PATH|HUB_ID|tiny",
-                   help="as for ask: a local directory, a Hugging Face id in the local cache, "
-                        "or a preset (default: tiny)")
+    p.add_argument("--model", default="tiny", metavar="PATH|HUB_ID|PRESET",
+                   help=f"{model_help()} (default: tiny)")
     p.add_argument("--routers", default=None, metavar="PATH")
     p.add_argument("--clip", default=None, metavar="PATH",
                    help="local CLIPModel / SiglipModel directory (method clip)")
@@ -207,6 +226,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             fail_with(e, debug)
     a = build_parser().parse_args(argv)
     try:
+        if a.make_synthetic and a.synthetic_task == "needle":
+            info = make_needle(a.make_synthetic, a.videos_per_split, minutes=a.needle_minutes)
+            print(f"wrote {info['questions']} questions on {info['num_videos']} needle clips; "
+                  f"this evaluates the tiny model on them:\n  " + " ".join(
+                      ["videorouter eval"] + [shlex.quote(str(x)) for x in
+                                              needle_eval_argv(info, a.make_synthetic)]))
+            return 0
         if a.make_synthetic:
             info = make_synthetic(a.make_synthetic, a.videos_per_split)
             n_answers = quick_eval_answers(info["questions"])

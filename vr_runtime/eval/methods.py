@@ -17,6 +17,7 @@ call; nothing branches on method names in the runtime.
 | ``no-image-router`` | ablation as the paper ran it: Uniform Pooling for every query | ``policy="uniform"`` |
 | ``no-image-router-routed`` | Semantic Router decides, Fragment -> uniform pooling | ``policy="auto", route_to={"fragment": "uniform"}`` |
 | ``auto-literal`` | VideoRouter, Algorithm 1's empty-fragment branch literal (all frames at s0) | ``policy="auto", route_to={"fragment": "fragment-literal"}`` |
+| ``auto-long``, ``auto-long-16``, ``auto-long-16-mid`` | beyond the paper: VideoRouter with the long-prompt planners (at most the backbone's trained frame count, or 16, in the prompt; ``-mid``: the relevant frames' neighbours at s_g) | ``policy="auto", route_to={"fragment": "fragment-long", "global": "global-long"}`` (``-16``, ``-16-mid`` variants) |
 | ``no-semantic-router`` | ablation: always Fragment | ``policy="fragment"`` |
 | ``data-ft`` | "Data FT + Uniform Pooling": the backbone fine-tuned on the same QA data without routing, evaluated with uniform pooling | ``policy="uniform"`` on the ``--data-ft-model`` checkpoint |
 """
@@ -185,6 +186,17 @@ register_method("no-image-router-routed", "auto", "variant: the Semantic Router 
                 "Fragment -> uniform pooling", route_to={"fragment": "uniform"})
 register_method("auto-literal", "auto", "VideoRouter with Algorithm 1 read literally (no "
                 "relevant frame: every frame at s0)", route_to={"fragment": "fragment-literal"})
+# Beyond the paper: the long-prompt planners (planning/long_prompt.py) behind the Semantic
+# Router, the cap from the request's windows (64 by default) or the tiny model's 16 frames.
+_LONG = {"fragment": "fragment-long", "global": "global-long"}
+register_method("auto-long", "auto", "VideoRouter with the long-prompt planners: at most the "
+                "backbone's trained frame count in the prompt", route_to=_LONG)
+register_method("auto-long-16", "auto", "VideoRouter with the long-prompt planners capped at "
+                "16 frames (the tiny model's training length)",
+                route_to={k: v + "-16" for k, v in _LONG.items()})
+register_method("auto-long-16-mid", "auto", "auto-long-16 with the relevant frames' "
+                "neighbours at the Global window", route_to={"fragment": "fragment-long-16-mid",
+                                                             "global": "global-long-16"})
 register_method("no-semantic-router", "fragment", "ablation: always Fragment")
 register_method("data-ft", "uniform", "Data FT + Uniform Pooling (backbone fine-tuned on the "
                 "QA data without routing)", model="data_ft_model", needs=("data_ft_model",))

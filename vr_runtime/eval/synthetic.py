@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import pathlib
 import random
-from typing import Dict
+from typing import Dict, Sequence
 
 DURATIONS = {"short": 16, "medium": 32, "long": 64}
 TASK_TYPES = {"object_shape": "Object Recognition", "absent_color": "Object Reasoning",
@@ -124,5 +124,63 @@ def make_random_clip(out_dir, seed: int = 0) -> str:
     return str(out_dir)
 
 
+# The needle task (``--make-synthetic DIR --synthetic-task needle``): clips of 5 to 20 minutes,
+# three 2-second events each (vr_runtime.data.needle_videos), one question an event, read by the
+# generic ``jsonl`` benchmark. The methods compared at one budget and four frame counts: the
+# paper's auto, fragment, uniform and global, the long-prompt auto (the tiny model's 16-frame
+# cap), and ``budget``: every frame at full resolution, as many frames as the budget holds
+# (dense at the frames that fit; 16 at 4,096).
+NEEDLE_MINUTES = (5.0, 20.0)
+NEEDLE_METHODS = "auto,auto-long-16,fragment,uniform,global,budget"
+NEEDLE_EVAL_FLAGS = ("--methods", NEEDLE_METHODS, "--frames", "64,256,1024,2048", "--budgets",
+                     "4096", "--prompt-style", "bare", "--answer-mode", "option-text",
+                     "--max-new-tokens", "8")
+
+
+def make_needle(out_dir, videos: int = 6, seed: int = 0,
+                minutes: Sequence[float] = NEEDLE_MINUTES) -> Dict[str, object]:
+    """Write ``videos`` needle clips (lengths drawn uniformly in ``minutes``) to ``DIR/data``
+    and their questions to ``DIR/needle.jsonl``; returns {"data", "videos", "questions",
+    "num_videos"}. Deterministic in ``seed``; existing videos are kept."""
+    from ..data import needle_videos as N
+    lo, hi = (float(m) for m in minutes)
+    if videos < 1:
+        raise ValueError(f"--videos-per-split: expected >= 1, got {videos}")
+    if not 0 < lo <= hi:
+        raise ValueError(f"--needle-minutes: expected 0 < LO <= HI, got {lo:g},{hi:g}")
+    out = pathlib.Path(out_dir)
+    vdir = out / "data"
+    vdir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i in range(videos):
+        rng = random.Random(f"needle-{seed}-{i}")
+        spec = N.sample_needle(rng, 60.0 * rng.uniform(lo, hi))
+        vid = f"needle_{i:03d}"
+        path = vdir / f"{vid}.mp4"
+        if not path.is_file():
+            tmp = path.with_suffix(".part.mp4")
+            N.write_needle_video(str(tmp), spec)
+            tmp.replace(path)
+        minutes_label = f"{spec.duration_s / 60:.0f}min"
+        for j, q in enumerate(spec.questions()):
+            options = list(N.OPTIONS)
+            rng.shuffle(options)
+            rows.append({"id": f"{vid}-{j + 1}", "video": path.name, "question": q["question"],
+                         "options": options, "answer": q["answer"], "category": "needle",
+                         "duration": minutes_label, "event_s": [q["start_s"], q["end_s"]]})
+    data = out / "needle.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {"data": str(data), "videos": str(vdir), "questions": len(rows),
+            "num_videos": videos}
+
+
+def needle_eval_argv(info: Dict[str, object], out_dir) -> list:
+    """The ``videorouter eval`` arguments of the needle benchmark written by
+    :func:`make_needle`, results in ``OUT_DIR/eval``."""
+    return ["--benchmark", "jsonl", "--data", str(info["data"]), "--videos", str(info["videos"]),
+            *NEEDLE_EVAL_FLAGS, "--out", str(pathlib.Path(out_dir) / "eval")]
+
+
 __all__ = ["make_synthetic", "make_random_clip", "quick_eval_argv", "quick_eval_answers",
-           "QUICK_EVAL_FLAGS", "DURATIONS"]
+           "QUICK_EVAL_FLAGS", "DURATIONS", "make_needle", "needle_eval_argv",
+           "NEEDLE_EVAL_FLAGS", "NEEDLE_METHODS", "NEEDLE_MINUTES"]

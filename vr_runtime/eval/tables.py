@@ -13,6 +13,8 @@
                            the 95% interval for each accuracy column
 ``OUT/accuracy_vs_tokens.png``  accuracy against *actual* mean visual tokens, one line per
                             method (and frame count) across budgets, with the intervals as bars
+``OUT/accuracy_vs_frames.png``  with more than one frame count: accuracy against the frames
+                            sampled, one line per method (and budget), intervals as bars
 """
 from __future__ import annotations
 
@@ -241,6 +243,38 @@ def plot(rows, path: pathlib.Path, title: str) -> None:
     plt.close(fig)
 
 
+def plot_vs_frames(rows, path: pathlib.Path, title: str) -> None:
+    """Accuracy against the frames sampled, one line a method (and budget), 95% intervals as
+    bars: the needle benchmark's figure (does an answer survive a longer video?)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    lines: Dict[tuple, list] = defaultdict(list)
+    for r in rows:
+        if r["n"]:
+            lines[(r["method"], r["budget"])].append(r)
+    multi_b = len({b for _, b in lines if b is not None}) > 1
+    for i, ((method, budget), rs) in enumerate(lines.items()):
+        rs = sorted(rs, key=lambda r: r["frames"])
+        x = [r["frames"] for r in rs]
+        y = [r["accuracy"] for r in rs]
+        cis = [r.get("accuracy_ci95") or [r["accuracy"]] * 2 for r in rs]
+        yerr = [[a - ci[0] for a, ci in zip(y, cis)], [ci[1] - a for a, ci in zip(y, cis)]]
+        label = f"{method} (B={budget})" if multi_b and budget is not None else method
+        ax.errorbar(x, y, yerr=yerr, marker="osD^vPX*h<>p"[i % 11], label=label, alpha=0.85,
+                    linestyle=("-", "--", ":", "-.")[i % 4], capsize=3, elinewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("frames sampled")
+    ax.set_ylabel("accuracy (%), bars: 95% Wilson interval")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+
+
 def failed_questions(preds: Sequence[dict]) -> List[dict]:
     """One entry per question with a failed prediction: {id, video, reason}."""
     seen: Dict[str, dict] = {}
@@ -290,6 +324,11 @@ def _table_files(out: pathlib.Path, results: dict) -> dict:
         title = meta.get("title") or \
             f"{meta['benchmark']}: accuracy vs visual tokens ({meta['model']})"
         files[out / "accuracy_vs_tokens.png"] = lambda path: plot(rows, path, title)
+        if len({r["frames"] for r in rows}) > 1:
+            by_frames = meta.get("title") or \
+                f"{meta['benchmark']}: accuracy vs frames ({meta['model']})"
+            files[out / "accuracy_vs_frames.png"] = \
+                lambda path: plot_vs_frames(rows, path, by_frames)
     return files
 
 
