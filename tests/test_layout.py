@@ -15,8 +15,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # Lowest floor first. A module may import its own floor and any floor below it, never one
 # above: the pipeline's stages sit on the shared pieces (errors, telemetry, video, backbones,
-# data), the request on the stages, the runtime on the request, and the front doors (cli_args,
-# eval, serve, training, the CLI) on the runtime.
+# data), the request on the stages, the runtime on the request, and the front doors (cli_args
+# and cli_io, eval, serve, training, the CLI) on the runtime.
 FLOORS = (
     ("vr_kernels",),
     ("vr_runtime", "vr_runtime._aliases", "vr_runtime.errors"),
@@ -26,7 +26,7 @@ FLOORS = (
     ("vr_runtime.routing", "vr_runtime.planning", "vr_runtime.reconstruct", "vr_runtime.generate"),
     ("vr_runtime.request", "vr_runtime.report", "vr_runtime.fingerprint"),
     ("vr_runtime.runtime",),
-    ("vr_runtime.cli_args",),
+    ("vr_runtime.cli_args", "vr_runtime.cli_io"),
     ("vr_runtime.eval", "vr_runtime.serve"),
     ("vr_runtime.training",),
     ("vr_runtime.cli",),

@@ -1,4 +1,6 @@
-"""VideoRouter runtime on InternVL3 and Qwen2.5-VL (docs/CONTRACT.md sections 2 to 4, 7)."""
+"""VideoRouter runtime (docs/CONTRACT.md sections 2 to 4, 7) over the model families registered
+in :mod:`vr_runtime.backbones` (``MODEL_TYPES``, ``PRESETS``; ``videorouter ask --help`` lists
+them)."""
 from ._aliases import install as _install_moved
 from .errors import DeviceError, ModelFilesError, RouterWeightsError, VideoError
 

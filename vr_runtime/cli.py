@@ -30,13 +30,10 @@ import pathlib
 import signal
 import sys
 import threading
-import warnings
 from typing import Optional
 
-from . import cli_args
-from .cli_args import (MAX_FRAME_PIXELS, PROG, Parser, add_answer_args, answer_options,
-                       check_inputs, device_dtype, fail_with, jsonable, quiet_libraries,
-                       stderr_is_tty)
+from .cli_args import MAX_FRAME_PIXELS, Parser, add_answer_args, answer_options, model_help
+from .cli_io import PROG, UsageError, fail_with, jsonable, quiet_libraries, stderr_is_tty
 from .serve.command import add_serve_parser   # standard library only until serve runs
 
 SAMPLE_VIDEO = pathlib.Path(__file__).resolve().parent / "assets" / "sample.mp4"
@@ -136,8 +133,10 @@ def _broken_pipe() -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .backbones import FAMILY_NAMES
     parser = Parser(prog=PROG, description="Query-adaptive budgeted visual-token compression "
-                     "for long-video question answering on InternVL3 and Qwen2.5-VL.")
+                    f"for long-video question answering on {', '.join(FAMILY_NAMES.values())} "
+                    "checkpoints (see 'ask --help').")
     sub = parser.add_subparsers(dest="command", metavar="{ask,demo,serve,eval}",
                                 parser_class=Parser)
     sub.required = True
@@ -155,11 +154,8 @@ def add_ask_parser(sub) -> argparse.ArgumentParser:
                          description="Answer QUESTION about VIDEO under a context budget.")
     ask.add_argument("video", metavar="VIDEO", help="video file (anything decord/ffmpeg reads)")
     ask.add_argument("question", metavar="QUESTION", help="the question, in quotes")
-    ask.add_argument("--model", default="tiny", metavar="PATH|HUB_ID|tiny",
-                     help="local InternVL3-*-hf or Qwen2.5-VL-*-Instruct directory, a Hugging "
-                          "Face id already in the local cache (OpenGVLab/InternVL3-1B-hf; "
-                          "nothing is downloaded), or a preset: 'tiny' (the embedded demo "
-                          "model), 'tiny-qwen2.5-vl' (default: tiny)")
+    ask.add_argument("--model", default="tiny", metavar="PATH|HUB_ID|PRESET",
+                     help=f"{model_help()} (default: tiny)")
     ask.add_argument("--routers", default=None, metavar="PATH",
                      help="router weights (.safetensors) trained for this model")
     add_answer_args(ask)
@@ -207,9 +203,8 @@ def run_ask(args) -> dict:
 def run_questions(args, questions) -> list:
     """``run_ask`` for several questions about one video: the model is loaded and the video
     decoded once (the demo's two questions); one {"answer", "report"} per question."""
-    check_inputs(question=questions[0], policy=args.policy, model=args.model,
-                 routers=args.routers, plot=args.plot, scorer=getattr(args, "scorer", None),
-                 scorer_model=getattr(args, "scorer_model", None))
+    check_inputs(args, questions[0])
+    from .backbones.devices import device_dtype
     device, dtype = device_dtype(args.device, args.dtype)
     source = _open_video(args, device, dtype)   # a bad file fails before the model loads
     vr = _load_model(args, device, dtype)
@@ -221,6 +216,35 @@ def run_questions(args, questions) -> list:
     # Each answer streams the frames through the vision tower (decoded and resized on every
     # core while the tower encodes the chunk before): no clip is held between questions.
     return [_answer_question(vr, args, opts, question, source) for question in questions]
+
+
+def check_inputs(args, question: str) -> None:
+    """Everything about a question that can be checked without loading a model, one line each,
+    each by the stage it concerns: the question, --plot, --policy, --scorer, --model, --routers."""
+    if not question.strip():
+        raise UsageError("QUESTION is empty; ask something about the video")
+    if args.plot is not None:
+        check_plot_path(args.plot)
+    from .backbones import check_model_arg
+    from .planning.policies import check_policy
+    from .routing.routers import check_router_file
+    from .routing.scorers import check_scorer
+    check_policy(args.policy)
+    if getattr(args, "scorer", None) is not None:
+        check_scorer(args.scorer, getattr(args, "scorer_model", None))
+    check_model_arg(args.model)
+    check_router_file(args.routers)
+
+
+def check_plot_path(plot: str) -> None:
+    """``--plot``: a .png name in a directory that exists, checked before the model loads (the
+    plot is written by ``_write_plot``, after every answer)."""
+    path = pathlib.Path(plot)
+    if path.suffix.lower() != ".png":
+        raise UsageError(f"--plot {plot!r}: expected a file name ending in .png")
+    parent = path.parent if str(path.parent) else pathlib.Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"--plot {plot!r}: directory {str(parent)!r} does not exist")
 
 
 def _open_video(args, device, dtype):
@@ -466,21 +490,6 @@ def _print_outputs(args, questions, outs) -> None:
     except BrokenPipeError:
         _broken_pipe()
     _write_stdout("")
-
-
-# Names that moved to vr_runtime.cli_args, still importable from here for one release.
-_MOVED_TO_CLI_ARGS = {"POLICY_HELP": "POLICY_HELP", "DTYPES": "DTYPES", "DECODERS": "DECODERS",
-                      "SEEKS": "SEEKS", "time_window_arg": "time_window_arg",
-                      "_positive_int": "positive_int"}
-
-
-def __getattr__(name: str):
-    if name in _MOVED_TO_CLI_ARGS:
-        new = _MOVED_TO_CLI_ARGS[name]
-        warnings.warn(f"vr_runtime.cli.{name} is deprecated; use vr_runtime.cli_args.{new}",
-                      DeprecationWarning, stacklevel=2)
-        return getattr(cli_args, new)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":

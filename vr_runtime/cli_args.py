@@ -1,46 +1,39 @@
-"""Command-line helpers shared by ``videorouter`` (cli.py), ``videorouter eval`` (eval/cli.py)
-and ``videorouter serve`` (serve/): one-line usage errors and exit statuses, argument types,
-the answer option flags every command shares (``add_answer_args``, each defined once) and the
-options they make (``answer_options``), the ask/serve input checks, device choice and JSON
-output. It imports no subcommand, so every
-command can import it without an import circle; heavy modules (torch, the planners) are
-imported inside the functions that need them, so ``--help`` and a bad flag stay fast.
+"""The flags of ``videorouter`` (cli.py), ``videorouter eval`` (eval/cli.py) and ``videorouter
+serve`` (serve/), as vLLM's ``entrypoints/openai/cli_args.py`` keeps them: the parser class,
+argument types, the answer option flags every command shares (``add_answer_args``, each defined
+once), ``--model``'s help, and the options they make (``answer_options``). Nothing here checks
+input past what argparse does: each check lives in the stage it checks (backbones, planning,
+routing), the one-line errors and exits in cli_io.
+
+The lists in the help (families, presets, policies, scorers) come from the registries' light
+names, read when a parser is built: ``--help`` and a bad flag import no torch.
 """
 from __future__ import annotations
 
 import argparse
 import math
-import os
-import pathlib
-import sys
-import warnings
+import textwrap
 
-from .planning.scales import SCALES_HELP  # noqa: F401  (re-exported for the commands' --help; stdlib only)
-
-PROG = "videorouter"
-EXIT_USAGE = 2     # the user's input is wrong (docs/CONTRACT.md section 4)
-EXIT_INTERNAL = 1  # a bug or an environment failure
+from .cli_io import fail
+from .planning.scales import SCALES_HELP
 
 
-class UsageError(ValueError):
-    """A bad command-line value found after parsing (empty question, bad --plot path...)."""
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's, but a line never breaks inside a hyphenated name (``tiny-qwen3.5-moe``)."""
+
+    def _split_lines(self, text, width):
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (no usage block) and exit status 2."""
 
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message):  # noqa: D401 - argparse API
         fail(f"{message} (see '{self.prog} --help')")
-
-
-def fail(message: str, status: int = EXIT_USAGE):
-    sys.stderr.write(f"{PROG}: error: {one_line(message)}\n")
-    sys.stderr.flush()
-    raise SystemExit(status)
-
-
-def one_line(message: str) -> str:
-    return " ".join(str(message).split()) or "unknown error"
 
 
 def _seconds(text: str) -> float:
@@ -97,13 +90,31 @@ def scales_arg(text):
 scales_arg.__name__ = "--scales"
 
 
-# Shown in --help; the accepted set is vr_runtime.planning.policies.policy_names(), checked after
-# parsing (importing the planners pulls in torch, which --help and a bad flag should not wait for).
-POLICY_HELP = "auto|global|fragment|dense|budget|uniform"
 DTYPES = ("bf16", "fp16", "fp32")
-DECODERS = ("auto", "pyav", "decord", "torchcodec")  # vr_runtime.video.decoders.DECODERS (not imported: heavy)
-SEEKS = ("exact", "keyframe")          # vr_runtime.video.decoders.SEEKS
+# vr_runtime.video.decoders.DECODERS and SEEKS, which import PyAV and numpy (a third of a second
+# before a bad flag could be refused); tests/runtime/test_cli_help.py holds them equal.
+DECODERS = ("auto", "pyav", "decord", "torchcodec")
+SEEKS = ("exact", "keyframe")
 MAX_FRAME_PIXELS = 7680 * 4320         # 8K UHD: --max-frame-pixels' default
+
+
+def model_help() -> str:
+    """``--model``'s help: the registered families and presets (vr_runtime.backbones, whose
+    tables import no torch), so a new one shows without editing the help."""
+    from .backbones import PRESETS, families
+    presets = ", ".join(f"'{p}'" for p in PRESETS)
+    return (f"a local checkpoint directory of a supported family -- config.json's model_type "
+            f"one of {families()} -- or a Hugging Face id already in the local cache "
+            f"(OpenGVLab/InternVL3-1B-hf; nothing is downloaded), or a preset: {presets} ('tiny' "
+            f"is the embedded demo model with trained weights, the others random weights)")
+
+
+def _policy_help() -> str:
+    """``--policy``'s help: every name it accepts (vr_runtime.planning.names)."""
+    from .planning.names import MORE_POLICIES, PAPER_POLICIES
+    return (f"one of {', '.join(PAPER_POLICIES)}: auto lets the Semantic Router choose global or "
+            f"fragment; dense, budget and uniform are the paper's baselines; beyond the paper: "
+            f"{', '.join(MORE_POLICIES)} (default: auto)")
 
 
 def positive_int(name: str):
@@ -119,9 +130,10 @@ positive_seconds = arg_type(float, lambda v: 0 < v < float("inf"), "a number of 
 # and may change a default or a help text (``overrides``).
 ANSWER_FLAGS = {
     "--frames": lambda: dict(
-        type=positive_int("--frames"), default=64,
-        help="frames to sample, spread evenly over the video (InternVL's segment sampling, the "
-             "paper's; for every backbone) (default: 64)"),
+        type=positive_int("--frames"), default=64, metavar="N",
+        help="frames to sample: the middle frame of each of N equal segments of the video (the "
+             "paper's sampling, used for every backbone; --fps samples by rate instead) "
+             "(default: 64)"),
     "--fps": lambda: dict(
         type=arg_type(float, lambda v: 0 < v < float("inf"), "frames a second > 0", "--fps"),
         default=None, metavar="F",
@@ -145,10 +157,9 @@ ANSWER_FLAGS = {
         help="beyond the paper: the largest visual budget whose predicted time to first token "
              "on this device fits SECONDS (cost model corrected by measured stage times; the "
              "report gives the prediction)"),
-    "--policy": lambda: dict(
-        default="auto", metavar=POLICY_HELP,
-        help="auto lets the Semantic Router choose global or fragment; dense, budget and "
-             "uniform are the baselines (default: auto)"),
+    # The accepted set is checked after parsing (planning.policies.check_policy): the planners
+    # import torch, which --help and a bad flag should not wait for.
+    "--policy": lambda: dict(default="auto", metavar="POLICY", help=_policy_help()),
     "--scales": lambda: dict(type=scales_arg, default=None, metavar="S_G,S_1,S_0|auto",
                              help=SCALES_HELP),
     "--allow-over-length": lambda: dict(
@@ -227,150 +238,11 @@ def answer_options(args, **extra):
 def add_scorer_args(p) -> None:
     """``--scorer NAME`` and ``--scorer-model DIR`` (ask, serve, eval): which registered frame
     scorer the relevance policies use (vr_runtime.routing.scorers.register_scorer)."""
-    p.add_argument("--scorer", default="image-router", metavar="NAME",
-                   help="frame scorer of the relevance policies (fragment, auto's Fragment): "
-                        "image-router (the paper's Image Router), clip (CLIP relevance pooling, "
-                        "token-matched), clip-fill, or a registered one (default: image-router)")
+    from .routing.names import DEFAULT_SCORER, SCORER_NAMES
+    named = ", ".join(f"{name} ({what})" for name, what in SCORER_NAMES.items())
+    p.add_argument("--scorer", default=DEFAULT_SCORER, metavar="NAME",
+                   help=f"frame scorer of the relevance policies (fragment, auto's Fragment): "
+                        f"{named}, or a registered one (default: {DEFAULT_SCORER})")
     p.add_argument("--scorer-model", default=None, metavar="DIR",
                    help="the scorer's model directory, for scorers that load one (clip, "
                         "clip-fill: a local CLIPModel or SiglipModel directory)")
-
-
-def check_scorer_args(scorer, scorer_model=None) -> None:
-    """``--scorer``/``--scorer-model``, checked before any model loads (one line each).
-    ``check_scorer_args(args)`` with a parsed namespace is the deprecated form."""
-    if not isinstance(scorer, str) and hasattr(scorer, "scorer"):
-        warnings.warn("check_scorer_args(args) is deprecated; pass the values: "
-                      "check_scorer_args(scorer, scorer_model)", DeprecationWarning,
-                      stacklevel=2)
-        scorer, scorer_model = scorer.scorer, getattr(scorer, "scorer_model", None)
-    from .errors import ModelFilesError
-    from .routing.scorers import check_scorer
-    try:
-        check_scorer(scorer, scorer_model)
-    except ModelFilesError:
-        raise
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-
-
-def check_inputs(_args=None, /, *, question: str = "", policy: str = "auto", model: str = "tiny",
-                 routers=None, plot=None, scorer=None, scorer_model=None) -> None:
-    """Everything about a question that can be checked without loading a model: the question,
-    the --plot path, --policy, --scorer, --model and --routers (one line each).
-
-    ``check_inputs(args)`` with a parsed namespace is the deprecated form of the keywords."""
-    if _args is not None:
-        warnings.warn("check_inputs(args) is deprecated; pass the values as keywords: "
-                      "check_inputs(question=..., policy=..., model=..., routers=..., plot=..., "
-                      "scorer=..., scorer_model=...)", DeprecationWarning, stacklevel=2)
-        return check_inputs(question=_args.question, policy=_args.policy, model=_args.model,
-                            routers=_args.routers, plot=getattr(_args, "plot", None),
-                            scorer=getattr(_args, "scorer", None),
-                            scorer_model=getattr(_args, "scorer_model", None))
-    if not question.strip():
-        raise UsageError("QUESTION is empty; ask something about the video")
-    if plot is not None:
-        _check_plot(plot)
-    from .planning.policies import policy_names
-    if policy not in policy_names():
-        from .errors import expected_one_of
-        raise UsageError(f"--policy {policy!r}: {expected_one_of(policy, policy_names())}")
-    if scorer is not None:
-        check_scorer_args(scorer, scorer_model)
-    _check_model_files(model, routers)
-
-
-def _check_plot(plot: str) -> None:
-    path = pathlib.Path(plot)
-    if path.suffix.lower() != ".png":
-        raise UsageError(f"--plot {plot!r}: expected a file name ending in .png")
-    parent = path.parent if str(path.parent) else pathlib.Path(".")
-    if not parent.is_dir():
-        raise UsageError(f"--plot {plot!r}: directory {str(parent)!r} does not exist")
-
-
-def _check_model_files(model: str, routers) -> None:
-    from .backbones import resolve_model
-    from .errors import ModelFilesError, RouterWeightsError
-    try:
-        resolve_model(model)   # a preset, a directory, or a Hub id in the local HF cache
-    except ModelFilesError as e:
-        raise ModelFilesError(f"--{e}") from None   # "model 'X': ..." -> "--model 'X': ..."
-    if routers is not None and not pathlib.Path(routers).is_file():
-        raise RouterWeightsError(f"--routers {routers!r}: no such file")
-
-
-def device_dtype(device=None, dtype=None):
-    """Resolve --device/--dtype now: asking for CUDA on a machine without it fails fast. None:
-    CUDA when there is one, else the CPU; the device's default dtype.
-
-    ``device_dtype(args)`` with a parsed namespace is the deprecated form."""
-    if device is not None and not isinstance(device, str) and hasattr(device, "dtype"):
-        warnings.warn("device_dtype(args) is deprecated; pass the values: "
-                      "device_dtype(device, dtype)", DeprecationWarning, stacklevel=2)
-        device, dtype = device.device, device.dtype
-    import torch
-    from .backbones.devices import resolve_device, resolve_dtype
-    dev = resolve_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    return dev, resolve_dtype(dtype, dev)
-
-
-def stderr_is_tty() -> bool:
-    try:
-        return sys.stderr.isatty()
-    except Exception:
-        return False
-
-
-def jsonable(o):
-    if hasattr(o, "tolist"):      # numpy arrays/scalars, torch tensors
-        return o.tolist()
-    if hasattr(o, "item"):
-        return o.item()
-    if isinstance(o, (set, tuple)):
-        return list(o)
-    if isinstance(o, pathlib.PurePath):
-        return str(o)
-    return str(o)
-
-
-def user_errors():
-    from .errors import DeviceError, ModelFilesError, RouterWeightsError, VideoError
-    errs = [UsageError, VideoError, ModelFilesError, RouterWeightsError, DeviceError,
-            ValueError, OSError]
-    try:
-        import torch
-        oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError")
-        errs.append(oom)
-    except Exception:  # pragma: no cover
-        pass
-    return tuple(errs)
-
-
-def quiet_libraries() -> None:
-    """Keep library chatter (transformers' warnings, progress bars) off stderr, so a failure is
-    exactly one line there; VIDEOROUTER_DEBUG=1 keeps everything."""
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    warnings.filterwarnings("ignore")
-
-
-def fail_with(e: Exception, debug: bool):
-    """Exit on an exception as every subcommand does: the user's mistakes (``user_errors``)
-    one line and status 2, anything else one line with a hint and status 1; with
-    VIDEOROUTER_DEBUG set, the traceback instead."""
-    if debug:
-        raise e
-    if isinstance(e, user_errors()):
-        fail(message(e), EXIT_USAGE)
-    fail(f"internal error: {type(e).__name__}: {message(e)} (rerun with "
-          f"VIDEOROUTER_DEBUG=1 for the traceback)", EXIT_INTERNAL)
-
-
-def message(e: BaseException) -> str:
-    if isinstance(e, OSError) and e.filename and e.strerror:
-        return f"{e.filename}: {e.strerror}"
-    return str(e) or type(e).__name__

@@ -4,16 +4,21 @@ preset name, or a shape preset (random weights) -> a :class:`~.base.Backbone`.
 Adding a backbone is one module with a ``Backbone`` subclass (``load``, ``tiny``,
 ``from_config`` class methods) plus one registration: a line in each table below for the
 package's own, or :func:`register_backbone` from outside the package.
+
+The tables are plain data and the interface (``.base``, which imports torch) loads on first use,
+so ``videorouter --help`` lists the families and presets from here without importing torch.
 """
 from __future__ import annotations
 
 import importlib
 import json
 import pathlib
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 from ..errors import ModelFilesError
-from .base import Backbone, FrameSpec, VisionTokens
+
+if TYPE_CHECKING:
+    from .base import Backbone, FrameSpec
 
 # model_type in config.json -> "module:Class" (imported on first use: transformers is heavy)
 MODEL_TYPES = {
@@ -23,6 +28,16 @@ MODEL_TYPES = {
     "qwen3_vl_moe": "qwen3_vl:Qwen3VLMoeBackbone",
     "qwen3_5": "qwen3_vl:Qwen35Backbone",
     "qwen3_5_moe": "qwen3_vl:Qwen35MoeBackbone",
+}
+# model_type -> the checkpoints it names, for people (help, messages); a type registered from
+# outside without one is shown by its model_type
+FAMILY_NAMES = {
+    "internvl": "InternVL3/InternVL3.5 -hf",
+    "qwen2_5_vl": "Qwen2.5-VL",
+    "qwen3_vl": "Qwen3-VL",
+    "qwen3_vl_moe": "Qwen3-VL MoE",
+    "qwen3_5": "Qwen3.5",
+    "qwen3_5_moe": "Qwen3.5 MoE",
 }
 # preset name -> the model_type whose class builds it with ``.tiny()``
 PRESETS = {
@@ -48,8 +63,7 @@ def backbone_class(model_type: str):
     if spec is None:
         hint = f"; {UNSUPPORTED[model_type]}" if model_type in UNSUPPORTED else ""
         raise ModelFilesError(f"model_type {model_type!r} is not supported; expected one of "
-                              f"{', '.join(sorted(MODEL_TYPES))} (InternVL3-*-hf, "
-                              f"Qwen2.5-VL-*-Instruct or Qwen3-VL-*-Instruct){hint}")
+                              f"{families()}{hint}")
     if isinstance(spec, type):   # registered from outside the package (register_backbone)
         return spec
     mod, cls = spec.split(":")
@@ -62,6 +76,7 @@ def register_backbone(cls, model_types=None, presets=()) -> type:
     class's own ``model_types``) and the preset names in ``presets`` (built with
     ``cls.tiny()``). Usable as a class decorator: ``register_backbone(MyBackbone, presets=
     ("my-tiny",))``. A name already taken by another class is refused."""
+    from .base import Backbone
     if not (isinstance(cls, type) and issubclass(cls, Backbone)):
         raise TypeError(f"register_backbone: expected a Backbone subclass, got {cls!r}")
     types = tuple(model_types if model_types is not None else cls.model_types)
@@ -80,7 +95,12 @@ def register_backbone(cls, model_types=None, presets=()) -> type:
     return cls
 
 
-MODEL_HINT = "a local InternVL3-*-hf, Qwen2.5-VL-*-Instruct or Qwen3-VL-*-Instruct directory"
+def families() -> str:
+    """Every registered family, for people: ``"internvl (InternVL3/InternVL3.5 -hf), ..."``."""
+    return ", ".join(f"{t} ({FAMILY_NAMES[t]})" if t in FAMILY_NAMES else t for t in MODEL_TYPES)
+
+
+MODEL_HINT = "a local checkpoint directory of a supported family ('videorouter ask --help')"
 
 
 def resolve_model(path_or_name: Union[str, pathlib.Path]) -> Union[str, pathlib.Path]:
@@ -104,6 +124,15 @@ def resolve_model(path_or_name: Union[str, pathlib.Path]) -> Union[str, pathlib.
     raise ModelFilesError(f"model {name!r}: not a directory; pass {MODEL_HINT}, a Hugging Face "
                           f"id in the local cache (e.g. OpenGVLab/InternVL3-1B-hf), or a preset "
                           f"({', '.join(PRESETS)}); nothing is downloaded")
+
+
+def check_model_arg(model: Union[str, pathlib.Path]) -> None:
+    """``--model``, checked before anything loads (:func:`resolve_model`), its one line naming
+    the flag."""
+    try:
+        resolve_model(model)
+    except ModelFilesError as e:
+        raise ModelFilesError(f"--{e}") from None   # "model 'X': ..." -> "--model 'X': ..."
 
 
 def load_backbone(path_or_name: Union[str, pathlib.Path] = "tiny", device="cpu", dtype=None,
@@ -178,6 +207,15 @@ def backbone_from_config(config, device="cpu", dtype=None, seed: int = 0,
                            attn_implementation=attn_implementation, name=name)
 
 
+def __getattr__(name: str):
+    # The interface's names load with torch on first use (see the module docstring).
+    if name in ("Backbone", "FrameSpec", "VisionTokens"):
+        from . import base
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = ["Backbone", "FrameSpec", "VisionTokens", "load_backbone", "backbone_from_config",
            "frame_spec_for", "resolve_model",
-           "backbone_class", "register_backbone", "MODEL_TYPES", "PRESETS"]
+           "backbone_class", "register_backbone", "check_model_arg", "families", "MODEL_TYPES",
+           "FAMILY_NAMES", "PRESETS"]

@@ -40,6 +40,14 @@ def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
     return dtype
 
 
+def device_dtype(device=None, dtype=None):
+    """``--device``/``--dtype`` resolved before anything loads, so asking for CUDA on a machine
+    without it fails fast. None: CUDA when there is one, else the CPU; the device's default
+    dtype."""
+    dev = resolve_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    return dev, resolve_dtype(dtype, dev)
+
+
 def pick_attn_implementation(attn_implementation, device: torch.device, dtype: torch.dtype) -> str:
     """Explicit choice wins; else flash-attention 2 on CUDA in 16-bit when installed, else sdpa."""
     if attn_implementation:

@@ -25,7 +25,8 @@ import shlex
 import sys
 from typing import List, Optional
 
-from ..cli_args import Parser, add_answer_args, fail_with, quiet_libraries
+from ..cli_args import Parser, add_answer_args, model_help
+from ..cli_io import fail_with, quiet_libraries
 from ..errors import ModelFilesError
 from ..planning.scales import PAPER_SCALES
 from .benchmarks import BenchmarkError
@@ -115,9 +116,8 @@ def _add_benchmark_args(p) -> None:
 
 def _add_model_args(p) -> None:
     """The weights: the model and its routers, and those of the methods that need their own."""
-    p.add_argument("--model", default="tiny", metavar="PATH|HUB_ID|tiny",
-                   help="as for ask: a local directory, a Hugging Face id in the local cache, "
-                        "or a preset (default: tiny)")
+    p.add_argument("--model", default="tiny", metavar="PATH|HUB_ID|PRESET",
+                   help=f"{model_help()} (default: tiny)")
     p.add_argument("--routers", default=None, metavar="PATH")
     p.add_argument("--clip", default=None, metavar="PATH",
                    help="local CLIPModel / SiglipModel directory (method clip)")

@@ -167,6 +167,14 @@ def policy_names() -> Tuple[str, ...]:
     return (AUTO,) + tuple(PLANNERS)
 
 
+def check_policy(name: str) -> str:
+    """``--policy``/``policy=``, checked before anything loads: one line naming the choices."""
+    if name not in policy_names():
+        from ..errors import expected_one_of
+        raise ValueError(f"--policy {name!r}: {expected_one_of(name, policy_names())}")
+    return name
+
+
 def get_planner(name: str) -> Planner:
     p = PLANNERS.get(name)
     if p is None:

@@ -453,6 +453,13 @@ class Routers(nn.Module):
         return routers.eval()
 
 
+def check_router_file(path) -> None:
+    """``--routers``, checked before the model loads: the file is there (one line); what is in
+    it is checked when the routers load against the model."""
+    if path is not None and not pathlib.Path(path).is_file():
+        raise RouterWeightsError(f"--routers {str(path)!r}: no such file")
+
+
 def embed_question(model, tokenizer, question: str) -> torch.Tensor:
     """Emb(q): the language model's token embeddings of the bare question text -> [Lq, D]."""
     ids = tokenizer(question, add_special_tokens=False, return_tensors="pt")["input_ids"][0]

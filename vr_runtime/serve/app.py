@@ -39,7 +39,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..cli_args import jsonable
+from ..cli_io import jsonable
 from .engine import RETRY_AFTER_S, Engine, worker_id
 from .errors import APIError, error_body, from_exception
 from .observe import REPORT_KEY, Observer

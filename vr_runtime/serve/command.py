@@ -21,9 +21,10 @@ import socket
 import sys
 import warnings
 
-from ..cli_args import (MAX_FRAME_PIXELS, PROG, SCALES_HELP, Parser, UsageError,
-                        add_answer_args, arg_type, check_inputs, fail_with, positive_int,
-                        stderr_is_tty)
+from ..cli_args import (MAX_FRAME_PIXELS, Parser, add_answer_args, arg_type, model_help,
+                        positive_int)
+from ..cli_io import PROG, UsageError, fail_with, stderr_is_tty
+from ..planning.scales import SCALES_HELP
 
 API_KEY_ENV = "VIDEOROUTER_API_KEY"
 
@@ -49,8 +50,8 @@ def add_serve_parser(sub, *_legacy) -> argparse.ArgumentParser:
         "serve", help="serve an OpenAI-compatible video QA API (POST /v1/chat/completions)",
         description="Serve VideoRouter over HTTP: POST /v1/chat/completions (text + a video_url "
         "part), GET /v1/models, GET /health. Binds to 127.0.0.1 unless --host says otherwise.")
-    p.add_argument("--model", default="tiny", metavar="PATH|HUB_ID|tiny",
-                   help="as for ask (default: tiny)")
+    p.add_argument("--model", default="tiny", metavar="PATH|HUB_ID|PRESET",
+                   help=f"{model_help()} (default: tiny)")
     p.add_argument("--routers", default=None, metavar="PATH", help="as for ask")
     _add_server_args(p)
     _add_limit_args(p)
@@ -186,10 +187,16 @@ def check_args(args) -> None:
     if args.max_new_tokens > args.max_tokens:
         raise UsageError(f"--max-new-tokens {args.max_new_tokens} is over --max-tokens "
                          f"{args.max_tokens}")
-    # ask's own checks of --policy, --scorer, --model and --routers (same messages).
-    check_inputs(question="serve", policy=args.policy, model=args.model, routers=args.routers,
-                 scorer=getattr(args, "scorer", "image-router"),
-                 scorer_model=getattr(args, "scorer_model", None))
+    # ask's own checks of --policy, --scorer, --model and --routers (same messages), each in
+    # the stage it checks.
+    from ..backbones import check_model_arg
+    from ..planning.policies import check_policy
+    from ..routing.routers import check_router_file
+    from ..routing.scorers import DEFAULT_SCORER, check_scorer
+    check_policy(args.policy)
+    check_scorer(getattr(args, "scorer", DEFAULT_SCORER), getattr(args, "scorer_model", None))
+    check_model_arg(args.model)
+    check_router_file(args.routers)
     missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
     if missing:
         raise UsageError(f"videorouter serve needs FastAPI and uvicorn ({', '.join(missing)} "

@@ -61,7 +61,6 @@ from dataclasses import dataclass
 from collections import Counter
 from typing import Callable, Optional
 
-from ..cli_args import device_dtype
 from .errors import APIError, from_exception
 from .media import MediaStore, Video
 from .schema import Settings
@@ -185,6 +184,7 @@ class Engine:
     def load(cls, config: EngineConfig, media: MediaStore) -> "Engine":
         """Load the model as ``videorouter ask`` does (same presets, devices, dtypes)."""
         # (imported here: torch stays out of the serve command's start-up)
+        from ..backbones.devices import device_dtype
         from ..runtime import VideoRouter
         device, dtype = device_dtype(config.device, config.dtype)
         vr = VideoRouter.from_pretrained(config.model, routers=config.routers, device=device,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..cli_args import message as cli_message, one_line, user_errors
+from ..cli_io import message as cli_message, one_line, user_errors
 from ..errors import VideoError
 
 # HTTP status -> error type, named as the ``openai`` client's exception classes (and vLLM) name them.
