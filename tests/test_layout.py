@@ -19,7 +19,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # and cli_io, eval, serve, training, the CLI) on the runtime.
 FLOORS = (
     ("vr_kernels",),
-    ("vr_runtime", "vr_runtime._aliases", "vr_runtime.errors"),
+    ("vr_runtime", "vr_runtime.errors"),
     ("vr_runtime.telemetry",),
     ("vr_runtime.video", "vr_runtime.backbones"),
     ("vr_runtime.data",),
@@ -183,30 +183,41 @@ def test_tests_mirror_the_packages():
     assert (ROOT / "tests" / "kernels").is_dir()
 
 
-@pytest.mark.parametrize("old", ["vr_runtime.policies", "vr_runtime.decoders",
-                                 "vr_runtime.training.synthetic", "vr_runtime.cli_common"])
-def test_old_module_paths_import_the_moved_module_and_warn(old):
-    from vr_runtime._aliases import MOVED
-    code = (f"import importlib, warnings\n"
-            f"warnings.simplefilter('always')\n"
-            f"with warnings.catch_warnings(record=True) as w:\n"
-            f"    warnings.simplefilter('always')\n"
-            f"    old = importlib.import_module({old!r})\n"
-            f"new = importlib.import_module({MOVED[old]!r})\n"
-            f"assert old is new, (old, new)\n"
-            f"assert new.__spec__.name == {MOVED[old]!r}, new.__spec__.name\n"
-            f"msgs = [str(x.message) for x in w if x.category is DeprecationWarning]\n"
-            f"assert any({MOVED[old]!r} in m for m in msgs), msgs\n")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+MAX_SHIMS = 2
+SHIM = re.compile(r"\bDeprecationWarning\b")
 
 
-def test_every_old_path_has_a_new_module():
-    import importlib.util
-    from vr_runtime._aliases import MOVED
-    for old, new in MOVED.items():
-        assert importlib.util.find_spec(new) is not None, new
-        assert not (ROOT / (old.replace(".", "/") + ".py")).exists(), old
+def shims(files) -> list:
+    """Places in the package sources that raise a DeprecationWarning (a kept old name)."""
+    out = []
+    for p in files:
+        for n, line in enumerate(p.read_text().splitlines(), 1):
+            code = line.split("#")[0]
+            if SHIM.search(code) and "warn" in code:
+                out.append(f"{p.relative_to(ROOT)}:{n}")
+    return out
+
+
+def test_the_shim_check_sees_a_shim(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import warnings\nwarnings.warn('old', DeprecationWarning)\n")
+    ok = tmp_path / "ok.py"
+    ok.write_text("# a DeprecationWarning in a comment is no shim\nx = 1\n")
+    global ROOT
+    saved, ROOT = ROOT, tmp_path
+    try:
+        assert shims([bad, ok]) == ["bad.py:2"]
+    finally:
+        ROOT = saved
+
+
+def test_at_most_two_deprecation_shims():
+    """Pre-1.0, no downstream user to protect: old names are removed, not kept (CHANGELOG.md
+    lists them)."""
+    files = [p for pkg in ("vr_runtime", "vr_kernels") for p in (ROOT / pkg).rglob("*.py")]
+    found = shims(files)
+    assert len(found) <= MAX_SHIMS, found
+    assert not (ROOT / "vr_runtime" / "_aliases.py").exists()
 
 
 REPO_PATHS = ("bench/", "studies/", "scripts/", "tests/", "docs/")

@@ -20,7 +20,6 @@ per-frame Python loop (~0.7 us a frame) would cost more than the kernel. So:
 """
 from __future__ import annotations
 
-import warnings
 from itertools import chain, count
 from typing import Optional, Sequence, Tuple
 
@@ -335,11 +334,3 @@ def check_args(frames, windows, grid=(16, 16), out=None, dest=None,
     entry = check_dest(dest, sched, L)
     return LaunchPlan(T, N, D, (H, W), sched.windows, sched.counts, entry.dest, L, sched, entry)
 
-
-def __getattr__(name):
-    # ``Plan``: LaunchPlan's old name, kept for one release.
-    if name == "Plan":
-        warnings.warn("vr_kernels.checks.Plan is deprecated; use vr_kernels.checks.LaunchPlan",
-                      DeprecationWarning, stacklevel=2)
-        return LaunchPlan
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,7 +27,7 @@ from .checks import KERNEL_DTYPES, TORCH_DTYPES, LaunchPlan, PoolPackArgError, c
 from .reference import pool_pack_reference
 from .tiles import INT32_MAX, build_dest, build_tiles, tile_table
 from .torch_pool import pool_pack_torch
-from .windows import _NOT_GIVEN, _renamed_windows, pooled_counts
+from .windows import pooled_counts
 
 try:
     import triton
@@ -486,15 +486,14 @@ def _pick_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
-def pool_pack(frames: torch.Tensor, windows: Sequence = _NOT_GIVEN, grid: Tuple[int, int] = (16, 16),
+def pool_pack(frames: torch.Tensor, windows: Sequence, grid: Tuple[int, int] = (16, 16),
               out: Optional[torch.Tensor] = None, dest: Optional[Sequence[int]] = None,
-              backend: str = "auto", *, scales: Sequence = _NOT_GIVEN) -> torch.Tensor:
+              backend: str = "auto") -> torch.Tensor:
     """Mean-pool each frame's H x W token grid with its own window and pack the results.
 
     Args:
         frames: ``[T, H*W, D]`` fp32 / fp16 / bf16 (fp64 on the PyTorch backends), CUDA or CPU.
-        windows: one window per frame: ``0`` (drop), ``s`` (s x s) or ``(sh, sw)``. Its old
-            name ``scales=`` is still accepted for one release, with a DeprecationWarning.
+        windows: one window per frame: ``0`` (drop), ``s`` (s x s) or ``(sh, sw)``.
         grid: ``(H, W)`` of each frame's token grid, row-major.
         out, dest: write frame t's rows to ``out[dest[t] : dest[t] + counts[t]]`` in place and
             return ``out``; other rows are untouched.
@@ -504,8 +503,6 @@ def pool_pack(frames: torch.Tensor, windows: Sequence = _NOT_GIVEN, grid: Tuple[
     Returns ``[sum(counts), D]`` (or ``out``). Raises ``PoolPackArgError`` (a ``ValueError``)
     naming the argument for bad input, before anything runs.
     """
-    if windows is _NOT_GIVEN or scales is not _NOT_GIVEN:
-        windows = _renamed_windows("pool_pack", windows, scales)
     if not isinstance(backend, str):
         raise PoolPackArgError(f"backend: expected a string, got {backend!r}")
     device = frames.device if isinstance(frames, torch.Tensor) else torch.device("cpu")

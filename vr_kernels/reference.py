@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 
 from .checks import TORCH_DTYPES, check_args
-from .windows import _NOT_GIVEN, _renamed_windows
 
 
 def pool_frame(x: torch.Tensor, window: Tuple[int, int], grid: Tuple[int, int]) -> torch.Tensor:
@@ -30,14 +29,10 @@ def pool_frame(x: torch.Tensor, window: Tuple[int, int], grid: Tuple[int, int]) 
     return pooled.reshape(D, -1).t().to(x.dtype)
 
 
-def pool_pack_reference(frames: torch.Tensor, windows: Sequence = _NOT_GIVEN,
+def pool_pack_reference(frames: torch.Tensor, windows: Sequence,
                         grid: Tuple[int, int] = (16, 16), out: Optional[torch.Tensor] = None,
-                        dest: Optional[Sequence[int]] = None, *,
-                        scales: Sequence = _NOT_GIVEN) -> torch.Tensor:
-    """``pool_pack``'s contract, one ``avg_pool2d`` per frame (``scales=``: ``windows``'s
-    deprecated name)."""
-    if windows is _NOT_GIVEN or scales is not _NOT_GIVEN:
-        windows = _renamed_windows("pool_pack_reference", windows, scales)
+                        dest: Optional[Sequence[int]] = None) -> torch.Tensor:
+    """``pool_pack``'s contract, one ``avg_pool2d`` per frame."""
     plan = check_args(frames, windows, grid, out, dest, dtypes=TORCH_DTYPES)
     blocks = [(t, pool_frame(frames[t], w, plan.grid))
               for t, w in enumerate(plan.windows) if w is not None]

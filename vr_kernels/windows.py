@@ -12,29 +12,9 @@ that runs past the edge averages only the tokens inside it (``avg_pool2d`` with
 """
 from __future__ import annotations
 
-import warnings
 from typing import Optional, Sequence, Tuple, Union
 
 Window = Union[int, Tuple[int, int]]
-
-# The default of a per-frame ``windows`` argument: tells "not given" apart from anything passed
-# (``None`` included, which the checks reject by name).
-_NOT_GIVEN = object()
-
-
-def _renamed_windows(fn: str, windows, scales):
-    """``windows``, or the per-frame list given by its old keyword ``scales=`` (accepted for one
-    release with a DeprecationWarning; ``scales`` elsewhere means the (s_g, s1, s0) triple)."""
-    if scales is not _NOT_GIVEN:
-        warnings.warn(f"{fn}(scales=...) is deprecated; use {fn}(windows=...)", DeprecationWarning,
-                      stacklevel=3)
-        if windows is not _NOT_GIVEN:
-            raise TypeError(f"{fn}() got both windows= and its deprecated name scales=")
-        return scales
-    if windows is _NOT_GIVEN:
-        raise TypeError(f"{fn}() missing 1 required argument: 'windows'")
-    return windows
-
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -78,12 +58,9 @@ def window_tokens(w, grid: Tuple[int, int] = (16, 16)) -> int:
     return _cdiv(H, nw[0]) * _cdiv(W, nw[1])
 
 
-def pooled_counts(windows: Sequence[Window] = _NOT_GIVEN, grid: Tuple[int, int] = (16, 16), *,
-                  scales: Sequence[Window] = _NOT_GIVEN) -> list:
+def pooled_counts(windows: Sequence[Window], grid: Tuple[int, int] = (16, 16)) -> list:
     """Rows each frame produces (0 for a dropped frame), one int per frame of ``windows`` (one
-    window per frame; ``scales=``: its deprecated name)."""
-    if windows is _NOT_GIVEN or scales is not _NOT_GIVEN:
-        windows = _renamed_windows("pooled_counts", windows, scales)
+    window per frame)."""
     H, W = _check_grid(grid)
     counts = []
     for i, w in enumerate(windows):

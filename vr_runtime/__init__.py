@@ -1,10 +1,8 @@
 """VideoRouter runtime (docs/CONTRACT.md sections 2 to 4, 7) over the model families registered
 in :mod:`vr_runtime.backbones` (``MODEL_TYPES``, ``PRESETS``; ``videorouter ask --help`` lists
 them)."""
-from ._aliases import install as _install_moved
 from .errors import DeviceError, ModelFilesError, RouterWeightsError, VideoError
 
-_install_moved()  # old module paths (vr_runtime.policies, ...) for one release
 
 __all__ = ["BudgetError", "visual_budget", "plan_global", "plan_fragment", "plan_dense",
            "plan_budget", "plan_uniform", "plan_tokens", "uniform_sample", "VideoRouter",

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, fields
 from typing import Mapping, Optional, Sequence, Tuple, Union
 
 from .planning import scales as scale_rules
-from .planning.policies import (SEMANTIC_CLASSES, Windows, accepts_renamed_windows, get_planner,
-                                is_budgeted, policy_names)
+from .planning.policies import (SEMANTIC_CLASSES, Windows, get_planner, is_budgeted,
+                                policy_names)
 from .routing.scorers import CachedImageRouterScorer, FixedRelevance, FrameScorer, ImageRouterScorer
 
 
@@ -26,7 +26,6 @@ def _check_int(name: str, v, lo: int) -> None:
         raise ValueError(f"{name}: expected an int >= {lo}, got {v!r}")
 
 
-@accepts_renamed_windows
 @dataclass(frozen=True)
 class AnswerOptions:
     """How to answer (see ``VideoRouter.answer``). Defaults are the paper's settings; each

@@ -9,7 +9,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _load():
-    path = os.path.join(ROOT, "bench", "bench_pool_pack.py")
+    path = os.path.join(ROOT, "bench", "scripts", "bench_pool_pack.py")
     spec = importlib.util.spec_from_file_location("bench_pool_pack", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -5,9 +5,9 @@ reverse), and says nothing of what the GPU would execute. Here every shipped aut
 configuration (both element sizes, forward and the backward variants that write the frames'
 gradient) is compiled for sm_90 through Triton's NVIDIA backend (ptxas and cuobjdump ship with
 the triton wheel), in subprocesses without TRITON_INTERPRET, and its SASS is held to the bounds
-of ``bench/kernels_static.py`` (``BOUNDS``): no spill, >= 50% theoretical occupancy, no barrier,
+of ``bench/scripts/bench_kernels_static.py`` (``BOUNDS``): no spill, >= 50% theoretical occupancy, no barrier,
 128-bit global loads and stores in every specialised window's loop, and at most a stated number
-of instructions per loaded (fwd) / stored (bwd) element there. ``bench/kernels_static.py``
+of instructions per loaded (fwd) / stored (bwd) element there. ``bench/scripts/bench_kernels_static.py``
 records the same figures in ``bench/results/kernels_sm90_static.json``.
 """
 import importlib
@@ -19,12 +19,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _static():
-    # Imported by name (bench/ on the path): the compile workers are spawned processes that
-    # find their function by module name.
-    bench = os.path.join(ROOT, "bench")
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
-    return importlib.import_module("kernels_static")
+    # Imported by name (bench/scripts/ on the path): the compile workers are spawned processes
+    # that find their function by module name.
+    for p in (os.path.join(ROOT, "bench"), os.path.join(ROOT, "bench", "scripts")):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    return importlib.import_module("bench_kernels_static")
 
 
 @pytest.fixture(scope="module")

@@ -58,22 +58,18 @@ def test_reference_validates_too():
 @pytest.mark.parametrize("fn", [lambda **kw: pool_pack(X, grid=(4, 4), backend="torch", **kw),
                                 lambda **kw: pool_pack_reference(X, grid=(4, 4), **kw),
                                 lambda **kw: pooled_counts(grid=(4, 4), **kw)])
-def test_scales_keyword_is_deprecated_for_windows(fn):
-    """``scales=`` (the per-frame windows' old name) works for one release and warns."""
-    want = fn(windows=[1, 2, 4])
-    with pytest.warns(DeprecationWarning, match="windows="):
-        got = fn(scales=[1, 2, 4])
-    assert (got == want).all() if isinstance(got, torch.Tensor) else got == want
-    with pytest.raises(TypeError, match="windows"), pytest.warns(DeprecationWarning):
-        fn(windows=[1, 2, 4], scales=[1, 2, 4])
+def test_windows_is_the_one_name(fn):
+    """``windows=`` is the per-frame argument; its pre-1.0 name ``scales=`` is gone."""
+    fn(windows=[1, 2, 4])
+    with pytest.raises(TypeError, match="scales"):
+        fn(scales=[1, 2, 4])
     with pytest.raises(TypeError, match="windows"):
         fn()
 
 
-def test_plan_is_a_deprecated_alias_of_launch_plan():
+def test_launch_plan_has_one_name():
     import vr_kernels.checks as checks
-    with pytest.warns(DeprecationWarning, match="LaunchPlan"):
-        assert checks.Plan is LaunchPlan
+    assert not hasattr(checks, "Plan")
 
 
 def test_fp64_only_on_torch_paths():

@@ -82,11 +82,10 @@ def test_budget_and_uniform_policies():
         plan_uniform(64, 10)
 
 
-def test_plan_fragment_old_window_names_warn_and_plan_the_same():
+def test_plan_fragment_takes_the_window_names_only():
     rel = [True, False, False, True, False]
-    new = plan_fragment(rel, 600, relevant_window=2, other_window=4, global_window=2)
-    with pytest.warns(DeprecationWarning, match="'high' is now 'relevant_window'"):
-        old = plan_fragment(rel, 600, high=2, low=4, global_scale=2)
-    assert old == new
-    with pytest.raises(TypeError, match="unexpected keyword argument 'hihg'"):
-        plan_fragment(rel, 600, hihg=2)
+    assert plan_fragment(rel, 600, relevant_window=2, other_window=4, global_window=2) == \
+        plan_fragment(rel, 600, (16, 16), 2, 4, 2)
+    for old in ("high", "low", "global_scale", "hihg"):
+        with pytest.raises(TypeError, match=old):
+            plan_fragment(rel, 600, **{old: 2})

@@ -8,6 +8,7 @@ import torch
 from vr_kernels import pooled_counts
 from vr_runtime.planning import budget as B
 from vr_runtime.planning import policies as P
+from vr_runtime.planning.request_plan import plan_request
 
 Q = "Which color is the square in the video?"
 
@@ -107,7 +108,7 @@ def test_exact_budget_uses_the_context_at_1200_frames(tiny_vr):
     T, L = 1200, 16000
     req = tiny_vr.request(torch.zeros(1), Q, num_frames=T, max_length=L, max_new_tokens=64,
                           policy="global")
-    fitted = tiny_vr.plan(req, "global", T)
+    fitted = plan_request(tiny_vr.lm, req, "global", T)
     used = sum(pooled_counts(fitted.plan, tiny_vr.lm.grid))
     n_text = fitted.text_tokens
     ids, _ = tiny_vr.lm.build_prompt(Q, pooled_counts(fitted.plan, tiny_vr.lm.grid))

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from vr_runtime import cli
-from vr_runtime.planning.scales import (AUTO, COARSE_SCALES, PAPER_SCALES, ScalesError, answer_kwargs,
-                               auto_scales, parse_scales)
+from vr_runtime.planning.scales import (AUTO, COARSE_SCALES, PAPER_SCALES, ScalesError,
+                                        auto_scales, budget_from_text, parse_scales, resolve)
 
 
 @pytest.mark.parametrize("text, want", [("2,1,4", (2, 1, 4)), (" 4, 1 ,8", (4, 1, 8)),
@@ -44,40 +44,29 @@ def test_auto_follows_the_budget_study(frames, budget, want):
     assert auto_scales(budget, 256) == want
 
 
-class _LM:
-    grid = (16, 16)
-
-    def text_tokens(self, question, T, system=None):
-        return 10 * T
-
-
-class _VR:
-    lm = _LM()
-
-
-def test_answer_kwargs_fixed_and_auto():
-    assert answer_kwargs((4, 1, 8)) == dict(global_window=4, relevant_window=1, other_window=8)
-    vr = _VR()
+def test_auto_at_a_request_budget():
     # B_img = max_length - text (10 per frame) - new tokens - margin
-    kw = answer_kwargs(AUTO, vr, question="q", num_frames=64, max_length=8192 + 640 + 64 + 100,
-                       max_new_tokens=64, margin=100)
-    assert kw == dict(global_window=4, relevant_window=1, other_window=8)
-    kw = answer_kwargs(AUTO, vr, question="q", num_frames=64, max_length=99999, budget=12288)
-    assert kw == dict(global_window=2, relevant_window=1, other_window=4)
+    b = budget_from_text(10 * 64, 8192 + 640 + 64 + 100, 64, 100)
+    assert b == 8192 and resolve(AUTO, b) == (4, 1, 8)
+    assert resolve(AUTO, 12288) == (2, 1, 4) and resolve((4, 1, 8), 99) == (4, 1, 8)
+
+
+def _windows(scales) -> dict:
+    return dict(zip(("global_window", "relevant_window", "other_window"), scales))
 
 
 def test_scales_reach_the_plan():
-    """The answer keywords of a parsed value give the plan the paper describes."""
+    """The windows of a parsed value give the plan the paper describes."""
     from vr_runtime import VideoRouter
     vr = VideoRouter.from_pretrained("tiny")
     frames = torch.randn(4, 3, 448, 448, generator=torch.Generator().manual_seed(0))
     rel = [True, False, False, True]
     base = dict(num_frames=4, max_new_tokens=1, budget=900)
     r = vr.answer(frames, "What color?", policy="fragment", relevant=rel,
-                  **answer_kwargs(parse_scales("4,1,8")), **base).report
+                  **_windows(parse_scales("4,1,8")), **base).report
     assert r["frame_tokens"] == [256, 4, 4, 256]
     r = vr.answer(frames, "What color?", policy="global",
-                  **answer_kwargs(parse_scales("4,1,8")), **base).report
+                  **_windows(parse_scales("4,1,8")), **base).report
     assert r["frame_tokens"] == [16] * 4
 
 

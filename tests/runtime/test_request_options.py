@@ -1,7 +1,6 @@
-"""AnswerOptions' window names, ``scales=`` (a triple or "auto", resolved once per request),
-the per-request text-token count, and the deprecated names kept for one release."""
+"""AnswerOptions' window names, ``scales=`` (a triple or "auto", resolved once per request)
+and the per-request text-token count."""
 import dataclasses
-import warnings
 
 import pytest
 import torch
@@ -13,30 +12,17 @@ from vr_runtime.request import AnswerOptions
 Q = "What shape is the red object?"
 
 
-def test_window_fields_and_their_old_names():
+def test_window_fields_and_no_old_names():
     o = AnswerOptions(relevant_window=2, other_window=8, global_window=4)
     assert o.windows == Windows(relevant_window=2, other_window=8, global_window=4)
-    with pytest.warns(DeprecationWarning, match="'high' is now 'relevant_window'"):
-        old = AnswerOptions(high=2, low=8, global_scale=4)
-    assert old == o
-    with pytest.warns(DeprecationWarning, match="'low' is now 'other_window'"):
-        assert o.low == 8
-    with pytest.raises(TypeError, match="not both"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            AnswerOptions(high=2, relevant_window=2)
-    # dataclasses.replace goes through the new names: no warning
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
-        assert dataclasses.replace(o, global_window=2).global_window == 2
-
-
-def test_windows_old_names_warn():
-    with pytest.warns(DeprecationWarning, match="'global_scale' is now 'global_window'"):
-        w = Windows(high=1, low=4, global_scale=2)
-    assert w == Windows()
-    with pytest.warns(DeprecationWarning, match="'high' is now 'relevant_window'"):
-        assert w.high == 1
+    assert dataclasses.replace(o, global_window=2).global_window == 2
+    # the names before they said which frames they pool are gone (CHANGELOG.md)
+    for old in ("high", "low", "global_scale"):
+        with pytest.raises(TypeError, match=old):
+            AnswerOptions(**{old: 2})
+        with pytest.raises(TypeError, match=old):
+            Windows(**{old: 2})
+        assert not hasattr(o, old)
 
 
 def test_scales_triple_sets_the_windows():

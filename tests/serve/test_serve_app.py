@@ -426,18 +426,7 @@ def test_a_failing_request_does_not_take_the_server_down(vr, media):
         assert post(c, body).status_code == 200
 
 
-def test_engine_answer_is_a_deprecated_alias_of_submit(vr, media):
-    """Engine.answer (the old name of Engine.submit) still answers, as submit does, and warns
-    with a DeprecationWarning that names the new method."""
-    from vr_runtime.serve.schema import Limits, parse_request, to_settings
+def test_engine_has_no_old_answer_name(vr, media):
+    """Engine.submit is the one name (the pre-1.0 alias Engine.answer is gone)."""
     _, engine = make_app(vr, media)
-    body = video_body((media / "sample.mp4").as_uri(), Q, **SET)
-    settings = to_settings(parse_request(body), Limits(), ["tiny"])
-
-    async def both():
-        with pytest.warns(DeprecationWarning, match="Engine.submit"):
-            old = await engine.answer(settings)
-        return old, await engine.submit(settings)
-
-    old, new = _run(both())
-    assert old.text == new.text and stable(old.report) == stable(new.report)
+    assert hasattr(engine, "submit") and not hasattr(engine, "answer")

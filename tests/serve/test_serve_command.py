@@ -1,5 +1,5 @@
 """``videorouter serve``'s parser on its own (vr_runtime.serve.command.serve_parser), as the Ray
-Serve builder uses it, and the deprecated form of add_serve_parser."""
+Serve builder uses it, and add_serve_parser."""
 import argparse
 
 import pytest
@@ -26,11 +26,11 @@ def test_serve_parser_refuses_a_bad_value_in_one_line(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "--frames" in err
 
 
-def test_add_serve_parser_old_arguments_still_work_with_a_warning():
+def test_add_serve_parser_takes_the_subcommands_only():
     sub = argparse.ArgumentParser().add_subparsers(dest="command")
-    with pytest.warns(DeprecationWarning, match=r"add_serve_parser\(sub\)"):
-        p = add_serve_parser(sub, None, "auto|...", ("fp32",))
-    assert p.parse_args(["--media-dir", "."]).frames == 64
+    assert add_serve_parser(sub).parse_args(["--media-dir", "."]).frames == 64
+    with pytest.raises(TypeError):
+        add_serve_parser(sub, None, "auto|...", ("fp32",))
 
 
 def test_ray_app_parses_through_serve_command_not_the_cli():

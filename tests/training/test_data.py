@@ -116,7 +116,7 @@ def test_jsonl_helpers_are_shared_and_training_keeps_its_names(tmp_path):
 
 
 
-def test_training_config_reads_the_old_window_keys_with_a_warning(tmp_path):
+def test_training_config_names_the_new_key_of_an_old_one(tmp_path):
     from vr_runtime.training.config import CONFIG_DIR, ConfigError, load_config
     out = str(tmp_path / "run")
     new = load_config("tiny_stage1", output_dir=out)
@@ -125,10 +125,6 @@ def test_training_config_reads_the_old_window_keys_with_a_warning(tmp_path):
     raw["global_scale"] = raw.pop("global_window")
     old_file = tmp_path / "old.json"
     old_file.write_text(json.dumps(raw))
-    with pytest.warns(DeprecationWarning, match="'fragment_scales' is now 'fragment_windows'"):
-        old = load_config(str(old_file), output_dir=out)
-    assert (old.global_window, old.fragment_windows) == (new.global_window, new.fragment_windows)
-    raw["fragment_windows"] = [1, 8]
-    old_file.write_text(json.dumps(raw))
-    with pytest.raises(ConfigError, match="not both"), pytest.warns(DeprecationWarning):
+    with pytest.raises(ConfigError, match="is now '(fragment|global)_window"):
         load_config(str(old_file), output_dir=out)
+    assert new.fragment_windows

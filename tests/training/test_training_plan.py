@@ -70,7 +70,7 @@ def test_plan_policy_uniform_is_the_data_ft_control(tiny_lm):
     tr = _trainee(tiny_lm, plan_policy="uniform", train_max_length=[L, L])
     vr = VideoRouter(tiny_lm, tr.routers)
     req = vr.request(torch.zeros(T, 3, 448, 448), Q, num_frames=T, max_length=L, policy="uniform")
-    want = vr.plan(req, "uniform", T).plan
+    want = plan_request(vr.lm, req, "uniform", T).plan
     for pol, rel in (([0.0, 1.0], [3, 4]), ([1.0, 0.0], [])):
         plan, fragment = tr.training_plan(torch.tensor(pol), torch.randn(T), _ex(rel))
         assert plan == want and not fragment

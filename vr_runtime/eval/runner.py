@@ -35,7 +35,6 @@ import json
 import os
 import pathlib
 import sys
-import warnings
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -234,18 +233,6 @@ class Evaluator:
         for r in rows:
             r["batch"] = len(qs)
         return rows
-
-    def answer(self, *args, **kwargs) -> dict:
-        """Deprecated name of :meth:`predict`."""
-        warnings.warn("Evaluator.answer is deprecated; use Evaluator.predict",
-                      DeprecationWarning, stacklevel=2)
-        return self.predict(*args, **kwargs)
-
-    def answer_batch(self, *args, **kwargs) -> List[dict]:
-        """Deprecated name of :meth:`predict_batch`."""
-        warnings.warn("Evaluator.answer_batch is deprecated; use Evaluator.predict_batch",
-                      DeprecationWarning, stacklevel=2)
-        return self.predict_batch(*args, **kwargs)
 
     def _prediction(self, vr, res, opts, q: Question, m: Method, budget: Optional[int],
              frames: int) -> dict:

@@ -5,7 +5,6 @@ ready for ``vr_kernels.pool_pack``. Every plan's token total is <= the budget.
 """
 from __future__ import annotations
 
-import warnings
 from typing import Sequence, Tuple
 
 from vr_kernels.windows import normalize_window, window_tokens
@@ -82,50 +81,16 @@ def plan_global(num_frames: int, budget: int, grid: Grid = (16, 16), scale=2) ->
 EMPTY_FRAGMENT = ("global", "low")   # what Algorithm 1 does with no relevant frame
 
 
-# The windows' names before they said which frames they pool: ``high=1`` was the *small*
-# window (the high resolution). Accepted, with a DeprecationWarning, for one release.
-RENAMED_WINDOWS = {"high": "relevant_window", "low": "other_window",
-                   "global_scale": "global_window"}
-
-
-def warn_renamed(owner: str, old: str, new: str, stacklevel: int = 3) -> None:
-    """The DeprecationWarning of an old window name (``stacklevel`` 3: the caller of the
-    function that calls this)."""
-    warnings.warn(f"{owner}: {old!r} is now {new!r}; the old name goes in the next release",
-                  DeprecationWarning, stacklevel=stacklevel)
-
-
-def renamed_window_kwargs(owner: str, kwargs: dict, stacklevel: int = 3) -> dict:
-    """``kwargs`` with the old window names (:data:`RENAMED_WINDOWS`) under the new ones, each
-    old name warned about; an old and a new name together is a TypeError."""
-    kwargs = dict(kwargs)
-    for old, new in RENAMED_WINDOWS.items():
-        if old in kwargs:
-            warn_renamed(owner, old, new, stacklevel + 1)
-            if new in kwargs:
-                raise TypeError(f"{owner}: give {new}= (or the deprecated {old}=), not both")
-            kwargs[new] = kwargs.pop(old)
-    return kwargs
-
-
 def plan_fragment(relevant: Sequence[bool], budget: int, grid: Grid = (16, 16),
-                  relevant_window=1, other_window=4, global_window=2, empty: str = "global",
-                  **renamed) -> list:
+                  relevant_window=1, other_window=4, global_window=2,
+                  empty: str = "global") -> list:
     """Algorithm 1: relevant frames at ``relevant_window`` (s_1), the others at
     ``other_window`` (s_0), under ``budget``.
 
     With no relevant frame: ``empty="global"`` (default) returns the Global plan
     (``global_window``, s_g); ``empty="low"`` is Algorithm 1 read literally (F_1 is empty, so
     every frame is in F_0 at ``other_window``, uniformly subsampled if even that exceeds the
-    budget). ``high=``/``low=``/``global_scale=`` are the deprecated names of the windows."""
-    if renamed:
-        unknown = sorted(set(renamed) - set(RENAMED_WINDOWS))
-        if unknown:
-            raise TypeError(f"plan_fragment: unexpected keyword argument {unknown[0]!r}")
-        w = renamed_window_kwargs("plan_fragment", renamed)
-        relevant_window = w.get("relevant_window", relevant_window)
-        other_window = w.get("other_window", other_window)
-        global_window = w.get("global_window", global_window)
+    budget)."""
     if empty not in EMPTY_FRAGMENT:
         raise ValueError(f"empty: expected one of {EMPTY_FRAGMENT}, got {empty!r}")
     rel = [bool(r) for r in relevant]

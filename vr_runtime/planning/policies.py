@@ -8,13 +8,12 @@ A policy is a planner: ``(num_frames, budget, grid, relevant, windows) -> one wi
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import budget, long_prompt
-from .budget import RENAMED_WINDOWS, BudgetError, renamed_window_kwargs, warn_renamed
+from .budget import BudgetError
 
 AUTO = "auto"
 SEMANTIC_CLASSES = ("global", "fragment")   # Semantic Router class 0 / 1 (paper: y_s)
@@ -24,29 +23,6 @@ DEFAULT_THRESHOLD = 0.5                     # frame relevant iff sigmoid(logit) 
 Grid = Tuple[int, int]
 
 
-def accepts_renamed_windows(cls):
-    """Class decorator: ``cls(high=, low=, global_scale=)`` (and reading ``.high`` / ``.low`` /
-    ``.global_scale``) keep working under :data:`RENAMED_WINDOWS`, each with a
-    DeprecationWarning naming the new field."""
-    init = cls.__init__
-
-    @functools.wraps(init)
-    def __init__(self, *args, **kwargs):
-        init(self, *args, **renamed_window_kwargs(cls.__name__, kwargs))
-
-    def old_name(old, new):
-        def get(self):
-            warn_renamed(cls.__name__, old, new)
-            return getattr(self, new)
-        return property(get, doc=f"Deprecated: :attr:`{new}`.")
-
-    cls.__init__ = __init__
-    for old, new in RENAMED_WINDOWS.items():
-        setattr(cls, old, old_name(old, new))
-    return cls
-
-
-@accepts_renamed_windows
 @dataclass(frozen=True)
 class Windows:
     """The paper's pooling windows (an int ``s`` is ``s x s``, a pair ``(sh, sw)``)."""
@@ -322,7 +298,6 @@ def plan_fitted(planner: "Planner", num_frames: int, grid: Grid,
 
 
 __all__ = ["AUTO", "SEMANTIC_CLASSES", "UNTRAINED_AUTO_POLICY", "DEFAULT_THRESHOLD", "Windows",
-           "RENAMED_WINDOWS", "accepts_renamed_windows",
            "Planner", "PLANNERS", "register_planner", "register_long_planners", "policy_names",
            "get_planner",
            "policy_from_logits", "relevant_from_probs", "relevant_from_logits", "topk_relevant",

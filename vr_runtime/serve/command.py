@@ -19,7 +19,6 @@ import pathlib
 import signal
 import socket
 import sys
-import warnings
 
 from ..cli_args import (MAX_FRAME_PIXELS, Parser, add_answer_args, arg_type, model_help,
                         positive_int)
@@ -40,12 +39,8 @@ def serve_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def add_serve_parser(sub, *_legacy) -> argparse.ArgumentParser:
-    """Add ``serve`` to the subcommands ``sub``. (Its old extra arguments -- positive_int,
-    policy_help, dtypes -- are ignored: the flags come from vr_runtime.cli_args.)"""
-    if _legacy:
-        warnings.warn("add_serve_parser(sub, positive_int, policy_help, dtypes) is deprecated; "
-                      "call add_serve_parser(sub)", DeprecationWarning, stacklevel=2)
+def add_serve_parser(sub) -> argparse.ArgumentParser:
+    """Add ``serve`` to the subcommands ``sub`` (its flags come from vr_runtime.cli_args)."""
     p = sub.add_parser(
         "serve", help="serve an OpenAI-compatible video QA API (POST /v1/chat/completions)",
         description="Serve VideoRouter over HTTP: POST /v1/chat/completions (text + a video_url "

@@ -56,7 +56,6 @@ import dataclasses
 import os
 import socket
 import threading
-import warnings
 from dataclasses import dataclass
 from collections import Counter
 from typing import Callable, Optional
@@ -321,13 +320,6 @@ class Engine:
                 if video is not None:
                     self._release(video)
                 slot.release()
-
-    def answer(self, *args, **kwargs):
-        """Deprecated alias of :meth:`submit` (for one release): returns its coroutine, so
-        ``await engine.answer(...)`` works as before."""
-        warnings.warn("Engine.answer is deprecated; use Engine.submit (it will be removed in "
-                      "the next release)", DeprecationWarning, stacklevel=2)
-        return self.submit(*args, **kwargs)
 
     async def _wait(self, fut, deadline: float, slot: _Slot, gone: Optional[asyncio.Event]):
         """``fut``'s result, unless the deadline passes, the client goes or a drain answers the

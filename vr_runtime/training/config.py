@@ -16,7 +16,6 @@ import math
 import os
 import pathlib
 import typing
-import warnings
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -317,21 +316,16 @@ def load_named_config(cls, name_or_path: str, what: str, overrides: dict):
     return cls(**d)
 
 
-# Keys renamed to say what they hold (pooling windows, not scales), read under their old names,
-# with a DeprecationWarning, for one release.
+# Keys renamed to say what they hold (pooling windows, not scales): a config that still says
+# the old name gets one line that names the new one.
 RENAMED_KEYS = {"global_scale": "global_window", "fragment_scales": "fragment_windows"}
 
 
 def _renamed_keys(d: dict, known: set, where: str) -> dict:
-    out = dict(d)
     for old, new in RENAMED_KEYS.items():
-        if old in out and new in known:
-            warnings.warn(f"{where}: {old!r} is now {new!r}; the old key goes in the next release",
-                          DeprecationWarning, stacklevel=4)
-            if new in out:
-                raise ConfigError(f"{where}: give {new!r} (or the deprecated {old!r}), not both")
-            out[new] = out.pop(old)
-    return out
+        if old in d and new in known:
+            raise ConfigError(f"{where}: {old!r} is now {new!r}; rename the key")
+    return d
 
 
 def config_fields(path, cls, overrides: dict) -> dict:
@@ -350,7 +344,7 @@ def config_fields(path, cls, overrides: dict) -> dict:
     raw = {k: v for k, v in raw.items() if not k.startswith("_")}  # "_comment" keys
     known = {f.name for f in dataclasses.fields(cls)}
     raw, overrides = _renamed_keys(raw, known, str(p)), _renamed_keys(overrides, known, "--set")
-    for where, d in ((f"--set", overrides), (str(p), raw)):
+    for where, d in (("--set", overrides), (str(p), raw)):
         unknown = sorted(set(d) - known)
         if unknown:
             near = difflib.get_close_matches(unknown[0], known, n=1)
