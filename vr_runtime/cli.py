@@ -328,7 +328,7 @@ def _fmt_num(v, spec=".3f") -> str:
     return format(v, spec) if isinstance(v, (int, float)) else str(v)
 
 
-TIMING_ORDER = ("decode", "frames_wait", "vision", "router", "compress", "prefill", "ttft",
+TIMING_ORDER = ("frames", "frames_wait", "vision", "router", "compress", "prefill", "ttft",
                 "first_token", "generate")
 
 

@@ -18,7 +18,7 @@ from vr_kernels.windows import normalize_window, window_tokens
 __all__ = ["build_report", "json_window", "STAGES", "TTFT_STAGES", "frame_rows", "plot_report",
            "plot_reports"]
 
-STAGES = ("decode", "vision", "router", "compress", "prefill", "generate")
+STAGES = ("frames", "vision", "router", "compress", "prefill", "generate")
 TTFT_STAGES = ("vision", "router", "compress", "prefill")   # after decoding, as in the paper
 
 
@@ -120,13 +120,13 @@ def _token_fields(grid, fitted, counts, req, prompt_tokens: int, generated: int)
 def _timings(frames, timer) -> dict:
     """Seconds per stage, TTFT (the stages after decoding, as in the paper) and the wall time
     from the request's start to its first token. The frames stream through the vision tower:
-    "decode" (opening the video, then decoding and resizing, start to last frame) overlaps
+    "frames" (opening the video, then decoding and resizing, start to last frame) overlaps
     "vision" (the tower's own time); "frames_wait" is the part of it the tower waited for
     frames. So the stages do not add up to the wall time: "first_token" is that."""
     t = timer.times
     timings = {k: round(t.get(k, 0.0), 6) for k in STAGES}
     if frames.decode_s is not None and frames.decode_s > 0:
-        timings["decode"] = round(float(frames.decode_s), 6)
+        timings["frames"] = round(float(frames.decode_s), 6)
     timings["frames_wait"] = round(t.get("frames_wait", 0.0), 6)
     timings["ttft"] = round(sum(t.get(k, 0.0) for k in TTFT_STAGES), 6)
     start, end = getattr(timer, "started", None), timer.ended.get("prefill")

@@ -15,7 +15,7 @@ FIELDS = ("policy", "policy_probability", "frame_indices", "frame_scores", "scal
           "visual_tokens", "dense_visual_tokens", "budget", "text_tokens", "timings_s",
           "peak_memory_bytes", "device", "frame_times_s", "frame_tokens", "routers_trained",
           "notes", "num_frames_requested", "num_frames_used", "dtype", "model")
-STAGES = ("decode", "vision", "router", "compress", "prefill", "ttft", "generate")
+STAGES = ("frames", "vision", "router", "compress", "prefill", "ttft", "generate")
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -70,7 +70,7 @@ def test_the_answer_and_plan_are_the_decoded_clips(vr, clip_path, policy):
     assert a.report["frame_indices"][0] == clip.frame_indices[0]
     t = a.report["timings_s"]
     assert t["first_token"] is not None and t["first_token"] >= t["ttft"] - 1e-6
-    assert "frames_wait" in t and t["decode"] > 0
+    assert "frames_wait" in t and t["frames"] > 0
 
 
 def test_batch_and_cache_take_the_stream(vr, clip_path):

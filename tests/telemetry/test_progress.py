@@ -21,11 +21,11 @@ def test_long_stage_is_shown_then_erased():
             time.sleep(0.5)
         with timer.stage("router"):
             pass                                   # too short to show
-        with timer.stage("decode"):
+        with timer.stage("frames"):
             time.sleep(0.1)                        # has its own bar
     text = out.getvalue()
     assert "vision... " in text and " s" in text
-    assert "router" not in text and "decode" not in text
+    assert "router" not in text and "frames" not in text
     assert text.endswith("\r\x1b[K")               # the line is erased
     assert not _listeners and not [t for t in threading.enumerate() if t.name == "vr-progress"]
 

@@ -235,13 +235,13 @@ class VideoRouter:
 
     def load_frames(self, req: Request, timer: StageTimer,
                     state: Optional[dict] = None) -> Frames:
-        """The request's frames, opened (timed as "decode"; nothing is decoded before the
+        """The request's frames, opened (timed as "frames"; nothing is decoded before the
         vision stage streams it), or the video cache's (``state``); as routing units."""
         if state is not None and "frames" in state:
             f = state["frames"]
             return dataclasses.replace(f, notes=list(f.notes), decode_s=None, open_s=0.0)
         t0 = time.perf_counter()
-        with timer.stage("decode"):
+        with timer.stage("frames"):
             source = self._open_frames(req.video, req.num_frames, req.time_window,
                                        req.decoder, req.seek)
         if tuple(source.size) != tuple(self.lm.frame_spec.size):

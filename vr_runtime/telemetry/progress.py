@@ -19,7 +19,7 @@ from .timing import stage_listener
 # Shown once a stage has run this long: shorter ones would only flicker.
 DELAY_S = 1.0
 # Stages with a display of their own.
-QUIET = frozenset({"decode"})
+QUIET = frozenset({"frames"})
 
 
 class StageStatus:
