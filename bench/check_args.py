@@ -1,6 +1,6 @@
 """Check a benchmark's command line as the GPU run will parse it, without running anything.
 
-    python3 bench/check_args.py bench/bench_e2e.py --runs 3 --decoding graph ...
+    python3 bench/check_args.py bench/scripts/bench_e2e.py --runs 3 --decoding graph ...
 
 Device time is scarce: a typo in a flag must fail here, on CPU, not in the first minute on a
 GPU. Each script is imported and its own argument parsing runs on the exact arguments
@@ -26,8 +26,8 @@ import sys
 from typing import Callable, Dict, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
+SCRIPTS = os.path.join(HERE, "scripts")
+sys.path[:0] = [SCRIPTS, HERE, os.path.dirname(HERE)]   # the benchmarks, the harness, the package
 
 
 class _Parsed(Exception):
@@ -70,19 +70,23 @@ def check(script: str, argv: List[str]) -> None:
     if name not in PARSERS:
         sys.exit(f"check_args: no argument check for {script}; add it to PARSERS in "
                  f"bench/check_args.py")
-    if not os.path.isfile(os.path.join(HERE, name)):
-        sys.exit(f"check_args: {script}: no such benchmark in bench/")
+    if not os.path.isfile(os.path.join(SCRIPTS, name)):
+        sys.exit(f"check_args: {script}: no such benchmark in bench/scripts/")
     import torch
-    torch.cuda.is_available = lambda: True   # parse as on the GPU (defaults, graph modes)
-    mod = importlib.import_module(name[:-3])
+    real = torch.cuda.is_available
+    # Parse as on the GPU (defaults, graph modes); put back after, so that a test process
+    # that checked a command still sees its own device.
+    torch.cuda.is_available = lambda: True
     try:
-        PARSERS[name](mod, list(argv))
+        PARSERS[name](importlib.import_module(name[:-3]), list(argv))
     except _Parsed:
         pass
+    finally:
+        torch.cuda.is_available = real
 
 
 def check_command(argv: List[str]) -> str:
-    """'' when ``argv`` (a stage's command, ``python3 bench/X.py ...`` or ``python3 -m pytest
+    """'' when ``argv`` (a stage's command, ``python3 bench/scripts/X.py ...`` or ``python3 -m pytest
     ...``) parses, else the one-line reason."""
     if argv[:3] == ["python3", "-m", "pytest"]:
         # collected in a process of its own: the tests must see the real CUDA answer
@@ -93,7 +97,7 @@ def check_command(argv: List[str]) -> str:
         lines = (r.stdout + r.stderr).strip().splitlines()
         return "pytest cannot collect: " + (lines[-1] if lines else f"rc={r.returncode}")
     if len(argv) < 2 or argv[0] != "python3" or not argv[1].endswith(".py"):
-        return f"not a 'python3 bench/SCRIPT.py ...' command: {' '.join(argv)[:120]}"
+        return f"not a 'python3 bench/scripts/SCRIPT.py ...' command: {' '.join(argv)[:120]}"
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
@@ -128,7 +132,7 @@ def main(argv: List[str] = None) -> int:
     if argv[:1] == ["--stages"] and len(argv) == 2:
         return check_stages(argv[1])
     if not argv or argv[0].startswith("-"):
-        sys.exit("usage: python3 bench/check_args.py bench/SCRIPT.py [ARGS ...]  |  "
+        sys.exit("usage: python3 bench/check_args.py bench/scripts/SCRIPT.py [ARGS ...]  |  "
                  "--stages WORK")
     check(argv[0], argv[1:])
     print(f"ok {argv[0]}")

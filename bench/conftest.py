@@ -10,7 +10,8 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # common, bench_pool_pack
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_HERE, os.path.join(_HERE, "scripts")]   # common, bench_pool_pack
 
 
 def pytest_addoption(parser):

@@ -82,7 +82,7 @@ print(env)
 EOF
 
 finish() {   # the summary and the archive, as they stand now
-    python3 bench/gpu_summary.py "$WORK" "$PART" >"$DEST/$SUMMARY.tmp" 2>>"$WORK/logs/summary.log" \
+    python3 bench/report/gpu_summary.py "$WORK" "$PART" >"$DEST/$SUMMARY.tmp" 2>>"$WORK/logs/summary.log" \
         && mv "$DEST/$SUMMARY.tmp" "$DEST/$SUMMARY"
     cp "$DEST/$SUMMARY" "$WORK/$SUMMARY" 2>/dev/null
     tar czf "$DEST/$TGZ.tmp" -C "$WORK" --exclude="$TGZ" --exclude="$TGZ.tmp" . \
@@ -120,12 +120,12 @@ stage() {
 }
 
 W="$WORK"
-E2E=(python3 bench/bench_e2e.py --no-plot --decoding graph)
+E2E=(python3 bench/scripts/bench_e2e.py --no-plot --decoding graph)
 if [ "$PART" = main ]; then
     stage e2e 95 "${E2E[@]}" --runs 3 --warmup 1 --policies dense,vr24 --out "$W/e2e_gpu_8b"
-    stage kernels 60 python3 bench/bench_pool_pack.py --no-sweep --no-compile --processes 3 \
+    stage kernels 60 python3 bench/scripts/bench_pool_pack.py --no-sweep --no-compile --processes 3 \
         --warm-ms 200 --methods kernel,copy --out "$W/pool_pack_gpu_8b.json"
-    stage decode 45 python3 bench/bench_decode.py --modes dynamic,graph --batch-sizes 1 \
+    stage decode 45 python3 bench/scripts/bench_decode.py --modes dynamic,graph --batch-sizes 1 \
         --runs 2 --warmup 1 --out "$W/decode_gpu_8b.json"
     stage batch 50 "${E2E[@]}" --runs 1 --warmup 1 --sweep batch --batch-sizes 1,4 \
         --policies vr24 --out "$W/e2e_gpu_8b_batch"
@@ -136,12 +136,12 @@ if [ "$PART" = main ]; then
         tests/runtime/test_runtime.py tests/backbones/test_qwen2_5_vl.py \
         tests/telemetry/test_memory.py tests/bench/test_kernel_timing.py \
         tests/video/test_torchcodec_decoder.py
-    stage video 35 python3 bench/bench_video.py nvdec --frames 64,2048 \
+    stage video 35 python3 bench/scripts/bench_video.py nvdec --frames 64,2048 \
         --out "$W/video_nvdec_gpu.json"
 else
-    stage cold_tiny 40 python3 bench/bench_cold_start.py --shape tiny --device cuda \
+    stage cold_tiny 40 python3 bench/scripts/bench_cold_start.py --shape tiny --device cuda \
         --processes 2 --out "$W/cold_start_tiny_gpu.json"
-    stage cold_8b 70 python3 bench/bench_cold_start.py --shape 8b --device cuda --processes 1 \
+    stage cold_8b 70 python3 bench/scripts/bench_cold_start.py --shape 8b --device cuda --processes 1 \
         --out "$W/cold_start_8b_gpu.json"
     stage frames_1024 60 "${E2E[@]}" --runs 1 --warmup 1 --sweep frames \
         --sweep-frames 128,512,1024 --policies dense,vr24 --out "$W/e2e_gpu_8b_frames_1024"

@@ -4,7 +4,7 @@
     pytest bench/ --benchmark-only --benchmark-save=base          # keep a run (.benchmarks/)
     pytest bench/ --benchmark-only --benchmark-compare=0001 --benchmark-compare-fail=median:10%
     pytest bench/ --benchmark-only -m gpu                         # the Triton rows only (CUDA)
-    python bench/pytest_benchmark_table.py F                      # F as a markdown table
+    python bench/report/pytest_benchmark_table.py F              # F as a markdown table
 
 Rows of each group, all producing the same rows of the LLM's ``inputs_embeds``:
 

@@ -1,12 +1,12 @@
-"""bench/ask_one_shot.py without running the command: what counts as the same answer, and the
+"""bench/scripts/bench_ask_one_shot.py without running the command: what counts as the same answer, and the
 import tree read from -X importtime (a module after its imports, the chain of importers)."""
 import subprocess
 import sys
 
 import pytest
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2] / "bench"))
-import ask_one_shot  # noqa: E402
+sys.path[:0] = [str(__import__("pathlib").Path(__file__).resolve().parents[2] / "bench" / "scripts"), str(__import__("pathlib").Path(__file__).resolve().parents[2] / "bench")]
+import bench_ask_one_shot as ask_one_shot  # noqa: E402
 
 
 def test_timings_and_memory_do_not_decide_sameness():

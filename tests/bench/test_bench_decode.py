@@ -1,4 +1,4 @@
-"""bench/bench_decode.py at its smallest on CPU: every mode runs, the static path's tokens are
+"""bench/scripts/bench_decode.py at its smallest on CPU: every mode runs, the static path's tokens are
 the dynamic path's, and the results files name device, versions and command."""
 import json
 import pathlib
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+sys.path[:0] = [str(pathlib.Path(__file__).resolve().parents[2] / "bench" / "scripts"), str(pathlib.Path(__file__).resolve().parents[2] / "bench")]
 
 
 def test_cpu_smoke(tmp_path):

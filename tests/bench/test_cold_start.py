@@ -1,4 +1,4 @@
-"""bench/bench_cold_start.py (issue 21 item 7): argument checks, the per-mode summary, and one
+"""bench/scripts/bench_cold_start.py (issue 21 item 7): argument checks, the per-mode summary, and one
 run end to end on the tiny model (the child runs in-process here to stay fast; the script
 itself starts a fresh interpreter per measurement)."""
 import json
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path[:0] = [str(ROOT / "bench" / "scripts"), str(ROOT / "bench")]
 
 import bench_cold_start as bcs  # noqa: E402
 

@@ -3,7 +3,7 @@ import json
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+sys.path[:0] = [str(pathlib.Path(__file__).resolve().parents[2] / "bench" / "scripts"), str(pathlib.Path(__file__).resolve().parents[2] / "bench")]
 
 import common  # noqa: E402
 

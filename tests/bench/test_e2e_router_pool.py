@@ -3,7 +3,7 @@ FixedRelevance(run_routers=True) used to call frame_probs with no pool)."""
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+sys.path[:0] = [str(pathlib.Path(__file__).resolve().parents[2] / "bench" / "scripts"), str(pathlib.Path(__file__).resolve().parents[2] / "bench")]
 
 
 def test_bench_rows_pass_the_pool_to_the_scorer():

@@ -1,4 +1,4 @@
-"""Shape presets (vr_runtime/configs/internvl3_*.json) and a CPU smoke run of bench/bench_e2e.py.
+"""Shape presets (vr_runtime/configs/internvl3_*.json) and a CPU smoke run of bench/scripts/bench_e2e.py.
 
 The preset checks build each InternVLConfig and instantiate the model on the meta device, so no
 weight memory is allocated: they compare the shapes with the public InternVL3-*-hf checkpoints
@@ -61,7 +61,7 @@ def test_preset_shapes(name):
 import sys  # noqa: E402
 import time  # noqa: E402
 
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path[:0] = [str(ROOT / "bench" / "scripts"), str(ROOT / "bench")]
 
 
 def test_relevance_patterns():
@@ -77,7 +77,7 @@ def test_relevance_patterns():
 
 
 def test_peak_sampler_sees_a_transient_allocation():
-    import e2e_memory
+    from models import e2e_memory
     read = e2e_memory.rss_reader()
     if read is None:
         pytest.skip("no /proc on this platform")
@@ -95,7 +95,7 @@ def test_peak_sampler_sees_a_transient_allocation():
 def test_ratios_and_targets():
     import argparse
     import bench_e2e
-    import e2e_report
+    from report import e2e_report
     rows = [dict(sweep="main", policy="dense", frames=64, budget=12288, ttft_s=2.0, peak_mem_gb=30.0),
             dict(sweep="main", policy="vr24", frames=64, budget=12288, ttft_s=0.7, router_s=0.05,
                  peak_mem_gb=19.0),
@@ -261,7 +261,7 @@ def test_gpu_mode_small(tmp_path):
 @pytest.mark.gpu
 def test_routers_offloaded_for_baselines():
     """On a GPU the baselines run with the shadow stack off the device, and it comes back."""
-    import e2e_memory
+    from models import e2e_memory
     from vr_runtime import VideoRouter
     vr = VideoRouter.from_pretrained("tiny", device="cuda")
     before = torch.cuda.memory_allocated()

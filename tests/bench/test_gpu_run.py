@@ -12,10 +12,10 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_run.sh"
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path[:0] = [str(ROOT / "bench" / "scripts"), str(ROOT / "bench")]
 
 import check_args  # noqa: E402
-import gpu_summary  # noqa: E402
+from report import gpu_summary  # noqa: E402
 
 MAIN = ["e2e", "kernels", "decode", "batch", "frames", "tests", "video"]
 EXTRA = ["cold_tiny", "cold_8b", "frames_1024"]
@@ -68,13 +68,13 @@ def test_a_bad_flag_fails_the_dry_run_and_names_its_stage(tmp_path):
 
 
 @pytest.mark.parametrize("argv, msg", [
-    (["python3", "bench/bench_e2e.py", "--runz", "3"], "--runz"),
-    (["python3", "bench/bench_e2e.py", "--policies", "dense,vr99"], "vr99"),
-    (["python3", "bench/bench_pool_pack.py", "--methods", "kernel,cpy"], "cpy"),
-    (["python3", "bench/bench_decode.py", "--modes", "grph"], "grph"),
-    (["python3", "bench/bench_cold_start.py", "--shape", "9b"], "9b"),
-    (["python3", "bench/bench_video.py", "nvdec", "--frames", "64,x"], "--frames"),
-    (["python3", "bench/bench_nope.py"], "no argument check"),
+    (["python3", "bench/scripts/bench_e2e.py", "--runz", "3"], "--runz"),
+    (["python3", "bench/scripts/bench_e2e.py", "--policies", "dense,vr99"], "vr99"),
+    (["python3", "bench/scripts/bench_pool_pack.py", "--methods", "kernel,cpy"], "cpy"),
+    (["python3", "bench/scripts/bench_decode.py", "--modes", "grph"], "grph"),
+    (["python3", "bench/scripts/bench_cold_start.py", "--shape", "9b"], "9b"),
+    (["python3", "bench/scripts/bench_video.py", "nvdec", "--frames", "64,x"], "--frames"),
+    (["python3", "bench/scripts/bench_nope.py"], "no argument check"),
 ])
 def test_check_command_names_what_is_wrong(argv, msg):
     why = check_args.check_command(argv)
@@ -82,7 +82,7 @@ def test_check_command_names_what_is_wrong(argv, msg):
 
 
 def test_the_prepared_commands_parse_as_on_the_gpu():
-    assert check_args.check_command(["python3", "bench/bench_decode.py", "--modes",
+    assert check_args.check_command(["python3", "bench/scripts/bench_decode.py", "--modes",
                                      "dynamic,graph"]) == ""
 
 

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path[:0] = [str(ROOT / "bench" / "scripts"), str(ROOT / "bench")]
 
 import common  # noqa: E402
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_pool_pack", ROOT / "bench" / "bench_pool_pack.py")
+    spec = importlib.util.spec_from_file_location("bench_pool_pack", ROOT / "bench" / "scripts" / "bench_pool_pack.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -150,8 +150,8 @@ def _script_commands(name):
     text = (ROOT / "bench" / "gpu_run.sh").read_text().replace("\\\n", " ")
     cmds = []
     for line in text.splitlines():
-        if f"bench/{name}" in line and line.strip().startswith("stage "):
-            words = line.split(f"bench/{name}", 1)[1].replace('"$W', '"/tmp/x').split()
+        if f"bench/scripts/{name}" in line and line.strip().startswith("stage "):
+            words = line.split(f"bench/scripts/{name}", 1)[1].replace('"$W', '"/tmp/x').split()
             cmds.append([w.strip('"').rstrip(";") for w in words if w not in (";;",)])
     return cmds
 

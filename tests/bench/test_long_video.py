@@ -1,4 +1,4 @@
-"""bench/bench_long_video.py end to end on a short clip and one frame count: both trees answer
+"""bench/scripts/bench_long_video.py end to end on a short clip and one frame count: both trees answer
 in fresh processes, every stage and the first-token time reach the results, and the markdown
 names the device, the date and the command."""
 import json
@@ -6,7 +6,7 @@ import pathlib
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path[:0] = [str(ROOT / "bench" / "scripts"), str(ROOT / "bench")]
 
 import bench_long_video as B  # noqa: E402
 

@@ -9,7 +9,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "vr_runtime" / "assets" / "sample.mp4"
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path[:0] = [str(ROOT / "bench" / "scripts"), str(ROOT / "bench")]
 
 # Report fields that differ between two runs of the same request by nature: stage timings,
 # memory, whether the visual cache hit, and the scorer's name when the cache is on

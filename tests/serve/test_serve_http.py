@@ -1,4 +1,4 @@
-"""``videorouter serve`` as a real process on 127.0.0.1: a small load test (bench/bench_serve.py's
+"""``videorouter serve`` as a real process on 127.0.0.1: a small load test (bench/scripts/bench_serve.py's
 own code: 40 requests, 8 at a time, good and bad mixed; every answer equal to ``videorouter ask``,
 every error as expected, resident memory flat), the ``openai`` client, and the exact request
 lmms-eval's ``openai`` model sends with ``pass_video_url=True``, as plain HTTP."""

@@ -1,6 +1,6 @@
 """``videorouter serve`` throughput on long clips, for one or two source trees.
 
-    python bench/bench_serve_long.py --source /tmp/vr-before --source . \\
+    python bench/scripts/bench_serve_long.py --source /tmp/vr-before --source . \\
         [--requests 8] [--concurrency 1 4] [--frames 16] [--time-limit 900]
 
 Makes (once, cached under ~/.cache/videorouter-bench/serve-long/) four distinct long clips with
@@ -29,8 +29,8 @@ import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "bench" / "scripts"), str(ROOT / "bench")]   # bench_serve, the harness
 from bench_serve import SAMPLE, _quantile, _video_body, serve  # noqa: E402
 
 CACHE = pathlib.Path.home() / ".cache" / "videorouter-bench" / "serve-long"

@@ -1,6 +1,6 @@
 """Static figures of the pool-and-pack kernels on sm_90 (H100), obtained without a GPU.
 
-    python bench/kernels_static.py [--out bench/results/kernels_sm90_static.json] [--before COMMIT]
+    python bench/scripts/bench_kernels_static.py [--out bench/results/kernels_sm90_static.json] [--before COMMIT]
 
 Every shipped autotuning configuration of ``vr_kernels.pool_pack`` is compiled for sm_90 by
 Triton's NVIDIA backend (ptxas ships with the triton wheel) and its SASS is read with
@@ -38,7 +38,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Dict, List, Optional
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
@@ -351,8 +351,8 @@ def run_jobs(jobs: List[Dict], workers: int = 2) -> List[Dict]:
 def _compile_by_name(job: Dict) -> Dict:
     # Resolved in the worker by module name, so a copy of this file loaded by path (tests)
     # and the worker's import agree.
-    import kernels_static
-    return kernels_static.compile_one(job)
+    import bench_kernels_static
+    return bench_kernels_static.compile_one(job)
 
 
 def violations(r: Dict) -> List[str]:

@@ -1,7 +1,7 @@
 """Benchmark of the fused pool-and-pack kernels (vr_kernels) against the ways it is done today.
 
-    python bench/bench_pool_pack.py [--quick] [--out FILE] [--no-compile] [--no-sweep]
-    python bench/bench_pool_pack.py --cpu-vs-compile [--rep N]   # CPU path vs torch.compile
+    python bench/scripts/bench_pool_pack.py [--quick] [--out FILE] [--no-compile] [--no-sweep]
+    python bench/scripts/bench_pool_pack.py --cpu-vs-compile [--rep N]   # CPU path vs torch.compile
 
 Methods, all producing the same rows of the LLM's ``inputs_embeds``:
 
@@ -37,7 +37,9 @@ from typing import Dict, List, Optional
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]   # the package and the harness, run as a file
+RESULTS = os.path.join(ROOT, "bench", "results")
 from common import (Timing, _quantile, environment, environment_line, finish, gbps, has_cuda,  # noqa: E402
                     markdown_table, rotation_count, spread, time_fn, time_kernel, write_results)
 
@@ -423,7 +425,7 @@ def cpu_vs_compile(rep: int, out: Optional[str] = None, dtypes=("float32", "bflo
           "", markdown_table(rows, cols, ["dtype", "direction", "torch path ms", "torch.compile ms",
                                           "compiled / ours", "compile s", "ours <= compiled"])]
     payload = dict(environment=env, label="CPU", notes=notes, case=CPU_COMPARE, rep=rep, results=rows)
-    out = out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "pool_pack_cpu_vs_compile.json")
+    out = out or os.path.join(RESULTS, "pool_pack_cpu_vs_compile.json")
     finish(out, payload, "\n".join(md))
     return payload
 
@@ -497,7 +499,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     rows: List[Dict] = []
     t_start = time.perf_counter()
     env = environment(device)
-    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+    out = args.out or os.path.join(RESULTS,
                                    "pool_pack_" + ("cpu" if not gpu else _slug(env["device"])) + ".json")
     for i, c in enumerate(cases):
         case = Case(c["T"], c["D"], c["mix"], dtype, device)
@@ -553,7 +555,7 @@ def run_processes(args, methods: List[str]) -> Dict:
     gpu = has_cuda()
     device = torch.device("cuda" if gpu else "cpu")
     env = environment(device)
-    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+    out = args.out or os.path.join(RESULTS,
                                    "pool_pack_" + ("cpu" if not gpu else _slug(env["device"])) + ".json")
     stem = out[:-5] if out.endswith(".json") else out
     child = ["--processes", "1", "--warm-ms", str(args.warm_ms), "--methods", ",".join(methods)]
@@ -561,9 +563,8 @@ def run_processes(args, methods: List[str]) -> Dict:
                               ("--no-sweep", args.no_sweep)) if on]
     if args.rep is not None:
         child += ["--rep", str(args.rep)]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     penv = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [root, os.path.dirname(os.path.abspath(__file__))] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
+        [ROOT, os.path.join(ROOT, "bench")] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
     t_start = time.perf_counter()
     payloads, files = [], []
     for i in range(1, args.processes + 1):

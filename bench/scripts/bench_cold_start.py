@@ -1,7 +1,7 @@
 """Cold start: what the first question in a fresh process pays, against the next.
 
-    python bench/bench_cold_start.py                         # CPU: the tiny model, 8 frames
-    python bench/bench_cold_start.py --shape 8b --device cuda --processes 3   # InternVL3-8B shape
+    python bench/scripts/bench_cold_start.py                         # CPU: the tiny model, 8 frames
+    python bench/scripts/bench_cold_start.py --shape 8b --device cuda --processes 3   # InternVL3-8B shape
 
 Each process is fresh (its own interpreter, CUDA context, kernel caches). In it:
 
@@ -41,7 +41,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 from typing import Dict, List  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 for _p in (str(ROOT), str(ROOT / "bench")):
     if _p not in sys.path:
         sys.path.insert(0, _p)

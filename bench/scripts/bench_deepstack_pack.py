@@ -10,7 +10,7 @@ qwen3_vl.py). Every stream must be pooled with the same per-unit plan. Two layou
             the runtime's unit indexing do not want), and split from the runtime's wide Z
             (a contiguous copy of each stream first), the per-stream path the runtime could take.
 
-    python bench/bench_deepstack_pack.py [--units 16] [--hidden 4096] [--streams 4] [--out FILE]
+    python bench/scripts/bench_deepstack_pack.py [--units 16] [--hidden 4096] [--streams 4] [--out FILE]
 
 Prints one JSON object (device, shape, plan, medians). On CPU both run pool_pack's torch path
 (the runtime's CPU path); on CUDA the Triton kernels.
@@ -24,7 +24,8 @@ import sys
 
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]   # the package and the harness, run as a file
 from common import environment, time_fn  # noqa: E402
 from vr_kernels import pool_pack, pooled_counts  # noqa: E402
 

@@ -1,8 +1,8 @@
 """One-shot ``videorouter ask`` on the bundled demo clip: the whole command's wall time in fresh
 processes, and where it goes.
 
-    python bench/ask_one_shot.py                                    # this tree, 3 runs
-    python bench/ask_one_shot.py --trees /tmp/before /tmp/after --runs 3 \\
+    python bench/scripts/bench_ask_one_shot.py                                    # this tree, 3 runs
+    python bench/scripts/bench_ask_one_shot.py --trees /tmp/before /tmp/after --runs 3 \\
         --out bench/results/ask_one_shot_cpu.json                   # before/after, interleaved
 
 The command is the demo's second question (``--frames 16 --max-length 1400 --json``), run as
@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 QUESTION = "What shape is the blue object?"
 ARGS = ["--frames", "16", "--max-length", "1400", "--json"]
 # Report fields that measure the run rather than decide the answer.

@@ -1,7 +1,7 @@
 """The summary of a bench/gpu_run.sh run as it stands: the goals table from whatever results
 files exist so far, then one line a stage (its status, seconds and cap).
 
-    python3 bench/gpu_summary.py WORK [main|extra]      # markdown on stdout
+    python3 bench/report/gpu_summary.py WORK [main|extra]      # markdown on stdout
 
 Run after every stage, so a run stopped part-way still says what it measured. A row whose file
 is missing says which stage would have filled it. Standard library only: it must work in any
@@ -166,7 +166,7 @@ def summary(work: str, part: str = "main") -> str:
 def main(argv: List[str] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or not os.path.isdir(argv[0]):
-        sys.exit(f"usage: python3 bench/gpu_summary.py WORK [main|extra] (WORK: the run's work "
+        sys.exit(f"usage: python3 bench/report/gpu_summary.py WORK [main|extra] (WORK: the run's work "
                  f"folder; got {argv[:1]})")
     sys.stdout.write(summary(argv[0], argv[1] if len(argv) > 1 else "main"))
     return 0

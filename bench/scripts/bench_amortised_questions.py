@@ -1,6 +1,6 @@
 """Amortised TTFT of several questions on one video (CPU): the visual prefix's KV cache reused.
 
-    python bench/amortised_questions.py [--frames 64] [--questions 4] [--rounds 5]
+    python bench/scripts/bench_amortised_questions.py [--frames 64] [--questions 4] [--rounds 5]
                                         [--out bench/results/amortised_questions_cpu_tiny.json]
 
 The ``tiny`` preset (shipped routers), ``--frames`` random frames, ``--questions`` different
@@ -20,10 +20,9 @@ import statistics
 import sys
 from typing import Dict, List, Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]   # the package and the harness, run as a file
+RESULTS = os.path.join(ROOT, "bench", "results")
 
 QUESTIONS = ["Which color is the square in the video?", "What shape is the red object?",
              "Is there a star in the video?", "Which color is the background?",
@@ -37,7 +36,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-new-tokens", type=int, default=8)
-    ap.add_argument("--out", default=os.path.join(HERE, "results",
+    ap.add_argument("--out", default=os.path.join(RESULTS,
                                                   "amortised_questions_cpu_tiny.json"))
     args = ap.parse_args(argv)
     import torch

@@ -1,6 +1,6 @@
 """Load test of ``videorouter serve`` on the loopback address: bounded, self-stopping, checked.
 
-    python bench/bench_serve.py [--requests 200] [--concurrency 16] [--frames 8]
+    python bench/scripts/bench_serve.py [--requests 200] [--concurrency 16] [--frames 8]
                                 [--time-limit 600] [--out bench/results/serve_cpu_tiny.json]
 
 Starts ``videorouter serve`` (tiny model, a temporary media directory holding the bundled sample
@@ -44,7 +44,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "vr_runtime" / "assets" / "sample.mp4"
 QUESTIONS = ("What shape is the red object?", "What color is the background?",
              "How many objects are there?")

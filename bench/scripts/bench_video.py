@@ -1,10 +1,10 @@
 """Video input cost: peak host memory (RSS) and wall time of ``load_video`` by source resolution
 and decoder (CPU figures).
 
-    python bench/bench_video.py              # 448p, 1080p and 4K H.264, 32 frames, each decoder
-    python bench/bench_video.py --frames 64 --seconds 8
-    python bench/bench_video.py ttf              # time to frames of long clips, by method
-    python bench/bench_video.py nvdec            # NVDEC (torchcodec) against the CPU decoders
+    python bench/scripts/bench_video.py              # 448p, 1080p and 4K H.264, 32 frames, each decoder
+    python bench/scripts/bench_video.py --frames 64 --seconds 8
+    python bench/scripts/bench_video.py ttf              # time to frames of long clips, by method
+    python bench/scripts/bench_video.py nvdec            # NVDEC (torchcodec) against the CPU decoders
 
 Each case runs in a fresh subprocess so its peak RSS (``ru_maxrss``) is its own; the table gives
 the peak above the process's RSS after the imports (torch, PyAV, decord), i.e. what decoding and
@@ -21,8 +21,9 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]   # the package and the harness, run as a file
+RESULTS = os.path.join(ROOT, "bench", "results")
 
 from common import environment, finish, markdown_table  # noqa: E402
 from vr_runtime.video import decoders  # noqa: E402
@@ -57,7 +58,7 @@ def parse_any(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--frames", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=4.0)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
+    ap.add_argument("--out", default=os.path.join(RESULTS,
                                                   "video_cpu.json"))
     return ap.parse_args(argv)
 
@@ -74,8 +75,7 @@ def main(argv=None) -> int:
     from vr_runtime.video.load import estimate_memory
     decoders = available_decoders()
     rows = []
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1")
     with tempfile.TemporaryDirectory() as d:
         for name, (w, h) in SOURCES.items():
@@ -197,7 +197,7 @@ def ttf_args(argv):
     ap.add_argument("--frames", default="16,32,64,256")
     ap.add_argument("--cache", default=os.environ.get(
         "VIDEOROUTER_BENCH_CACHE", os.path.expanduser("~/.cache/videorouter-bench")))
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
+    ap.add_argument("--out", default=os.path.join(RESULTS,
                                                   "video_ttf_cpu.json"))
     args = ap.parse_args(argv)
     bad = [c for c in args.clips.split(",") if c not in TTF_CLIPS]
@@ -314,7 +314,7 @@ def nvdec_args(argv):
     ap.add_argument("--frames", default="64,2048", help="comma list of sampled frame counts")
     ap.add_argument("--cache", default=os.environ.get(
         "VIDEOROUTER_BENCH_CACHE", os.path.expanduser("~/.cache/videorouter-bench")))
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
+    ap.add_argument("--out", default=os.path.join(RESULTS,
                                                   "video_nvdec.json"))
     args = ap.parse_args(argv)
     try:

@@ -1,4 +1,4 @@
-"""Tables, results files and the plot for bench/bench_e2e.py.
+"""Tables, results files and the plot for bench/scripts/bench_e2e.py.
 
 A *row* is a flat dict (see ``bench_e2e.measure``): sweep, policy, label, frames, budget, batch,
 visual_tokens, router_s, vision_compress_s, prefill_s, ttft_s, generate_s, peak_mem_gb,

@@ -1,10 +1,10 @@
 """End-to-end latency and memory of VideoRouter against its baselines (paper table
 `latency_breakdown`), measured side by side in one run on one device.
 
-    python bench/bench_e2e.py                        # GPU: InternVL3-8B shape, 64 frames, budget 12,288
-    python bench/bench_e2e.py --sweep all            # + frames, budget and batch sweeps
-    python bench/bench_e2e.py --cpu                  # CPU figures: the tiny preset, 8 frames
-    python bench/bench_e2e.py --model /ckpt/InternVL3-8B-hf --routers routers.safetensors
+    python bench/scripts/bench_e2e.py                        # GPU: InternVL3-8B shape, 64 frames, budget 12,288
+    python bench/scripts/bench_e2e.py --sweep all            # + frames, budget and batch sweeps
+    python bench/scripts/bench_e2e.py --cpu                  # CPU figures: the tiny preset, 8 frames
+    python bench/scripts/bench_e2e.py --model /ckpt/InternVL3-8B-hf --routers routers.safetensors
 
 Rows (one VideoRouter.answer call each, on the same random video tensor):
   Dense                     every frame at full resolution, no budget
@@ -68,17 +68,14 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-HERE = pathlib.Path(__file__).resolve().parent
-ROOT = HERE.parent
-for p in (str(HERE), str(ROOT)):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]   # the package and the harness, run as a file
 
 import torch  # noqa: E402
 
 import common  # noqa: E402  (bench/common.py: environment, device name, results writing)
-import e2e_memory  # noqa: E402
-import e2e_report  # noqa: E402
+from models import e2e_memory  # noqa: E402
+from report import e2e_report  # noqa: E402
 
 CONFIGS = ROOT / "vr_runtime" / "configs"
 SHAPES = ("tiny", "1b", "2b", "8b")
@@ -774,7 +771,7 @@ def main(argv=None) -> int:
     env["driver"] = e2e_memory.nvml_driver_version()
     tag = device_tag(device)
     shape_tag = args.shape or (pathlib.Path(args.config).stem if args.config else "model")
-    stem = pathlib.Path(args.out) if args.out else HERE / "results" / f"e2e_{tag}_{shape_tag}"
+    stem = pathlib.Path(args.out) if args.out else ROOT / "bench" / "results" / f"e2e_{tag}_{shape_tag}"
     targets = check_targets(rows, args, not cpu)
     settings = dict(
         shape=shape_name(args), config=shape_config(args), model=args.model, routers=args.routers,
@@ -886,7 +883,7 @@ def markdown_block(main_rows, rows, cpu, title, label, settings=None, env=None) 
         out += ["", f"batch sweep ({brows[0].get('batch_mode')}):", "", batch_markdown(brows, cpu)]
     if cpu:
         out += ["", "GPU (InternVL3-8B shape, 64 frames, budget 12,288): pending -- run "
-                "`python bench/bench_e2e.py --sweep all` on an H100/H200.", "",
+                "`python bench/scripts/bench_e2e.py --sweep all` on an H100/H200.", "",
                 e2e_report.pending_markdown("NVIDIA H100 / H200", "pending: no GPU in this session")]
     out += ["", f"Reference ({e2e_report.PAPER_NOTE}):", "", e2e_report.paper_table(markdown=True)]
     return "\n".join(out)

@@ -14,11 +14,11 @@ prefilled and ``--new-tokens`` greedy tokens are decoded with no stop id, ``--ru
 
 Usage (GPU, the InternVL3-8B shape, bf16)::
 
-    PYTHONPATH=.:bench python bench/bench_decode.py --out $OUT/decode_gpu_8b.json
+    PYTHONPATH=.:bench python bench/scripts/bench_decode.py --out $OUT/decode_gpu_8b.json
 
 CPU smoke (tiny preset)::
 
-    python bench/bench_decode.py --cpu --shape tiny --prompt-tokens 200 --new-tokens 8 --runs 1
+    python bench/scripts/bench_decode.py --cpu --shape tiny --prompt-tokens 200 --new-tokens 8 --runs 1
 """
 from __future__ import annotations
 
@@ -32,13 +32,12 @@ from typing import List
 
 import torch
 
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]   # the package and the harness, run as a file
 
 import common  # noqa: E402
 
-CONFIGS = HERE.parent / "vr_runtime" / "configs"
+CONFIGS = ROOT / "vr_runtime" / "configs"
 GOAL_MS = 7.0   # the goal: <= 7 ms a token at the 8B shape on an H100
 
 
@@ -166,7 +165,7 @@ def main(argv=None) -> int:
                              runs=args.runs, warmup=args.warmup,
                              goal_ms_per_token=None if args.cpu else GOAL_MS),
                rows=rows)
-    out = args.out or str(HERE / "results" / f"decode_{'cpu' if args.cpu else 'gpu'}_"
+    out = args.out or str(ROOT / "bench" / "results" / f"decode_{'cpu' if args.cpu else 'gpu'}_"
                                             f"{args.shape}.json")
     md = (f"### Decoding per token: {env['device']} | {args.shape} shape, "
           f"{doc['settings']['dtype']}, prompt {args.prompt_tokens:,} tokens\n\n*{label}.* "

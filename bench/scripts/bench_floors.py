@@ -1,7 +1,7 @@
 """FLOP and byte floors per stage at the InternVL3-8B shape, counted from the configs (MODEL
 figures, nothing measured), beside the one H100 measurement and the goals.
 
-    python bench/floors.py [--out bench/results/floors_8b_model.json]
+    python bench/scripts/bench_floors.py [--out bench/results/floors_8b_model.json]
 
 * Weights: counted from ``vr_runtime/configs/internvl3_8b.json`` by building the model on the
   ``meta`` device (no memory): vision tower, projector, language model, LM head; the routers'
@@ -26,10 +26,9 @@ import os
 import sys
 from typing import Dict, List, Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]   # the package and the harness, run as a file
+RESULTS = os.path.join(ROOT, "bench", "results")
 
 CONFIG = os.path.join(ROOT, "vr_runtime", "configs", "internvl3_8b.json")
 FRAMES, BUDGET, TEXT = 64, 12288, 180
@@ -86,7 +85,7 @@ def counted_weights(cfg: dict) -> Dict[str, int]:
 
 def main(argv: Optional[List[str]] = None) -> Dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "floors_8b_model.json"))
+    ap.add_argument("--out", default=os.path.join(RESULTS, "floors_8b_model.json"))
     args = ap.parse_args(argv)
     import torch
 
@@ -218,7 +217,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     ]
     md = ["# FLOP and byte floors per stage, InternVL3-8B shape (model, not measured)", "",
           f"Model figures from the configs; computed {env['date_utc']}, command: "
-          f"`python bench/floors.py`.", ""] + [f"> {n}" for n in notes] + [
+          f"`python bench/scripts/bench_floors.py`.", ""] + [f"> {n}" for n in notes] + [
           "", "## Goals: model, the one H100 measurement, the goal", "",
           markdown_table(goal_rows, ["row", "model", "h100_2026_11_24", "goal", "gpu_run",
                                      "measured_by"],

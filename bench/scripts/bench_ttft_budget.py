@@ -1,8 +1,8 @@
 """Latency-budgeted routing on CPU (the target: "the measured TTFT is within the target in >= 90% of
 runs across a range of targets"): ``answer(ttft_budget_s=target)`` with the tiny preset.
 
-    python bench/bench_ttft_budget.py                       # 16 frames, 7 targets x 8 runs, 1 thread
-    python bench/bench_ttft_budget.py --runs 3 --targets 0.25,0.4 --out /tmp/x.json
+    python bench/scripts/bench_ttft_budget.py                       # 16 frames, 7 targets x 8 runs, 1 thread
+    python bench/scripts/bench_ttft_budget.py --runs 3 --targets 0.25,0.4 --out /tmp/x.json
 
 For each policy (global: the vision tower sees only the kept frames, so the budget moves the
 vision cost too; fragment: the shipped routers on the bundled sample clip) it first measures the
@@ -19,11 +19,8 @@ import random
 import statistics
 import sys
 
-HERE = pathlib.Path(__file__).resolve().parent
-ROOT = HERE.parent
-for p in (str(HERE), str(ROOT)):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]   # the package and the harness, run as a file
 
 import torch  # noqa: E402
 

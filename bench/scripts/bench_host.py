@@ -1,6 +1,6 @@
 """Host time of one ``pool_pack`` call before its launch, on one CPU thread.
 
-    python bench/bench_host.py [--out bench/results/host_cpu.json] [--before COMMIT] [--n 2000]
+    python bench/scripts/bench_host.py [--out bench/results/host_cpu.json] [--before COMMIT] [--n 2000]
 
 What is timed: ``pool_pack(frames, scales, out=embeds2d, dest=dest, backend="triton")`` (the
 runtime's call) and the packed form without ``out``, with the kernel launch replaced by a no-op,
@@ -35,8 +35,8 @@ from typing import Dict, List, Optional
 os.environ["TRITON_INTERPRET"] = "1"
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RESULTS = os.path.join(ROOT, "bench", "results")
 TARGETS_US = {("hit", 64): 15.0, ("hit", 1024): 60.0, ("miss", 64): 100.0}
 WINDOWS = [0, 1, 2, 4, 8]
 GRID = (16, 16)
@@ -113,7 +113,7 @@ def _before(commit: str, n: int) -> List[Dict]:
 
 def main(argv: Optional[List[str]] = None) -> Dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default=os.path.join(HERE, "results", "host_cpu.json"))
+    p.add_argument("--out", default=os.path.join(RESULTS, "host_cpu.json"))
     p.add_argument("--n", type=int, default=2000, help="calls per scenario")
     p.add_argument("--before", default="21b719f", help="commit to compare with ('' to skip)")
     p.add_argument("--measure-only", default=None, help=argparse.SUPPRESS)
@@ -123,8 +123,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
             json.dump(measure(args.n), f)
         return {}
 
-    sys.path.insert(0, ROOT)
-    sys.path.insert(0, HERE)
+    sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]   # the package and the harness
     from common import environment, environment_line, finish, markdown_table
     import torch
     torch.set_num_threads(1)

@@ -1,6 +1,6 @@
 """The TTFT cost model (``vr_runtime.planning.cost_model``): CPU validation and the predicted H100 table.
 
-    python bench/cost_model.py [--out bench/results/cost_model.json] [--rep 3]
+    python bench/scripts/bench_cost_model.py [--out bench/results/cost_model.json] [--rep 3]
 
 1. Calibrates this CPU (1 thread, fp32: matmul rate, copy bandwidth, per-operator overhead).
 2. Validation: builds two models with random weights and times each TTFT stage directly (no
@@ -28,10 +28,9 @@ from typing import Dict, List, Optional
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]   # the package and the harness, run as a file
+RESULTS = os.path.join(ROOT, "bench", "results")
 
 from common import environment, environment_line, finish, markdown_table  # noqa: E402
 from vr_runtime.planning.cost_model import DEVICES, cpu_device, predict_ttft  # noqa: E402
@@ -186,7 +185,7 @@ def paper_table() -> List[Dict]:
 
 def main(argv: Optional[List[str]] = None) -> Dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default=os.path.join(HERE, "results", "cost_model.json"))
+    p.add_argument("--out", default=os.path.join(RESULTS, "cost_model.json"))
     p.add_argument("--rep", type=int, default=3)
     p.add_argument("--no-validate", action="store_true")
     args = p.parse_args(argv)

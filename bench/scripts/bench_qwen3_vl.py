@@ -1,7 +1,7 @@
 """Qwen3-VL: the cost model's TTFT table for Qwen3-VL-8B (a *model*, not a measurement) and
 CPU TTFT by policy for the tiny-qwen3-vl preset (measured).
 
-    python bench/bench_qwen3_vl.py [--out bench/results/qwen3_vl] [--runs 3]
+    python bench/scripts/bench_qwen3_vl.py [--out bench/results/qwen3_vl] [--runs 3]
 
 1. Model: ``vr_runtime.planning.cost_model.predict_ttft`` with Qwen3VLBackbone.cost_shape of
    ``vr_runtime/configs/qwen3_vl_8b.json`` on the nominal H100 and H200 specs: 128 sampled
@@ -26,9 +26,8 @@ import sys
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]   # the package and the harness, run as a file
 
 from common import environment, environment_line, markdown_table  # noqa: E402
 
@@ -99,11 +98,11 @@ def cpu_rows(runs: int):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "qwen3_vl"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "qwen3_vl"))
     ap.add_argument("--runs", type=int, default=3)
     a = ap.parse_args(argv)
     env = environment(torch.device("cpu"))
-    model = model_rows(os.path.join(os.path.dirname(HERE), "vr_runtime", "configs",
+    model = model_rows(os.path.join(ROOT, "vr_runtime", "configs",
                                     "qwen3_vl_8b.json"))
     cpu = cpu_rows(a.runs)
     res = {"environment": env, "model_qwen3_vl_8b": model, "cpu_tiny_qwen3_vl": cpu}

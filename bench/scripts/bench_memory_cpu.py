@@ -1,6 +1,6 @@
 """Activation memory of one request on CPU: Dense against the compressed paths (tiny model).
 
-    python bench/memory_cpu.py [--frames 256] [--out bench/results/memory_cpu_tiny_256.json]
+    python bench/scripts/bench_memory_cpu.py [--frames 256] [--out bench/results/memory_cpu_tiny_256.json]
 
 Each row runs in a fresh process (so the resident figures are its own): the ``tiny`` preset with
 its shipped routers, one warm-up answer of the same policy on 8 frames (lazy initialisation is
@@ -30,10 +30,9 @@ import subprocess
 import sys
 from typing import Dict, List, Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]   # the package and the harness, run as a file
+RESULTS = os.path.join(ROOT, "bench", "results")
 
 ROWS = {"dense": "Dense", "global": "Global (s=2, fitted)", "vr24": "VideoRouter (s=2,4)"}
 QUESTION = "Which color is the square in the video?"
@@ -86,7 +85,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--chunk-size", type=int, default=16, help="frames per vision-tower call")
     ap.add_argument("--rows", default="dense,global,vr24")
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "memory_cpu_tiny_256.json"))
+    ap.add_argument("--out", default=os.path.join(RESULTS, "memory_cpu_tiny_256.json"))
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one:

@@ -1,0 +1,2 @@
+"""Turning results into text: the end-to-end tables and plot, the GPU run's summary, and
+pytest-benchmark's JSON as a markdown table. The shared table helpers are in bench/common.py."""
