@@ -1,7 +1,8 @@
 """Shared benchmark utilities: environment description, timing, byte-count bandwidth, results files.
 
 Every script under ``bench/`` takes its environment, tables and results files from here (one
-``environment()``, one ``markdown_table``, one ``finish`` that writes and prints); nothing here is
+``environment()``, one ``markdown_table``, one ``finish`` that writes and prints, and
+``report``, the title-environment-notes-tables page most of them end with); nothing here is
 specific to one benchmark.
 
 Timing rules:
@@ -36,7 +37,7 @@ from vr_runtime.data.atomic import write_files_atomically
 __all__ = [
     "Timing", "device_name", "environment", "time_fn", "gbps", "write_results",
     "markdown_table", "markdown_grid", "environment_line", "finish", "command_line", "has_cuda",
-    "warm_clocks", "cache_bytes", "rotation_count", "time_kernel", "spread",
+    "warm_clocks", "cache_bytes", "rotation_count", "time_kernel", "spread", "report",
 ]
 
 
@@ -286,6 +287,46 @@ def _graph_time(fns, device, rep: int):
     return times
 
 
+def _warm_with_setup(fns, setup, warm_s: float, sync) -> Dict[str, float]:
+    """``warm_clocks`` for calls that each need their setup first: warmed by hand."""
+    t0, calls = time.perf_counter(), 0
+    while calls < len(fns) or time.perf_counter() - t0 < warm_s:
+        setup(calls)
+        fns[calls % len(fns)]()
+        calls += 1
+        if calls % len(fns) == 0:
+            sync()
+    sync()
+    return {"calls": calls, "seconds": time.perf_counter() - t0}
+
+
+def _eager_reps(fns, device: torch.device, rep: int, setup, flush_l2: bool):
+    """(host s, CUDA-event s) of ``rep`` eager calls; on CPU the event list stays empty."""
+    host, events = [], []
+    for i in range(rep):
+        if setup is not None:
+            setup(i)
+        fn = fns[i % len(fns)]
+        if device.type == "cuda":
+            if flush_l2:
+                _flush_l2(device)
+            torch.cuda._sleep(200_000)  # ~0.1 ms of GPU time: the launch below is queued behind it
+            a = torch.cuda.Event(enable_timing=True)
+            b = torch.cuda.Event(enable_timing=True)
+            a.record()
+            t = time.perf_counter()
+            fn()
+            host.append(time.perf_counter() - t)
+            b.record()
+            b.synchronize()
+            events.append(a.elapsed_time(b) / 1e3)
+        else:
+            t = time.perf_counter()
+            fn()
+            host.append(time.perf_counter() - t)
+    return host, events
+
+
 def time_kernel(fns: Sequence[Callable[[], object]], *, device: Optional[torch.device] = None,
                 rep: int = 30, warm_s: float = 0.2, graph: bool = True, flush_l2: bool = False,
                 setup: Optional[Callable[[int], object]] = None) -> Timing:
@@ -324,40 +365,9 @@ def time_kernel(fns: Sequence[Callable[[], object]], *, device: Optional[torch.d
     first = time.perf_counter() - t0
     if setup is None:
         warm = warm_clocks(fns, device=device, seconds=warm_s) if warm_s > 0 else {"calls": 0, "seconds": 0.0}
-    else:  # each call needs its setup: warm by hand
-        warm, t0, calls = {}, time.perf_counter(), 0
-        while calls < len(fns) or time.perf_counter() - t0 < warm_s:
-            setup(calls)
-            fns[calls % len(fns)]()
-            calls += 1
-            if calls % len(fns) == 0:
-                sync()
-        sync()
-        warm = {"calls": calls, "seconds": time.perf_counter() - t0}
-
-    host, events = [], []
-    for i in range(max(1, rep)):
-        if setup is not None:
-            setup(i)
-        fn = fns[i % len(fns)]
-        if cuda:
-            if flush_l2:
-                _flush_l2(device)
-            torch.cuda._sleep(200_000)  # ~0.1 ms of GPU time: the launch below is queued behind it
-            a = torch.cuda.Event(enable_timing=True)
-            b = torch.cuda.Event(enable_timing=True)
-            a.record()
-            t = time.perf_counter()
-            fn()
-            host.append(time.perf_counter() - t)
-            b.record()
-            b.synchronize()
-            events.append(a.elapsed_time(b) / 1e3)
-        else:
-            t = time.perf_counter()
-            fn()
-            host.append(time.perf_counter() - t)
-
+    else:
+        warm = _warm_with_setup(fns, setup, warm_s, sync)
+    host, events = _eager_reps(fns, device, max(1, rep), setup, flush_l2)
     graph_times, note = None, None
     if not cuda:
         note = "CPU: no CUDA graphs; the host clock times each (synchronous) call"
@@ -454,3 +464,17 @@ def finish(path: str, payload: Dict[str, object], markdown: str, *, show: bool =
         print(markdown)
     print(f"wrote {path}")
     return path
+
+
+def report(out: str, title: str, env: Dict[str, object], notes: List[str], body: List[str], *,
+           label: str, head: Optional[List[str]] = None, show: bool = True,
+           **fields) -> Dict[str, object]:
+    """The ending most benchmarks share, written once: the markdown page (``title``, ``head``
+    (default: the environment line), the notes as quotes, then ``body``'s lines) and the
+    payload (environment, label, notes, then ``fields``), written and printed by ``finish``.
+    Returns the payload."""
+    head = [environment_line(env)] if head is None else head
+    md = [title, ""] + head + [""] + [f"> {n}" for n in notes] + [""] + list(body)
+    payload = dict(environment=env, label=label, notes=notes, **fields)
+    finish(out, payload, "\n".join(md), show=show)
+    return payload

@@ -139,11 +139,11 @@ def test_top_level_modules():
     assert len(mods) <= MAX_TOP_LEVEL_MODULES, mods
 
 
-def _functions(paths):
+def _functions(paths, root=ROOT):
     for p in paths:
         for node in ast.walk(ast.parse(p.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                yield f"{p.relative_to(ROOT)}:{node.lineno} {node.name}", \
+                yield f"{p.relative_to(root)}:{node.lineno} {node.name}", \
                     node.end_lineno - node.lineno + 1
 
 
@@ -153,6 +153,80 @@ def test_functions_are_short():
     long = {k: n for k, n in lengths.items() if n > LONG}
     assert not too_long, too_long
     assert len(long) <= MAX_LONG, long
+
+
+# bench/ and scripts/: a benchmark is one short script over the shared harness, and a tool
+# script reads the same way. "Top-level files" are the entries directly in bench/ that are
+# files (a folder such as bench/scripts/ or bench/results/ is not one); hidden entries and
+# caches are not part of the tree.
+MAX_BENCH_TOP_FILES = 12
+TOOL_DIRS = ("bench", "scripts")
+SH_FUNC = re.compile(r"^(\s*)(?:function\s+)?([A-Za-z_][\w-]*)\s*\(\)\s*\{(.*)$")
+
+
+def top_level_files(folder: pathlib.Path):
+    return sorted(p.name for p in folder.iterdir()
+                  if p.is_file() and not p.name.startswith(".") and p.suffix != ".pyc")
+
+
+def sh_functions(name: str, text: str):
+    """(name:line function, lines) of each shell function written ``f() {`` ... ``}``, the
+    closing brace alone on its line at the opening line's indent (or on the opening line)."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = SH_FUNC.match(line)
+        if not m:
+            continue
+        indent, fname, rest = m.groups()
+        if rest.rstrip().endswith("}"):
+            yield f"{name}:{i + 1} {fname}", 1
+            continue
+        end = next((j for j in range(i + 1, len(lines)) if lines[j].rstrip() == indent + "}"),
+                   None)
+        if end is None:
+            raise AssertionError(f"{name}:{i + 1} {fname}: no closing brace at its indent")
+        yield f"{name}:{i + 1} {fname}", end - i + 1
+
+
+def _tool_files(suffix):
+    return [p for d in TOOL_DIRS for p in (ROOT / d).rglob(f"*{suffix}")
+            if "__pycache__" not in p.parts and "results" not in p.relative_to(ROOT).parts]
+
+
+def test_the_top_level_count_sees_only_files(tmp_path):
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / ".pytest_cache").mkdir()
+    for name in ("a.py", "b.sh", "README.md", ".hidden"):
+        (tmp_path / name).write_text("")
+    assert top_level_files(tmp_path) == ["README.md", "a.py", "b.sh"]
+
+
+def test_bench_holds_few_top_level_files():
+    files = top_level_files(ROOT / "bench")
+    assert len(files) <= MAX_BENCH_TOP_FILES, files
+
+
+def test_the_shell_function_length_sees_a_long_function():
+    body = "\n".join(f"    echo {i}" for i in range(TOO_LONG))
+    text = f"short() {{ echo hi; }}\nlong() {{  # a comment\n{body}\n}}\nx=1\n"
+    assert dict(sh_functions("t.sh", text)) == {"t.sh:1 short": 1, "t.sh:2 long": TOO_LONG + 2}
+
+
+def test_the_python_function_length_sees_a_long_function(tmp_path):
+    p = tmp_path / "bench_x.py"
+    p.write_text("def f():\n" + "    x = 1\n" * TOO_LONG)
+    (k, n), = _functions([p], root=tmp_path)
+    assert k == "bench_x.py:1 f" and n == TOO_LONG + 1 > TOO_LONG
+
+
+def test_bench_and_scripts_functions_are_short():
+    lengths = dict(_functions(_tool_files(".py")))
+    for p in _tool_files(".sh"):
+        lengths.update(sh_functions(str(p.relative_to(ROOT)), p.read_text()))
+    assert any(k.startswith("bench/scripts/bench_e2e.py") for k in lengths)
+    assert any(k.startswith("bench/gpu_run.sh") for k in lengths)
+    too_long = {k: n for k, n in lengths.items() if n > TOO_LONG}
+    assert not too_long, too_long
 
 
 def test_the_issue_pattern():

@@ -1,6 +1,6 @@
 """Tables, results files and the plot for bench/scripts/bench_e2e.py.
 
-A *row* is a flat dict (see ``bench_e2e.measure``): sweep, policy, label, frames, budget, batch,
+A *row* is a flat dict (see ``models/e2e_measure.py``): sweep, policy, label, frames, budget, batch,
 visual_tokens, router_s, vision_compress_s, prefill_s, ttft_s, generate_s, peak_mem_gb,
 nvml_peak_gb, ttft_x_dense, mem_x_dense, error, ... Ratios to Dense are always taken against
 the Dense row of the same sweep point in the same run.
@@ -8,6 +8,7 @@ the Dense row of the same sweep point in the same run.
 from __future__ import annotations
 
 import csv
+import json
 import math
 import pathlib
 from typing import Iterable, List, Optional
@@ -201,3 +202,95 @@ def plot(path: pathlib.Path, rows: Iterable[dict], title: str, cpu: bool) -> Opt
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def batch_text(rows) -> str:
+    lines = ["Method  B  mode  visual tokens  total s  per video s  peak GB"]
+    for r in rows:
+        if r.get("error"):
+            lines.append(f"{r['label']}  {r['batch']}  {r['error']}")
+        else:
+            pk = "-" if r.get("peak_mem_gb") is None else f"{r['peak_mem_gb']:.2f}"
+            lines.append(f"{r['label']}  {r['batch']}  {r['batch_mode']}  {r['visual_tokens']:,}  "
+                         f"{r['total_s']:.3f}  {r['per_video_s']:.3f}  {pk}")
+    return "\n".join(lines)
+
+
+def settings_line(st: dict, env: dict) -> str:
+    """One paragraph with what a reader needs to interpret the table."""
+    ml = st.get("max_length")
+    parts = [
+        f"{st['shape']}, {st['dtype']}, attention {st.get('attn_implementation')}",
+        f"{st['frames']} frames, visual budget {st['budget']:,}"
+        + (f" (max_length {ml:,} = budget + {st['text_tokens']} text + {st['max_new_tokens']} "
+           f"new + {st['margin']} margin)" if ml else ""),
+        f"relevance: {st['relevance']}",
+        f"routers: {st['router_mode']}, shadow stack {st.get('router_layers')} "
+        f"layer(s), router_pool {st.get('router_pool')}",
+        f"median of {st['runs']} runs after {st['warmup']} warm-up",
+        f"memory: {st['memory']}",
+        f"torch {env.get('torch')}, transformers {env.get('transformers')}, triton "
+        f"{env.get('triton')}, CUDA {env.get('cuda')}, driver {env.get('driver')}",
+        f"{env.get('date_utc')}",
+        f"`{env.get('command')}`",
+    ]
+    if st.get("cpu_threads"):
+        parts.insert(5, f"{st['cpu_threads']} CPU thread(s)")
+    return "; ".join(parts) + "."
+
+
+def markdown_block(main_rows, rows, cpu, title, label, settings=None, env=None) -> str:
+    out = [f"### {title}", "", f"*{label}.* Median of the timed runs; ratios to Dense from the same run."]
+    if settings is not None:
+        out += ["", settings_line(settings, env or {})]
+    out += ["", markdown_table(main_rows, cpu)]
+    for sweep in ("frames", "budget"):
+        srows = [r for r in rows if r["sweep"] == sweep]
+        if srows:
+            out += ["", f"{sweep} sweep:", "", markdown_table(
+                [dict(r, label=f"{r['label']} (T={r['frames']}, B={r['budget']:,})") for r in srows], cpu)]
+    brows = [r for r in rows if r["sweep"] == "batch"]
+    if brows:
+        out += ["", f"batch sweep ({brows[0].get('batch_mode')}):", "", batch_markdown(brows, cpu)]
+    if cpu:
+        out += ["", "GPU (InternVL3-8B shape, 64 frames, budget 12,288): pending -- run "
+                "`python bench/scripts/bench_e2e.py --sweep all` on an H100/H200.", "",
+                pending_markdown("NVIDIA H100 / H200", "pending: no GPU in this session")]
+    out += ["", f"Reference ({PAPER_NOTE}):", "", paper_table(markdown=True)]
+    return "\n".join(out)
+
+
+def batch_markdown(rows, cpu) -> str:
+    mem = "Peak RSS GB (CPU)" if cpu else "Peak mem GB"
+    out = [f"| Method | Videos | Visual tokens (all) | Total s | Per video s | {mem} |",
+           "|:--|--:|--:|--:|--:|--:|"]
+    for r in rows:
+        if r.get("error"):
+            out.append(f"| {r['label']} | {r['batch']} | {r['error']} | | | |")
+            continue
+        pk = "-" if r.get("peak_mem_gb") is None else f"{r['peak_mem_gb']:.2f}"
+        out.append(f"| {r['label']} | {r['batch']} | {r['visual_tokens']:,} | {r['total_s']:.3f} | "
+                   f"{r['per_video_s']:.3f} | {pk} |")
+    return "\n".join(out)
+
+
+def print_run(rows, cpu, label, title, targets, md, files) -> None:
+    """The end of a run on stdout: the tables, the paper's, the targets, the markdown for
+    BENCHMARKS.md and the files written."""
+    main_rows = [r for r in rows if r["sweep"] == "main"]
+    print()
+    print(f"== {label}: {title}")
+    print(text_table(main_rows, cpu))
+    for sweep in ("frames", "budget", "batch"):
+        srows = [r for r in rows if r["sweep"] == sweep]
+        if srows:
+            print(f"\n== {sweep} sweep")
+            print(batch_text(srows) if sweep == "batch" else text_table(
+                [dict(r, label=f"{r['label']} (T={r['frames']}, B={r['budget']:,})") for r in srows], cpu))
+    print(f"\n== reference: {PAPER_NOTE}")
+    print(paper_table())
+    print("\n== targets: " + json.dumps({k: v for k, v in targets.items() if k != "targets"},
+                                        default=str))
+    print("\n== markdown for BENCHMARKS.md\n")
+    print(md)
+    print("\nwrote " + ", ".join(str(f) for f in files))

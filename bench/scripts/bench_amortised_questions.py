@@ -36,12 +36,11 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-new-tokens", type=int, default=8)
-    ap.add_argument("--out", default=os.path.join(RESULTS,
-                                                  "amortised_questions_cpu_tiny.json"))
+    ap.add_argument("--out", default=os.path.join(RESULTS, "amortised_questions_cpu_tiny.json"))
     args = ap.parse_args(argv)
     import torch
 
-    from common import environment, environment_line, finish, markdown_table
+    from common import environment, markdown_table, report
     from vr_runtime.runtime import VideoRouter
     torch.set_num_threads(args.threads)
     qs = QUESTIONS[:args.questions]
@@ -99,20 +98,17 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         "rest), later ones only the rest.",
         f"Answers of the two modes token for token identical: {same}.",
     ]
-    md = ["# Amortised TTFT per question, one video, prefix cache off / on (CPU, tiny)", "",
-          environment_line(env), ""] + [f"> {n}" for n in notes] + ["",
-          markdown_table(rows, ["question", "prefix", "ttft_off_s", "ttft_on_s", "prefill_off_s",
-                                "prefill_on_s", "vision_off_s", "vision_on_s"],
-                         ["question #", "prefix (on)", "TTFT off s", "TTFT on s",
-                          "prefill off s", "prefill on s", "vision off s", "vision on s"]),
-          "", f"Amortised TTFT per question ({args.questions} questions): off "
-              f"{amort['off']:.4f} s, on {amort['on']:.4f} s ({summary['amortised_ratio']:.2f}x); "
-              f"questions 2..{args.questions}: off {later['off']:.4f} s, on {later['on']:.4f} s."]
-    payload = dict(environment=env, label="CPU", notes=notes, rows=rows, summary=summary,
-                   settings=dict(frames=args.frames, questions=qs, rounds=args.rounds,
-                                 threads=args.threads, max_new_tokens=args.max_new_tokens))
-    finish(args.out, payload, "\n".join(md))
-    return payload
+    body = [markdown_table(rows, ["question", "prefix", "ttft_off_s", "ttft_on_s", "prefill_off_s",
+                                  "prefill_on_s", "vision_off_s", "vision_on_s"],
+                           ["question #", "prefix (on)", "TTFT off s", "TTFT on s",
+                            "prefill off s", "prefill on s", "vision off s", "vision on s"]),
+            "", f"Amortised TTFT per question ({args.questions} questions): off "
+                f"{amort['off']:.4f} s, on {amort['on']:.4f} s ({summary['amortised_ratio']:.2f}x); "
+                f"questions 2..{args.questions}: off {later['off']:.4f} s, on {later['on']:.4f} s."]
+    return report(args.out, "# Amortised TTFT per question, one video, prefix cache off / on (CPU, tiny)",
+                  env, notes, body, label="CPU", rows=rows, summary=summary,
+                  settings=dict(frames=args.frames, questions=qs, rounds=args.rounds,
+                                threads=args.threads, max_new_tokens=args.max_new_tokens))
 
 
 if __name__ == "__main__":

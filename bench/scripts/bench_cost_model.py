@@ -32,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]   # the package and the harness, run as a file
 RESULTS = os.path.join(ROOT, "bench", "results")
 
-from common import environment, environment_line, finish, markdown_table  # noqa: E402
+from common import environment, environment_line, markdown_table, report  # noqa: E402
 from vr_runtime.planning.cost_model import DEVICES, cpu_device, predict_ttft  # noqa: E402
 
 # The paper's Table (latency breakdown, InternVL3-8B, 64 frames): method, visual tokens, router s,
@@ -203,13 +203,13 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         "H100/H200 rows are the MODEL, NOT MEASURED: nominal dense bf16 rate x 0.7 and HBM bandwidth x 0.9, "
         "fused attention, text 180 tokens; the paper's own figures are beside them.",
     ]
-    md = ["# TTFT cost model (vr_runtime/planning/cost_model.py)", "",
-          environment_line(env), "",
-          f"CPU calibration: {dev.flops / 1e9:.1f} GFLOP/s fp32 matmul, {dev.bandwidth / 1e9:.1f} GB/s copy, "
+    head = [environment_line(env), "",
+            f"CPU calibration: {dev.flops / 1e9:.1f} GFLOP/s fp32 matmul, {dev.bandwidth / 1e9:.1f} GB/s copy, "
           f"{dev.op_overhead_s * 1e6:.1f} us per operator, {dev.pack_call_s * 1e6:.1f} us per pool_pack call "
-          f"(host), {dev.cache_bandwidth / 1e9:.1f} GB/s in cache", ""] + [f"> {n}" for n in notes]
+            f"(host), {dev.cache_bandwidth / 1e9:.1f} GB/s in cache"]
+    body = []
     if val:
-        md += ["", "## CPU validation: predicted vs measured stage times", "",
+        body += ["## CPU validation: predicted vs measured stage times", "",
                markdown_table(val, ["case", "stage", "measured_ms", "predicted_ms", "error", "within_25pct",
                                     "probe_calibrated_ms", "error_probe", "within_25pct_probe"]),
                "", f"Calibrated by the microbenchmarks alone (cpu_device: matmul rates, attention rates, bandwidth, "
@@ -217,10 +217,10 @@ def main(argv: Optional[List[str]] = None) -> Dict:
                    f"{len(ok)} of {len(val)} within 25%. With the probe calibration (each stage's "
                    f"measured / predicted ratio on the same model at a smaller shape, the `probe` "
                    f"column, applied at the validated shape; what `vr_runtime.planning.latency` does at run "
-                   f"time): {sum(r['within_25pct_probe'] for r in val)} of {len(val)} within 25%."]
-    md += ["", "## CPU flash attention: causal / non-causal time (head dim 32) vs the model's block count", "",
+                   f"time): {sum(r['within_25pct_probe'] for r in val)} of {len(val)} within 25%.", ""]
+    body += ["## CPU flash attention: causal / non-causal time (head dim 32) vs the model's block count", "",
            markdown_table(causal, ["keys", "measured_causal_over_full", "modelled", "ideal"])]
-    md += ["", "## Paper latency table: model for H100 / H200 (not measured) beside the paper", "",
+    body += ["", "## Paper latency table: model for H100 / H200 (not measured) beside the paper", "",
            markdown_table(table, ["method", "visual_tokens", "frames_encoded", "h100_router_s",
                                   "h100_vision_compress_s", "h100_prefill_s", "h100_ttft_s", "h100_ttft_x_dense",
                                   "h200_ttft_s", "paper_router_s", "paper_vision_compress_s", "paper_prefill_s",
@@ -229,11 +229,10 @@ def main(argv: Optional[List[str]] = None) -> Dict:
                            "H100 vision+compress s (model)", "H100 prefill s (model)", "H100 TTFT s (model)",
                            "H100 TTFT x Dense (model)", "H200 TTFT s (model)", "paper router s",
                            "paper vision+compress s", "paper prefill s", "paper TTFT s", "paper TTFT x Dense"])]
-    payload = dict(environment=env, label="model (H100/H200), CPU calibrated (validation)", notes=notes,
-                   cpu_device=dev.to_dict(), devices={k: v.to_dict() for k, v in DEVICES.items()},
-                   validation=val, causal_attention=causal, paper_table=table)
-    finish(args.out, payload, "\n".join(md))
-    return payload
+    return report(args.out, "# TTFT cost model (vr_runtime/planning/cost_model.py)", env, notes, body,
+                  head=head, label="model (H100/H200), CPU calibrated (validation)",
+                  cpu_device=dev.to_dict(), devices={k: v.to_dict() for k, v in DEVICES.items()},
+                  validation=val, causal_attention=causal, paper_table=table)
 
 
 if __name__ == "__main__":

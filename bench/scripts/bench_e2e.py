@@ -60,13 +60,10 @@ What is measured, and how:
 from __future__ import annotations
 
 import argparse
-import ctypes
-import json
 import pathlib
-import statistics
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]   # the package and the harness, run as a file
@@ -75,9 +72,11 @@ import torch  # noqa: E402
 
 import common  # noqa: E402  (bench/common.py: environment, device name, results writing)
 from models import e2e_memory  # noqa: E402
+from models.e2e_measure import Device, run_batch, run_table, used_router_pool  # noqa: E402
+from models.e2e_model import (BenchError, build, relevance_pattern, routers_trained,  # noqa: E402,F401
+                              shape_config, shape_name)
 from report import e2e_report  # noqa: E402
 
-CONFIGS = ROOT / "vr_runtime" / "configs"
 SHAPES = ("tiny", "1b", "2b", "8b")
 QUESTION = "What does the person pick up from the table after the door opens?"
 
@@ -90,7 +89,7 @@ POLICIES = [
     # The paper's rows "VideoRouter (s=2,4)" (its default) and "(s=4,8)": (s_g, s0) with s1 = 1.
     ("vr24", "VideoRouter (s=2,4) default", dict(policy="fragment", scales=(2, 1, 4))),
     ("vr48", "VideoRouter (s=4,8)", dict(policy="fragment", scales=(4, 1, 8))),
-    # scorer "clip": MatchedCLIPScorer (below), built once per run by clip_scorer()
+    # scorer "clip": MatchedCLIPScorer (models/e2e_model.py), built once per run by clip_scorer()
     ("clip", "CLIP relevance pooling", dict(policy="fragment", scales=(2, 1, 4),
                                             scorer="clip")),
 ]
@@ -98,10 +97,6 @@ PAPER_FRAMES, PAPER_BUDGET, PAPER_RELEVANT = 64, 12288, 28
 SWEEP_FRAMES = (16, 32, 64, 128, 256)
 SWEEP_BUDGETS = (4096, 8192, 12288, 16384, 24576)   # the paper's budget table, 4K..24K
 TARGETS = dict(ttft_x_dense=0.40, ttft_s=1.0, router_share=0.08, peak_mem_gb=20.0)
-
-
-class BenchError(ValueError):
-    """A bad benchmark argument (the message names it and says what to do)."""
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -214,480 +209,6 @@ def finish_args(args, ap):
     return args
 
 
-# ----------------------------------------------------------------------------- model
-def shape_config(args) -> Optional[dict]:
-    """The config dict of --shape/--config, with --text-layers/--vision-layers applied."""
-    if args.model or args.shape == "tiny":
-        return None
-    path = pathlib.Path(args.config) if args.config else CONFIGS / f"internvl3_{args.shape}.json"
-    if not path.is_file():
-        raise BenchError(f"--config {str(path)!r}: no such file")
-    cfg = json.loads(path.read_text())
-    if args.text_layers:
-        cfg["text_config"]["num_hidden_layers"] = args.text_layers
-        cfg["text_config"]["max_window_layers"] = args.text_layers
-    if args.vision_layers:
-        cfg["vision_config"]["num_hidden_layers"] = args.vision_layers
-    return cfg
-
-
-def shape_name(args) -> str:
-    if args.model:
-        return pathlib.Path(args.model).name
-    if args.shape == "tiny":
-        return "tiny preset"
-    base = pathlib.Path(args.config).stem if args.config else f"InternVL3-{args.shape.upper()} shape"
-    base += ", random weights"
-    if args.text_layers or args.vision_layers:
-        base += f" (reduced: {args.text_layers or 'all'} text / {args.vision_layers or 'all'} vision layers)"
-    return base
-
-
-PAPER_ROUTER_LAYERS = 4  # k of the shadow stack (paper: first four language layers)
-
-
-def router_layers(args) -> Optional[int]:
-    """Shadow-stack depth for untrained routers: --router-layers; None (the runtime's 4) at a
-    preset's full depth; for a reduced decoder (--text-layers, or the 4-layer tiny preset) 4
-    scaled by the share of depth kept (against 28, InternVL3-8B, for tiny or a custom config),
-    so the router's cost relative to the LLM stays that of the full-size model."""
-    if args.router_layers:
-        return args.router_layers
-    if args.model or not (args.text_layers or args.shape == "tiny"):
-        return None
-    if args.shape == "tiny":
-        from vr_runtime.backbones.tiny import ASSETS
-        depth = json.loads((ASSETS / "config.json").read_text())["text_config"]["num_hidden_layers"]
-        full = 28
-    else:
-        depth = args.text_layers
-        full = 28 if args.config else json.loads(
-            (CONFIGS / f"internvl3_{args.shape}.json").read_text())["text_config"]["num_hidden_layers"]
-    return max(1, min(depth, round(PAPER_ROUTER_LAYERS * depth / full)))
-
-
-def build(args, device, dtype):
-    """A VideoRouter on ``device``: real checkpoint, the tiny preset, or a random-weight shape."""
-    from vr_runtime import VideoRouter
-    from vr_runtime.routing.routers import RouterConfig
-    k = None if args.routers else router_layers(args)
-    rc = RouterConfig(num_layers=k) if k else None
-    if args.model:
-        return VideoRouter.from_pretrained(args.model, routers=args.routers, device=device,
-                                           dtype=dtype, router_config=rc, decoding=args.decoding)
-    if args.shape == "tiny":
-        if args.routers:
-            return VideoRouter.from_pretrained("tiny", routers=args.routers, device=device,
-                                               dtype=dtype, decoding=args.decoding)
-        # from_pretrained("tiny") would pick up the shipped trained routers, which decide on the
-        # synthetic task's frames; the benchmark feeds random frames, so it keeps its fixed
-        # relevance protocol (untrained routers, decisions imposed) unless --routers is given.
-        from vr_runtime.backbones import load_backbone
-        from vr_runtime.routing.routers import Routers
-        lm = load_backbone("tiny", device=device, dtype=dtype)
-        return VideoRouter(lm, Routers.from_backbone(lm, rc), decoding=args.decoding)
-    return VideoRouter.from_config(shape_config(args), routers=args.routers, device=device,
-                                   dtype=dtype, seed=args.seed, router_config=rc,
-                                   decoding=args.decoding)
-
-
-def routers_trained(vr) -> bool:
-    r = getattr(vr, "routers", None)
-    return bool(getattr(r, "trained", False))
-
-
-# ----------------------------------------------------------------------------- relevance
-def relevance_pattern(num_frames: int, frac: float, kind: str) -> List[bool]:
-    """``round(frac * T)`` relevant frames: evenly spread (UniformSample) or one centred block."""
-    from vr_runtime import uniform_sample
-    k = min(num_frames, int(frac * num_frames + 0.5))
-    if kind == "spread":
-        keep = set(uniform_sample(list(range(num_frames)), k))
-    else:
-        start = (num_frames - k) // 2
-        keep = set(range(start, start + k))
-    return [t in keep for t in range(num_frames)]
-
-
-# ----------------------------------------------------------------------------- CLIP row
-# CLIP ViT-B/16's shape (openai/clip-vit-base-patch16) and a toy for the CPU mode.
-CLIP_SHAPES = {
-    "b16": dict(text=dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=12,
-                          num_attention_heads=8),
-                vision=dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
-                            num_attention_heads=12, image_size=224, patch_size=16),
-                projection_dim=512),
-    "toy": dict(text=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                          num_attention_heads=2),
-                vision=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                            num_attention_heads=2, image_size=224, patch_size=32),
-                projection_dim=64),
-}
-
-
-def _matched_clip_class():
-    from vr_runtime.routing.scorers import FrameScorer, FrameScores
-
-    class MatchedCLIPScorer(FrameScorer):
-        """CLIP similarities (really computed, timed as routing); the ``k`` most similar
-        frames are relevant, so the row keeps as many frames at s1 as the VideoRouter rows."""
-        name = "clip"
-        needs_z = False
-        uses_routers = False
-
-        def __init__(self, clip, k: int):
-            self.clip, self.k = clip, int(k)
-
-        def score(self, inp):
-            sims = self.clip.similarities(inp.pixel_values, inp.frame_spec, inp.question)
-            k = min(self.k, int(sims.numel()))
-            top = set(torch.topk(sims, k).indices.tolist()) if k else set()
-            return FrameScores([t in top for t in range(int(sims.numel()))],
-                               [float(x) for x in sims], self.name)
-
-    return MatchedCLIPScorer
-
-
-def clip_model(args, vr):
-    """The CLIPScorer of the CLIP row: --clip, else random weights (shape per mode)."""
-    from vr_runtime.routing.scorers import CLIPScorer
-    dev, dt = vr.lm.device, vr.lm.dtype
-    if args.clip:
-        return CLIPScorer.from_pretrained(args.clip, device=dev, dtype=dt)
-    from transformers import CLIPConfig, CLIPModel
-    shape = CLIP_SHAPES["toy" if args.cpu else "b16"]
-    tok = vr.lm.tokenizer
-    cfg = CLIPConfig(text_config=dict(shape["text"], vocab_size=len(tok),
-                                      max_position_embeddings=77),
-                     vision_config=shape["vision"], projection_dim=shape["projection_dim"])
-    torch.manual_seed(args.seed)
-    model = CLIPModel(cfg).to(device=dev, dtype=dt)
-    return CLIPScorer(model, tok, shape["vision"]["image_size"],
-                      (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
-
-
-def clip_scorer(args, vr, num_frames: int):
-    """The CLIP row's scorer at ``num_frames``: k = the fixed pattern's relevant count."""
-    if getattr(args, "_clip", None) is None:
-        args._clip = clip_model(args, vr)
-    k = sum(relevance_pattern(num_frames, args.relevant_frac, args.relevance))
-    return _matched_clip_class()(args._clip, k)
-
-
-# ----------------------------------------------------------------------------- measuring
-class Device:
-    """Synchronisation, allocator resets and memory readers for one device."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self.nvml, self.nvml_scope = e2e_memory.nvml_reader(device.index or 0)
-        else:
-            self.nvml, self.nvml_scope = None, "n/a (CPU)"
-        self.rss = None if self.cuda else e2e_memory.rss_reader()
-        self._libc = None
-        if not self.cuda:
-            try:
-                self._libc = ctypes.CDLL("libc.so.6")
-            except OSError:
-                self._libc = None
-
-    def sync(self):
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-
-    def release(self):
-        """Between rows: hand cached/freed memory back so the next row's peak is its own."""
-        import gc
-        gc.collect()
-        if self.cuda:
-            torch.cuda.empty_cache()
-        elif self._libc is not None and hasattr(self._libc, "malloc_trim"):
-            self._libc.malloc_trim(0)
-
-    def sampler(self) -> e2e_memory.PeakSampler:
-        # Within one call the caching allocator only grows its reserve (nothing calls
-        # empty_cache), so NVML's reading is non-decreasing and a 10 ms poll loses nothing while
-        # keeping the sampler thread off the launch path. Freed CPU buffers do go back to the OS
-        # (large blocks are mmapped), so RSS is polled faster.
-        if self.cuda:
-            return e2e_memory.PeakSampler(self.nvml, interval_s=0.010)
-        return e2e_memory.PeakSampler(self.rss, interval_s=0.002)
-
-    def reset_peak(self):
-        if self.cuda:
-            torch.cuda.reset_peak_memory_stats(self.device)
-
-    def torch_peak(self) -> Optional[int]:
-        return torch.cuda.max_memory_allocated(self.device) if self.cuda else None
-
-
-def random_video(num_frames: int, seed: int) -> torch.Tensor:
-    """An ImageNet-normalised-range [T, 3, 448, 448] float tensor, as decoded video would be."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(num_frames, 3, 448, 448, generator=g)
-
-
-def needs_relevance(kw: dict) -> bool:
-    """Whether a row's planner reads frame relevance: asked of its registration
-    (vr_runtime.planning.policies), so a new relevance planner gets the relevance rows' treatment."""
-    from vr_runtime.planning.policies import get_planner
-    return get_planner(kw["policy"]).needs_relevance
-
-
-def budgeted(kw: dict) -> bool:
-    """Whether a row's planner (or the ones auto routes to) plans under a visual budget."""
-    from vr_runtime.planning.policies import is_budgeted
-    return is_budgeted(kw["policy"])
-
-
-def answer_options(args, num_frames: int, max_length: int, budget: int, kw: dict,
-                   relevant=None):
-    """The AnswerOptions of one row, at the fixed visual budget. VideoRouter rows run both
-    routers: with a fixed ``relevant`` pattern through ``FixedRelevance(run_routers=True)``
-    (decisions imposed, cost real), else policy "auto" as a trained deployment would."""
-    from vr_runtime.request import AnswerOptions
-    from vr_runtime.routing.scorers import FixedRelevance
-    out = dict(num_frames=num_frames, max_length=max_length, max_new_tokens=args.max_new_tokens,
-               margin=args.margin, **kw)
-    if budgeted(kw):
-        out["budget"] = budget
-    if kw.get("scorer") == "clip":
-        out["scorer"] = clip_scorer(args, args._vr, num_frames)
-    elif needs_relevance(kw):
-        if relevant is not None:
-            # the pool goes to the scorer: answer(router_pool=) only reaches the default one
-            out["scorer"] = FixedRelevance(relevant, run_routers=True,
-                                           router_pool=args.router_pool)
-        else:
-            out["policy"] = "auto"
-            if args.router_pool is not None:
-                out["router_pool"] = args.router_pool
-    return AnswerOptions(**out)
-
-
-def answer(vr, video, args, max_length: int, budget: int, kw: dict, relevant):
-    """One VideoRouter.answer call of a row."""
-    return vr.answer(video, args.question, options=answer_options(
-        args, int(video.shape[0]), max_length, budget, kw, relevant))
-
-
-def call(vr, dev: Device, video, args, max_length: int, budget: int, kw: dict, relevant) -> dict:
-    """One answer(); returns its report plus the harness's own measurements."""
-    dev.reset_peak()
-    with dev.sampler() as s:
-        dev.sync()
-        t0 = time.perf_counter()
-        res = answer(vr, video, args, max_length, budget, kw, relevant)
-        dev.sync()
-        wall = time.perf_counter() - t0
-    rep = dict(res.report)
-    rep["_wall_s"] = wall
-    rep["_outside_peak"] = s.peak
-    tp = dev.torch_peak()
-    # the report's peak is the CUDA allocator's there; on CPU it is the process's resident
-    # high-water mark, which the harness measures apart (_outside_peak)
-    rep["_torch_peak"] = (rep.get("peak_memory_bytes") or tp) if dev.cuda else None
-    return rep
-
-
-def used_router_pool(rows: List[dict]):
-    """The Image Router window the rows' answers report (one value, a sorted list when rows
-    differ, None when no row ran the Image Router)."""
-    pools = sorted({r["router_pool"] for r in rows if r.get("router_pool") is not None})
-    return pools[0] if len(pools) == 1 else (pools or None)
-
-
-def _norm(w):
-    """A window as JSON writes it (1, [1, 2]) or as the planner returns it (1, (1, 2)) -> tuple."""
-    if isinstance(w, (list, tuple)):
-        return tuple(int(x) for x in w)
-    return (int(w), int(w)) if w else 0
-
-
-def median(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
-
-
-def summarise(reports: List[dict]) -> dict:
-    """Median over runs of each stage (TTFT is the median of the per-run TTFTs, not a sum)."""
-    t = lambda k: median([r.get("timings_s", {}).get(k) for r in reports])  # noqa: E731
-    last = reports[-1]
-    ttfts = [r.get("timings_s", {}).get("ttft") for r in reports]
-    vision, compress = t("vision"), t("compress")
-    vc = median([(r["timings_s"].get("vision") or 0) + (r["timings_s"].get("compress") or 0)
-                 for r in reports])
-    gb = lambda b: None if b is None else b / 1e9  # noqa: E731
-    return dict(
-        visual_tokens=last.get("visual_tokens"), dense_visual_tokens=last.get("dense_visual_tokens"),
-        budget_runtime=last.get("budget"), text_tokens=last.get("text_tokens"),
-        scales=last.get("scales"), policy_run=last.get("policy"),
-        router_pool=last.get("router_pool"), generated_tokens=last.get("generated_tokens"),
-        router_s=t("router"), vision_s=vision, compress_s=compress, vision_compress_s=vc,
-        prefill_s=t("prefill"), ttft_s=t("ttft"), generate_s=t("generate"),
-        # decode steps after the prefill's token; the first step of a run includes the copy
-        # into the static cache (static/graph decoding)
-        decode_ms_per_token=median([1e3 * r["timings_s"]["generate"] / (r["generated_tokens"] - 1)
-                                    for r in reports if (r.get("generated_tokens") or 0) > 1
-                                    and r.get("timings_s", {}).get("generate") is not None]),
-        decoding=last.get("decoding"),
-        total_s=median([r["_wall_s"] for r in reports]),
-        ttft_min_s=min(x for x in ttfts if x is not None) if any(x is not None for x in ttfts) else None,
-        ttft_max_s=max(x for x in ttfts if x is not None) if any(x is not None for x in ttfts) else None,
-        runs=len(reports), runs_ttft_s=ttfts,
-        peak_mem_gb=gb(max((r["_torch_peak"] or 0) for r in reports) or None),
-        nvml_stage_peak_gb=gb(max((r.get("peak_memory_nvml_bytes") or 0) for r in reports) or None),
-        outside_peak_gb=gb(max((r["_outside_peak"] or 0) for r in reports) or None),
-        # the runtime's own: CUDA, the allocator's peak minus the weights on the device; CPU,
-        # the resident set's rise over the request (vr_runtime.telemetry.memory)
-        activation_peak_gb=gb(max((r.get("peak_activation_bytes") or 0) for r in reports) or None),
-        weights_gb=gb((last.get("weights_bytes") or {}).get("total")),
-        shadow_stack_gb=gb((last.get("weights_bytes") or {}).get("shadow_stack")),
-    )
-
-
-def measure_row(vr, dev, args, video, key, label, kw, *, sweep, budget, max_length, relevant):
-    """Warm-up, then ``args.runs`` timed calls of one policy; a row dict (``error`` on failure)."""
-    row = dict(sweep=sweep, policy=key, label=label, frames=int(video.shape[0]), budget=budget,
-               batch=1, max_length=max_length)
-    fragment = needs_relevance(kw)
-    routed = fragment and kw.get("scorer") != "clip"     # the CLIP row does not use the routers
-    rel = relevant if fragment else None
-    if fragment:
-        row["relevant"] = None if rel is None else sum(rel)
-    if kw.get("scorer") == "clip":
-        row["relevant"] = sum(relevance_pattern(int(video.shape[0]), args.relevant_frac,
-                                                args.relevance))
-    try:
-        with e2e_memory.routers_offloaded(vr, enabled=dev.cuda and not routed):
-            dev.release()
-            for _ in range(args.warmup):
-                call(vr, dev, video, args, max_length, budget, kw, rel)
-            reports = [call(vr, dev, video, args, max_length, budget, kw, rel)
-                       for _ in range(args.runs)]
-    except (ValueError, RuntimeError) as e:  # BudgetError, OOM, ...: keep the other rows
-        row["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-        if dev.cuda:
-            torch.cuda.empty_cache()
-        return row
-    row.update(summarise(reports))
-    if row.get("budget_runtime") is not None and budgeted(kw) \
-            and row["budget_runtime"] != budget:
-        row["error"] = (f"runtime budget {row['budget_runtime']} != requested {budget}: the text "
-                        f"token count differs from the runtime's")
-    if dev.cuda:
-        row["nvml_peak_gb"] = row.pop("outside_peak_gb")
-    else:
-        row["peak_mem_gb"] = row.pop("outside_peak_gb")  # CPU: process RSS peak
-    if routed and rel is None and row.get("scales") is not None:
-        row["relevant"] = sum(1 for s in row["scales"] if _norm(s) == _norm(kw["scales"][1]))
-    return row
-
-
-def text_tokens_for(vr, dev, args, video) -> int:
-    """Text tokens of the full T-frame prompt (question, chat template and every frame's
-    "FrameN: <img></img>" line), counted the way the runtime counts them for its budget."""
-    return int(vr.lm.text_tokens(args.question, int(video.shape[0])))
-
-
-def run_table(vr, dev, args, frames, budget, sweep, rows, text_cache) -> None:
-    """All policies at one (frames, budget) point. A sweep point equal to the main table's
-    reuses its rows (marked ``reused_from``) instead of measuring the same thing twice."""
-    if sweep != "main":
-        same = [r for r in rows if r["sweep"] == "main" and r["frames"] == frames
-                and r["budget"] == budget]
-        if same:
-            rows.extend(dict(r, sweep=sweep, reused_from="main") for r in same)
-            return
-    video = random_video(frames, args.seed)
-    if frames not in text_cache:
-        text_cache[frames] = text_tokens_for(vr, dev, args, video)
-    max_length = budget + text_cache[frames] + args.max_new_tokens + args.margin
-    relevant = None if routers_trained(vr) else relevance_pattern(frames, args.relevant_frac,
-                                                                   args.relevance)
-    for key, label, kw in POLICIES:
-        if key not in args.policies:
-            continue
-        row = measure_row(vr, dev, args, video, key, label, kw, sweep=sweep, budget=budget,
-                          max_length=max_length, relevant=relevant)
-        rows.append(row)
-        print(f"  [{sweep}] T={frames} B={budget} {label}: "
-              + (row["error"] if row.get("error") else
-                 f"{row['visual_tokens']} tokens, TTFT {row['ttft_s']:.3f} s"), flush=True)
-
-
-def run_batch(vr, dev, args, rows, text_cache) -> None:
-    """B different videos per row: answer_batch when the runtime has one, else B sequential calls."""
-    frames, budget = args.frames, args.budget
-    videos = [random_video(frames, args.seed + i) for i in range(max(args.batch_sizes))]
-    if frames not in text_cache:
-        text_cache[frames] = text_tokens_for(vr, dev, args, videos[0])
-    max_length = budget + text_cache[frames] + args.max_new_tokens + args.margin
-    relevant = None if routers_trained(vr) else relevance_pattern(frames, args.relevant_frac,
-                                                                   args.relevance)
-    batched = hasattr(vr, "answer_batch")
-    for B in args.batch_sizes:
-        for key, label, kw in POLICIES:
-            if key not in args.policies:
-                continue
-            fragment = needs_relevance(kw)
-            routed = fragment and kw.get("scorer") != "clip"
-            rel = relevant if fragment else None
-            row = dict(sweep="batch", policy=key, label=label, frames=frames, budget=budget, batch=B,
-                       batch_mode=(("answer_batch(batch_prefill=False): the videos one after "
-                                    "another" if args.no_batch_prefill else
-                                    "answer_batch: stages per video, then one batched prefill "
-                                    "and decode")
-                                   if batched else "sequential answer() calls (no answer_batch)"),
-                       max_length=max_length)
-            try:
-                with e2e_memory.routers_offloaded(vr, enabled=dev.cuda and not routed):
-                    dev.release()
-                    runs = [batch_call(vr, dev, args, videos[:B], max_length, budget, kw, rel,
-                                       batched)
-                            for _ in range(args.warmup + args.runs)][args.warmup:]
-            except (ValueError, RuntimeError) as e:
-                row["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-                rows.append(row)
-                continue
-            gb = lambda b: None if not b else b / 1e9  # noqa: E731
-            walls = [w for w, _, _, _ in runs]
-            reps = [r for _, _, _, got in runs for r in got]
-            peaks = [p for _, p, _, _ in runs]
-            outs = [o for _, _, o, _ in runs]
-            row.update(
-                visual_tokens=sum(r.get("visual_tokens") or 0 for r in runs[0][3]),
-                ttft_s=median([r["timings_s"].get("ttft") for r in reps]),
-                total_s=median(walls), per_video_s=median(walls) / B, runs=len(walls),
-                peak_mem_gb=gb(max(p or 0 for p in peaks)) if dev.cuda else gb(max(o or 0 for o in outs)),
-                nvml_peak_gb=gb(max(o or 0 for o in outs)) if dev.cuda else None)
-            rows.append(row)
-            print(f"  [batch] B={B} {label}: {row['total_s']:.3f} s for {B} videos "
-                  f"({row['batch_mode']})", flush=True)
-
-
-def batch_call(vr, dev, args, videos, max_length, budget, kw, rel, batched):
-    """One timed pass over ``videos`` -> (wall s, torch peak, NVML/RSS peak, reports)."""
-    dev.reset_peak()
-    with dev.sampler() as s:
-        dev.sync()
-        t0 = time.perf_counter()
-        if batched:  # the runtime's batched entry point, when it has one
-            res = vr.answer_batch(videos, args.question,
-                                  batch_prefill=not args.no_batch_prefill, options=answer_options(
-                                      args, int(videos[0].shape[0]), max_length, budget, kw, rel))
-            got = [r.report for r in res]
-        else:
-            got = [answer(vr, v, args, max_length, budget, kw, rel).report for v in videos]
-        dev.sync()
-        wall = time.perf_counter() - t0
-    peak = (dev.torch_peak() or max((r.get("peak_memory_bytes") or 0) for r in got) or None) \
-        if dev.cuda else None
-    return wall, peak, s.peak, got
-
-
 # ----------------------------------------------------------------------------- targets
 def check_targets(rows, args, cuda: bool) -> dict:
     """The fast path's latency and memory targets; only meaningful on a GPU at 8B / 64 frames /
@@ -732,48 +253,31 @@ def device_tag(dev: torch.device) -> str:
     return "".join(c if c.isalnum() else "_" for c in name).strip("_")
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    device = torch.device("cpu" if args.cpu else "cuda")
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(args.dtype)
-    torch.manual_seed(args.seed)
-    cpu = device.type == "cpu"
-    if cpu and args.threads:
-        torch.set_num_threads(args.threads)
-    label = "CPU figures (not comparable with GPU figures)" if cpu else "GPU figures"
-
-    t0 = time.perf_counter()
-    vr = build(args, device, dtype)
-    args._vr, args._clip = vr, None      # the CLIP row's scorer is built on first use
-    build_s = time.perf_counter() - t0
-    dev = Device(device)
-    trained = routers_trained(vr)
-    print(f"{label}: {common.device_name(device)} | {shape_name(args)} | build {build_s:.1f} s | "
-          f"routers {'trained' if trained else 'untrained: relevance fixed (' + args.relevance + ')'}",
-          flush=True)
-
+def measure_all(vr, dev, args):
+    """The main table, then the sweeps asked for; (rows with ratios to Dense, text tokens a
+    frame count)."""
+    policies = [p for p in POLICIES if p[0] in args.policies]
     rows: List[dict] = []
     text_cache: Dict[int, int] = {}
-    run_table(vr, dev, args, args.frames, args.budget, "main", rows, text_cache)
+    run_table(vr, dev, args, policies, args.frames, args.budget, "main", rows, text_cache)
     sweeps = {"frames", "budget", "batch"} if args.sweep == "all" else {args.sweep}
     if "frames" in sweeps:
         for T in args.sweep_frames:
-            run_table(vr, dev, args, T, args.budget, "frames", rows, text_cache)
+            run_table(vr, dev, args, policies, T, args.budget, "frames", rows, text_cache)
     if "budget" in sweeps:
         for B in args.sweep_budgets:
-            run_table(vr, dev, args, args.frames, B, "budget", rows, text_cache)
+            run_table(vr, dev, args, policies, args.frames, B, "budget", rows, text_cache)
     if "batch" in sweeps:
-        run_batch(vr, dev, args, rows, text_cache)
+        run_batch(vr, dev, args, policies, rows, text_cache)
     e2e_report.add_ratios(rows)
+    return rows, text_cache
 
+
+def settings_of(args, vr, dev, rows, text_cache, build_s) -> dict:
+    """What a reader needs to interpret the figures (the results file's ``settings``)."""
+    cpu, trained = not dev.cuda, routers_trained(vr)
     main_rows = [r for r in rows if r["sweep"] == "main"]
-    env = common.environment(device)
-    env["driver"] = e2e_memory.nvml_driver_version()
-    tag = device_tag(device)
-    shape_tag = args.shape or (pathlib.Path(args.config).stem if args.config else "model")
-    stem = pathlib.Path(args.out) if args.out else ROOT / "bench" / "results" / f"e2e_{tag}_{shape_tag}"
-    targets = check_targets(rows, args, not cpu)
-    settings = dict(
+    return dict(
         shape=shape_name(args), config=shape_config(args), model=args.model, routers=args.routers,
         routers_trained=trained, frames=args.frames, budget=args.budget,
         text_tokens=text_cache.get(args.frames), max_new_tokens=args.max_new_tokens,
@@ -803,104 +307,48 @@ def main(argv=None) -> int:
         build_s=build_s, seed=args.seed, question=args.question, argv=args.argv,
         attn_implementation=getattr(vr.lm.model.config, "_attn_implementation", None),
         cpu_threads=torch.get_num_threads() if cpu else None)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = torch.device("cpu" if args.cpu else "cuda")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(args.dtype)
+    torch.manual_seed(args.seed)
+    cpu = device.type == "cpu"
+    if cpu and args.threads:
+        torch.set_num_threads(args.threads)
+    label = "CPU figures (not comparable with GPU figures)" if cpu else "GPU figures"
+
+    t0 = time.perf_counter()
+    vr = build(args, device, dtype)
+    args._vr, args._clip = vr, None      # the CLIP row's scorer is built on first use
+    build_s = time.perf_counter() - t0
+    dev = Device(device)
+    print(f"{label}: {common.device_name(device)} | {shape_name(args)} | build {build_s:.1f} s | "
+          f"routers {'trained' if routers_trained(vr) else 'untrained: relevance fixed (' + args.relevance + ')'}",
+          flush=True)
+
+    rows, text_cache = measure_all(vr, dev, args)
+    env = common.environment(device)
+    env["driver"] = e2e_memory.nvml_driver_version()
+    shape_tag = args.shape or (pathlib.Path(args.config).stem if args.config else "model")
+    stem = pathlib.Path(args.out) if args.out else \
+        ROOT / "bench" / "results" / f"e2e_{device_tag(device)}_{shape_tag}"
+    targets = check_targets(rows, args, not cpu)
+    settings = settings_of(args, vr, dev, rows, text_cache, build_s)
     meta = dict(benchmark="e2e_latency (paper table latency_breakdown)", label=label,
                 environment=env, settings=settings, targets=targets)
     title = f"{common.device_name(device)} | {shape_name(args)} | {args.frames} frames, budget {args.budget:,}"
 
-    md = markdown_block(main_rows, rows, cpu, title, label, settings, env)
+    main_rows = [r for r in rows if r["sweep"] == "main"]
+    md = e2e_report.markdown_block(main_rows, rows, cpu, title, label, settings, env)
     files = e2e_report.write_results(stem, meta, rows, md)
     if not args.no_plot:
         p = e2e_report.plot(stem.with_suffix(".png"), rows, title, cpu)
         if p:
             files.append(p)
-
-    print()
-    print(f"== {label}: {title}")
-    print(e2e_report.text_table(main_rows, cpu))
-    for sweep in ("frames", "budget", "batch"):
-        srows = [r for r in rows if r["sweep"] == sweep]
-        if srows:
-            print(f"\n== {sweep} sweep")
-            print(batch_text(srows) if sweep == "batch" else e2e_report.text_table(
-                [dict(r, label=f"{r['label']} (T={r['frames']}, B={r['budget']:,})") for r in srows], cpu))
-    print(f"\n== reference: {e2e_report.PAPER_NOTE}")
-    print(e2e_report.paper_table())
-    print("\n== targets: " + json.dumps({k: v for k, v in targets.items() if k != "targets"},
-                                        default=str))
-    print("\n== markdown for BENCHMARKS.md\n")
-    print(md)
-    print("\nwrote " + ", ".join(str(f) for f in files))
+    e2e_report.print_run(rows, cpu, label, title, targets, md, files)
     return 0
-
-
-def batch_text(rows) -> str:
-    lines = ["Method  B  mode  visual tokens  total s  per video s  peak GB"]
-    for r in rows:
-        if r.get("error"):
-            lines.append(f"{r['label']}  {r['batch']}  {r['error']}")
-        else:
-            pk = "-" if r.get("peak_mem_gb") is None else f"{r['peak_mem_gb']:.2f}"
-            lines.append(f"{r['label']}  {r['batch']}  {r['batch_mode']}  {r['visual_tokens']:,}  "
-                         f"{r['total_s']:.3f}  {r['per_video_s']:.3f}  {pk}")
-    return "\n".join(lines)
-
-
-def settings_line(st: dict, env: dict) -> str:
-    """One paragraph with what a reader needs to interpret the table."""
-    ml = st.get("max_length")
-    parts = [
-        f"{st['shape']}, {st['dtype']}, attention {st.get('attn_implementation')}",
-        f"{st['frames']} frames, visual budget {st['budget']:,}"
-        + (f" (max_length {ml:,} = budget + {st['text_tokens']} text + {st['max_new_tokens']} "
-           f"new + {st['margin']} margin)" if ml else ""),
-        f"relevance: {st['relevance']}",
-        f"routers: {st['router_mode']}, shadow stack {st.get('router_layers')} "
-        f"layer(s), router_pool {st.get('router_pool')}",
-        f"median of {st['runs']} runs after {st['warmup']} warm-up",
-        f"memory: {st['memory']}",
-        f"torch {env.get('torch')}, transformers {env.get('transformers')}, triton "
-        f"{env.get('triton')}, CUDA {env.get('cuda')}, driver {env.get('driver')}",
-        f"{env.get('date_utc')}",
-        f"`{env.get('command')}`",
-    ]
-    if st.get("cpu_threads"):
-        parts.insert(5, f"{st['cpu_threads']} CPU thread(s)")
-    return "; ".join(parts) + "."
-
-
-def markdown_block(main_rows, rows, cpu, title, label, settings=None, env=None) -> str:
-    out = [f"### {title}", "", f"*{label}.* Median of the timed runs; ratios to Dense from the same run."]
-    if settings is not None:
-        out += ["", settings_line(settings, env or {})]
-    out += ["", e2e_report.markdown_table(main_rows, cpu)]
-    for sweep in ("frames", "budget"):
-        srows = [r for r in rows if r["sweep"] == sweep]
-        if srows:
-            out += ["", f"{sweep} sweep:", "", e2e_report.markdown_table(
-                [dict(r, label=f"{r['label']} (T={r['frames']}, B={r['budget']:,})") for r in srows], cpu)]
-    brows = [r for r in rows if r["sweep"] == "batch"]
-    if brows:
-        out += ["", f"batch sweep ({brows[0].get('batch_mode')}):", "", batch_markdown(brows, cpu)]
-    if cpu:
-        out += ["", "GPU (InternVL3-8B shape, 64 frames, budget 12,288): pending -- run "
-                "`python bench/scripts/bench_e2e.py --sweep all` on an H100/H200.", "",
-                e2e_report.pending_markdown("NVIDIA H100 / H200", "pending: no GPU in this session")]
-    out += ["", f"Reference ({e2e_report.PAPER_NOTE}):", "", e2e_report.paper_table(markdown=True)]
-    return "\n".join(out)
-
-
-def batch_markdown(rows, cpu) -> str:
-    mem = "Peak RSS GB (CPU)" if cpu else "Peak mem GB"
-    out = [f"| Method | Videos | Visual tokens (all) | Total s | Per video s | {mem} |",
-           "|:--|--:|--:|--:|--:|--:|"]
-    for r in rows:
-        if r.get("error"):
-            out.append(f"| {r['label']} | {r['batch']} | {r['error']} | | | |")
-            continue
-        pk = "-" if r.get("peak_mem_gb") is None else f"{r['peak_mem_gb']:.2f}"
-        out.append(f"| {r['label']} | {r['batch']} | {r['visual_tokens']:,} | {r['total_s']:.3f} | "
-                   f"{r['per_video_s']:.3f} | {pk} |")
-    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -83,26 +83,11 @@ def counted_weights(cfg: dict) -> Dict[str, int]:
                 model_total=n(model), router_dim=rc.router_dim)
 
 
-def main(argv: Optional[List[str]] = None) -> Dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(RESULTS, "floors_8b_model.json"))
-    args = ap.parse_args(argv)
-    import torch
-
-    from common import environment, finish, markdown_table
-    from vr_runtime.planning.cost_model import (DEVICES, DeviceSpec, decode_step_costs, kv_cache_bytes,
-                                       load_shape, pool_pack_bytes, predict_ttft,
-                                       prefill_activation_bytes, shadow_stack_bytes, stage_costs)
-    with open(CONFIG) as f:
-        cfg = json.load(f)
-    s = load_shape(cfg)
-    w = counted_weights(cfg)
-    assert w["shadow_stack"] * 2 == shadow_stack_bytes(s, 4, 2), "shadow stack: count != formula"
-    nominal = DeviceSpec("NVIDIA H100 SXM (nominal peak)", 989e12, 3.35e12, 0.0, 2, "model")
-    model = DEVICES["h100"]
+def stages(s, nominal, model):
+    """(per-stage rows, TTFT a method) for Dense and VideoRouter (s=2,4), at the nominal peak
+    and at the cost model's H100 spec, with one decode step at the mid-answer context."""
+    from vr_runtime.planning.cost_model import decode_step_costs, predict_ttft, stage_costs
     GB, G = 1e9, 1e9
-
-    # ---- per stage, Dense and VideoRouter (s=2,4)
     cases = [("Dense", DENSE_TOKENS, False, 1), ("VideoRouter (s=2,4)", VR_TOKENS, True, 1),
              ("VideoRouter (s=2,4), router pool 2", VR_TOKENS, True, 2)]
     stage_rows, ttft = [], {}
@@ -122,24 +107,13 @@ def main(argv: Optional[List[str]] = None) -> Dict:
                                gflop=dn["flops"] / G, gbytes=dn["bytes"] / GB,
                                floor_ms=dn["seconds"] * 1e3, model_ms=dm["seconds"] * 1e3))
         ttft[name]["decode_nominal"], ttft[name]["decode_model"] = dn["seconds"], dm["seconds"]
-    dense, vr = ttft["Dense"], ttft["VideoRouter (s=2,4)"]
-    vr2 = ttft["VideoRouter (s=2,4), router pool 2"]
+    return stage_rows, ttft
 
-    # ---- 256 frames: Dense 65,536 visual tokens; VideoRouter at the same budget 12,288
-    text256 = TEXT + (256 - FRAMES) * 8        # ~8 text tokens a frame line ("FrameN: <img></img>")
-    d256 = predict_ttft(s, 256 * 256, text256, 256, model, routers=False)["ttft_s"]
-    v256 = predict_ttft(s, BUDGET, text256, 256, model, routers=True)["ttft_s"]
 
-    # ---- 4 videos vs 1 (bench_e2e --sweep batch: 16 new tokens, batched prefill + decode)
-    ctx = VR_TOKENS + TEXT + NEW_TOKENS // 2
-    one = vr["model"] + (NEW_TOKENS - 1) * decode_step_costs(s, ctx, model, 1)["seconds"]
-    four = 4 * vr["model"] + (NEW_TOKENS - 1) * decode_step_costs(s, ctx, model, 4)["seconds"]
-
-    # ---- pool_pack at the paper shape (VideoRouter (s=2,4): 64 kept frames -> 7,748 rows)
-    fwd = (FRAMES * 256 * s.d + VR_TOKENS * s.d) * 2
-    bwd = (VR_TOKENS * s.d + FRAMES * 256 * s.d) * 2
-
-    # ---- memory (bf16): weights resident + the largest stage's activations
+def memory(s, w) -> Dict[str, float]:
+    """Weights resident plus the largest stage's activations (bf16, GB; a rough floor)."""
+    from vr_runtime.planning.cost_model import kv_cache_bytes, prefill_activation_bytes
+    GB = 1e9
     bf = 2
     weights_dense = w["model_total"] * bf                   # baselines: routers offloaded
     weights_vr = weights_dense + (w["shadow_stack"] + w["router_heads"]) * bf
@@ -164,6 +138,15 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     mem["peak_ratio"] = mem["peak_vr_gb"] / mem["peak_dense_gb"]
     mem["activation_ratio"] = act_vr / act_dense
 
+    return mem
+
+
+def goal_table(s, nominal, ttft, mem, ctx, d256, v256, one, four, fwd, bwd) -> List[Dict]:
+    """The goals table: each row's model figure beside the H100 measurement and the goal."""
+    from vr_runtime.planning.cost_model import decode_step_costs
+    GB = 1e9
+    dense, vr = ttft["Dense"], ttft["VideoRouter (s=2,4)"]
+    vr2 = ttft["VideoRouter (s=2,4), router pool 2"]
     f2 = lambda x: f"{x:.2f}x"  # noqa: E731
     model_col = {
         "ttft_ratio": f"{f2(vr['model'] / dense['model'])} (router pool 2: "
@@ -189,7 +172,10 @@ def main(argv: Optional[List[str]] = None) -> Dict:
              "memory": "peak memory VideoRouter / Dense"}
     goal_rows = [dict(row=names[k], model=model_col[k], h100_2026_11_24=H100_2026_11_24[k],
                       goal=GOALS[k], gpu_run="pending", measured_by=STAGE[k]) for k in names]
-    env = environment(torch.device("cpu"))
+    return goal_rows
+
+
+def floor_notes(w, mem, text256) -> List[str]:
     notes = [
         "MODEL figures, not measurements: counted from vr_runtime/configs/internvl3_8b.json "
         "(vr_runtime/planning/cost_model.py). 'floor' = max(FLOPs / 989 TFLOP/s, bytes / 3.35 TB/s) per "
@@ -215,30 +201,68 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         "prefill = inputs_embeds + KV cache + one layer's transient (prefill_activation_bytes). "
         "The allocator's reserve, the CUDA context and the workspaces are not in it.",
     ]
-    md = ["# FLOP and byte floors per stage, InternVL3-8B shape (model, not measured)", "",
-          f"Model figures from the configs; computed {env['date_utc']}, command: "
-          f"`python bench/scripts/bench_floors.py`.", ""] + [f"> {n}" for n in notes] + [
-          "", "## Goals: model, the one H100 measurement, the goal", "",
-          markdown_table(goal_rows, ["row", "model", "h100_2026_11_24", "goal", "gpu_run",
-                                     "measured_by"],
-                         ["row", "model (H100 spec)", "H100 measured 2026-11-24", "goal",
-                          "H100/H200 now", "gpu_run.sh stage (file)"]),
-          "", "## Per stage (64 frames)", "",
-          markdown_table(stage_rows, ["method", "stage", "gflop", "gbytes", "floor_ms",
-                                      "model_ms"],
-                         ["method", "stage", "GFLOP", "GB moved", "floor ms (nominal peak)",
-                          "model ms (H100 spec)"]),
-          "", "## Memory (bf16, GB; rough model)", "",
-          markdown_table([mem], list(mem.keys()))]
-    payload = dict(environment=env, label="model", notes=notes, weights_counted=w,
-                   stages=stage_rows, ttft=ttft, goals=goal_rows, memory=mem,
-                   ttft_256=dict(dense_s=d256, videorouter_s=v256, text_tokens=text256),
-                   batch4=dict(one_s=one, four_s=four),
-                   pool_pack_bytes=dict(fwd=fwd, bwd=bwd,
-                                        torch_path_fwd=pool_pack_bytes(FRAMES * 256, VR_TOKENS,
-                                                                       s.d, 2, False)))
-    finish(args.out, payload, "\n".join(md))
-    return payload
+    return notes
+
+
+def main(argv: Optional[List[str]] = None) -> Dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(RESULTS, "floors_8b_model.json"))
+    args = ap.parse_args(argv)
+    import torch
+
+    from common import environment, markdown_table, report
+    from vr_runtime.planning.cost_model import (DEVICES, DeviceSpec, decode_step_costs, load_shape,
+                                                pool_pack_bytes, predict_ttft, shadow_stack_bytes)
+    with open(CONFIG) as f:
+        cfg = json.load(f)
+    s = load_shape(cfg)
+    w = counted_weights(cfg)
+    assert w["shadow_stack"] * 2 == shadow_stack_bytes(s, 4, 2), "shadow stack: count != formula"
+    nominal = DeviceSpec("NVIDIA H100 SXM (nominal peak)", 989e12, 3.35e12, 0.0, 2, "model")
+    model = DEVICES["h100"]
+    stage_rows, ttft = stages(s, nominal, model)
+    vr = ttft["VideoRouter (s=2,4)"]
+
+    # ---- 256 frames: Dense 65,536 visual tokens; VideoRouter at the same budget 12,288
+    text256 = TEXT + (256 - FRAMES) * 8        # ~8 text tokens a frame line ("FrameN: <img></img>")
+    d256 = predict_ttft(s, 256 * 256, text256, 256, model, routers=False)["ttft_s"]
+    v256 = predict_ttft(s, BUDGET, text256, 256, model, routers=True)["ttft_s"]
+
+    # ---- 4 videos vs 1 (bench_e2e --sweep batch: 16 new tokens, batched prefill + decode)
+    ctx = VR_TOKENS + TEXT + NEW_TOKENS // 2
+    one = vr["model"] + (NEW_TOKENS - 1) * decode_step_costs(s, ctx, model, 1)["seconds"]
+    four = 4 * vr["model"] + (NEW_TOKENS - 1) * decode_step_costs(s, ctx, model, 4)["seconds"]
+
+    # ---- pool_pack at the paper shape (VideoRouter (s=2,4): 64 kept frames -> 7,748 rows)
+    fwd = (FRAMES * 256 * s.d + VR_TOKENS * s.d) * 2
+    bwd = (VR_TOKENS * s.d + FRAMES * 256 * s.d) * 2
+
+    mem = memory(s, w)
+    goal_rows = goal_table(s, nominal, ttft, mem, ctx, d256, v256, one, four, fwd, bwd)
+    env = environment(torch.device("cpu"))
+    notes = floor_notes(w, mem, text256)
+    body = ["## Goals: model, the one H100 measurement, the goal", "",
+            markdown_table(goal_rows, ["row", "model", "h100_2026_11_24", "goal", "gpu_run",
+                                       "measured_by"],
+                           ["row", "model (H100 spec)", "H100 measured 2026-11-24", "goal",
+                            "H100/H200 now", "gpu_run.sh stage (file)"]),
+            "", "## Per stage (64 frames)", "",
+            markdown_table(stage_rows, ["method", "stage", "gflop", "gbytes", "floor_ms",
+                                        "model_ms"],
+                           ["method", "stage", "GFLOP", "GB moved", "floor ms (nominal peak)",
+                            "model ms (H100 spec)"]),
+            "", "## Memory (bf16, GB; rough model)", "",
+            markdown_table([mem], list(mem.keys()))]
+    head = [f"Model figures from the configs; computed {env['date_utc']}, command: "
+            f"`python bench/scripts/bench_floors.py`."]
+    return report(args.out, "# FLOP and byte floors per stage, InternVL3-8B shape (model, not "
+                  "measured)", env, notes, body, head=head, label="model", weights_counted=w,
+                  stages=stage_rows, ttft=ttft, goals=goal_rows, memory=mem,
+                  ttft_256=dict(dense_s=d256, videorouter_s=v256, text_tokens=text256),
+                  batch4=dict(one_s=one, four_s=four),
+                  pool_pack_bytes=dict(fwd=fwd, bwd=bwd,
+                                       torch_path_fwd=pool_pack_bytes(FRAMES * 256, VR_TOKENS,
+                                                                      s.d, 2, False)))
 
 
 if __name__ == "__main__":

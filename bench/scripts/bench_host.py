@@ -124,7 +124,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         return {}
 
     sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]   # the package and the harness
-    from common import environment, environment_line, finish, markdown_table
+    from common import environment, markdown_table, report
     import torch
     torch.set_num_threads(1)
     env = environment(torch.device("cpu"))
@@ -148,12 +148,9 @@ def main(argv: Optional[List[str]] = None) -> Dict:
              f"before = vr_kernels at commit {args.before}, measured in the same run ({max(50, args.n // 10)} "
              f"calls per scenario); its tile cache keyed on dest, so its new_dest is a miss."]
     cols = ["T", "scenario", "out", "median_us", "q20_us", "q80_us", "before_us", "speedup", "target_us", "target_met"]
-    md = ["# pool_pack host time before the launch (CPU, 1 thread)", "",
-          environment_line(env), ""] + [f"> {n}" for n in notes] + [
-          "", markdown_table(rows, cols), "", "## Targets", ""] + [f"- {v}" for v in verdict]
-    payload = dict(environment=env, label="CPU", notes=notes, results=rows, before=before, targets=verdict)
-    finish(args.out, payload, "\n".join(md))
-    return payload
+    body = [markdown_table(rows, cols), "", "## Targets", ""] + [f"- {v}" for v in verdict]
+    return report(args.out, "# pool_pack host time before the launch (CPU, 1 thread)", env, notes,
+                  body, label="CPU", results=rows, before=before, targets=verdict)
 
 
 if __name__ == "__main__":

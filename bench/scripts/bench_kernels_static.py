@@ -219,6 +219,18 @@ def _kernel_module(source: Optional[str] = None):
     return mod
 
 
+def _cuobjdump(cubin_bytes: bytes):
+    """(SASS listing, resource usage) of a compiled kernel, from the wheel's cuobjdump."""
+    with tempfile.TemporaryDirectory() as d:
+        cubin = os.path.join(d, "k.cubin")
+        with open(cubin, "wb") as f:
+            f.write(cubin_bytes)
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", cubin], capture_output=True, text=True, check=True).stdout
+        res = subprocess.run([_tool("cuobjdump"), "-res-usage", cubin], capture_output=True, text=True,
+                             check=True).stdout
+    return sass, res
+
+
 def compile_one(job: Dict) -> Dict:
     """Compile one kernel variant for sm_90 and analyse it (runs in a worker process)."""
     os.environ.pop("TRITON_INTERPRET", None)
@@ -273,13 +285,7 @@ def compile_one(job: Dict) -> Dict:
     k = triton.compile(ASTSource(fn=jf, signature=sig, constexprs=cst, attrs=attrs),
                        target=GPUTarget("cuda", 90, 32), options=opts)
     compile_s = time.perf_counter() - t0
-    with tempfile.TemporaryDirectory() as d:
-        cubin = os.path.join(d, "k.cubin")
-        with open(cubin, "wb") as f:
-            f.write(k.asm["cubin"])
-        sass = subprocess.run([_tool("cuobjdump"), "-sass", cubin], capture_output=True, text=True, check=True).stdout
-        res = subprocess.run([_tool("cuobjdump"), "-res-usage", cubin], capture_output=True, text=True,
-                             check=True).stdout
+    sass, res = _cuobjdump(k.asm["cubin"])
     m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", res)
     regs, stack, shared_static, local = (int(v) for v in m.groups())
     shared = max(int(k.metadata.shared), shared_static)

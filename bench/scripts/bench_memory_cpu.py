@@ -93,7 +93,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         return {}
     import torch
 
-    from common import environment, environment_line, finish, markdown_table
+    from common import environment, markdown_table, report
     torch.set_num_threads(args.threads)   # as the rows' processes (the results file says so)
     rows = []
     for row in args.rows.split(","):
@@ -129,20 +129,17 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         f"thread(s), vision chunk {args.chunk_size} frames; each row in a fresh process after a "
         f"warm-up answer on 8 frames; the context raised past 32,768 for Dense (see the script).",
     ]
-    md = [f"# Activation memory, Dense vs compressed: tiny model, {args.frames} frames (CPU)", "",
-          environment_line(env), ""] + [f"> {n}" for n in notes] + ["",
-          markdown_table(rows, ["method", "visual_tokens", "prompt_tokens", "activation_peak_mib",
+    body = [markdown_table(rows, ["method", "visual_tokens", "prompt_tokens", "activation_peak_mib",
                                 "activation_x_dense", "resident_peak_mib", "resident_rise_mib",
                                 "weights_mib", "shadow_stack_mib"],
                          ["method", "visual tokens", "prompt tokens",
                           "activation peak MiB (CPU, torch allocator)", "x Dense",
                           "resident peak MiB (CPU, VmHWM)", "resident rise MiB (CPU)",
                           "weights MiB", "of which shadow stack MiB"])]
-    payload = dict(environment=env, label="CPU", notes=notes, rows=rows,
-                   settings=dict(frames=args.frames, threads=args.threads,
-                                 chunk_size=args.chunk_size, question=QUESTION))
-    finish(args.out, payload, "\n".join(md))
-    return payload
+    return report(args.out, f"# Activation memory, Dense vs compressed: tiny model, {args.frames} "
+                  "frames (CPU)", env, notes, body, label="CPU", rows=rows,
+                  settings=dict(frames=args.frames, threads=args.threads,
+                                chunk_size=args.chunk_size, question=QUESTION))
 
 
 if __name__ == "__main__":

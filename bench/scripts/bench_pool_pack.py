@@ -187,12 +187,8 @@ def bench_case(case: Case, *, kernel: bool, compile_: bool, rep: int, warmup: in
     kernel is its launcher (``pool_pack_bwd``, what autograd's backward calls) into a
     preallocated gradient, so it can be captured; the PyTorch paths' backward goes through
     autograd (rebuilt before every call, so eager). ``compiled`` keeps ``time_fn``."""
-    from vr_kernels.checks import KERNEL_DTYPES, check_args
-    from vr_kernels.pool_pack import TOKENS_PER_TILE, pool_pack_bwd
-    from vr_kernels.tiles import build_dest, build_tiles
     rows: List[Dict] = []
     dev = case.device
-    sc, dest = case.scales, case.dest
     tk = dict(device=dev, rep=rep, warm_s=warm_s)
     n_fwd_sets = rotation_count(case.fwd_bytes() + case.embeds.numel() * case.embeds.element_size(), dev)
     n_bwd_sets = rotation_count(case.bwd_bytes(), dev)
@@ -206,8 +202,17 @@ def bench_case(case: Case, *, kernel: bool, compile_: bool, rep: int, warmup: in
         t_cb = time_kernel(_copy_fns(case.bwd_bytes(), dev, n_bwd_sets), **tk)
         copy_b = _record(rows, case, "bwd", "copy", t_cb, case.bwd_bytes())["gbps"]
 
-    # ---- forward
-    fwd_sets = [(f, e.view(-1, case.D)) for f, e in sets[:n_fwd_sets]]
+    _forward(rows, case, sets[:n_fwd_sets], methods, kernel=kernel, compile_=compile_, rep=rep,
+             warmup=warmup, tk=tk, copy_gbps=copy_f)
+    _backward(rows, case, sets[:n_bwd_sets], methods, kernel=kernel, compile_=compile_, tk=tk,
+              copy_gbps=copy_b)
+    return rows
+
+
+def _forward(rows, case: Case, sets, methods, *, kernel, compile_, rep, warmup, tk, copy_gbps):
+    """The forward rows of ``bench_case`` (each method over the rotated input sets)."""
+    sc, dest, dev = case.scales, case.dest, case.device
+    fwd_sets = [(f, e.view(-1, case.D)) for f, e in sets]
     fwd = {}
     if kernel and "kernel" in methods:
         fwd["kernel"] = time_kernel([lambda f=f, e=e: pool_pack(f, sc, GRID, out=e, dest=dest, backend="triton")
@@ -229,10 +234,16 @@ def bench_case(case: Case, *, kernel: bool, compile_: bool, rep: int, warmup: in
         extra_c["compiled"] = dict(compile_s=fwd["compiled"].first_call)
         fwd["compiled_changing"], extra_c["compiled_changing"] = _changing(case, comp, rep)
     for m, t in fwd.items():
-        _record(rows, case, "fwd", m, t, case.fwd_bytes(), copy_f, **extra_c.get(m, {}))
+        _record(rows, case, "fwd", m, t, case.fwd_bytes(), copy_gbps, **extra_c.get(m, {}))
 
-    # ---- backward (gradient w.r.t. frames of the packed rows)
-    bwd_sets = [(fs, torch.randn(case.total, case.D, device=dev, dtype=case.dtype)) for fs, _ in sets[:n_bwd_sets]]
+
+def _backward(rows, case: Case, sets, methods, *, kernel, compile_, tk, copy_gbps):
+    """The backward rows of ``bench_case``: the gradient w.r.t. the frames of the packed rows."""
+    from vr_kernels.checks import KERNEL_DTYPES, check_args
+    from vr_kernels.pool_pack import TOKENS_PER_TILE, pool_pack_bwd
+    from vr_kernels.tiles import build_dest, build_tiles
+    sc, dev, f = case.scales, case.device, case.frames
+    bwd_sets = [(fs, torch.randn(case.total, case.D, device=dev, dtype=case.dtype)) for fs, _ in sets]
     if kernel and "kernel" in methods:
         plan = check_args(f, sc, GRID, None, None, dtypes=KERNEL_DTYPES)
         tiles, n_fwd = build_tiles(plan, TOKENS_PER_TILE, dev)
@@ -240,7 +251,7 @@ def bench_case(case: Case, *, kernel: bool, compile_: bool, rep: int, warmup: in
         dxs = [torch.empty_like(fs) for fs, _ in bwd_sets]
         t = time_kernel([lambda g=g, dx=dx: pool_pack_bwd(g, plan, tiles, n_fwd, dest_t, dx)
                          for (_, g), dx in zip(bwd_sets, dxs)], **tk)
-        _record(rows, case, "bwd", "kernel", t, case.bwd_bytes(), copy_b)
+        _record(rows, case, "bwd", "kernel", t, case.bwd_bytes(), copy_gbps)
     bwd_fns = {}
     if "llava" in methods:
         bwd_fns["llava"] = lambda a: llava_packed(a, sc)
@@ -260,8 +271,7 @@ def bench_case(case: Case, *, kernel: bool, compile_: bool, rep: int, warmup: in
             state["y"], state["g"] = fn(a), bwd_sets[i % len(bwd_sets)][1]
 
         t = time_kernel([lambda: state["y"].backward(state["g"])], setup=setup, **tk)
-        _record(rows, case, "bwd", m, t, case.bwd_bytes(), copy_b)
-    return rows
+        _record(rows, case, "bwd", m, t, case.bwd_bytes(), copy_gbps)
 
 
 def _changing(case: Case, comp, rep: int):
@@ -430,7 +440,8 @@ def cpu_vs_compile(rep: int, out: Optional[str] = None, dtypes=("float32", "bflo
     return payload
 
 
-def main(argv: Optional[List[str]] = None) -> Dict:
+def parse_args(argv: Optional[List[str]] = None):
+    """(arguments, the methods to time); argparse's exit 2 on a bad one."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="paper shape only (GPU) / tiny sizes (CPU)")
     p.add_argument("--out", default=None, help="results file (.json; a .md table is written beside it)")
@@ -457,14 +468,11 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         p.error(f"--warm-ms: expected >= 0, got {args.warm_ms}")
     if args.rep is not None and args.rep < 1:
         p.error(f"--rep: expected >= 1, got {args.rep}")
-    if args.cpu_vs_compile:
-        return cpu_vs_compile(args.rep or 30, args.out)
-    if args.processes > 1:
-        return run_processes(args, methods)
+    return args, methods
 
-    gpu = has_cuda()
-    device = torch.device("cuda" if gpu else "cpu")
-    dtype = torch.bfloat16
+
+def plan_cases(args, gpu: bool):
+    """(cases, rep, warmup, whether the paper shape is compiled, notes) of one process."""
     notes = []
     if gpu:
         rep, warmup = args.rep or 30, 5
@@ -493,6 +501,20 @@ def main(argv: Optional[List[str]] = None) -> Dict:
                  "device time from CUDA-graph replays where capture works, else CUDA events "
                  "(eager); host_ms is the host's time to issue one call, apart. The kernel's "
                  "backward is its launcher into a preallocated gradient.")
+    return cases, rep, warmup, compile_paper, notes
+
+
+def main(argv: Optional[List[str]] = None) -> Dict:
+    args, methods = parse_args(argv)
+    if args.cpu_vs_compile:
+        return cpu_vs_compile(args.rep or 30, args.out)
+    if args.processes > 1:
+        return run_processes(args, methods)
+
+    gpu = has_cuda()
+    device = torch.device("cuda" if gpu else "cpu")
+    dtype = torch.bfloat16
+    cases, rep, warmup, compile_paper, notes = plan_cases(args, gpu)
     for n in notes:
         print("NOTE:", n)
 

@@ -206,6 +206,36 @@ def ttf_args(argv):
     return args
 
 
+def ttf_methods(cores: int):
+    """(label, decoder, workers, seek) of each row of a clip and frame count."""
+    methods = [("decord", "decord", 1, "exact")] if "decord" in \
+        decoders.available_decoders() else []
+    methods += [("PyAV (1 decoder, no frame skipping)", "pyav-plain", 1, "exact"),
+                ("ours exact, 1 worker", "pyav", 1, "exact")]
+    methods += [(f"ours exact, {w} workers" + (" (all cores)" if w == cores else ""),
+                 "pyav", w, "exact") for w in sorted({2, cores}) if w > 1]
+    methods += [("ours keyframe, 1 worker", "pyav", 1, "keyframe")]
+    methods += [(f"ours keyframe, {cores} workers (all cores)", "pyav", cores,
+                 "keyframe")] if cores > 1 else []
+    return methods
+
+
+def ttf_environment(cores: int) -> dict:
+    """``environment()`` plus the decoders' versions, the cores and the load after the run."""
+    import av
+    env = environment()
+    env.update(pyav=av.__version__, ffmpeg_in_pyav=av.ffmpeg_version_info,
+               cores_available=cores, cpu_count=os.cpu_count())
+    if "decord" in decoders.available_decoders():
+        import decord
+        env["decord"] = decord.__version__
+    try:
+        env["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    return env
+
+
 def ttf_main(argv) -> int:
     args = ttf_args(argv)
     import numpy as np
@@ -225,17 +255,8 @@ def ttf_main(argv) -> int:
             need = needed_frames(info, idx)
             limit, limit_cpu = need / rate, need / cpu_rate
             kidx = decoders.keyframe_indices(info, idx)
-            methods = [("decord", "decord", 1, "exact")] if "decord" in \
-                decoders.available_decoders() else []
-            methods += [("PyAV (1 decoder, no frame skipping)", "pyav-plain", 1, "exact"),
-                        ("ours exact, 1 worker", "pyav", 1, "exact")]
-            methods += [(f"ours exact, {w} workers" + (" (all cores)" if w == cores else ""),
-                         "pyav", w, "exact") for w in sorted({2, cores}) if w > 1]
-            methods += [("ours keyframe, 1 worker", "pyav", 1, "keyframe")]
-            methods += [(f"ours keyframe, {cores} workers (all cores)", "pyav", cores,
-                         "keyframe")] if cores > 1 else []
             ref_hash = key_hash = None
-            for label, dec, w, seek in methods:
+            for label, dec, w, seek in ttf_methods(cores):
                 saved = pyav_decoder._NONREF_CODECS
                 if dec == "pyav-plain":   # the decode as it was: every frame decoded
                     pyav_decoder._NONREF_CODECS = frozenset()
@@ -274,17 +295,7 @@ def ttf_main(argv) -> int:
                      f"mean keyframe interval {gop:.0f} frames)", "time_s": "-",
                      "x_limit": "-", "cpu_s": "-", "cpu_x_limit": "-", "frames_used": "-",
                      "identical_to_pyav": "-"})
-    import av
-    env = environment()
-    env.update(pyav=av.__version__, ffmpeg_in_pyav=av.ffmpeg_version_info,
-               cores_available=cores, cpu_count=os.cpu_count())
-    if "decord" in decoders.available_decoders():
-        import decord
-        env["decord"] = decord.__version__
-    try:
-        env["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        pass
+    env = ttf_environment(cores)
     payload = {"benchmark": "time to frames: decode the sampled frames (InternVL sampling) at "
                             "the pipeline's decode size, by method",
                "label": f"CPU, {cores} cores (shared machine: other jobs ran; ratios are from "

@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-sys.path[:0] = [str(__import__("pathlib").Path(__file__).resolve().parents[2] / "bench" / "scripts"), str(__import__("pathlib").Path(__file__).resolve().parents[2] / "bench")]
+BENCH = __import__("pathlib").Path(__file__).resolve().parents[2] / "bench"
+sys.path[:0] = [str(BENCH / "scripts"), str(BENCH)]
 import bench_ask_one_shot as ask_one_shot  # noqa: E402
 
 

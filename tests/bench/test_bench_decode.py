@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-sys.path[:0] = [str(pathlib.Path(__file__).resolve().parents[2] / "bench" / "scripts"), str(pathlib.Path(__file__).resolve().parents[2] / "bench")]
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
+sys.path[:0] = [str(BENCH / "scripts"), str(BENCH)]
 
 
 def test_cpu_smoke(tmp_path):

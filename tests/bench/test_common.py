@@ -3,7 +3,8 @@ import json
 import pathlib
 import sys
 
-sys.path[:0] = [str(pathlib.Path(__file__).resolve().parents[2] / "bench" / "scripts"), str(pathlib.Path(__file__).resolve().parents[2] / "bench")]
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
+sys.path[:0] = [str(BENCH / "scripts"), str(BENCH)]
 
 import common  # noqa: E402
 

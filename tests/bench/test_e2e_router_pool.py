@@ -3,15 +3,16 @@ FixedRelevance(run_routers=True) used to call frame_probs with no pool)."""
 import pathlib
 import sys
 
-sys.path[:0] = [str(pathlib.Path(__file__).resolve().parents[2] / "bench" / "scripts"), str(pathlib.Path(__file__).resolve().parents[2] / "bench")]
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
+sys.path[:0] = [str(BENCH / "scripts"), str(BENCH)]
 
 
 def test_bench_rows_pass_the_pool_to_the_scorer():
     import argparse
-    import bench_e2e
+    from models import e2e_measure
     args = argparse.Namespace(max_new_tokens=2, margin=10, router_pool=4)
-    opts = bench_e2e.answer_options(args, 4, 4000, 600, {"policy": "fragment"},
-                                    relevant=[True, False, True, False])
+    opts = e2e_measure.answer_options(args, 4, 4000, 600, {"policy": "fragment"},
+                                      relevant=[True, False, True, False])
     assert opts.scorer.run_routers and opts.scorer.router_pool == 4 and opts.router_pool is None
-    assert bench_e2e.used_router_pool([{"router_pool": 4}, {"router_pool": None}]) == 4
-    assert bench_e2e.used_router_pool([{"router_pool": None}]) is None
+    assert e2e_measure.used_router_pool([{"router_pool": 4}, {"router_pool": None}]) == 4
+    assert e2e_measure.used_router_pool([{"router_pool": None}]) is None

@@ -152,6 +152,7 @@ def test_cpu_mode_end_to_end(tmp_path):
     match the planner, the routers really run in the VideoRouter rows, files are complete."""
     import csv
     import bench_e2e
+    from models import e2e_measure
     from vr_runtime import plan_budget, plan_dense, plan_fragment, plan_tokens, plan_uniform
     threads = torch.get_num_threads()
     stem = tmp_path / "e2e_smoke"
@@ -183,7 +184,7 @@ def test_cpu_mode_end_to_end(tmp_path):
     clip = rows["clip"]
     assert not clip.get("error"), clip.get("error")
     assert clip["router_s"] > 0 and clip["policy_run"] == "fragment"
-    assert sum(1 for w in clip["scales"] if bench_e2e._norm(w) == (1, 1)) == sum(rel) == \
+    assert sum(1 for w in clip["scales"] if e2e_measure._norm(w) == (1, 1)) == sum(rel) == \
         clip["relevant"]
     assert clip["visual_tokens"] == rows["vr24"]["visual_tokens"]
     for key, plan in expect.items():
@@ -195,7 +196,7 @@ def test_cpu_mode_end_to_end(tmp_path):
         if key.startswith("vr"):
             assert r["router_s"] > 0 and r["policy_run"] == "fragment"
             assert r["budget_runtime"] == B
-            assert [bench_e2e._norm(w) for w in r["scales"]] == [bench_e2e._norm(w) for w in plan]
+            assert [e2e_measure._norm(w) for w in r["scales"]] == [e2e_measure._norm(w) for w in plan]
         else:
             assert r["router_s"] == 0
     assert rows["dense"]["ttft_x_dense"] == 1.0
