@@ -31,3 +31,19 @@ def test_markdown_grid_alignment_and_environment_line():
     env = dict(device="D", torch="2", triton="3", date_utc="T", command="c", load_avg_1m=0.5)
     assert common.environment_line(env) == "D; torch 2; T; command: `c`; 1-min load average 0.5"
     assert common.environment_line(env, ("triton",), load=False) == "D; triton 3; T; command: `c`"
+
+
+def test_report_writes_the_page_the_scripts_wrote_by_hand(tmp_path, capsys):
+    """common.report: title, environment line, notes as quotes, then the body; the payload
+    starts with environment, label and notes, then the script's own fields."""
+    env = dict(device="D", torch="2", date_utc="T", command="c", load_avg_1m=0.5)
+    out = tmp_path / "r.json"
+    body = ["| a |", "|---|", "", "## More"]
+    payload = common.report(str(out), "# Title", env, ["n1", "n2"], body, label="CPU", rows=[1])
+    by_hand = ["# Title", "", common.environment_line(env), ""] + ["> n1", "> n2"] + [""] + body
+    assert (tmp_path / "r.md").read_text() == "\n".join(by_hand) + "\n"
+    assert list(payload) == ["environment", "label", "notes", "rows"]
+    assert json.loads(out.read_text())["rows"] == [1]
+    common.report(str(out), "# T", env, [], [], label="x", head=["model figures"], show=False)
+    assert (tmp_path / "r.md").read_text() == "# T\n\nmodel figures\n"   # trailing blanks trimmed
+    assert capsys.readouterr().out.endswith(f"wrote {out}\n")
