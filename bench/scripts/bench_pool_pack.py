@@ -40,8 +40,9 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]   # the package and the harness, run as a file
 RESULTS = os.path.join(ROOT, "bench", "results")
-from common import (Timing, _quantile, environment, environment_line, finish, gbps, has_cuda,  # noqa: E402
-                    markdown_table, rotation_count, spread, time_fn, time_kernel, write_results)
+from common import (Timing, _quantile, environment, finish, gbps, has_cuda,  # noqa: E402
+                    markdown_table, report, rotation_count, spread, time_fn, time_kernel,
+                    write_results)
 
 from vr_kernels import pool_pack, pool_pack_reference, pooled_counts  # noqa: E402
 from vr_kernels.reference import pool_frame  # noqa: E402
@@ -430,14 +431,11 @@ def cpu_vs_compile(rep: int, out: Optional[str] = None, dtypes=("float32", "bflo
              "compiled = torch.compile(pool_pack_reference, dynamic=False) with a fixed schedule, steady "
              "state; compile_s is its first call."]
     cols = ["dtype", "dir", "torch_path_ms", "compiled_ms", "speedup", "compile_s", "target_met"]
-    md = ["# CPU path vs torch.compile of the reference", "",
-          environment_line(env), ""] + [f"> {n}" for n in notes] + [
-          "", markdown_table(rows, cols, ["dtype", "direction", "torch path ms", "torch.compile ms",
-                                          "compiled / ours", "compile s", "ours <= compiled"])]
-    payload = dict(environment=env, label="CPU", notes=notes, case=CPU_COMPARE, rep=rep, results=rows)
+    body = [markdown_table(rows, cols, ["dtype", "direction", "torch path ms", "torch.compile ms",
+                                        "compiled / ours", "compile s", "ours <= compiled"])]
     out = out or os.path.join(RESULTS, "pool_pack_cpu_vs_compile.json")
-    finish(out, payload, "\n".join(md))
-    return payload
+    return report(out, "# CPU path vs torch.compile of the reference", env, notes, body,
+                  label="CPU", case=CPU_COMPARE, rep=rep, results=rows)
 
 
 def parse_args(argv: Optional[List[str]] = None):
