@@ -122,6 +122,13 @@ def positive_int(name: str):
     return arg_type(int, lambda v: v >= 1, "an integer >= 1", name)
 
 
+def long_prompt_arg(text: str):
+    """``--long-prompt``: ``auto`` or a frame count >= 1."""
+    if text == "auto":
+        return text
+    return positive_int("--long-prompt")(text)
+
+
 positive_seconds = arg_type(float, lambda v: 0 < v < float("inf"), "a number of seconds > 0",
                             "--ttft-budget")
 
@@ -162,6 +169,14 @@ ANSWER_FLAGS = {
     "--policy": lambda: dict(default="auto", metavar="POLICY", help=_policy_help()),
     "--scales": lambda: dict(type=scales_arg, default=None, metavar="S_G,S_1,S_0|auto",
                              help=SCALES_HELP),
+    "--long-prompt": lambda: dict(
+        default=None, metavar="auto|N", type=long_prompt_arg,
+        help="beyond the paper: with more frames than the backbone was trained on, keep the "
+             "relevant frames at full resolution plus a coverage set spread in time, at most "
+             "that many frames in the prompt (auto: the backbone's own figure) (default: off)"),
+    "--neighbour-window": lambda: dict(
+        type=positive_int("--neighbour-window"), default=None, metavar="S",
+        help="with --long-prompt: pool the relevant frames' neighbours SxS (default: none)"),
     "--allow-over-length": lambda: dict(
         action="store_true",
         help="let an unbudgeted policy (dense) make a prompt longer than --max-length (refused "
@@ -232,6 +247,8 @@ def answer_options(args, **extra):
                          seek=getattr(args, "seek", "exact"),
                          decoder=getattr(args, "decoder", "auto"),
                          allow_over_length=bool(getattr(args, "allow_over_length", False)),
+                         long_prompt=getattr(args, "long_prompt", None),
+                         neighbour_window=getattr(args, "neighbour_window", None),
                          **extra)
 
 

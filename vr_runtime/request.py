@@ -4,7 +4,8 @@
 spirit of vLLM's ``SamplingParams``): built and checked once in ``__post_init__`` -- every error
 is one line naming the option and what to do -- and varied with ``dataclasses.replace`` (which
 checks the variant again). The CLI, the serve engine, the eval runner, the lmms-eval model and
-``bench/bench_e2e.py`` each build one and call ``vr.answer(video, question, options=opts)``;
+``bench/scripts/bench_e2e.py`` each build one and call
+``vr.answer(video, question, options=opts)``;
 ``vr.answer(video, question, **kwargs)`` is the same call with ``AnswerOptions(**kwargs)``.
 
 :class:`Request` is the runtime's checked call: the video, the question and the options
@@ -12,9 +13,11 @@ resolved (the frame scorer built, the Semantic Router's routes completed, the wi
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Mapping, Optional, Sequence, Tuple, Union
 
+from .backbones.trained_frames import trained_frames_of
 from .planning import scales as scale_rules
 from .planning.policies import (SEMANTIC_CLASSES, Windows, get_planner, is_budgeted,
                                 policy_names)
@@ -92,6 +95,14 @@ class AnswerOptions:
     router_question: Optional[str] = None
     #: Let an unbudgeted policy (dense) exceed ``max_length`` (never the model's context).
     allow_over_length: bool = False
+    #: Beyond the paper: ``"auto"`` sends both Semantic Router classes to the long-prompt
+    #: planners (planning/long_prompt.py: the relevant frames at full resolution plus a
+    #: coverage set spread in time, at most the backbone's trained frame count in the prompt,
+    #: backbones.trained_frames); an int caps the prompt at that many frames; None: the
+    #: paper's planners.
+    long_prompt: Union[None, str, int] = None
+    #: With ``long_prompt``: the relevant frames' neighbours' window (None: no middle window).
+    neighbour_window: Optional[int] = None
 
     def __post_init__(self):
         if self.policy not in policy_names():
@@ -103,6 +114,11 @@ class AnswerOptions:
                          ("max_frames", 1)):
             _check_int(name, getattr(self, name), lo)
         self._check_rate()
+        lp = self.long_prompt
+        if lp is not None and lp != "auto" and (not isinstance(lp, int) or isinstance(lp, bool)
+                                                or lp < 1):
+            raise ValueError(f"long_prompt: expected 'auto', a frame count >= 1 or None, got "
+                             f"{lp!r}")
         b = self.budget
         if b is not None and (not isinstance(b, int) or isinstance(b, bool) or b < 1):
             raise ValueError(f"budget: expected a visual-token budget >= 1 or None, got {b!r}")
@@ -170,6 +186,8 @@ class AnswerOptions:
     def routes(self) -> dict:
         """Semantic Router class -> planner, every class present (``route_to`` over identity)."""
         routes = dict(zip(SEMANTIC_CLASSES, SEMANTIC_CLASSES))
+        if self.long_prompt is not None:
+            routes.update({"fragment": "fragment-long", "global": "global-long"})
         routes.update(self.route_to or {})
         return routes
 
@@ -180,7 +198,7 @@ class AnswerOptions:
             raise ValueError("scales 'auto': the windows depend on the request's visual budget; "
                              "read them from the Request (VideoRouter.request(...).windows)")
         return Windows(relevant_window=self.relevant_window, other_window=self.other_window,
-                       global_window=self.global_window)
+                       global_window=self.global_window, neighbour_window=self.neighbour_window)
 
     def frame_scorer(self) -> FrameScorer:
         """The scorer a relevance policy runs: ``scorer``, fixed ``relevant`` decisions, or the
@@ -223,6 +241,11 @@ class Request:
                 raise ValueError("scales 'auto': resolving it needs the backbone "
                                  "(Request.build(..., lm=vr.lm), as VideoRouter.request does)")
             object.__setattr__(req, "windows", req._auto_windows(lm))
+        if options.long_prompt is not None:
+            cap = options.long_prompt if options.long_prompt != "auto" else \
+                (trained_frames_of(lm) if lm is not None else None)
+            object.__setattr__(req, "windows", dataclasses.replace(
+                req.windows, prompt_frames=cap, neighbour_window=options.neighbour_window))
         return req
 
     def _auto_windows(self, lm) -> Windows:

@@ -90,3 +90,24 @@ def test_load_frames_opens_without_decoding(tiny_vr):
     req = tiny_vr.request(pv, Q, num_frames=3)
     f = tiny_vr.load_frames(req, StageTimer(tiny_vr.lm.device))
     assert f.T == 3 and f.pixel_values is None
+
+
+def test_long_prompt_routes_to_the_long_planners(tiny_vr):
+    """long_prompt="auto": both Semantic Router classes go to the long-prompt planners, capped at
+    the backbone's trained frame count (the tiny's 16); the budget stays exact and every
+    relevant frame stays at full resolution; a bad value is one line."""
+    from vr_runtime.backbones.trained_frames import trained_frames_of
+    T, cap = 40, trained_frames_of(tiny_vr.lm)
+    rel = [t in (7, 30) for t in range(T)]
+    req = tiny_vr.request(torch.zeros(T, 3, 448, 448), Q, num_frames=T, long_prompt="auto",
+                          neighbour_window=2)
+    assert req.route_to == {"global": "global-long", "fragment": "fragment-long"}
+    assert req.windows.prompt_frames == cap == 16 and req.windows.neighbour_window == 2
+    r = tiny_vr.answer(torch.zeros(T, 3, 448, 448), Q, num_frames=T, max_length=2400,
+                       max_new_tokens=2, policy="fragment-long", relevant=rel,
+                       long_prompt="auto").report
+    kept = [t for t, w in enumerate(r["scales"]) if w != 0]
+    assert len(kept) <= cap and {7, 30} <= set(kept) and r["scales"][7] == 1
+    assert r["visual_tokens"] <= r["budget"]
+    with pytest.raises(ValueError, match="long_prompt"):
+        AnswerOptions(long_prompt="sometimes")

@@ -134,7 +134,8 @@ def causal_key_fraction(q_len: int, k_len: int, kv_block: int) -> float:
     192 / below 768 / from 768), and for each query block every ``kv_block``-key block up to the
     block's last row in full, masked or not. So up to ``kv_block`` keys causal attention costs as
     much as non-causal, and the saving tends to one half only for long sequences (0.75 at 1,024
-    keys, 0.63 at 2,048; ``bench/cost_model.py`` times causal against non-causal to check it)."""
+    keys, 0.63 at 2,048; ``bench/scripts/bench_cost_model.py`` times causal against non-causal
+    to check it)."""
     if kv_block <= 0:
         return 0.5
     q_block = 256 if q_len >= 768 else 64 if q_len >= 192 else 32

@@ -125,17 +125,18 @@ class FileSource(FrameSource):
                            p.seek, p.workers, job_frames=job_frames, window=window,
                            should_stop=p.should_stop)
 
-    def prefetch(self, frames: int, should_stop=None) -> "FileSource":
-        """Decode the first ``frames`` sampled frames now (and wait for them), before the
-        caller's turn on the model (the server does this off the model's lock): the frames the
-        vision stage then reads come from here first, and the stream goes on from there. At
-        most ``frames`` resized frames are held meanwhile."""
+    def prefetch(self, frames: int, should_stop=None, wait: bool = True) -> "FileSource":
+        """Decode the first ``frames`` sampled frames now, before the caller's turn on the
+        model (the server does this off the model's lock; ``ask`` while the model loads): the
+        frames the vision stage then reads come from here first, and the stream goes on from
+        there. At most ``frames`` resized frames are held meanwhile. ``wait``: return once they
+        are decoded (a failure is raised here); else at once."""
         frames = min(int(frames), len(self.indices), self._frames_that_fit())
         if self._prefetch is None and frames > 0:
             self._t_prefetch = time.perf_counter()
             self._prefetch = self.stream(range(len(self.indices)),
                                          window=max(int(frames), 1))
-        if self._prefetch is None:
+        if self._prefetch is None or not wait:
             return self
         try:
             self._prefetch.wait_filled(frames, should_stop)
