@@ -60,8 +60,10 @@ def ask(tree: pathlib.Path, clip: pathlib.Path, frames: int, extra=()) -> dict:
            "answer": out["answer"], "kept": rep["frames_kept"],
            "scales": rep["scales"], "frame_indices": rep["frame_indices"]}
     row.update({k: t.get(k) for k in STAGES})
+    # the video's time is "frames" now ("decode" in trees before the frame stream)
+    row["decode"] = t.get("frames", t.get("decode"))
     if row["first_token"] is None:    # before: decoding, then the stages of the TTFT
-        row["first_token"] = round(t["decode"] + t["ttft"], 3)
+        row["first_token"] = round(row["decode"] + t["ttft"], 3)
     return row
 
 
