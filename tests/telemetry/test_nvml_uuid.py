@@ -101,7 +101,7 @@ def test_older_torch_without_uuid_falls_back_to_bus_then_index_list(gpus):
 
 
 def test_bench_nvml_reader_uses_the_same_match(gpus):
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench" / "models"))
     try:
         import e2e_memory
     finally:

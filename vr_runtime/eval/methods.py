@@ -112,7 +112,7 @@ def resized_router(vr, size: Tuple[int, int]):
         from ..runtime import VideoRouter
         # no throw-away request at load: the base runtime already paid CUDA's first-call costs
         per[size] = VideoRouter(vr.lm.at_resolution(*size), routers=vr.routers,
-                                visual_cache_size=vr.visual_cache_size, decoding=vr.greedy.mode,
+                                visual_cache_size=vr.visual_cache.size, decoding=vr.greedy.mode,
                                 warm_request=False)
     return per[size]
 

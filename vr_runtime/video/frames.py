@@ -286,8 +286,11 @@ class Frames:
         """Normalised pixels of ``units``, ``chunk`` units at a time, as ``[n, 3k, H, W]``
         (frames of a unit side by side on the channel axis, as ``Backbone.units`` lays them).
         Closing this generator stops the source's decoding workers."""
-        if self.pixel_values is not None:
-            yield from TensorSource(self.pixel_values).chunks(list(units), chunk, device)
+        if self.pixel_values is not None:   # units [T, 3k, H, W], held whole
+            units = list(units)
+            for i in range(0, len(units), chunk):
+                x = self.pixel_values[units[i:i + chunk]]
+                yield x if device is None else x.to(device, non_blocking=True)
             return
         k = self.k
         gen = self.source.chunks(self.positions(units), chunk * k, device)
