@@ -42,7 +42,7 @@ def _reference_z(vr, path, n, chunk):
     return vr.lm.encode_frames(pv, chunk), clip
 
 
-@pytest.mark.parametrize("n,chunk", [(7, 3), (12, 16)])
+@pytest.mark.parametrize("n,chunk", [(7, 3)])
 def test_streamed_z_is_the_whole_clips(vr, clip_path, n, chunk):
     ref, _ = _reference_z(vr, clip_path, n, chunk)
     req = vr.request(clip_path, Q, num_frames=n, chunk_size=chunk)
@@ -56,7 +56,7 @@ def test_streamed_z_is_the_whole_clips(vr, clip_path, n, chunk):
     assert frames.pixel_values is None                 # no pixel outlived the vision stage
 
 
-@pytest.mark.parametrize("policy", ["fragment", "uniform", "global"])
+@pytest.mark.parametrize("policy", ["fragment", "uniform"])
 def test_the_answer_and_plan_are_the_decoded_clips(vr, clip_path, policy):
     spec = vr.lm.frame_spec
     clip = load_video(clip_path, num_frames=8, size=spec.size[0], mean=spec.mean, std=spec.std)
@@ -73,7 +73,8 @@ def test_the_answer_and_plan_are_the_decoded_clips(vr, clip_path, policy):
     assert "frames_wait" in t and t["frames"] > 0
 
 
-def test_batch_and_cache_take_the_stream(vr, clip_path):
+def test_batch_and_cache_take_the_stream(tiny_vr, clip_path):
+    vr = tiny_vr
     opts = AnswerOptions(num_frames=6, max_length=1200, max_new_tokens=2, policy="fragment",
                          chunk_size=4)
     one = vr.answer(clip_path, Q, options=opts)
