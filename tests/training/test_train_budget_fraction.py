@@ -32,7 +32,7 @@ def test_a_quarter_of_dense_plans_as_the_runtime_does_with_that_budget(tiny_lm, 
     assert plan == plan_request(vr.lm, req, "fragment", T, mask).plan
     gplan, gfrag = tr.training_plan(torch.tensor([1.0, 0.0]), torch.zeros(T),
                                     {"policy": 0, "question": Q})
-    assert not gfrag and gplan == plan_global(T, budget, tr.grid, scale=2)
+    assert not gfrag and gplan == plan_global(T, budget, tr.grid, window=2)
     assert sum(256 // (w * w) for w in gplan if w) <= budget
 
 

@@ -66,16 +66,17 @@ def _tokens(w, grid: Grid) -> int:
     return n
 
 
-def plan_global(num_frames: int, budget: int, grid: Grid = (16, 16), scale=2) -> list:
-    """Every frame at ``scale``; if that exceeds the budget, UniformSample k = floor(B / tokens)."""
+def plan_global(num_frames: int, budget: int, grid: Grid = (16, 16), window=2) -> list:
+    """Every frame at ``window``; if that exceeds the budget, UniformSample k = floor(B /
+    tokens)."""
     _check(num_frames, budget)
-    normalize_window(scale, "scale")
-    per = _tokens(scale, grid)
+    normalize_window(window, "window")
+    per = _tokens(window, grid)
     if num_frames * per <= budget:
-        return [scale] * num_frames
+        return [window] * num_frames
     k = budget // per
     keep = set(uniform_sample(range(num_frames), k))
-    return [scale if t in keep else 0 for t in range(num_frames)]
+    return [window if t in keep else 0 for t in range(num_frames)]
 
 
 EMPTY_FRAGMENT = ("global", "low")   # what Algorithm 1 does with no relevant frame
@@ -120,7 +121,7 @@ def plan_dense(num_frames: int) -> list:
 
 def plan_budget(num_frames: int, budget: int, grid: Grid = (16, 16)) -> list:
     """InternVL3*: as many full-resolution frames as the budget holds, uniformly sampled."""
-    return plan_global(num_frames, budget, grid, scale=1)
+    return plan_global(num_frames, budget, grid, window=1)
 
 
 # Windows from finest to coarsest; the 1x2 step is the paper's Uniform Pooling row
