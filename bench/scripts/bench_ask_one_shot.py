@@ -35,6 +35,8 @@ import subprocess
 import sys
 import time
 
+from vr_runtime.data.atomic import write_files_atomically
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 QUESTION = "What shape is the blue object?"
 ARGS = ["--frames", "16", "--max-length", "1400", "--json"]
@@ -198,8 +200,8 @@ def main(argv=None):
     res["load_average_after"] = os.getloadavg()[0]
     text = json.dumps(res, indent=1)
     print(text)
-    if a.out:
-        pathlib.Path(a.out).write_text(text + "\n")
+    if a.out:   # whole or not at all: a killed run leaves the previous results
+        write_files_atomically({a.out: text + "\n"})
 
 
 if __name__ == "__main__":

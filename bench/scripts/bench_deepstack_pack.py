@@ -26,7 +26,7 @@ import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]   # the package and the harness, run as a file
-from common import environment, time_fn  # noqa: E402
+from common import environment, time_fn, write_results  # noqa: E402
 from vr_kernels import pool_pack, pooled_counts  # noqa: E402
 
 
@@ -77,10 +77,9 @@ def main(argv=None):
                       "per_stream_over_stacked": round(per.median / stacked.median, 3)}
     res = {"environment": environment(dev), "dtype": a.dtype, "units": U,
            "tokens_per_unit": N, "hidden": D, "streams": S, "plans": rows}
-    text = json.dumps(res, indent=2)
-    print(text)
+    print(json.dumps(res, indent=2))
     if a.out:
-        pathlib.Path(a.out).write_text(text + "\n")
+        write_results(a.out, res)   # whole or not at all (the harness's atomic write)
 
 
 if __name__ == "__main__":

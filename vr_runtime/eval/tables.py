@@ -210,30 +210,29 @@ def csv_text(rows) -> str:
     return out.getvalue()
 
 
-def plot(rows, path: pathlib.Path, title: str) -> None:
+MARKERS = "osD^vPX*h<>p"
+DASHES = ("-", "--", ":", "-.")
+
+
+def _new_plot():
+    """matplotlib's Agg canvas (no display) -> (pyplot, figure, axes)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    lines: Dict[tuple, list] = defaultdict(list)
-    for r in rows:
-        if r["visual_tokens_mean"] is not None:   # None: every question failed
-            lines[(r["method"], r["frames"])].append(r)
-    multi_f = len({r["frames"] for r in rows}) > 1
-    markers = "osD^vPX*h<>p"
-    for i, ((method, frames), rs) in enumerate(lines.items()):
-        rs = sorted(rs, key=lambda r: r["visual_tokens_mean"])
-        label = f"{method} ({frames} fr)" if multi_f else method
-        x = [r["visual_tokens_mean"] for r in rs]
-        y = [r["accuracy"] for r in rs]
-        # the 95% intervals as bars (rows written before they existed: none)
-        cis = [r.get("accuracy_ci95") or [r["accuracy"]] * 2 for r in rs]
-        yerr = [[a - ci[0] for a, ci in zip(y, cis)], [ci[1] - a for a, ci in zip(y, cis)]]
-        # Distinct markers and dashes: methods with identical plans draw on top of each other.
-        ax.errorbar(x, y, yerr=yerr, marker=markers[i % len(markers)], label=label, alpha=0.85,
-                    markersize=7 - 0.3 * (i % 5), linestyle=("-", "--", ":", "-.")[i % 4]
-                    if len(rs) > 1 else "none", capsize=3, elinewidth=0.8)
-    ax.set_xlabel("mean visual tokens (actual)")
+    return plt, fig, ax
+
+
+def _accuracy_bars(rs) -> tuple:
+    """Accuracy of each row and its 95% interval as error bars (rows written before the
+    intervals existed: none) -> (y, yerr)."""
+    y = [r["accuracy"] for r in rs]
+    cis = [r.get("accuracy_ci95") or [r["accuracy"]] * 2 for r in rs]
+    return y, [[a - ci[0] for a, ci in zip(y, cis)], [ci[1] - a for a, ci in zip(y, cis)]]
+
+
+def _finish_plot(plt, fig, ax, xlabel: str, title: str, path: pathlib.Path) -> None:
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("accuracy (%), bars: 95% Wilson interval")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
@@ -243,13 +242,29 @@ def plot(rows, path: pathlib.Path, title: str) -> None:
     plt.close(fig)
 
 
+def plot(rows, path: pathlib.Path, title: str) -> None:
+    plt, fig, ax = _new_plot()
+    lines: Dict[tuple, list] = defaultdict(list)
+    for r in rows:
+        if r["visual_tokens_mean"] is not None:   # None: every question failed
+            lines[(r["method"], r["frames"])].append(r)
+    multi_f = len({r["frames"] for r in rows}) > 1
+    for i, ((method, frames), rs) in enumerate(lines.items()):
+        rs = sorted(rs, key=lambda r: r["visual_tokens_mean"])
+        label = f"{method} ({frames} fr)" if multi_f else method
+        y, yerr = _accuracy_bars(rs)
+        # Distinct markers and dashes: methods with identical plans draw on top of each other.
+        ax.errorbar([r["visual_tokens_mean"] for r in rs], y, yerr=yerr,
+                    marker=MARKERS[i % len(MARKERS)], label=label, alpha=0.85,
+                    markersize=7 - 0.3 * (i % 5), linestyle=DASHES[i % 4]
+                    if len(rs) > 1 else "none", capsize=3, elinewidth=0.8)
+    _finish_plot(plt, fig, ax, "mean visual tokens (actual)", title, path)
+
+
 def plot_vs_frames(rows, path: pathlib.Path, title: str) -> None:
     """Accuracy against the frames sampled, one line a method (and budget), 95% intervals as
     bars: the needle benchmark's figure (does an answer survive a longer video?)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    plt, fig, ax = _new_plot()
     lines: Dict[tuple, list] = defaultdict(list)
     for r in rows:
         if r["n"]:
@@ -257,22 +272,12 @@ def plot_vs_frames(rows, path: pathlib.Path, title: str) -> None:
     multi_b = len({b for _, b in lines if b is not None}) > 1
     for i, ((method, budget), rs) in enumerate(lines.items()):
         rs = sorted(rs, key=lambda r: r["frames"])
-        x = [r["frames"] for r in rs]
-        y = [r["accuracy"] for r in rs]
-        cis = [r.get("accuracy_ci95") or [r["accuracy"]] * 2 for r in rs]
-        yerr = [[a - ci[0] for a, ci in zip(y, cis)], [ci[1] - a for a, ci in zip(y, cis)]]
+        y, yerr = _accuracy_bars(rs)
         label = f"{method} (B={budget})" if multi_b and budget is not None else method
-        ax.errorbar(x, y, yerr=yerr, marker="osD^vPX*h<>p"[i % 11], label=label, alpha=0.85,
-                    linestyle=("-", "--", ":", "-.")[i % 4], capsize=3, elinewidth=0.8)
+        ax.errorbar([r["frames"] for r in rs], y, yerr=yerr, marker=MARKERS[i % len(MARKERS)],
+                    label=label, alpha=0.85, linestyle=DASHES[i % 4], capsize=3, elinewidth=0.8)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("frames sampled")
-    ax.set_ylabel("accuracy (%), bars: 95% Wilson interval")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, format="png")
-    plt.close(fig)
+    _finish_plot(plt, fig, ax, "frames sampled", title, path)
 
 
 def failed_questions(preds: Sequence[dict]) -> List[dict]:

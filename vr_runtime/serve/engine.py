@@ -477,7 +477,7 @@ class Engine:
                                    mean=spec.mean, std=spec.std, should_stop=should_stop,
                                    limits=self.media.config.limits(),
                                    time_window=s.time_window, seek=s.seek, fps=s.fps,
-                                   min_frames=min(4, s.num_frames), max_frames=s.num_frames)
+                                   **s.rate_bounds)
                 clip.prefetch(self.config.prefetch_frames, should_stop)
             except BaseException:
                 self._clip_slots.release()
@@ -508,8 +508,7 @@ class Engine:
                              max_new_tokens=s.max_new_tokens, policy=s.policy, system=s.system,
                              cache_visual=self.config.visual_cache > 0, scorer=self.scorer,
                              seek=s.seek, time_window=s.time_window, scales=s.scales,
-                             fps=s.fps, min_frames=min(4, s.num_frames),
-                             max_frames=s.num_frames)
+                             fps=s.fps, **s.rate_bounds)
 
     # ------------------------------------------------------------------ one process, one model
     def run_sync(self, fn: Callable):

@@ -116,6 +116,12 @@ class Settings:
     time_window: Optional[tuple] = None   # (start_s, end_s): sample only this part
     fps: Optional[float] = None  # sample by rate: fps frames a second, 4 to num_frames
 
+    @property
+    def rate_bounds(self) -> dict:
+        """``min_frames`` and ``max_frames`` of ``fps`` sampling: Qwen's 4 (fewer when
+        ``num_frames`` is), up to ``num_frames``."""
+        return {"min_frames": min(4, self.num_frames), "max_frames": self.num_frames}
+
 
 @dataclass(frozen=True)
 class Limits:

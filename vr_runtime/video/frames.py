@@ -61,12 +61,13 @@ def _check_positions(positions: Sequence[int], n: int) -> List[int]:
 
 
 class TensorSource(FrameSource):
-    """Frames given as a normalised ``[T, 3, H, W]`` tensor (or a decoded clip's)."""
+    """Frames given as a normalised ``[T, 3, H, W]`` tensor (or a decoded clip's); ``channels``:
+    3 a frame, or 3k for routing units of k frames (``Frames.pixel_values``)."""
 
     def __init__(self, pixel_values: torch.Tensor, indices=None, times_s=None, note=None,
-                 decoder=None, codec=None, seek=None, decode_s=None):
-        if pixel_values.ndim != 4 or pixel_values.shape[1] != 3:
-            raise ValueError(f"video: a tensor must be [T, 3, H, W] frames, got "
+                 decoder=None, codec=None, seek=None, decode_s=None, channels: int = 3):
+        if pixel_values.ndim != 4 or pixel_values.shape[1] != channels:
+            raise ValueError(f"video: a tensor must be [T, {channels}, H, W] frames, got "
                              f"{tuple(pixel_values.shape)}")
         self.pixel_values = pixel_values
         T = int(pixel_values.shape[0])
@@ -115,6 +116,7 @@ class FileSource(FrameSource):
                                        p.time_window, p.decoder, p.seek) + rate
 
     _prefetch: Optional[FrameStream] = None
+    _t_prefetch: Optional[float] = None      # when the prefetch started (decode_s counts it)
 
     def stream(self, ranks: Sequence[int], job_frames: int = 16,
                window: Optional[int] = None) -> FrameStream:
@@ -184,7 +186,7 @@ class FileSource(FrameSource):
     def chunks(self, positions, chunk, device=None):
         pos = _check_positions(positions, len(self.indices))
         last_use = {p: i for i, p in enumerate(pos)}
-        t0 = getattr(self, "_t_prefetch", None) if self._prefetch is not None else None
+        t0 = self._t_prefetch if self._prefetch is not None else None
         t0 = time.perf_counter() if t0 is None else t0
         self.decode_s = None
         frames = self._frames_of(sorted(set(pos)), chunk)
@@ -287,10 +289,8 @@ class Frames:
         (frames of a unit side by side on the channel axis, as ``Backbone.units`` lays them).
         Closing this generator stops the source's decoding workers."""
         if self.pixel_values is not None:   # units [T, 3k, H, W], held whole
-            units = list(units)
-            for i in range(0, len(units), chunk):
-                x = self.pixel_values[units[i:i + chunk]]
-                yield x if device is None else x.to(device, non_blocking=True)
+            yield from TensorSource(self.pixel_values, channels=3 * self.k).chunks(
+                list(units), chunk, device)
             return
         k = self.k
         gen = self.source.chunks(self.positions(units), chunk * k, device)

@@ -510,7 +510,9 @@ def _rate_plan(info, rate: tuple, time_window) -> Tuple[List[int], int, str]:
 
 
 def _plan(info, num_frames: int, time_window, seek: str = "exact",
-          rate: Optional[tuple] = None) -> Tuple[List[int], Optional[str]]:
+          rate: Optional[tuple] = None) -> Tuple[List[int], Optional[str], int]:
+    """-> (the sampled indices, a note or None, the frames asked for: ``num_frames``, or the
+    count the ``rate`` gives)."""
     total = info.num_frames
     note = None
     if rate is not None:
@@ -548,7 +550,7 @@ def _plan(info, num_frames: int, time_window, seek: str = "exact",
                f"the file declares {declared:.1f} s but only {decodable:.1f} s decode "
                f"(truncated?)") + "; sampling from the decodable part"
         note = cut if note is None else f"{note}; {cut}"
-    return indices, note
+    return indices, note, num_frames
 
 
 def _prepare(path, num_frames, time_window, size, decoder, mean, std, memory_limit,
@@ -567,9 +569,7 @@ def _prepare(path, num_frames, time_window, size, decoder, mean, std, memory_lim
     path = os.fspath(path)
     with cancel_scope(should_stop):
         info = open_video(path, limits=limits)
-    if rate is not None:   # the count the rate gives is the count asked for
-        num_frames = _rate_plan(info, rate, time_window)[1]
-    indices, note = _plan(info, num_frames, time_window, seek, rate)
+    indices, note, num_frames = _plan(info, num_frames, time_window, seek, rate)
     workers = _check_memory(path, info, len(indices), size, memory_limit, workers, streaming)
     return _Plan(info, path, indices, num_frames, size, note, decoder, mean, std,
                  tuple(time_window) if time_window is not None else None, should_stop,
