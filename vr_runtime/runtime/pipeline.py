@@ -18,28 +18,22 @@ as a short sequence of stages, each a function in the package of its stage::
     report    report.build_report (+ planning.latency.latency_report with ttft_budget_s)
 
 When the plan does not depend on Z (every policy but ``fragment``), it is made before the vision
-stage and only the frames it keeps are decoded and encoded. The visual cache is
-:mod:`.cache`, the batch path :mod:`.batch`; option scoring (labels, evaluation) is in
-:mod:`vr_runtime.eval.option_scoring`. Everything specific to a model family is behind
+stage and only the frames it keeps are decoded and encoded. The frames stage (opening a video
+input, ``fps`` sampling) is :mod:`.inputs`, what loading runs (routers, warm-ups) :mod:`.loading`,
+the visual cache :mod:`.cache`, the batch path :mod:`.batch`; option scoring (labels, evaluation)
+is in :mod:`vr_runtime.eval.option_scoring`. Everything specific to a model family is behind
 ``self.lm``, a :class:`~vr_runtime.backbones.Backbone`.
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
-import dataclasses
-import pathlib
 import time
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
 import torch
 
-import vr_kernels
-
 from ..backbones import Backbone, backbone_from_config, load_backbone
 from ..backbones.encode import encode_stream
-from ..backbones.tiny import ASSETS
-from ..errors import VideoError
 from ..generate import GreedyDecoder
 from ..planning import request_plan as plans
 from ..planning.latency import LatencyContext, LatencyState, latency_report
@@ -49,10 +43,11 @@ from ..report import build_report, dropped_note
 from ..request import AnswerOptions, Request
 from ..routing.policy import PolicyDecision, decide_policy
 from ..routing.routers import RouterConfig, Routers, embed_question
-from ..routing.scorers import FixedRelevance, FrameScores, ScoringInput
+from ..routing.scorers import FrameScores, ScoringInput
 from ..telemetry.timing import StageTimer
-from ..video import frames as video_frames   # looked up per call: tests swap its functions
-from ..video.frames import FileSource, Frames, FrameSource, TensorSource
+from ..video.frames import Frames
+from .inputs import open_source, request_frames, with_rate
+from .loading import kernel_warmup, preset_routers, routers_for, throwaway_answer
 from .batch import batch_options, generate_batch, prepare_each
 from .cache import VisualCache, visual_prefix
 
@@ -100,11 +95,7 @@ class VideoRouter:
         self.lm = lm
         self.prefix_cache = bool(prefix_cache)
         self.greedy = GreedyDecoder(lm, decoding)   # checks ``decoding`` before any warm-up
-        # Compile and autotune the pool_pack kernels now (CUDA; a no-op on CPU), for up to
-        # ``warmup_frames`` frames, so that no request pays for compilation (0: skip).
-        self.kernel_warmup = vr_kernels.warmup(lm.hidden_size, lm.dtype, lm.device, lm.grid,
-                                               max_frames=warmup_frames) if warmup_frames else \
-            {"skipped": "warmup_frames=0"}
+        self.kernel_warmup = kernel_warmup(lm, warmup_frames)   # pool_pack compiled now
         self.routers = routers if routers is not None else Routers.from_backbone(lm)
         self.routers.eval()
         self._last_question_emb: Optional[tuple] = None   # (question, Emb(q))
@@ -124,18 +115,7 @@ class VideoRouter:
         (vision, both routers, pool_pack, prefill, decode steps), then forget it: what the
         kernel warm-up cannot reach (CUDA's lazy module loading, the GEMM and attention kernel
         choices, the shadow stack's first call) is paid at load, not by the first user."""
-        spec = self.lm.frame_spec
-        frames = torch.randn(num_frames, 3, *spec.size, generator=torch.Generator().manual_seed(0))
-        relevant = [t % 2 == 0 for t in range(num_frames)]   # both windows of the Fragment plan
-        t0 = time.perf_counter()
-        self.answer(frames, "What happens in the video?", num_frames=num_frames,
-                    max_new_tokens=max_new_tokens, policy="fragment",
-                    scorer=FixedRelevance(relevant, run_routers=True))
-        if torch.device(self.lm.device).type == "cuda":
-            torch.cuda.synchronize(self.lm.device)
-        self.clear_visual_cache()
-        return {"seconds": round(time.perf_counter() - t0, 6), "frames": num_frames,
-                "max_new_tokens": max_new_tokens}
+        return throwaway_answer(self, num_frames, max_new_tokens)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -147,11 +127,8 @@ class VideoRouter:
         the shipped ``assets/tiny/routers.safetensors`` loads."""
         lm = load_backbone(path_or_name, device=device, dtype=dtype,
                            attn_implementation=attn_implementation)
-        if routers is None and str(path_or_name) == "tiny":
-            shipped = ASSETS / "routers.safetensors"
-            if shipped.is_file():
-                routers = shipped
-        return cls(lm, cls._routers_for(lm, routers, router_config), **kw)
+        routers = preset_routers(path_or_name, routers)
+        return cls(lm, routers_for(lm, routers, router_config), **kw)
 
     @classmethod
     def from_config(cls, config, device="cpu", dtype=None, seed: int = 0, routers=None,
@@ -159,16 +136,7 @@ class VideoRouter:
         """Random weights of a shape preset (``vr_runtime.backbones.backbone_from_config``)."""
         lm = backbone_from_config(config, device=device, dtype=dtype, seed=seed,
                                   attn_implementation=attn_implementation)
-        return cls(lm, cls._routers_for(lm, routers, router_config), **kw)
-
-    @staticmethod
-    def _routers_for(lm, routers, router_config):
-        if isinstance(routers, Routers):
-            routers.positions = lm.router_position_ids
-            return routers.to_model(lm.device, lm.dtype)
-        if routers is not None:
-            return Routers.load(pathlib.Path(routers), lm)  # built on the model's device/dtype
-        return Routers.from_backbone(lm, router_config)
+        return cls(lm, routers_for(lm, routers, router_config), **kw)
 
     @property
     def routers_trained(self) -> bool:
@@ -213,81 +181,17 @@ class VideoRouter:
                              f"{type(options).__name__}")
         return Request.build(video, question, options, lm=self.lm)
 
-    def _with_rate(self, req: Request) -> Request:
-        """``fps`` sampling: the file is opened now, its duration gives the frame count, and the
-        request reads those frames of the opened file (the budget and ``scales="auto"`` are
-        then those of the real count)."""
-        if req.fps is None:
-            return req
-        source = req.video
-        if isinstance(source, (str, pathlib.Path)):
-            spec = self.lm.frame_spec
-            source = video_frames.open_frames(
-                str(source), time_window=req.time_window, size=spec.size[0], mean=spec.mean,
-                std=spec.std, decoder=req.decoder, seek=req.seek, fps=req.fps,
-                min_frames=req.min_frames, max_frames=req.max_frames)
-        elif not isinstance(source, FileSource):   # (a FileSource: opened by rate already)
-            raise ValueError("fps: samples a video file by rate; give a path (frames given as "
-                             "a tensor or a clip are already sampled)")
-        opts = dataclasses.replace(req.options, num_frames=source.plan.num_frames, fps=None,
-                                   time_window=None)
-        return self.request(source, req.question, opts)
-
     def load_frames(self, req: Request, timer: StageTimer,
                     state: Optional[dict] = None) -> Frames:
         """The request's frames, opened (timed as "frames"; nothing is decoded before the
         vision stage streams it), or the video cache's (``state``); as routing units."""
-        if state is not None and "frames" in state:
-            f = state["frames"]
-            return dataclasses.replace(f, notes=list(f.notes), decode_s=None, open_s=0.0)
-        t0 = time.perf_counter()
-        with timer.stage("frames"):
-            source = self._open_frames(req.video, req.num_frames, req.time_window,
-                                       req.decoder, req.seek)
-        if tuple(source.size) != tuple(self.lm.frame_spec.size):
-            raise ValueError(f"video: frames are {tuple(source.size)}, the model expects "
-                             f"{tuple(self.lm.frame_spec.size)}")
-        if len(source) == 0:
-            raise ValueError("video: no frames to answer from")
-        notes = []
-        if isinstance(req.video, torch.Tensor) and len(source) != req.num_frames:
-            notes.append(f"{len(source)} frames were given as a tensor; "
-                         f"num_frames={req.num_frames} was not applied")
-        frames = Frames.of(source, self.lm.units, notes, time.perf_counter() - t0)
-        if state is not None:
-            state["frames"] = frames
-        return frames
+        return request_frames(self.lm, req, timer, state)
 
     def _load_frames(self, video, num_frames, time_window, decoder="auto",
                      seek="exact") -> Frames:
         """The units of a video input (opened, not decoded: see :meth:`load_frames`)."""
-        return Frames.of(self._open_frames(video, num_frames, time_window, decoder, seek),
+        return Frames.of(open_source(self.lm, video, num_frames, time_window, decoder, seek),
                          self.lm.units)
-
-    def _open_frames(self, video, num_frames, time_window, decoder="auto",
-                     seek="exact") -> FrameSource:
-        """A FrameSource of a path (opened: checked, indexed, sampled), a FileSource, a
-        [T,3,H,W] tensor, a VideoClip or a Future of one."""
-        if isinstance(video, torch.Tensor):
-            if time_window is not None:
-                raise ValueError("time_window: only applies to a video file, not to a frame tensor")
-            return TensorSource(video)
-        if isinstance(video, FrameSource):
-            return video
-        spec = self.lm.frame_spec
-        if isinstance(video, (str, pathlib.Path)):
-            return video_frames.open_frames(
-                str(video), num_frames=num_frames, time_window=time_window, size=spec.size[0],
-                mean=spec.mean, std=spec.std, decoder=decoder, seek=seek)
-        if isinstance(video, cf.Future):  # from vr_runtime.video.load.prefetch_video
-            video = video.result()
-        if hasattr(video, "pixel_values") and hasattr(video, "frame_indices"):
-            return TensorSource(video.pixel_values, video.frame_indices, video.timestamps_s,
-                                getattr(video, "note", None), getattr(video, "decoder", None),
-                                getattr(video, "codec", None), getattr(video, "seek", None),
-                                getattr(video, "decode_s", None))
-        raise VideoError(f"video: expected a path, a VideoClip, a Future of one or a "
-                         f"[T,3,H,W] tensor, got {type(video).__name__}")
 
     # ------------------------------------------------------------------ vision and scores
     def encode(self, frames: Frames, req: Request, timer: StageTimer, state: Optional[dict],
@@ -349,7 +253,7 @@ class VideoRouter:
     def _prepare(self, req: Request, pack: bool = True) -> _Prepared:
         """Every stage of :meth:`answer` before the prefill. ``pack=False`` (answer_batch):
         the prompt is built but its frames are not pooled yet (``packing``)."""
-        req = self._with_rate(req)
+        req = with_rate(self.lm, req)
         T_req = int(req.video.shape[0]) if isinstance(req.video, torch.Tensor) else req.num_frames
         plans.check_budget(self.lm, req, T_req)    # a hopeless budget fails before decoding
         timer = StageTimer(self.lm.device, resident=True)   # CPU: this request's resident peak

@@ -1,0 +1,70 @@
+"""What loading a :class:`~vr_runtime.runtime.pipeline.VideoRouter` runs besides the backbone:
+its routers (a file, an object, or fresh ones; the tiny preset's shipped file when none is given)
+and the load-time warm-ups -- the pool_pack kernels compiled and autotuned, and one throw-away
+request through every stage -- so that no user request pays for compilation or lazy loading."""
+from __future__ import annotations
+
+import pathlib
+import time
+from typing import Optional
+
+import torch
+
+import vr_kernels
+
+from ..backbones.tiny import ASSETS
+from ..routing.routers import RouterConfig, Routers
+from ..routing.scorers import FixedRelevance
+
+
+def preset_routers(path_or_name, routers):
+    """``routers``, or for the ``"tiny"`` preset without any the shipped
+    ``assets/tiny/routers.safetensors`` (when it is there)."""
+    if routers is None and str(path_or_name) == "tiny":
+        shipped = ASSETS / "routers.safetensors"
+        if shipped.is_file():
+            return shipped
+    return routers
+
+
+def routers_for(lm, routers, router_config: Optional[RouterConfig]) -> Routers:
+    """The routers of ``lm``: a :class:`Routers` moved onto the model (its positions the
+    model's), a safetensors path loaded, or None: fresh ones (``router_config``)."""
+    if isinstance(routers, Routers):
+        routers.positions = lm.router_position_ids
+        return routers.to_model(lm.device, lm.dtype)
+    if routers is not None:
+        return Routers.load(pathlib.Path(routers), lm)  # built on the model's device/dtype
+    return Routers.from_backbone(lm, router_config)
+
+
+def kernel_warmup(lm, warmup_frames: int) -> dict:
+    """Compile and autotune the pool_pack kernels now (CUDA; a no-op on CPU), for up to
+    ``warmup_frames`` frames, so that no request pays for compilation (0: skip)."""
+    if not warmup_frames:
+        return {"skipped": "warmup_frames=0"}
+    return vr_kernels.warmup(lm.hidden_size, lm.dtype, lm.device, lm.grid,
+                             max_frames=warmup_frames)
+
+
+def throwaway_answer(vr, num_frames: int = 8, max_new_tokens: int = 2) -> dict:
+    """Answer one throw-away question on random frames through every stage a request runs
+    (vision, both routers, pool_pack, prefill, decode steps), then forget it (the visual cache
+    is cleared): what the kernel warm-up cannot reach (CUDA's lazy module loading, the GEMM and
+    attention kernel choices, the shadow stack's first call) is paid at load, not by the first
+    user."""
+    spec = vr.lm.frame_spec
+    frames = torch.randn(num_frames, 3, *spec.size, generator=torch.Generator().manual_seed(0))
+    relevant = [t % 2 == 0 for t in range(num_frames)]   # both windows of the Fragment plan
+    t0 = time.perf_counter()
+    vr.answer(frames, "What happens in the video?", num_frames=num_frames,
+              max_new_tokens=max_new_tokens, policy="fragment",
+              scorer=FixedRelevance(relevant, run_routers=True))
+    if torch.device(vr.lm.device).type == "cuda":
+        torch.cuda.synchronize(vr.lm.device)
+    vr.clear_visual_cache()
+    return {"seconds": round(time.perf_counter() - t0, 6), "frames": num_frames,
+            "max_new_tokens": max_new_tokens}
+
+
+__all__ = ["preset_routers", "routers_for", "kernel_warmup", "throwaway_answer"]
