@@ -1,52 +1,68 @@
 #!/usr/bin/env bash
 # Train the `tiny` preset from scratch on the synthetic evidence task: Stage 0 (tiny-only
-# pretraining, vr_runtime/training/pretrain.py) -> Stages 1, 2, 3, 3b. The shipped weights are
-# task v2's (the default): about 55 minutes on 2 CPU cores, summed from its parts (1,045 videos
-# to write and encode, about 9 minutes; Stage 0 9; Stages 1-3b 31; the evaluations 5; the wall
-# times are in training_metrics.json); task v1 about 20.
+# pretraining, vr_runtime/training/pretrain.py) -> Stages 1, 2, 3, 3b [, 3c]. The shipped weights
+# are task v3's: task v2's run (about 55 minutes on 2 CPU cores, summed from its parts: 1,045
+# videos to write and encode, about 9 minutes; Stage 0 9; Stages 1-3b 31; the evaluations 5;
+# the wall times are in training_metrics.json) plus Stage 3c (its time is in the same file).
 #
-#   scripts/tiny/train_tiny.sh [--task v2|v1] [WORK_DIR]   (default v2, runs/tiny_v2; v1: runs/tiny)
+#   scripts/tiny/train_tiny.sh [--task v3|v2|v1] [--from-v2 DIR] [WORK_DIR]
+#       (default v3, runs/tiny_v3; v2: runs/tiny_v2; v1: runs/tiny)
 #       v2: the wider task (aspect ratios, lossy codecs and noise, moving targets,
 #       1-3 targets, 8-64 of 16-256 frames, look-alike distractors): 960 training videos with
 #       every factor random, a held-out split of 85 that varies one factor at a time.
+#       v3: v2, then Stage 3c (vr_runtime/configs/tiny_stage3c.json): Stage 3b continued with
+#       dense layouts (every frame at full resolution) and long ones (the examples stretched
+#       to 128-2,048 frames, planned as long videos are; vr_runtime/training/layouts.py), on
+#       the first 320 training videos. --from-v2 DIR starts Stage 3c from a finished v2 model
+#       (DIR holds config.json, model.safetensors, tokenizer.json and routers.safetensors, as
+#       vr_runtime/assets/tiny/ did for the v2 weights) instead of training Stages 0-3b.
 #       --task v1: the original task (square, near-lossless H.264, static, 2 targets, 16
-#       frames), 480 training videos and 60 held out; the shipped weights before v2.
+#       frames), 480 training videos and 60 held out.
 #       Everything goes under WORK_DIR: data, checkpoints, logs, the final weights
-#       (WORK_DIR/stage3b/{model,routers}.safetensors) and the curves and metrics
-#       (WORK_DIR/results/training_curves.png, training_metrics.json). Nothing in the checkout
-#       changes.
-#   scripts/tiny/train_tiny.sh --install [WORK_DIR]
+#       (WORK_DIR/stage3c/ for v3, stage3b/ otherwise: {model,routers}.safetensors) and the
+#       curves and metrics (WORK_DIR/results/training_curves.png, training_metrics.json).
+#       Nothing in the checkout changes.
+#   scripts/tiny/train_tiny.sh --install [...]
 #       the same, then replace the shipped weights (vr_runtime/assets/tiny/{model,routers}
 #       .safetensors) and the committed results (studies/results/training_curves.png,
 #       training_metrics.json), and measure the held-out routing metrics of the new shipped
-#       weights (studies/results/routing_heldout.json; with --task v2
+#       weights (studies/results/routing_heldout.json; with --task v2 or v3
 #       studies/results/routing_heldout_v2.json, per factor; routing_footage_v2.json on 20 videos
 #       of the combined "footage" setting; routing_heldout.json on task v1's held-out split).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 INSTALL=0
 WORK=""
-TASK=v2
-EXPECT_TASK=0
+TASK=v3
+FROM=""
+EXPECT=""
 for arg in "$@"; do
-    if [ "$EXPECT_TASK" = 1 ]; then
+    if [ "$EXPECT" = task ]; then
         case "$arg" in
-            v1|v2) TASK="$arg" ;;
-            *) echo "train_tiny.sh: error: --task expects v1 or v2, got '$arg'" >&2; exit 2 ;;
+            v1|v2|v3) TASK="$arg" ;;
+            *) echo "train_tiny.sh: error: --task expects v1, v2 or v3, got '$arg'" >&2; exit 2 ;;
         esac
-        EXPECT_TASK=0
+        EXPECT=""
+        continue
+    fi
+    if [ "$EXPECT" = from-v2 ]; then
+        FROM="$arg"
+        EXPECT=""
         continue
     fi
     case "$arg" in
         --install) INSTALL=1 ;;
-        --task) EXPECT_TASK=1 ;;
-        --task=v1|--task=v2) TASK="${arg#--task=}" ;;
-        --task=*) echo "train_tiny.sh: error: --task expects v1 or v2, got '${arg#--task=}'" >&2
+        --task) EXPECT=task ;;
+        --from-v2) EXPECT=from-v2 ;;
+        --task=v1|--task=v2|--task=v3) TASK="${arg#--task=}" ;;
+        --task=*) echo "train_tiny.sh: error: --task expects v1, v2 or v3, got" \
+                       "'${arg#--task=}'" >&2
             exit 2 ;;
+        --from-v2=*) FROM="${arg#--from-v2=}" ;;
         -h|--help) awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0" \
                        | sed 's/^# \{0,1\}//'; exit 0 ;;
-        -*) echo "train_tiny.sh: error: unknown option $arg (expected --install, --task or" \
-                 "WORK_DIR)" >&2
+        -*) echo "train_tiny.sh: error: unknown option $arg (expected --install, --task," \
+                 "--from-v2 or WORK_DIR)" >&2
             exit 2 ;;
         *) if [ -n "$WORK" ]; then
                echo "train_tiny.sh: error: one WORK_DIR only, got '$WORK' and '$arg'" >&2
@@ -55,13 +71,18 @@ for arg in "$@"; do
            WORK="$arg" ;;
     esac
 done
-if [ "$EXPECT_TASK" = 1 ]; then
-    echo "train_tiny.sh: error: --task expects v1 or v2" >&2
+if [ -n "$EXPECT" ]; then
+    echo "train_tiny.sh: error: --$EXPECT expects a value" >&2
     exit 2
 fi
-if [ "$TASK" = v2 ]; then
-    WORK="${WORK:-runs/tiny_v2}"
-    SIZES=(--task v2 --train 960 --heldout 85)   # 85 held-out: 5 per setting (17 settings)
+if [ -n "$FROM" ] && [ "$TASK" != v3 ]; then
+    echo "train_tiny.sh: error: --from-v2 starts Stage 3c, which only task v3 has" >&2
+    exit 2
+fi
+if [ "$TASK" != v1 ]; then
+    WORK="${WORK:-runs/tiny_$TASK}"
+    # 85 held-out: 5 per setting (17 settings)
+    SIZES=(--task "$TASK" --train 960 --heldout 85 ${FROM:+--from-model "$FROM"})
     ROUTING=studies/results/routing_heldout_v2.json
 else
     WORK="${WORK:-runs/tiny}"
@@ -74,7 +95,7 @@ if [ "$INSTALL" = 1 ]; then
         --results studies/results
     python -m vr_runtime.training routing-eval --data "$WORK/data/heldout_conversations.jsonl" \
         --out "$ROUTING"
-    if [ "$TASK" = v2 ]; then
+    if [ "$TASK" != v1 ]; then
         # the combined "footage" setting (every factor off its base at once)
         python -m vr_runtime.training synth --task v2 --out "$WORK/data" --train 0 --heldout 0 \
             --footage 20
@@ -91,6 +112,8 @@ if [ "$INSTALL" = 1 ]; then
 else
     python -m vr_runtime.training tiny --work "$WORK" "${SIZES[@]}" \
         --results "$WORK/results"
-    echo "trained weights: $WORK/stage3b/{model,routers}.safetensors; results: $WORK/results" \
+    LAST=stage3b
+    [ "$TASK" = v3 ] && LAST=stage3c
+    echo "trained weights: $WORK/$LAST/{model,routers}.safetensors; results: $WORK/results" \
          "(the shipped weights are unchanged; rerun with --install to replace them)" >&2
 fi

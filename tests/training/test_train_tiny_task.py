@@ -1,6 +1,7 @@
-"""scripts/tiny/train_tiny.sh --task: v2, the wider task (the shipped weights'), is the
-default, in its own work folder, and with --install measures routing per factor into its own
-results file; --task v1 keeps the original task's sizes and folder.
+"""scripts/tiny/train_tiny.sh --task: v3 (task v2's data and stages plus Stage 3c, the shipped
+weights') is the default, v2 the wider task without Stage 3c, each in its own work folder, and
+with --install measures routing per factor into its own results file; --task v1 keeps the
+original task's sizes and folder; --from-v2 DIR starts Stage 3c from a finished v2 model.
 A fake ``python`` on PATH records the calls (nothing is trained: conftest.run_train_tiny)."""
 
 
@@ -17,12 +18,13 @@ def test_task_v1_keeps_its_sizes_and_folder(tmp_path, run_train_tiny):
 
 
 def test_task_v2_trains_in_its_own_folder_and_installs_per_factor_results(tmp_path, run_train_tiny):
-    for i, form in enumerate(([], ["--task", "v2"], ["--task=v2"])):   # v2: the default
+    for i, (form, task) in enumerate((([], "v3"), (["--task", "v2"], "v2"),
+                                      (["--task=v2"], "v2"), (["--task", "v3"], "v3"))):
         p, calls = run_train_tiny(tmp_path / f"form{i}", *form)
         assert p.returncode == 0, p.stderr
-        assert arg(calls[0], "--task") == "v2" and arg(calls[0], "--work") == "runs/tiny_v2"
+        assert arg(calls[0], "--task") == task and arg(calls[0], "--work") == f"runs/tiny_{task}"
         assert (arg(calls[0], "--train"), arg(calls[0], "--heldout")) == ("960", "85")
-        assert "--ship" not in calls[0] and len(calls) == 1
+        assert "--ship" not in calls[0] and "--from-model" not in calls[0] and len(calls) == 1
     p, calls = run_train_tiny(tmp_path / "install", "--install", "--task", "v2", "w")
     assert p.returncode == 0, p.stderr
     assert "--ship" in calls[0] and arg(calls[0], "--work") == "w"
@@ -41,10 +43,21 @@ def test_task_v2_trains_in_its_own_folder_and_installs_per_factor_results(tmp_pa
 
 
 def test_bad_task_is_one_line_and_exit_2(tmp_path, run_train_tiny):
-    for i, args in enumerate((["--task", "v3"], ["--task"], ["--task=x"])):
+    for i, args in enumerate((["--task", "v4"], ["--task"], ["--task=x"])):
         p, calls = run_train_tiny(tmp_path / str(i), *args)
         assert p.returncode == 2 and calls == []
         assert len(p.stderr.strip().splitlines()) == 1 and "--task" in p.stderr
+
+
+def test_from_v2_starts_stage3c_from_a_finished_model(tmp_path, run_train_tiny):
+    p, calls = run_train_tiny(tmp_path / "ok", "--from-v2", "v2w", "w")
+    assert p.returncode == 0, p.stderr
+    assert arg(calls[0], "--task") == "v3" and arg(calls[0], "--from-model") == "v2w"
+    assert "stage3c" in p.stderr
+    for i, args in enumerate((["--task", "v2", "--from-v2", "d"], ["--from-v2"])):
+        p, calls = run_train_tiny(tmp_path / str(i), *args)
+        assert p.returncode == 2 and calls == []
+        assert len(p.stderr.strip().splitlines()) == 1 and "--from-v2" in p.stderr
 
 
 def test_tiny_demo_writes_missing_videos_and_keeps_the_others(tmp_path):
@@ -75,3 +88,25 @@ def test_cli_refuses_a_tiny_run_without_videos(capsys):
     assert main(["tiny", "--task", "v2", "--train", "0", "--work", "/nonexistent/w"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--train" in err[0]
+
+
+def test_stage3c_reads_the_first_videos_lines(tmp_path):
+    import json
+    from vr_runtime.training.tiny_demo import first_videos
+    src = tmp_path / "all.jsonl"
+    rows = [{"video": f"v{i // 3}.mp4", "q": i} for i in range(12)]     # 4 videos, 3 lines each
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = first_videos(str(src), 2, str(tmp_path / "sub.jsonl"))
+    got = [json.loads(line) for line in open(out)]
+    assert got == rows[:6]
+
+
+def test_cli_checks_from_model_before_anything_runs(tmp_path, capsys):
+    from vr_runtime.training.__main__ import main
+    assert main(["tiny", "--task", "v2", "--from-model", str(tmp_path),
+                 "--work", str(tmp_path / "w")]) == 2
+    assert main(["tiny", "--task", "v3", "--from-model", str(tmp_path),
+                 "--work", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "add --task v3" in err[0] and "model.safetensors" in err[1]
+    assert not (tmp_path / "w").exists()

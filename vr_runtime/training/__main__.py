@@ -195,8 +195,13 @@ def add_tiny_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--heldout", type=int, default=40)
     s.add_argument("--results", default=None,
                    help="folder for training_curves.png and training_metrics.json (default: WORK)")
-    s.add_argument("--task", default="v1", choices=("v1", "v2"),
-                   help="the synthetic task to train on (see synth --task)")
+    s.add_argument("--task", default="v1", choices=("v1", "v2", "v3"),
+                   help="the synthetic task to train on (see synth --task; v3 is v2's data and "
+                        "stages plus Stage 3c, the dense and long layouts)")
+    s.add_argument("--from-model", default=None, metavar="DIR",
+                   help="--task v3 only: start Stage 3c from this finished Stage 3b model "
+                        "(config.json, model.safetensors, tokenizer.json, routers.safetensors; "
+                        "e.g. the shipped v2 weights) instead of training Stages 0-3b")
     return s
 
 
@@ -282,9 +287,16 @@ def _tiny(a, argv) -> None:
         if getattr(a, name) < 1:
             raise ConfigError(f"--{name}: expected a number of videos >= 1, "
                               f"got {getattr(a, name)}")
+    if a.from_model is not None:
+        if a.task != "v3":
+            raise ConfigError("--from-model: Stage 3c's starting point; add --task v3")
+        missing = [f for f in ("config.json", "model.safetensors", "routers.safetensors")
+                   if not os.path.isfile(os.path.join(a.from_model, f))]
+        if missing:
+            raise ConfigError(f"--from-model {a.from_model!r}: expected a finished Stage 3b "
+                              f"model directory, missing {', '.join(missing)}")
     run_tiny(a.work, ship=a.ship, n_train=a.train, n_heldout=a.heldout,
-             results=a.results or a.work,
-             task=a.task)
+             results=a.results or a.work, task=a.task, from_model=a.from_model)
 
 
 def _routing_eval(a, argv) -> None:

@@ -84,6 +84,21 @@ class TrainConfig:
                                         # answer cannot be read off the plan's layout (the
                                         # tiny model learned "uniform plan -> none")
     random_plan_windows: List[int] = field(default_factory=lambda: [1, 2, 4])
+    dense_plan_prob: float = 0.0        # Stage 3 training, tiny-only departure: probability
+                                        # that an example's plan is dense (every frame at s_1,
+                                        # or as many as model_max_length holds spread in time)
+    dense_plan_frames: int = 0          # at most this many dense frames, spread in time (0: as
+                                        # many as model_max_length holds)
+    long_plan_prob: float = 0.0         # ... that it is stretched to a long sampled count and
+                                        # planned as inference plans long videos
+                                        # (training/layouts.py)
+    long_plan_frames: List[int] = field(default_factory=lambda: [128, 2048])
+                                        # [lo, hi]: the stretched count, drawn uniformly
+    long_plan_budget: List[int] = field(default_factory=lambda: [1024, 6144])
+                                        # [lo, hi]: the long plan's visual budget, drawn uniformly
+    long_plan_planners: List[str] = field(default_factory=lambda: ["fragment"])
+                                        # Fragment planners drawn uniformly for long plans (a
+                                        # Global example gets each one's Global twin)
     eval_max_lengths: List[int] = field(default_factory=list)
                                         # Stage 3: also evaluate under these L_max values
     router_num_layers: int = 4
@@ -200,6 +215,7 @@ class TrainConfig:
                               f"got {self.false_positive_prob!r}")
         if not 0.0 <= self.random_plan_prob <= 1.0:
             raise ConfigError(f"random_plan_prob: expected in [0, 1], got {self.random_plan_prob!r}")
+        self._check_layouts()
         if not self.random_plan_windows or any(not isinstance(v, int) or v < 1
                                                for v in self.random_plan_windows):
             raise ConfigError(f"random_plan_windows: expected a non-empty list of ints >= 1, "
@@ -212,6 +228,31 @@ class TrainConfig:
         if self.dropout != 0.0:
             raise ConfigError("dropout: the paper trains with dropout 0.0 and the routing plan "
                               "must not depend on dropout; set it to 0.0")
+
+    def _check_layouts(self) -> None:
+        """The dense and long training layouts (``layouts.py``)."""
+        for k in ("dense_plan_prob", "long_plan_prob"):
+            if not 0.0 <= getattr(self, k) <= 1.0:
+                raise ConfigError(f"{k}: expected in [0, 1], got {getattr(self, k)!r}")
+        if self.dense_plan_prob + self.long_plan_prob > 1.0:
+            raise ConfigError(f"dense_plan_prob + long_plan_prob: expected <= 1, got "
+                              f"{self.dense_plan_prob} + {self.long_plan_prob}")
+        if not isinstance(self.dense_plan_frames, int) or self.dense_plan_frames < 0:
+            raise ConfigError(f"dense_plan_frames: expected an int >= 0, got "
+                              f"{self.dense_plan_frames!r}")
+        for k in ("long_plan_frames", "long_plan_budget"):
+            v = getattr(self, k)
+            if len(v) != 2 or any(not isinstance(x, int) for x in v) or not 1 <= v[0] <= v[1]:
+                raise ConfigError(f"{k}: expected [lo, hi] with 1 <= lo <= hi, got {v!r}")
+        from vr_runtime.planning.policies import PLANNERS
+        from .layouts import global_twin
+
+        def usable(n):
+            return n in PLANNERS and PLANNERS[n].needs_relevance and global_twin(n) in PLANNERS
+        if not self.long_plan_planners or not all(map(usable, self.long_plan_planners)):
+            ok = [n for n in PLANNERS if usable(n)]
+            raise ConfigError(f"long_plan_planners: expected a non-empty list of Fragment "
+                              f"planners ({', '.join(ok)}), got {self.long_plan_planners!r}")
 
     def check_files(self, model: bool = True) -> "TrainConfig":
         """Every file the run reads exists (``model``: also the model argument, resolved

@@ -25,6 +25,8 @@ from vr_runtime.backbones.base import deepstack_kwargs
 from vr_runtime.backbones.prompt import plan_dest
 from vr_runtime.planning.policies import Windows, get_planner, plan_fitted, relevant_from_logits
 
+from .layouts import draw_int, global_twin, kept_rows, stretch, stretched_times
+
 GROUPS = ("vision", "projector", "language", "extractor", "semantic", "image")
 
 
@@ -182,11 +184,13 @@ class Trainee(nn.Module):
     # -- stage 3
     @torch.no_grad()
     def plan(self, policy_logits, frame_logits, ex, max_length: Optional[int] = None,
-             budget: Optional[int] = None):
+             budget: Optional[int] = None, planner: Optional[str] = None):
         """The routing decision (no gradient), made as the runtime makes it: the Semantic
         Router's class, the Image Router's threshold, the policy's planner fitted exactly into
         the context budget (``max_length``, default ``model_max_length``) with its own text, or
-        into a fixed visual ``budget`` (the runtime's ``answer(budget=...)``)."""
+        into a fixed visual ``budget`` (the runtime's ``answer(budget=...)``). ``planner``: a
+        Fragment planner to use instead of ``fragment`` (its Global twin for Global, as the
+        runtime's ``route_to`` pairs them)."""
         c = self.cfg
         if c.plan_policy != "routers":  # a fixed planner, no routing (Data FT + Uniform Pooling)
             fragment, relevant, name = False, None, c.plan_policy
@@ -198,7 +202,9 @@ class Trainee(nn.Module):
             fragment = bool(policy_logits.argmax(-1).item() == 1)
             relevant = relevant_from_logits(frame_logits, self.routers.config.threshold).tolist()
         if c.plan_policy == "routers":
-            name = "fragment" if fragment else "global"
+            name = planner or "fragment"
+            if not fragment:
+                name = global_twin(name)
         T = frame_logits.shape[0]
         s1, s0 = c.fragment_windows
         w = Windows(relevant_window=s1, other_window=s0, global_window=c.global_window)
@@ -244,6 +250,60 @@ class Trainee(nn.Module):
                 frame_logits[t] = 10.0  # relevant under any threshold
         return self.plan(policy_logits, frame_logits, ex, max_length, budget)
 
+    def layout(self, policy_logits, frame_logits, ex):
+        """(plan, src, times) of one Stage 3 example: with ``dense_plan_prob`` a ``dense_plan``,
+        with ``long_plan_prob`` a ``long_plan`` (``src`` maps its virtual frames to the
+        example's, ``times`` are theirs), else ``training_plan`` (``src`` None: the example's
+        own frames). No draw is made for a probability of 0, so configs without them train as
+        before, draw for draw."""
+        c = self.cfg
+        if c.dense_plan_prob or c.long_plan_prob:
+            u = torch.rand(()).item()
+            if u < c.dense_plan_prob:
+                return self.dense_plan(frame_logits.shape[0], ex), None, ex.get("times")
+            if u < c.dense_plan_prob + c.long_plan_prob:
+                return self.long_plan(policy_logits, frame_logits, ex)
+        plan, _ = self.training_plan(policy_logits, frame_logits, ex)
+        return plan, None, ex.get("times")
+
+    @torch.no_grad()
+    def dense_plan(self, T: int, ex) -> list:
+        """Every frame at full resolution when they fit ``model_max_length`` (and
+        ``dense_plan_frames``), else as many as fit spread evenly in time: the ``budget``
+        planner, which is the dense reference at the frame counts that fit."""
+        c = self.cfg
+        w = Windows(relevant_window=1, other_window=1, global_window=1)
+        cap = c.dense_plan_frames * self.grid[0] * self.grid[1] if c.dense_plan_frames else None
+        fitted = plan_fitted(get_planner("budget"), T, self.grid, None, w,
+                             lambda kept: self.bb.text_tokens(ex["question"], T, kept=kept,
+                                                              **_times(self.bb, ex.get("times"))),
+                             c.model_max_length, c.gen_tokens, c.margin, budget=cap)
+        return fitted.plan
+
+    @torch.no_grad()
+    def long_plan(self, policy_logits, frame_logits, ex):
+        """The example stretched to a virtual count drawn from ``long_plan_frames``
+        (``layouts.stretch``: its relevant frames stay a short event), planned under a visual
+        budget drawn from ``long_plan_budget`` by a planner drawn from ``long_plan_planners``
+        -> (plan, src, times). The stretch follows the labels (the event's true frames); the
+        plan follows ``plan_from``, as ``plan`` decides it."""
+        c = self.cfg
+        T = frame_logits.shape[0]
+        truth = ex["labels"] > 0.5 if ex.get("labels") is not None else             relevant_from_logits(frame_logits, self.routers.config.threshold)
+        src = stretch(truth.tolist(), draw_int(*c.long_plan_frames))
+        if len(src) == T:   # nothing to stretch (every frame relevant): the usual plan
+            plan, _ = self.training_plan(policy_logits, frame_logits, ex)
+            return plan, None, ex.get("times")
+        idx = torch.tensor(src, device=frame_logits.device)
+        virtual = dict(ex, times=stretched_times(ex.get("times"), len(src)))
+        if ex.get("labels") is not None:
+            virtual["labels"] = ex["labels"][idx.to(ex["labels"].device)]
+        names = c.long_plan_planners
+        planner = names[draw_int(0, len(names) - 1)]
+        plan, _ = self.plan(policy_logits, frame_logits[idx], virtual,
+                            budget=draw_int(*c.long_plan_budget), planner=planner)
+        return plan, src, virtual["times"]
+
     def random_plan(self, T: int, ex) -> Optional[List[int]]:
         """A plan that says nothing about the question: one window from ``random_plan_windows``
         for every frame (half the draws) or one per frame, within ``model_max_length`` (None
@@ -282,12 +342,16 @@ class Trainee(nn.Module):
                 with torch.no_grad():  # the decision for every frame, without gradient
                     fr_all = self.routers.frame_logits(Z.detach(), q.detach(),
                                                        grid=self.grid).float()
-            plan, _ = self.training_plan(pol.detach()[0], fr_all, ex)
-            ids, n_prompt, dest, pos = self.build_sequence(ex, plan)
+            plan, src, times = self.layout(pol.detach()[0], fr_all, ex)
+            ids, n_prompt, dest, pos = answer_sequence(self.bb, ex["question"], ex["answer"],
+                                                       plan, times)
             ids_t = torch.tensor(ids, device=Z.device)
             emb = self.embed(ids_t)                       # [L, D]; grad -> embed_tokens
             if Z.shape[-1] != emb.shape[-1]:   # wide Z (DeepStack streams): zeros on text rows
                 emb = torch.cat([emb, emb.new_zeros(emb.shape[0], Z.shape[-1] - emb.shape[-1])], -1)
+            if src is not None:   # a stretched plan: its kept frames gathered from the example's
+                rows, plan, dest = kept_rows(plan, src, dest)
+                Z = Z[torch.tensor(rows, device=Z.device)]
             emb = self.pack(Z.to(emb.dtype), plan, self.grid, emb, dest)
             logits = self.lm_logits(emb.unsqueeze(0), n_prompt - 1, pos)[0]  # predicts ids[n_prompt:]
             target = ids_t[n_prompt:]

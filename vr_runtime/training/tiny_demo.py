@@ -3,9 +3,14 @@
 synthetic data -> Stage 0 (tiny-only pretraining from the deterministic fill, ``pretrain.py``)
 -> Stage 1 -> Stage 2 -> Stage 3 -> Stage 3b (Stage 3 continued with the plans
 the runtime makes at inference; configs ``tiny_stage{1,2,3,3b}``, clearly *not* the paper's
-values) -> held-out metrics JSON + curves PNG -> optionally copy
+values) [-> Stage 3c, task v3: Stage 3b continued with dense and long layouts,
+``tiny_stage3c``, ``layouts.py``] -> held-out metrics JSON + curves PNG -> optionally copy
 ``model.safetensors`` and ``routers.safetensors`` into ``vr_runtime/assets/tiny/``, where the
 runtime picks them up.
+
+Task v3 is task v2's data and stages plus Stage 3c. ``from_model`` starts Stage 3c from a
+finished Stage 3b model directory (``config.json``, ``model.safetensors``, ``tokenizer.json``,
+``routers.safetensors``: the shipped v2 weights are one) instead of training Stages 0-3b.
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ import time
 from typing import Optional
 
 from ..data.synthetic_videos import generate
-from .checkpoints import write_json_atomic
+from .checkpoints import write_json_atomic, write_lines_atomic
 from .config import load_config
 from .data import read_jsonl
 from .evaluate import eval_policy, eval_relevance
@@ -28,6 +33,10 @@ from .pretrain import PretrainConfig, pretrain
 # frames) instead of tiny_stage3b's absolute train_max_length [1000, 2200], which is this same
 # range of compression at 16 frames (a visual budget of ~750-1950 of 4,096 tokens).
 V2_TRAIN_BUDGET_FRACTION = [0.18, 0.48]
+# Stage 3c's 300 steps of 4 see about 1,200 examples: the conversations of the first 320
+# training videos (about 1,290 lines), so that only their features are computed.
+V3_STAGE3C_VIDEOS = 320
+TASKS = ("v1", "v2", "v3")
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "tiny")
 
@@ -61,21 +70,30 @@ def _stage0(work: str, summary: dict) -> str:
 
 def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
              n_heldout: int = 40, results: Optional[str] = None, seed: int = 0,
-             task: str = "v1") -> dict:
+             task: str = "v1", from_model: Optional[str] = None) -> dict:
     """``task``: the synthetic task (``synthetic.generate``'s 'v1', the default, or 'v2': the
     factors real footage varies; its lines carry their own frame counts, which every stage
-    samples)."""
+    samples; or 'v3': v2 plus Stage 3c). ``from_model``: task v3 only, Stage 3c from that
+    finished Stage 3b model instead of Stages 0-3b."""
+    if from_model and task != "v3":
+        raise ValueError("from_model: Stage 3c's starting point, so task v3 only")
     data = os.path.join(work, "data")
-    prepare_data(data, n_train, n_heldout, seed=seed, task=task)
+    prepare_data(data, n_train, n_heldout, seed=seed, task="v1" if task == "v1" else "v2")
     summary = {"work": work, "task": task, "train_videos": n_train, "heldout_videos": n_heldout,
                "stages": {}}
-    base = _stage0(work, summary)   # every stage starts from Stage 0's model, never the shipped one
-    prev = None
-    for stage in (1, 2, 3, "3b"):
-        cfg = _stage_config(stage, data, work, base, prev, task)
+    stages = (1, 2, 3, "3b") + (("3c",) if task == "v3" else ())
+    if from_model:
+        summary["from_model"] = from_model
+        prev, stages, base = os.path.join(from_model, "routers.safetensors"), ("3c",), None
+    else:
+        base = _stage0(work, summary)   # every stage starts from Stage 0's model
+        prev = None
+    for stage in stages:
+        cfg = _stage_config(stage, data, work, base, prev, task, from_model)
         prev = os.path.join(cfg.output_dir, "routers.safetensors")
         summary["stages"][f"stage{stage}"] = _run_stage(cfg, stage, prev)
-    summary["final_routers"] = _final_routers(work, data, prev)
+    last = os.path.join(work, f"stage{stages[-1]}")
+    summary["final_routers"] = _final_routers(last, data, prev)
     print(json.dumps(summary["final_routers"], indent=2))
     results = results or work   # the curves and metrics beside the run unless asked elsewhere
     os.makedirs(results, exist_ok=True)
@@ -85,30 +103,50 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
         json.dump(summary, f, indent=2)
     if ship:
         os.makedirs(ASSETS, exist_ok=True)
-        shutil.copyfile(os.path.join(work, "stage3b", "model.safetensors"),
-                        os.path.join(ASSETS, "model.safetensors"))
-        shutil.copyfile(os.path.join(work, "stage3b", "routers.safetensors"),
-                        os.path.join(ASSETS, "routers.safetensors"))
+        for name in ("model.safetensors", "routers.safetensors"):
+            shutil.copyfile(os.path.join(last, name), os.path.join(ASSETS, name))
     return summary
 
 
-_DATA_NAMES = {1: "relevance", 2: "policy", 3: "conversations", "3b": "conversations"}
+_DATA_NAMES = {1: "relevance", 2: "policy", 3: "conversations", "3b": "conversations",
+               "3c": "conversations"}
 
 
-def _stage_config(stage, data: str, work: str, base: str, prev, task: str):
+def _stage_config(stage, data: str, work: str, base: str, prev, task: str,
+                  from_model: Optional[str] = None):
     """``tiny_stage<stage>`` on the data under ``data``, from Stage 0's model ``base`` (Stage 3b:
-    from Stage 3's) and the previous stage's routers ``prev``, into ``work/stage<stage>``."""
+    from Stage 3's; 3c: from 3b's, or ``from_model``) and the previous stage's routers ``prev``,
+    into ``work/stage<stage>``."""
     cfg = load_config(f"tiny_stage{stage}")
     cfg.train_data = os.path.join(data, f"train_{_DATA_NAMES[stage]}.jsonl")
     cfg.eval_data = os.path.join(data, f"heldout_{_DATA_NAMES[stage]}.jsonl")
     cfg.output_dir = os.path.join(work, f"stage{stage}")
     cfg.routers = prev
     cfg.model = base
-    if task == "v2" and cfg.train_max_length:
+    if task in ("v2", "v3") and cfg.train_max_length:
         cfg.train_max_length, cfg.train_budget_fraction = [], list(V2_TRAIN_BUDGET_FRACTION)
     if stage == "3b":  # Stage 3 continued from Stage 3's model, inference-matched plans
         cfg.model = os.path.join(work, "stage3", "hf")
+    if stage == "3c":  # Stage 3b continued with the dense and long layouts
+        cfg.model = from_model or os.path.join(work, "stage3b", "hf")
+        cfg.train_data = first_videos(cfg.train_data, V3_STAGE3C_VIDEOS,
+                                      os.path.join(data, "train_conversations_3c.jsonl"))
     return cfg
+
+
+def first_videos(path: str, n: int, out: str) -> str:
+    """The lines of ``path`` whose video is among its first ``n`` distinct videos (file order),
+    written to ``out``; returns ``out``."""
+    keep, lines = set(), []
+    with open(path) as f:
+        for line in f:
+            video = json.loads(line)["video"]
+            if video not in keep and len(keep) >= n:
+                continue
+            keep.add(video)
+            lines.append(line)
+    write_lines_atomic(out, lines)
+    return out
 
 
 def _run_stage(cfg, stage, routers: str) -> dict:
@@ -141,10 +179,11 @@ def _run_stage(cfg, stage, routers: str) -> dict:
     return entry
 
 
-def _final_routers(work: str, data: str, routers: str) -> dict:
-    """The shipped routers (after Stage 3b) on the Stage 1/2 held-out sets."""
+def _final_routers(stage_dir: str, data: str, routers: str) -> dict:
+    """The shipped routers (after the last stage, in ``stage_dir``) on the Stage 1/2 held-out
+    sets."""
     cfg = load_config("tiny_stage3b", routers=routers)
-    cfg.model = os.path.join(work, "stage3b", "hf")
+    cfg.model = os.path.join(stage_dir, "hf")
     _, _, tr, _ = build(cfg)
     tr.eval()
     rel = read_jsonl(os.path.join(data, "heldout_relevance.jsonl"), "relevance")

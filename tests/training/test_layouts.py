@@ -1,0 +1,163 @@
+"""Stage 3's dense and long layouts (training/layouts.py): a stretched example keeps its event
+short and its frames in time order; packing a stretched plan from the source frames equals
+packing the materialised virtual clip; long plans stay inside their drawn budget and are
+deterministic in the seed; dense plans are every frame at full resolution up to the cap."""
+import pytest
+import torch
+
+import vr_kernels
+from vr_kernels import pooled_counts
+from vr_runtime.training.config import ConfigError, load_config
+from vr_runtime.training.layouts import global_twin, kept_rows, stretch, stretched_times
+from vr_runtime.training.stages import answer_sequence
+from stage_helpers import stage3_trainee
+
+Q = "What shape is the red object?"
+
+
+@pytest.mark.parametrize("T,n,rel", [(16, 300, (5, 6)), (8, 2048, (0,)), (37, 129, (3, 20, 36)),
+                                     (16, 17, ())])
+def test_stretch_keeps_the_event_short_and_time_ordered(T, n, rel):
+    labels = [t in rel for t in range(T)]
+    g = torch.Generator().manual_seed(T + n)
+    src = stretch(labels, n, g, max_repeat=2)
+    assert len(src) == n
+    assert src == sorted(src) and set(src) == set(range(T))     # every frame, in time order
+    for t in rel:
+        assert 1 <= src.count(t) <= 2                           # a short event stays short
+    counts = [src.count(t) for t in range(T) if t not in rel]
+    assert max(counts) - min(counts) <= 1                       # the others share evenly
+    g2 = torch.Generator().manual_seed(T + n)
+    assert stretch(labels, n, g2, max_repeat=2) == src          # deterministic in the seed
+
+
+def test_stretch_is_the_identity_when_it_cannot_stretch():
+    assert stretch([True] * 8, 100) == list(range(8))           # nothing irrelevant to repeat
+    assert stretch([False, True, False], 3) == [0, 1, 2]        # not longer than the source
+    assert stretch([False] * 5, 2) == list(range(5))
+
+
+def test_stretched_times_are_monotonic_over_the_source_span():
+    times = [0.5 * t for t in range(10)]                         # 10 frames, 0.5 s apart
+    v = stretched_times(times, 40)
+    assert len(v) == 40 and v[0] == 0.0
+    assert all(b > a for a, b in zip(v, v[1:]))
+    assert v[-1] < 5.0                                           # within the source's 5 s
+    assert stretched_times(None, 40) is None
+
+
+@pytest.mark.parametrize("T,n,grid,D", [(5, 23, (4, 4), 8), (7, 61, (6, 4), 12)])
+def test_packing_kept_rows_equals_packing_the_virtual_clip(T, n, grid, D):
+    torch.manual_seed(T * n)
+    Z = torch.randn(T, grid[0] * grid[1], D, dtype=torch.float64)
+    src = stretch([t == 2 for t in range(T)], n, torch.Generator().manual_seed(0))
+    windows = [1, 2, 4, 0, (2, 1)]
+    plan = [windows[int(i)] for i in torch.randint(len(windows), (n,))]
+    counts = pooled_counts(plan, grid)
+    L = sum(counts) + 3 * n + 5
+    starts, pos = [], 2
+    for c in counts:
+        if c:
+            starts.append(pos)
+            pos += c + 3
+    dest = [starts.pop(0) if c else 0 for c in counts]
+    out = torch.randn(L, D, dtype=torch.float64)
+    want = vr_kernels.pool_pack(Z[torch.tensor(src)], plan, grid, out=out.clone(), dest=dest,
+                                backend="reference")
+    rows, plan_k, dest_k = kept_rows(plan, src, dest)
+    got = vr_kernels.pool_pack(Z[torch.tensor(rows)], plan_k, grid, out=out.clone(),
+                               dest=dest_k, backend="reference")
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def _ex(T, rel, policy=1):
+    return {"policy": policy, "question": Q, "answer": "circle",
+            "labels": torch.tensor([float(t in rel) for t in range(T)])}
+
+
+@pytest.mark.parametrize("planner", ["fragment", "fragment-long-16", "fragment-long-16-mid"])
+def test_long_plans_fit_their_budget_and_repeat_in_the_seed(tiny_lm, planner):
+    tr = stage3_trainee(tiny_lm, long_plan_prob=1.0, long_plan_frames=[500, 1500],
+                        long_plan_budget=[1024, 3000], long_plan_planners=[planner])
+    T, ex = 16, _ex(16, (4, 5))
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(3)
+        plan, src, times = tr.layout(torch.tensor([0.0, 1.0]), torch.zeros(T), ex)
+        runs.append((plan, src))
+        assert 500 <= len(plan) == len(src) <= 1500 and times is None
+        assert sum(pooled_counts(plan, tr.grid)) <= 3000
+        full = [src[t] for t, w in enumerate(plan) if w == 1]
+        assert full and set(full) <= {4, 5}                   # the event, at full resolution
+        kept = [t for t, w in enumerate(plan) if w != 0]
+        if planner != "fragment":
+            assert len(kept) <= 16                             # the long-prompt cap
+    assert runs[0] == runs[1]
+
+
+def test_a_global_example_gets_the_global_twin(tiny_lm):
+    tr = stage3_trainee(tiny_lm, long_plan_prob=1.0, long_plan_frames=[600, 600],
+                        long_plan_budget=[2048, 2048], long_plan_planners=["fragment-long-16-mid"])
+    torch.manual_seed(0)
+    ex = dict(_ex(16, ()), policy=0, labels=None)
+    plan, src, _ = tr.layout(torch.tensor([1.0, 0.0]), torch.full((16,), -5.0), ex)
+    kept = [w for w in plan if w != 0]
+    assert len(plan) == 600 and len(kept) == 16 and set(kept) == {2}   # global-long-16
+    assert global_twin("fragment-long-16-mid") == "global-long-16"
+
+
+@pytest.mark.parametrize("T,cap,want", [(16, 24, 16), (40, 24, 24), (12, 0, 12)])
+def test_dense_plans_are_full_resolution_up_to_the_cap(tiny_lm, T, cap, want):
+    tr = stage3_trainee(tiny_lm, dense_plan_prob=1.0, dense_plan_frames=cap)
+    plan, src, _ = tr.layout(torch.tensor([0.0, 1.0]), torch.zeros(T), _ex(T, (1,)))
+    assert src is None and len(plan) == T
+    assert sum(w == 1 for w in plan) == want and set(plan) <= {0, 1}
+
+
+def test_stage3_trains_on_a_long_layout(tiny_lm):
+    """One Stage 3 step on a stretched example: a finite loss, a gradient at the projector, and
+    the same loss as packing the materialised virtual clip by hand."""
+    tr = stage3_trainee(tiny_lm, long_plan_prob=1.0, long_plan_frames=[300, 300],
+                        long_plan_budget=[1500, 1500], pool_pack_backend="torch")
+    T = 8
+    proj = next(m for n, m in tr.model.named_modules() if n.endswith("multi_modal_projector"))
+    width = next(m for m in proj.modules() if isinstance(m, torch.nn.Linear)).in_features
+    v = torch.randn(T, 256, width)                     # pre-projector features, as the cache holds
+    q = torch.tensor(tr.tokenizer(Q, add_special_tokens=False)["input_ids"])
+    ex = dict(_ex(T, (3,)), v=v, q_ids=q, times=None)
+    torch.manual_seed(5)
+    out = tr.stage3([ex])
+    assert torch.isfinite(out["loss"])
+    out["loss"].backward()
+    grads = [p.grad for n, p in tr.model.named_parameters() if "projector" in n]
+    assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)
+    # the same draws, with the virtual clip materialised: the same LM loss
+    torch.manual_seed(5)
+    pol = tr.routers.policy_logits(tr.embed(q).unsqueeze(0)).float()
+    fr = tr.frame_loss(tr.project(v), tr.embed(q), ex["labels"])   # the same draws as stage3
+    plan, src, times = tr.layout(pol.detach()[0], torch.zeros(T), ex)
+    ids, n_prompt, dest, pos = answer_sequence(tr.bb, Q, "circle", plan, times)
+    emb = tr.embed(torch.tensor(ids))
+    emb = tr.pack(tr.project(v)[torch.tensor(src)], plan, tr.grid, emb, dest)
+    logits = tr.lm_logits(emb.unsqueeze(0), n_prompt - 1, pos)[0]
+    want = torch.nn.functional.cross_entropy(logits.float(), torch.tensor(ids[n_prompt:]))
+    assert fr is not None
+    torch.testing.assert_close(out["l_lm"], want.detach(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("over,msg", [
+    ({"dense_plan_prob": 0.6, "long_plan_prob": 0.6}, r"dense_plan_prob \+ long_plan_prob"),
+    ({"long_plan_frames": [0, 10]}, "long_plan_frames"),
+    ({"long_plan_budget": [10]}, "long_plan_budget"),
+    ({"long_plan_planners": ["fragment-literal"]}, "long_plan_planners"),
+    ({"long_plan_planners": ["uniform"]}, "long_plan_planners"),
+    ({"dense_plan_frames": -1}, "dense_plan_frames")])
+def test_bad_layout_settings_are_one_line(over, msg):
+    with pytest.raises(ConfigError, match=msg):
+        load_config("tiny_stage3", **over).validate()
+
+
+def test_the_shipped_stage3c_config_loads():
+    cfg = load_config("tiny_stage3c").validate()
+    assert cfg.dense_plan_prob > 0 and cfg.long_plan_prob > 0
+    assert cfg.dense_plan_prob + cfg.long_plan_prob < 1       # inference-matched plans stay

@@ -1,0 +1,77 @@
+"""Stage 3 training layouts beyond the inference-matched plans (tiny-only, off by default).
+
+A model answers only from layouts it has seen. The shipped tiny model trained on the plans its
+routers make for 8 to 64 sampled frames, so two layouts that users ask for were never in its
+training data:
+
+- **dense**: every sampled frame at full resolution (the paper's dense reference), or as many
+  as ``model_max_length`` holds, spread evenly in time (the ``budget`` baseline);
+- **long**: hundreds to thousands of sampled frames, a few relevant ones and a long run of
+  others, planned by today's Algorithm 1 (the few at s_1, hundreds at s_0 or dropped) or by a
+  long-prompt planner (``planning/long_prompt.py``).
+
+A long example is built from a short one without decoding anything: the example's frames are
+*stretched* to a virtual count ``T'``. Each relevant frame appears once or twice (a short event
+stays short), and the irrelevant frames fill the rest in time order, each repeated about evenly,
+so the question's answer is unchanged (the relevant frames are the same pictures) while the
+prompt has the long layout, its frame numbers up to ``T'`` included. ``src[t']`` names the
+source frame of virtual frame ``t'``; only the frames the plan keeps are gathered, so a virtual
+count of 2,048 costs no more memory than its plan's kept frames.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import torch
+
+
+def stretch(labels: Sequence[bool], num_frames: int, gen: Optional[torch.Generator] = None,
+            max_repeat: int = 2) -> List[int]:
+    """Source frame of each of ``num_frames`` virtual frames, in time order: every relevant
+    source frame 1..``max_repeat`` times, the irrelevant ones sharing the rest evenly (the
+    earlier ones get the remainder). With no irrelevant frame, or ``num_frames`` not above the
+    source count, the identity."""
+    T = len(labels)
+    rel = [bool(x) for x in labels]
+    others = [t for t in range(T) if not rel[t]]
+    reps = {t: 1 + int(torch.randint(max_repeat, (), generator=gen)) for t in range(T) if rel[t]}
+    free = num_frames - sum(reps.values())
+    if num_frames <= T or not others or free < len(others):
+        return list(range(T))
+    share, extra = divmod(free, len(others))
+    for i, t in enumerate(others):
+        reps[t] = share + (1 if i < extra else 0)
+    return [t for t in range(T) for _ in range(reps[t])]
+
+
+def stretched_times(times: Optional[Sequence[float]], num_frames: int) -> Optional[List[float]]:
+    """Timestamps for ``num_frames`` virtual frames spread over the source's duration (None when
+    the source has none), so a prompt that writes times stays monotonic."""
+    if times is None or len(times) == 0:
+        return None
+    T = len(times)
+    step = (float(times[-1]) - float(times[0])) / max(T - 1, 1) if T > 1 else 1.0
+    span = step * T
+    return [float(times[0]) + span * k / num_frames for k in range(num_frames)]
+
+
+def draw_int(lo: int, hi: int, gen: Optional[torch.Generator] = None) -> int:
+    """Uniform integer in [lo, hi] from torch's RNG (the loop seeds it)."""
+    return int(torch.randint(lo, hi + 1, (), generator=gen))
+
+
+def global_twin(planner: str) -> str:
+    """The Global planner a Global example gets where a Fragment ``planner`` was drawn
+    (``fragment-long-16`` -> ``global-long-16``; the ``-mid`` variants share their base's Global
+    plan, having no relevant frames to give neighbours)."""
+    return planner.replace("fragment", "global").replace("-mid", "")
+
+
+def kept_rows(plan: Sequence, src: Sequence[int], dest: Sequence[int]):
+    """(source frame, window, dest row) of each kept virtual frame, in time order: what
+    ``pool_pack`` needs to write a stretched plan from the source frames alone."""
+    out = [(src[t], w, d) for t, (w, d) in enumerate(zip(plan, dest)) if w != 0]
+    return [s for s, _, _ in out], [w for _, w, _ in out], [d for _, _, d in out]
+
+
+__all__ = ["stretch", "stretched_times", "draw_int", "global_twin", "kept_rows"]
