@@ -1,5 +1,5 @@
 """The server decodes the videos of waiting requests while the model works on another
-(``Engine._check_and_decode`` runs off the model's lock, bounded by the clip slots): two
+(``Prefetch.check_and_decode`` runs off the model's lock, bounded by the clip slots): two
 requests take less than the sum of their parts.
 
 A long clip's decode is stood in for by a decode that first waits ``DECODE_S`` without holding

@@ -46,22 +46,26 @@ model and the next); a video whose Z the visual cache already holds is not decod
 Draining (:meth:`Engine.drain`, on SIGTERM): no new request is admitted (503 + Retry-After), every
 request not yet on the model is answered 503 + Retry-After at once, and the one running gets until
 the drain timeout to finish; after that it too is answered 503.
+
+The engine is the flow of a request (admit, check, wait, run, answer); the queue's bookkeeping
+(counts, slots, the batchable requests) is :mod:`.admission`, the off-lock check and decode of
+each video :mod:`.prefetch`.
 """
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
 import copy
-import dataclasses
 import os
 import socket
 import threading
 from dataclasses import dataclass
-from collections import Counter
 from typing import Callable, Optional
 
-from .errors import APIError, from_exception
+from .admission import Admission, BatchQueue, Slot
+from .errors import APIError, Skipped, from_exception
 from .media import MediaStore, Video
+from .prefetch import Prefetch
 from .schema import Settings
 
 
@@ -93,54 +97,6 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-class _Slot:
-    """A request's place in the queue; released exactly once, by whoever finishes last."""
-
-    def __init__(self, engine: "Engine"):
-        self._engine = engine
-        self._lock = threading.Lock()
-        self._released = False
-        self.running = False      # its model job has started
-        self.abandoned = False    # the client side gave up (deadline, gone, drain): skip the job
-        self.cancel = threading.Event()        # set when given up: stops its decode
-        self.stop = asyncio.Event()            # set (on the event loop) by drain: answer stop_error
-        self.stop_error: Optional[APIError] = None
-
-    def start(self) -> bool:
-        """On the model thread, under the model lock: may the job run? (Not once abandoned.)"""
-        with self._lock:
-            if self.abandoned:
-                return False
-            self.running = True
-            return True
-
-    def abandon(self, waiting_only: bool = False) -> bool:
-        """Give the request up; True if its job had not started (so it never will).
-        ``waiting_only``: leave a running job alone (a drain lets it finish: its frames,
-        streamed on the model's turn, must not be stopped)."""
-        with self._lock:
-            if waiting_only and self.running:
-                return False
-            self.abandoned = True
-            self.cancel.set()
-            return not self.running
-
-    def fail(self, err: APIError) -> None:
-        self.stop_error = err
-        self.stop.set()
-
-    def release(self) -> None:
-        with self._lock:
-            if self._released:
-                return
-            self._released = True
-        self._engine._leave()
-
-
-class _Skipped(APIError):
-    """A job that never ran: its request was given up (deadline, client gone, drain)."""
-
-
 class ClientGone(APIError):
     """The client disconnected before its answer was ready (nginx's 499; nobody reads it)."""
 
@@ -163,21 +119,15 @@ class Engine:
         self.name = name or config.model
         self._model_lock = threading.Lock()
         self._model_pool = cf.ThreadPoolExecutor(1, thread_name_prefix="vr-model")
-        # Decoded clips waiting for (or on) the model: the one answered and the next batch.
-        self._clip_slots = threading.BoundedSemaphore(max(1, config.max_batch) + 1)
+        self.prefetch = Prefetch(vr, media, config)   # each video checked and decoded off-lock
         # Prompts are counted with a private copy of the tokenizer on a thread of their own:
         # off the model's lock, and never sharing a Rust tokenizer object between threads.
         self._text_pool = cf.ThreadPoolExecutor(1, thread_name_prefix="vr-text")
         self._tokenizer = None
-        self._count_lock = threading.Lock()
-        self._admitted = 0
-        self._running = 0
-        self.served = 0
-        self.outcomes: Counter = Counter()   # engine-side endings: cancelled, timeout, drained
+        self.admission = Admission(config.max_queue)
         self.draining = False
         self._slots: set = set()             # admitted, not yet answered (event loop only)
-        self._batchable: list = []           # (slot, video, settings, future): max_batch > 1
-        self._batchable_lock = threading.Lock()
+        self._batchable = BatchQueue(config.max_batch)   # (slot, video, settings, future)
 
     @classmethod
     def load(cls, config: EngineConfig, media: MediaStore) -> "Engine":
@@ -200,34 +150,20 @@ class Engine:
     @property
     def busy(self) -> bool:
         """A model job is running (a thread that cannot be interrupted)."""
-        with self._count_lock:
-            return self._running > 0
+        return self.admission.busy
 
     # ------------------------------------------------------------------ queue
-    @property
-    def capacity(self) -> int:
-        return self.config.max_queue + 1   # the one running + max_queue waiting
-
     def stats(self) -> dict:
-        with self._count_lock:
-            return {"running": self._running, "waiting": self._admitted - self._running,
-                    "max_queue": self.config.max_queue, "served": self.served,
-                    **{k: self.outcomes[k] for k in ("cancelled", "timeout", "drained")}}
+        return self.admission.stats()
 
-    def _count(self, outcome: str) -> None:
-        with self._count_lock:
-            self.outcomes[outcome] += 1
-
-    def admit(self) -> _Slot:
+    def admit(self) -> Slot:
         if self.draining:
             raise shutting_down("")
-        with self._count_lock:
-            if self._admitted >= self.capacity:
-                raise APIError(429, f"the server is busy: {self.config.max_queue} requests are "
-                               f"already waiting; retry later",
-                               headers={"Retry-After": str(RETRY_AFTER_S)})
-            self._admitted += 1
-        return _Slot(self)
+        if not self.admission.enter():
+            raise APIError(429, f"the server is busy: {self.config.max_queue} requests are "
+                           f"already waiting; retry later",
+                           headers={"Retry-After": str(RETRY_AFTER_S)})
+        return Slot(self.admission)
 
     # ------------------------------------------------------------------ the prompt's size
     def prompt_tokens(self, settings: Settings) -> int:
@@ -268,22 +204,18 @@ class Engine:
         self.draining = True
         for slot in list(self._slots):
             if slot.abandon(waiting_only=True):
-                self._count("drained")
+                self.admission.count("drained")
                 slot.fail(shutting_down(" and this request had not started"))
         end = loop.time() + timeout_s
         while self._slots and loop.time() < end:
             await asyncio.sleep(0.02)
         for slot in list(self._slots):
             slot.abandon()
-            self._count("drained")
+            self.admission.count("drained")
             slot.fail(shutting_down(f": this request did not finish within the drain timeout "
                                     f"of {timeout_s:g} s (--drain-timeout)"))
         while self._slots and loop.time() < end + 2.0:   # let the handlers take their answers
             await asyncio.sleep(0.02)
-
-    def _leave(self) -> None:
-        with self._count_lock:
-            self._admitted -= 1
 
     # ------------------------------------------------------------------ running
     async def submit(self, settings: Settings, max_prompt_tokens: Optional[int] = None,
@@ -300,15 +232,16 @@ class Engine:
         try:
             if max_prompt_tokens is not None:
                 await self._check_prompt(settings, max_prompt_tokens, deadline, slot, gone)
-            checking = asyncio.wrap_future(_daemon(self._check_and_decode, settings, slot))
+            checking = asyncio.wrap_future(_daemon(self.prefetch.check_and_decode, settings,
+                                                   slot.cancel))
             # If the request is given up first, the video it pins must still be let go of.
             checking.add_done_callback(lambda f: slot.abandoned and not f.cancelled()
-                                       and f.exception() is None and self._release(f.result()))
+                                       and f.exception() is None
+                                       and self.prefetch.release(f.result()))
             video = await self._wait(checking, deadline, slot, gone)
             if self.config.max_batch > 1 and on_token is None:
                 job = cf.Future()
-                with self._batchable_lock:
-                    self._batchable.append((slot, video, settings, job))
+                self._batchable.put((slot, video, settings, job))
                 self._model_pool.submit(self._run_batch)   # takes the oldest waiting + mates
             else:
                 job = self._model_pool.submit(self._run, slot, video, settings, on_token)
@@ -318,10 +251,10 @@ class Engine:
             self._slots.discard(slot)
             if not handed_over:
                 if video is not None:
-                    self._release(video)
+                    self.prefetch.release(video)
                 slot.release()
 
-    async def _wait(self, fut, deadline: float, slot: _Slot, gone: Optional[asyncio.Event]):
+    async def _wait(self, fut, deadline: float, slot: Slot, gone: Optional[asyncio.Event]):
         """``fut``'s result, unless the deadline passes, the client goes or a drain answers the
         request first; ``fut`` itself is never cancelled (its thread cannot be stopped)."""
         fut = asyncio.ensure_future(fut)
@@ -340,7 +273,7 @@ class Engine:
             stop.cancel()
             if left is not None:
                 left.cancel()
-        skipped = fut in done and isinstance(fut.exception(), _Skipped)
+        skipped = fut in done and isinstance(fut.exception(), Skipped)
         if fut in done and not skipped:
             return fut.result()
         # A skipped job means the request was given up; the reason is known here even when the
@@ -349,75 +282,46 @@ class Engine:
             raise slot.stop_error
         if left is not None and (left in done or gone.is_set()):
             if slot.abandon():
-                self._count("cancelled")
+                self.admission.count("cancelled")
             raise ClientGone()
         slot.abandon()
-        self._count("timeout")
+        self.admission.count("timeout")
         raise APIError(504, f"the request took longer than the server's per-request "
                        f"timeout of {self.config.timeout_s:g} s")
 
-    def _run(self, slot: _Slot, video: Video, s: Settings, on_token=None):
+    def _run(self, slot: Slot, video: Video, s: Settings, on_token=None):
         try:
             with self._model_lock:
                 if not slot.start():   # given up while it waited (deadline, client, drain)
-                    raise _Skipped(504, "the request was given up while waiting for the model")
-                with self._count_lock:
-                    self._running += 1
-                try:
+                    raise Skipped(504, "the request was given up while waiting for the model")
+                with self.admission.running_jobs(1):
                     return self._answer(video, s, on_token)
-                finally:
-                    with self._count_lock:
-                        self._running -= 1
-                        self.served += 1
         finally:
-            self._release(video)
+            self.prefetch.release(video)
             slot.release()
-
-    @staticmethod
-    def _batch_key(s: Settings) -> tuple:
-        """Requests with equal keys can share one ``answer_batch`` call (all but the video and
-        the question)."""
-        return (s.system, s.num_frames, s.max_length, s.max_new_tokens, s.policy, str(s.scales),
-                s.seek, s.time_window)
 
     def _run_batch(self) -> None:
         """One model-pool job per batchable request: takes the oldest one still waiting (if an
         earlier job has not already answered it) and up to ``max_batch - 1`` waiting mates."""
         with self._model_lock:
-            with self._batchable_lock:
-                if not self._batchable:
-                    return
-                head = self._batchable.pop(0)
-                key = self._batch_key(head[2])
-                batch = [head]
-                for item in list(self._batchable):
-                    if len(batch) >= self.config.max_batch:
-                        break
-                    if self._batch_key(item[2]) == key:
-                        self._batchable.remove(item)
-                        batch.append(item)
             live = []
-            for slot, video, s, fut in batch:
+            for slot, video, s, fut in self._batchable.take():   # [] if already answered
                 if slot.start():
                     live.append((slot, video, s, fut))
                 else:   # given up while it waited (deadline, client, drain)
-                    fut.set_exception(_Skipped(504, "the request was given up while waiting "
-                                                    "for the model"))
-                    self._release(video)
+                    fut.set_exception(Skipped(504, "the request was given up while waiting "
+                                                   "for the model"))
+                    self.prefetch.release(video)
                     slot.release()
             if not live:
                 return
-            with self._count_lock:
-                self._running += len(live)
             results = [APIError(500, "the batch was interrupted")] * len(live)
             try:
-                results = self._answer_many([(v, s) for _, v, s, _ in live])
+                with self.admission.running_jobs(len(live)):
+                    results = self._answer_many([(v, s) for _, v, s, _ in live])
             finally:
-                with self._count_lock:
-                    self._running -= len(live)
-                    self.served += len(live)
                 for (slot, video, _, fut), res in zip(live, results):
-                    self._release(video)
+                    self.prefetch.release(video)
                     slot.release()
                     if isinstance(res, BaseException):
                         fut.set_exception(res)
@@ -449,56 +353,6 @@ class Engine:
                                   on_token=on_token)
         except Exception as e:
             raise from_exception(e, video.names()) from None
-
-    # ------------------------------------------------------------------ the video, off the lock
-    def _check_and_decode(self, s: Settings, slot: _Slot) -> Video:
-        """On a daemon thread of its own: the media check, then the decode (unless the visual
-        cache holds the frames), stopped between frames once the request is given up."""
-        def should_stop():
-            return "the request was given up (timeout, client gone or shutdown)" \
-                if slot.cancel.is_set() else None
-        video = self.media.resolve(s.video_url)
-        try:
-            cached = getattr(self.vr, "has_frames", None)   # (absent on test doubles)
-            if self.config.visual_cache > 0 and cached and s.fps is None and \
-                    cached(video.path, s.num_frames, s.time_window, "auto", s.seek):
-                return video
-            while not self._clip_slots.acquire(timeout=0.05):   # bounds clips held in memory
-                if should_stop():
-                    raise _Skipped(504, "the request was given up while waiting to decode")
-            try:
-                spec = self.vr.lm.frame_spec
-                from ..video.frames import open_frames
-                # Checked, indexed and sampled here, and its first prefetch_frames frames
-                # decoded; the rest (a long video) stream on the model's turn, through the
-                # vision tower a chunk at a time: bounded memory per request however many
-                # frames. Decoding stops once the request is given up.
-                clip = open_frames(video.path, num_frames=s.num_frames, size=spec.size[0],
-                                   mean=spec.mean, std=spec.std, should_stop=should_stop,
-                                   limits=self.media.config.limits(),
-                                   time_window=s.time_window, seek=s.seek, fps=s.fps,
-                                   **s.rate_bounds)
-                clip.prefetch(self.config.prefetch_frames, should_stop)
-            except BaseException:
-                self._clip_slots.release()
-                raise
-            return dataclasses.replace(video, clip=clip)
-        except BaseException as e:
-            self.media.release(video)
-            if slot.cancel.is_set() and isinstance(e, Exception):
-                # Stopped because the request was given up: its answer is the reason it was
-                # given up (503 on a drain, 504 past the deadline), not the decode's error.
-                raise _Skipped(504, "the request was given up while its video was decoded") \
-                    from None
-            if isinstance(e, Exception) and not isinstance(e, APIError):
-                raise from_exception(e, video.names()) from None
-            raise
-
-    def _release(self, video: Video) -> None:
-        """Let go of a checked video: its pin in the store, its file, its decoded clip's slot."""
-        self.media.release(video)
-        if video.clip is not None:
-            self._clip_slots.release()
 
     def options(self, s: Settings):
         """The request's :class:`~vr_runtime.request.AnswerOptions` (those of ``videorouter

@@ -45,6 +45,10 @@ class APIError(Exception):
         return error_body(self.status, self.message, self.param)
 
 
+class Skipped(APIError):
+    """A job that never ran: its request was given up (deadline, client gone, drain)."""
+
+
 def error_body(status: int, message: str, param: Optional[str] = None) -> dict:
     return {"error": {"message": one_line(message), "type": ERROR_TYPES.get(status, "Error"),
                       "param": param, "code": int(status)}}
