@@ -35,7 +35,8 @@ DeepStack
     The tower also merges the hidden states of ``deepstack_visual_indexes`` (3 layers) with
     their own mergers, and the LLM adds stream j to its hidden states after decoder layer j at
     the visual rows. Z carries them: Z is ``[U, N, S*D]`` with S = 1 + 3 streams side by side
-    (main, then each DeepStack stream), so one ``pool_pack`` pools every stream with the same
+    (main, then each DeepStack stream; :class:`StreamMergers`, the projector, holds one merger a
+    stream and projects each), so one ``pool_pack`` pools every stream with the same
     per-unit plan (``reconstruct.reconstruct_embeds`` writes the wide rows; a text row is zero in
     the DeepStack part) and :meth:`Qwen3VLBackbone.forward` and the shadow stack
     (``routers.ShadowStack``) hand the extra streams to the decoder's own DeepStack injection
@@ -52,6 +53,7 @@ Positions (interleaved M-RoPE)
 """
 from __future__ import annotations
 
+import contextlib
 import pathlib
 from typing import Iterator, List, Optional, Sequence, Tuple
 
@@ -101,6 +103,34 @@ def timestamp(t: float) -> str:
     return f"<{t:.1f} seconds>"
 
 
+def prompt_times(n: int, times: Optional[Sequence[float]], k: int) -> List[float]:
+    """The times written before each of ``n`` units of ``k`` frames: ``times`` (one a unit), or
+    without them (a frame tensor, or a caller without the clip) those of Qwen's default
+    sampling, 2 frames a second, so unit i spans frames k*i .. k*i + k - 1."""
+    if times is None:
+        return unit_times([i / 2.0 for i in range(n * k)], k)
+    times = [float(t) for t in times]
+    if len(times) != n:
+        raise ValueError(f"times: {len(times)} unit times for {n} units")
+    return times
+
+
+def check_units(pixel_values: torch.Tensor, chunk_size: int, frames_per_unit: int,
+                frame_size: Tuple[int, int]) -> None:
+    """Refuse anything but units [U, 3*k, H, W] of ``frame_size`` frames (k = ``frames_per_unit``,
+    as ``Backbone.units`` groups them) and a chunk size >= 1."""
+    k = frames_per_unit
+    if pixel_values.ndim != 4 or pixel_values.shape[1] != 3 * k:
+        raise ValueError(f"pixel_values: expected units [U, {3 * k}, H, W] ({k} frames each, "
+                         f"Backbone.units), got {tuple(pixel_values.shape)}")
+    if tuple(pixel_values.shape[-2:]) != tuple(frame_size):
+        raise ValueError(f"pixel_values: this Qwen3-VL model takes frames of "
+                         f"{frame_size[0]}x{frame_size[1]}, got "
+                         f"{tuple(pixel_values.shape[-2:])}")
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size: expected an int >= 1, got {chunk_size!r}")
+
+
 class VisionTrunk(nn.Module):
     """The frozen part of Qwen3-VL's vision path: the tower without its mergers (a view: the
     tower's own modules, so its ``parameters()`` are exactly what training freezes)."""
@@ -111,6 +141,47 @@ class VisionTrunk(nn.Module):
         self.pos_embed = visual.pos_embed
         self.rotary_pos_emb = visual.rotary_pos_emb
         self.blocks = visual.blocks
+
+
+class StreamMergers(nn.ModuleList):
+    """The trainable part of Qwen3-VL's vision path, one merger per stream of Z: the tower's
+    merger (the main stream), then its DeepStack mergers (none on Qwen3.5's tower) -- the
+    tower's own modules. A ModuleList itself, so its parameters and state-dict keys are those
+    of the plain list (what Stage 3 trains and saves)."""
+
+    @classmethod
+    def of(cls, visual: nn.Module) -> "StreamMergers":
+        return cls([visual.merger, *(getattr(visual, "deepstack_merger_list", None) or [])])
+
+    def project(self, v: torch.Tensor, merge_size: int) -> torch.Tensor:
+        """[b, N, S*4C] -> Z [b, N, S*D]: each stream through its own merger."""
+        p = next(self.parameters())
+        b, n, width = v.shape
+        c4 = width // len(self)
+        unit = merge_size ** 2
+        v = v.to(device=p.device, dtype=p.dtype)
+        z = [m(v[..., s * c4:(s + 1) * c4].reshape(b * n * unit, c4 // unit)).view(b, n, -1)
+             for s, m in enumerate(self)]
+        return torch.cat(z, -1)
+
+
+@contextlib.contextmanager
+def mergers_set_aside(visual: nn.Module, stand_in: nn.Module):
+    """The tower with its merger and every DeepStack merger replaced by ``stand_in`` (a reshape
+    into merge groups) for the block: it then runs exactly HF's forward up to the mergers,
+    without copying that forward (its internals change between transformers releases). The
+    caller holds the lock that keeps the swap to its one call."""
+    main = visual.merger
+    deep = getattr(visual, "deepstack_merger_list", None)
+    visual.merger = stand_in
+    if deep is not None:
+        visual.deepstack_merger_list = nn.ModuleList([stand_in] * len(deep))
+    try:
+        yield visual
+    finally:
+        visual.merger = main
+        if deep is not None:
+            visual.deepstack_merger_list = deep
 
 
 class Qwen3VLBackbone(QwenGridPositions, Backbone):
@@ -133,8 +204,7 @@ class Qwen3VLBackbone(QwenGridPositions, Backbone):
         # DeepStack streams (Qwen3-VL: 3; a tower without them, Qwen3.5's: none)
         vc = model.config.vision_config
         self.streams = 1 + len(getattr(vc, "deepstack_visual_indexes", None) or ())
-        self._mergers = nn.ModuleList([visual.merger,
-                                       *(getattr(visual, "deepstack_merger_list", None) or [])])
+        self._mergers = StreamMergers.of(visual)
 
     # ------------------------------------------------------------------ identity and parts
     @property
@@ -204,24 +274,12 @@ class Qwen3VLBackbone(QwenGridPositions, Backbone):
         return [max(labels[i] for i in g) for g in group_units(len(labels), self.frames_per_unit)]
 
     # ------------------------------------------------------------------ vision
-    def _check_units(self, pixel_values: torch.Tensor, chunk_size: int) -> None:
-        k = self.frames_per_unit
-        if pixel_values.ndim != 4 or pixel_values.shape[1] != 3 * k:
-            raise ValueError(f"pixel_values: expected units [U, {3 * k}, H, W] ({k} frames each, "
-                             f"Backbone.units), got {tuple(pixel_values.shape)}")
-        if tuple(pixel_values.shape[-2:]) != tuple(self.frame_size):
-            raise ValueError(f"pixel_values: this Qwen3-VL model takes frames of "
-                             f"{self.frame_size[0]}x{self.frame_size[1]}, got "
-                             f"{tuple(pixel_values.shape[-2:])}")
-        if not isinstance(chunk_size, int) or chunk_size < 1:
-            raise ValueError(f"chunk_size: expected an int >= 1, got {chunk_size!r}")
-
     def vision_features(self, pixel_values: torch.Tensor,
                         chunk_size: int = 16) -> Iterator[Tuple[int, torch.Tensor]]:
         """Per chunk of units [b, 6, 448, 448]: the tower up to its mergers -> [b, N, S*4C]:
         row k holds merged cell k's four pre-merger patch features (row-major 14x14 grid) of
         the last block, then of each DeepStack layer."""
-        self._check_units(pixel_values, chunk_size)
+        check_units(pixel_values, chunk_size, self.frames_per_unit, self.frame_size)
         visual = self.model.model.visual
         p = next(self._trunk.parameters())
         gh, gw = self.frame_size[0] // self.patch_size, self.frame_size[1] // self.patch_size
@@ -230,39 +288,21 @@ class Qwen3VLBackbone(QwenGridPositions, Backbone):
             pv = pixel_values[i:i + chunk_size].to(device=p.device, dtype=p.dtype, non_blocking=True)
             b = pv.shape[0]
             grid_thw = torch.tensor([[1, gh, gw]] * b, dtype=torch.long, device=p.device)
-            # Swapping the mergers for a reshape runs exactly HF's forward up to them.
-            with self._swap:
-                main = visual.merger
-                deep = getattr(visual, "deepstack_merger_list", None)
-                visual.merger = self._group
-                if deep is not None:
-                    visual.deepstack_merger_list = nn.ModuleList([self._group] * len(deep))
-                try:
-                    out = visual(unit_patches(pv, self.patch_size, self.merge_size,
-                                              self.temporal_patch_size), grid_thw=grid_thw)
-                finally:
-                    visual.merger = main
-                    if deep is not None:
-                        visual.deepstack_merger_list = deep
+            with self._swap, mergers_set_aside(visual, self._group):
+                out = visual(unit_patches(pv, self.patch_size, self.merge_size,
+                                          self.temporal_patch_size), grid_thw=grid_thw)
             streams = [out.pooler_output, *(getattr(out, "deepstack_features", None) or [])]
             del out
             yield i, torch.cat([s.reshape(b, n, -1) for s in streams], -1)
 
     def project(self, v: torch.Tensor) -> torch.Tensor:
         """[b, N, S*4C] -> Z [b, N, S*D]: each stream through its own merger."""
-        p = next(self._mergers.parameters())
-        b, n, width = v.shape
-        c4 = width // self.streams
-        unit = self.merge_size ** 2
-        v = v.to(device=p.device, dtype=p.dtype)
-        z = [m(v[..., s * c4:(s + 1) * c4].reshape(b * n * unit, c4 // unit)).view(b, n, -1)
-             for s, m in enumerate(self._mergers)]
-        return torch.cat(z, -1)
+        return self._mergers.project(v, self.merge_size)
 
     def encode_frames(self, pixel_values: torch.Tensor, chunk_size: int = 16,
                       requires_grad: bool = False) -> torch.Tensor:
         """Units [U, 6, H, W] -> Z [U, N, S*D] (main stream, then the DeepStack streams)."""
-        self._check_units(pixel_values, chunk_size)
+        check_units(pixel_values, chunk_size, self.frames_per_unit, self.frame_size)
         p = next(self._mergers.parameters())
         H, W = self.grid
         U = pixel_values.shape[0]
@@ -292,17 +332,6 @@ class Qwen3VLBackbone(QwenGridPositions, Backbone):
                 "mm_token_type_ids": (ids == self.image_token_id).int() * 2}
 
     # ------------------------------------------------------------------ prompt
-    def _times(self, n: int, times: Optional[Sequence[float]]) -> List[float]:
-        if times is None:
-            # No decoded times (a frame tensor, or a caller without the clip): Qwen's default
-            # sampling, 2 frames a second, so unit i spans frames 2i, 2i + 1.
-            return unit_times([i / 2.0 for i in range(n * self.frames_per_unit)],
-                              self.frames_per_unit)
-        times = [float(t) for t in times]
-        if len(times) != n:
-            raise ValueError(f"times: {len(times)} unit times for {n} units")
-        return times
-
     def _content(self, question: str, kept: Sequence[int], times: List[float]) -> str:
         vt = self.vision_tokens
         return "".join(f"{timestamp(times[i])}{vt.start}{vt.context}{vt.end}" for i in kept) + \
@@ -318,7 +347,7 @@ class Qwen3VLBackbone(QwenGridPositions, Backbone):
         counts = [int(c) for c in counts]
         if any(c < 0 for c in counts):
             raise ValueError(f"counts: every entry must be >= 0, got {counts}")
-        times = self._times(len(counts), times)
+        times = prompt_times(len(counts), times, self.frames_per_unit)
         kept = [i for i, c in enumerate(counts) if c > 0]
         text = render_chat(self.tokenizer, self._content(question, kept, times), system)
         ids = torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"],
@@ -339,7 +368,7 @@ class Qwen3VLBackbone(QwenGridPositions, Backbone):
         with the ``kept`` units (default: all ``num_frames`` units)."""
         from .prompt import _check_question, render_chat
         question = _check_question(question, self.vision_tokens)
-        times = self._times(int(num_frames), times)
+        times = prompt_times(int(num_frames), times, self.frames_per_unit)
         kept = range(int(num_frames)) if kept is None else list(kept)
         text = render_chat(self.tokenizer, self._content(question, kept, times), system)
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"]) - len(kept)
@@ -599,5 +628,5 @@ def tiny_config_dict(vocab_size: int, ids) -> dict:
 
 
 __all__ = ["Qwen3VLBackbone", "Qwen3VLMoeBackbone", "Qwen35Backbone", "Qwen35MoeBackbone", "QWEN3_TOKENS", "QWEN3_MEAN", "QWEN3_STD", "FRAME_SIZE",
-           "unit_patches", "group_units", "unit_times", "timestamp",
-           "tiny_config_dict"]
+           "unit_patches", "group_units", "unit_times", "timestamp", "prompt_times", "check_units",
+           "StreamMergers", "mergers_set_aside", "tiny_config_dict"]
