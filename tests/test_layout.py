@@ -1,7 +1,7 @@
 """The house rules of the layout, checked over the source itself: the package is folded by
-pipeline stage, imports only run down the floors (no circles, no climbs), functions stay short,
-comments say what the code does rather than which issue asked for it, and the tests mirror the
-packages."""
+pipeline stage, imports only run down the floors (no circles, no climbs), functions and classes
+stay short, comments say what the code does rather than which issue asked for it, and the tests
+mirror the packages."""
 import ast
 import pathlib
 import re
@@ -33,6 +33,7 @@ FLOORS = (
 )
 MAX_TOP_LEVEL_MODULES = 12
 LONG, TOO_LONG, MAX_LONG = 60, 80, 5
+MAX_CLASS_LINES = 300
 ISSUE_REF = re.compile(r"(?<![a-z])issues?[ _#-]*\d+", re.IGNORECASE)
 
 
@@ -153,6 +154,33 @@ def test_functions_are_short():
     long = {k: n for k, n in lengths.items() if n > LONG}
     assert not too_long, too_long
     assert len(long) <= MAX_LONG, long
+
+
+def long_classes(paths, root=ROOT) -> dict:
+    """(path:line name) -> lines of each class over MAX_CLASS_LINES, counted from its ``class``
+    line to its last line (nested classes too)."""
+    out = {}
+    for p in paths:
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ClassDef):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_CLASS_LINES:
+                    out[f"{p.relative_to(root)}:{node.lineno} {node.name}"] = n
+    return out
+
+
+def test_the_class_length_sees_a_long_class(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import abc\n\n\nclass Big(abc.ABC):\n" + "    x = 1\n" * MAX_CLASS_LINES)
+    ok = tmp_path / "ok.py"
+    ok.write_text("class Fits:\n" + "    x = 1\n" * (MAX_CLASS_LINES - 1) + "\n\ny = 2\n")
+    assert long_classes([bad, ok], root=tmp_path) == {"bad.py:4 Big": MAX_CLASS_LINES + 1}
+
+
+def test_classes_are_short():
+    """A class over 300 lines holds more than one idea: split it by meaning (free functions in
+    the module of their stage, or a small helper class), not by squeezing lines."""
+    assert not long_classes(_module_files().values())
 
 
 # bench/ and scripts/: a benchmark is one short script over the shared harness, and a tool
