@@ -302,7 +302,7 @@ def _show_progress(args) -> bool:
 def _demo_title(question: str, out: dict) -> str:
     """One line per demo question: what the model kept at full resolution, and its answer."""
     from .report import frame_rows
-    full = [r["frame"] for r in frame_rows(out["report"]) if r["scale"] == "1x1"]
+    full = [r["frame"] for r in frame_rows(out["report"]) if r["window"] == "1x1"]
     kept = ", ".join(map(str, full)) if full else "none"
     return f"{question} -> {out['answer'].strip()!r}; frames at full resolution: {kept}"
 
@@ -378,10 +378,10 @@ def print_result(out: dict, stream=None) -> None:
     w(f"Answer: {out['answer'].strip()}\n\n")
     for line in _summary_lines(report):
         w(line + "\n")
-    w(f"\n{'frame':>7} {'time (s)':>9} {'score':>7} {'scale':>6} {'tokens':>7}\n")
+    w(f"\n{'frame':>7} {'time (s)':>9} {'score':>7} {'window':>6} {'tokens':>7}\n")
     for r in rows:
         w(f"{r['frame']:>7} {_fmt_num(r['time_s'], '.2f'):>9} {_fmt_num(r['score'], '.3f'):>7} "
-          f"{r['scale']:>6} {r['tokens']:>7}\n")
+          f"{r['window']:>6} {r['tokens']:>7}\n")
     total = sum(r["tokens"] for r in rows)
     w(f"{'total':>7} {'':>9} {'':>7} {'':>6} {total:>7}\n\n")
     w(_timing_line(report) + "\n")
@@ -408,14 +408,14 @@ def _print_rich(out, rows, stream) -> None:
         console.print(line, markup=False, highlight=False)
     table = Table(show_footer=True)
     for name, just in (("frame", "right"), ("time (s)", "right"), ("score", "right"),
-                       ("scale", "right"), ("tokens", "right")):
+                       ("window", "right"), ("tokens", "right")):
         table.add_column(name, justify=just)
     table.columns[0].footer = "total"
     table.columns[4].footer = str(sum(r["tokens"] for r in rows))
     for r in rows:
         relevant = isinstance(r["score"], (int, float)) and r["score"] > 0.5
         table.add_row(str(r["frame"]), _fmt_num(r["time_s"], ".2f"), _fmt_num(r["score"]),
-                      r["scale"], str(r["tokens"]), style="bold" if relevant else None)
+                      r["window"], str(r["tokens"]), style="bold" if relevant else None)
     console.print(table)
     console.print(_timing_line(report), markup=False, highlight=False)
 

@@ -75,7 +75,7 @@ def _frame_fields(frames, scores, visual_cache, plan, counts, req) -> dict:
         "router_pool": scores.router_pool if scores is not None else None,
         "visual_cache": visual_cache,
         "relevant": scores.relevant if fragment else None,
-        "scales": [json_window(w) for w in plan],
+        "windows": [json_window(w) for w in plan],
         "frame_tokens": counts,
         "frames_kept": sum(1 for c in counts if c > 0),
         "frames_dropped": sum(1 for c in counts if c == 0),
@@ -154,9 +154,18 @@ def _memory_fields(lm, routers, timer) -> dict:
     }
 
 
-# One colour per pooling scale so the eye groups frames by resolution.
-_SCALE_COLORS = {1: "#d62728", 2: "#1f77b4", 3: "#9467bd", 4: "#7f7f7f"}
+# One colour per square pooling window (its side) so the eye groups frames by resolution.
+_WINDOW_COLORS = {1: "#d62728", 2: "#1f77b4", 3: "#9467bd", 4: "#7f7f7f"}
 _OTHER = "#bcbd22"
+_DROPPED = "#dddddd"
+
+
+def _window_color(label: str) -> str:
+    """The bar colour of a frame row's window label ("2x2", "1x2", "drop")."""
+    if label == "drop":
+        return _DROPPED
+    sh, sw = (int(x) for x in label.split("x"))
+    return _WINDOW_COLORS.get(sh, _OTHER) if sh == sw else _OTHER
 
 
 def _grid(report: dict):
@@ -168,23 +177,23 @@ def _window(w):
     return normalize_window(tuple(w) if isinstance(w, list) else w)
 
 
-def scale_label(w) -> str:
-    """``0`` -> "drop", ``2`` / ``(2, 2)`` -> "2x2"."""
+def window_label(w) -> str:
+    """``0`` -> "drop", ``2`` / ``(2, 2)`` -> "2x2", ``(1, 2)`` -> "1x2"."""
     nw = _window(w)
     return "drop" if nw is None else f"{nw[0]}x{nw[1]}"
 
 
 def frame_rows(report: dict, timestamps_s: Optional[Sequence[float]] = None) -> list:
-    """One dict per sampled frame: frame (source index), time_s, score (or None), scale (label),
-    tokens, window ((sh, sw) or None when dropped).
+    """One dict per sampled frame: frame (source index), time_s, score (or None), window (its
+    label: "2x2", "1x2", or "drop" for a frame left out of the prompt), tokens.
 
     Times come from ``timestamps_s``, else the report's ``frame_times_s``, else
     ``frame_indices / fps``; None where none of those is known. Tokens are the report's
-    ``frame_tokens``, or computed from ``scales`` on the report's ``grid`` (default 16x16)."""
+    ``frame_tokens``, or computed from ``windows`` on the report's ``grid`` (default 16x16)."""
     idx = list(report.get("frame_indices") or [])
-    scales = list(report.get("scales") or [])
-    if len(scales) != len(idx):
-        raise ValueError(f"report: {len(scales)} scales for {len(idx)} frame_indices")
+    windows = list(report.get("windows") or [])
+    if len(windows) != len(idx):
+        raise ValueError(f"report: {len(windows)} windows for {len(idx)} frame_indices")
     scores = report.get("frame_scores")
     scores = list(scores) if scores is not None else [None] * len(idx)
     if timestamps_s is None:
@@ -194,10 +203,10 @@ def frame_rows(report: dict, timestamps_s: Optional[Sequence[float]] = None) -> 
     times = list(timestamps_s) if timestamps_s is not None else [None] * len(idx)
     counts = report.get("frame_tokens")
     if counts is None or len(counts) != len(idx):
-        counts = pooled_counts([tuple(w) if isinstance(w, list) else w for w in scales],
+        counts = pooled_counts([tuple(w) if isinstance(w, list) else w for w in windows],
                                _grid(report))
-    return [{"frame": int(f), "time_s": t, "score": s, "scale": scale_label(w), "tokens": n,
-             "window": _window(w)} for f, t, s, w, n in zip(idx, times, scores, scales, counts)]
+    return [{"frame": int(f), "time_s": t, "score": s, "window": window_label(w), "tokens": n}
+            for f, t, s, w, n in zip(idx, times, scores, windows, counts)]
 
 
 def plot_report(report: dict, path, timestamps_s: Optional[Sequence[float]] = None,
@@ -236,10 +245,8 @@ def _draw(ax, report: dict, timestamps_s, title: Optional[str]) -> None:
     gaps = [b - a for a, b in zip(xs, xs[1:]) if b > a]
     width = 0.8 * min(gaps) if gaps else 0.8
 
-    # square windows get their scale's colour; rectangular or unusual ones share "other"
-    colors = [_SCALE_COLORS.get(r["window"][0], _OTHER) if r["window"] and
-              r["window"][0] == r["window"][1] else (_OTHER if r["window"] else "#dddddd")
-              for r in rows]
+    # square windows get their side's colour; rectangular or unusual ones share "other"
+    colors = [_window_color(r["window"]) for r in rows]
     ax.bar(xs, [r["tokens"] for r in rows], width=width, color=colors, edgecolor="black",
            linewidth=0.4)
     for x, r in zip(xs, rows):  # mark dropped frames, whose bars have no height
@@ -248,8 +255,8 @@ def _draw(ax, report: dict, timestamps_s, title: Optional[str]) -> None:
     ax.set_xlabel("time (s)" if have_times else "sampled frame")
     ax.set_ylabel("visual tokens")
     ax.set_ylim(0, max([r["tokens"] for r in rows] + [1]) * 1.15)
-    handles = [Patch(color=c, label=f"{s}x{s}") for s, c in sorted(_SCALE_COLORS.items())
-               if any(r["scale"] == f"{s}x{s}" for r in rows)]
+    handles = [Patch(color=c, label=f"{s}x{s}") for s, c in sorted(_WINDOW_COLORS.items())
+               if any(r["window"] == f"{s}x{s}" for r in rows)]
     handles += [Patch(color=_OTHER, label="other")] if _OTHER in colors else []
 
     scores = [r["score"] for r in rows]

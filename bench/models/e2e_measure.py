@@ -156,7 +156,7 @@ def summarise(reports: List[dict]) -> dict:
     return dict(
         visual_tokens=last.get("visual_tokens"), dense_visual_tokens=last.get("dense_visual_tokens"),
         budget_runtime=last.get("budget"), text_tokens=last.get("text_tokens"),
-        scales=last.get("scales"), policy_run=last.get("policy"),
+        windows=last.get("windows"), policy_run=last.get("policy"),
         router_pool=last.get("router_pool"), generated_tokens=last.get("generated_tokens"),
         router_s=t("router"), vision_s=vision, compress_s=compress, vision_compress_s=vc,
         prefill_s=t("prefill"), ttft_s=t("ttft"), generate_s=t("generate"),
@@ -214,8 +214,8 @@ def measure_row(vr, dev, args, video, key, label, kw, *, sweep, budget, max_leng
         row["nvml_peak_gb"] = row.pop("outside_peak_gb")
     else:
         row["peak_mem_gb"] = row.pop("outside_peak_gb")  # CPU: process RSS peak
-    if routed and rel is None and row.get("scales") is not None:
-        row["relevant"] = sum(1 for s in row["scales"] if _norm(s) == _norm(kw["scales"][1]))
+    if routed and rel is None and row.get("windows") is not None:
+        row["relevant"] = sum(1 for w in row["windows"] if _norm(w) == _norm(kw["scales"][1]))
     return row
 
 

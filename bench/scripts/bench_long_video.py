@@ -58,7 +58,7 @@ def ask(tree: pathlib.Path, clip: pathlib.Path, frames: int, extra=()) -> dict:
     row = {"frames": frames, "wall_s": float(wall), "peak_rss_mb": int(rss_kb) / 1024,
            "activation_mb": (rep.get("peak_activation_bytes") or 0) / 2**20,
            "answer": out["answer"], "kept": rep["frames_kept"],
-           "scales": rep["scales"], "frame_indices": rep["frame_indices"]}
+           "windows": rep["windows"], "frame_indices": rep["frame_indices"]}
     row.update({k: t.get(k) for k in STAGES})
     # the video's time is "frames" now ("decode" in trees before the frame stream)
     row["decode"] = t.get("frames", t.get("decode"))
@@ -137,13 +137,13 @@ def main(argv=None) -> None:
         for side, tree in trees.items():
             payload.setdefault(side, []).append(ask(tree, clip, n))
             print(side, json.dumps({k: v for k, v in payload[side][-1].items()
-                                    if k not in ("scales", "frame_indices")}), flush=True)
+                                    if k not in ("windows", "frame_indices")}), flush=True)
     payload["limits"] = {"ffmpeg_keyframes_s": ffmpeg_keyframes(clip),
                          "tower_alone_s": {n: tower_alone(n) for n in counts}}
     b = {r["frames"]: r for r in payload["before"]}
     f = {r["frames"]: r for r in payload["after"]}
     same = None if 256 not in b or 256 not in f else all(
-        b[256].get(k) == f[256].get(k) for k in ("answer", "scales", "frame_indices"))
+        b[256].get(k) == f[256].get(k) for k in ("answer", "windows", "frame_indices"))
     payload["growth"] = {
         "before_mb_per_frame": growth(payload["before"], "peak_rss_mb"),
         "after_mb_per_frame": growth(payload["after"], "peak_rss_mb"),

@@ -76,7 +76,7 @@ def one(row: str, frames: int, threads: int, chunk_size: int) -> Dict:
                 report_peak_memory_source=rep["peak_memory_source"],
                 report_peak_activation_bytes=rep["peak_activation_bytes"],
                 weights_bytes=rep["weights_bytes"], policy_run=rep["policy"],
-                scales=sorted(set(map(str, rep["scales"]))))
+                windows=sorted(set(map(str, rep["windows"]))))
 
 
 def main(argv: Optional[List[str]] = None) -> Dict:

@@ -86,7 +86,7 @@ def cpu_rows(runs: int):
         vr.answer(clip, "What happens in the video?", **kw)   # warm-up
         reps = [vr.answer(clip, "What happens in the video?", **kw).report for _ in range(runs)]
         best = min(reps, key=lambda r: r["timings_s"]["ttft"])   # least disturbed by the load
-        rows.append({"policy": policy, "units": sum(1 for s in best["scales"] if s),
+        rows.append({"policy": policy, "units": sum(1 for w in best["windows"] if w),
                      "visual_tokens": best["visual_tokens"],
                      "ttft_median_ms": round(1e3 * statistics.median(
                          r["timings_s"]["ttft"] for r in reps), 1),

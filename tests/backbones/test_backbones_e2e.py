@@ -56,4 +56,4 @@ def test_cli_ask_on_qwen_preset():
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)["report"]
     assert r["backbone"] == "qwen2_5_vl" and r["model"] == "tiny-qwen2.5-vl"
-    assert r["scales"] == [2, 2, 2, 2]
+    assert r["windows"] == [2, 2, 2, 2]

@@ -347,7 +347,7 @@ def test_ask_serve_eval_take_a_qwen3_vl_directory(bb, tmp_path):
                           "--json"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)["report"]
-    assert r["backbone"] == "qwen3_vl" and r["scales"] == [2, 2]   # 4 frames, 2 temporal patches
+    assert r["backbone"] == "qwen3_vl" and r["windows"] == [2, 2]   # 4 frames, 2 temporal patches
     assert len(r["frame_times_s"]) == 2
 
 

@@ -136,11 +136,11 @@ def test_fixed_relevance_runs_the_routers_and_imposes_the_pattern():
     rep = res.report
     assert "semantic" in calls and "image" in calls
     assert rep["timings_s"]["router"] > 0 and rep["relevant"] == pattern
-    assert rep["scales"] == plan_fragment(pattern, 700) and rep["budget"] == 700
+    assert rep["windows"] == plan_fragment(pattern, 700) and rep["budget"] == 700
     without = tiny_vr.answer(video, "Which color is the star?", num_frames=5,
                              max_length=4000, max_new_tokens=1, policy="fragment", budget=700,
                              scorer=FixedRelevance(pattern)).report
-    assert without["scales"] == rep["scales"] and without["timings_s"]["router"] < \
+    assert without["windows"] == rep["windows"] and without["timings_s"]["router"] < \
         rep["timings_s"]["router"]
     with pytest.raises(ValueError, match="relevant"):
         tiny_vr.answer(video, "Which color?", num_frames=5, max_new_tokens=1,
@@ -184,7 +184,7 @@ def test_cpu_mode_end_to_end(tmp_path):
     clip = rows["clip"]
     assert not clip.get("error"), clip.get("error")
     assert clip["router_s"] > 0 and clip["policy_run"] == "fragment"
-    assert sum(1 for w in clip["scales"] if e2e_measure._norm(w) == (1, 1)) == sum(rel) == \
+    assert sum(1 for w in clip["windows"] if e2e_measure._norm(w) == (1, 1)) == sum(rel) == \
         clip["relevant"]
     assert clip["visual_tokens"] == rows["vr24"]["visual_tokens"]
     for key, plan in expect.items():
@@ -196,7 +196,7 @@ def test_cpu_mode_end_to_end(tmp_path):
         if key.startswith("vr"):
             assert r["router_s"] > 0 and r["policy_run"] == "fragment"
             assert r["budget_runtime"] == B
-            assert [e2e_measure._norm(w) for w in r["scales"]] == [e2e_measure._norm(w) for w in plan]
+            assert [e2e_measure._norm(w) for w in r["windows"]] == [e2e_measure._norm(w) for w in plan]
         else:
             assert r["router_s"] == 0
     assert rows["dense"]["ttft_x_dense"] == 1.0

@@ -97,7 +97,7 @@ def test_lmms_eval_runs_videorouter(synth_bench, tmp_path):
     recs = [json.loads(x) for x in log.read_text().splitlines()]
     assert sorted(r["doc_id"] for r in recs) == list(range(n))
     for r in recs:
-        assert r["policy"] in ("global", "fragment") and r["frames"] == 6
+        assert r["policy"] in ("global", "fragment") and r["frames"] == 6 == len(r["windows"])
         assert 0 < r["visual_tokens"] <= r["budget"] < r["dense_visual_tokens"]
     assert (p.stdout + p.stderr).count("videorouter sample videorouter_videomme/") == n
     results = list((task / "results").rglob("*results.json"))

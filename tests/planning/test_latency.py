@@ -43,7 +43,7 @@ def test_answer_with_a_ttft_budget(tiny_vr, frames):
     kw = dict(num_frames=6, max_length=4000, max_new_tokens=1, policy="global")
     full = tiny_vr.answer(pv, Q, **kw).report
     r = tiny_vr.answer(pv, Q, **kw, ttft_budget_s=1e6).report        # anything fits
-    assert r["scales"] == full["scales"] and r["budget"] == full["budget"]
+    assert r["windows"] == full["windows"] and r["budget"] == full["budget"]
     assert r["ttft_budget_s"] == 1e6 and r["ttft_predicted_s"] > 0
     assert set(r["ttft_predicted_stages_s"]) == {"vision", "router", "compress", "prefill"}
     tight = tiny_vr.answer(pv, Q, **kw, ttft_budget_s=1e-6).report   # nothing fits

@@ -158,8 +158,8 @@ def test_through_the_runtime_frames_keep_their_numbers_and_times(tiny_vr, frames
     assert len(kept) == 16 and kept == sorted(kept)
     assert counts[20] == counts[21] == 256
     assert sum(counts) + r["text_tokens"] + 1 + 100 <= 4000
-    ids, _ = tiny_vr.lm.build_prompt(Q, pooled_counts(r["scales"], tiny_vr.lm.grid))
+    ids, _ = tiny_vr.lm.build_prompt(Q, pooled_counts(r["windows"], tiny_vr.lm.grid))
     text = tiny_vr.lm.tokenizer.decode(ids)
     assert [f"Frame{t + 1}:" in text for t in range(T)] == [t in kept for t in range(T)]
-    assert torch.equal(torch.tensor(pooled_counts(r["scales"], tiny_vr.lm.grid)),
+    assert torch.equal(torch.tensor(pooled_counts(r["windows"], tiny_vr.lm.grid)),
                        torch.tensor(counts))

@@ -53,9 +53,9 @@ def test_fragment_literal_policy_reports_the_empty_branch(tiny_vr, frames):
     kw = dict(budget=4 * 256, max_new_tokens=1, max_length=4096, relevant=[False] * 4)
     lit = tiny_vr.answer(frames(T=4), Q, policy="fragment-literal", **kw).report
     glo = tiny_vr.answer(frames(T=4), Q, policy="fragment", **kw).report
-    assert lit["scales"] == [4] * 4 and lit["no_relevant_frame"]
+    assert lit["windows"] == [4] * 4 and lit["no_relevant_frame"]
     assert any("every frame at s0" in n for n in lit["notes"])
-    assert glo["scales"] == [2] * 4 and glo["no_relevant_frame"]
+    assert glo["windows"] == [2] * 4 and glo["no_relevant_frame"]
     assert get_method("auto-literal").answer_kwargs({}) == {
         "policy": "auto", "route_to": {"fragment": "fragment-literal"}}
 

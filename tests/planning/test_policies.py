@@ -24,7 +24,7 @@ def test_registry_names_and_one_registration_adds_a_policy(tiny_vr, frames):
     try:
         r = tiny_vr.answer(frames(5, seed=1), Q, num_frames=5, max_length=2000, max_new_tokens=1,
                            policy="every-other").report
-        assert r["policy"] == "every-other" and r["scales"] == [2, 0, 2, 0, 2]
+        assert r["policy"] == "every-other" and r["windows"] == [2, 0, 2, 0, 2]
         assert r["frame_tokens"] == [64, 0, 64, 0, 64]
     finally:
         del P.PLANNERS["every-other"]

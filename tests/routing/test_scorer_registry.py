@@ -44,7 +44,7 @@ def test_the_default_is_the_image_router(capsys):
     rep = _ask(capsys)
     named = _ask(capsys, "--scorer", "image-router")
     assert rep["scorer"] == named["scorer"] == "image-router"
-    assert named["frame_scores"] == rep["frame_scores"] and named["scales"] == rep["scales"]
+    assert named["frame_scores"] == rep["frame_scores"] and named["windows"] == rep["windows"]
 
 
 def test_clip_by_name_through_ask(capsys, clip_dir):

@@ -43,7 +43,7 @@ def test_clip_scorer_similarities_and_topk(tiny_vr, tiny_clip_dir):
     r = res.report
     top2 = sorted(sorted(range(6), key=lambda t: -float(ref[t]))[:2])
     assert r["scorer"] == "clip" and [t for t in range(6) if r["relevant"][t]] == top2
-    assert r["scales"] == B.plan_fragment(r["relevant"], budget)
+    assert r["windows"] == B.plan_fragment(r["relevant"], budget)
     assert r["frame_scores"] == pytest.approx(ref.tolist(), abs=1e-5)
     assert not any("untrained" in n for n in r["notes"])  # CLIP does not use the routers
 
@@ -89,6 +89,6 @@ def test_route_to_sends_a_semantic_class_to_another_planner(tiny_lm, frames):
     r = vr.answer(frames(4, seed=5), Q, num_frames=4, max_new_tokens=1, max_length=2000,
                   route_to={"fragment": "uniform"}).report
     assert r["policy"] == "uniform" and r["policy_probability"] > 0.99
-    assert len(set(map(str, r["scales"]))) == 1 and r["frame_scores"] is None
+    assert len(set(map(str, r["windows"]))) == 1 and r["frame_scores"] is None
     with pytest.raises(ValueError, match="route_to"):
         vr.answer(frames(1), Q, num_frames=1, route_to={"maybe": "global"})

@@ -64,7 +64,8 @@ def test_demo_json(tmp_path):
     assert [d["question"] for d in out["demo"]] == list(cli.DEMO_QUESTIONS)
     assert out["demo"][0]["answer"] == out["answer"] and out["demo"][0]["report"] == out["report"]
     r = out["report"]
-    for key in ("policy", "policy_probability", "frame_indices", "frame_scores", "scales",
+    assert "scales" not in r   # the per-frame list is "windows"; "scales" is the triple only
+    for key in ("policy", "policy_probability", "frame_indices", "frame_scores", "windows",
                 "visual_tokens", "dense_visual_tokens", "budget", "text_tokens", "timings_s",
                 "device"):
         assert key in r, key
@@ -86,9 +87,9 @@ def test_ask_table_and_plot(tmp_path):
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert out.startswith("Answer:")
-    assert "frame" in out and "time (s)" in out and "score" in out and "scale" in out
+    assert "frame" in out and "time (s)" in out and "score" in out and "window" in out
     assert "timings (s):" in out and "ttft" in out
-    # one table row per sampled frame: frame number, time, a score (fragment), scale, tokens
+    # one table row per sampled frame: frame number, time, a score (fragment), window, tokens
     rows = [ln.split() for ln in out.splitlines()
             if len(ln.split()) == 5 and ln.split()[0].isdigit()]
     assert len(rows) == 8
@@ -246,23 +247,25 @@ def test_frame_rows_and_plot(tmp_path):
     rng = np.random.default_rng(3)
     T = 12
     choices = [0, 1, 2, 4, [2, 4], [1, 3]]
-    scales = [choices[i] for i in rng.integers(0, len(choices), T)]
+    windows = [choices[i] for i in rng.integers(0, len(choices), T)]
     idx = sorted(rng.choice(300, T, replace=False).tolist())
     scores = rng.random(T).round(4).tolist()
-    report = {"frame_indices": idx, "scales": scales, "frame_scores": scores, "fps": 25.0,
+    report = {"frame_indices": idx, "windows": windows, "frame_scores": scores, "fps": 25.0,
               "policy": "fragment", "budget": 2000, "dense_visual_tokens": T * 256}
     rows = frame_rows(report)
-    expect = [window_tokens(tuple(w) if isinstance(w, list) else w) for w in scales]
+    expect = [window_tokens(tuple(w) if isinstance(w, list) else w) for w in windows]
     assert [r["tokens"] for r in rows] == expect
     assert [r["time_s"] for r in rows] == pytest.approx([i / 25.0 for i in idx])
-    assert [r["scale"] for r in rows] == [
+    # one key per frame for its window: the label ("drop" for a frame left out of the prompt)
+    assert all(set(r) == {"frame", "time_s", "score", "window", "tokens"} for r in rows)
+    assert [r["window"] for r in rows] == [
         "drop" if w == 0 else (f"{w}x{w}" if isinstance(w, int) else f"{w[0]}x{w[1]}")
-        for w in scales]
+        for w in windows]
     # the runtime's own per-frame counts and times win over recomputation
     report.update(frame_tokens=[7] * T, frame_times_s=[float(t) for t in range(T)])
     rows = frame_rows(report)
     assert [r["tokens"] for r in rows] == [7] * T and rows[-1]["time_s"] == T - 1
-    with pytest.raises(ValueError, match="scales"):
-        frame_rows({**report, "scales": scales[:-1]})
+    with pytest.raises(ValueError, match="windows"):
+        frame_rows({**report, "windows": windows[:-1]})
     png = plot_report(report, tmp_path / "p.png")
     assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"

@@ -72,7 +72,7 @@ def test_a_toy_planner_scorer_and_backbone_run_through_ask(toys, capsys):
     assert rep["frame_scores"] == [4.0, 3.0, 2.0, 1.0]
     assert rep["relevant"] == [True, True, False, False]  # a relevance planner: reported
     assert "toy scorer ran" in rep["notes"]               # the scorer's own notes reach it
-    assert rep["scales"] == [json_window(w) for w in (1, 4, 1, 4)]   # s1 = 1, s0 = 4
+    assert rep["windows"] == [json_window(w) for w in (1, 4, 1, 4)]   # s1 = 1, s0 = 4
 
 
 def test_unknown_names_are_one_line_with_a_suggestion(toys, capsys):

@@ -123,7 +123,7 @@ def test_answer_batch_equals_answers(vr):
         got = vr.answer_batch(videos, QUESTIONS, num_frames=4, batch_prefill=batch_prefill, **kw)
         assert [a.text for a in got] == [a.text for a in alone]
         for a, b in zip(got, alone):
-            assert a.report["scales"] == b.report["scales"]
+            assert a.report["windows"] == b.report["windows"]
             assert a.report["generated_tokens"] == b.report["generated_tokens"]
             assert a.report["decoding"] == "dynamic"
             assert any("one batch of 3" in n for n in a.report["notes"]) == batch_prefill

@@ -66,7 +66,7 @@ def test_scales_auto_and_fixed_give_the_same_answer(tiny_vr):
                                                          "max_new_tokens")})
     a = tiny_vr.answer(v, Q, scales="auto", **kw)
     b = tiny_vr.answer(v, Q, **fixed, **kw)
-    assert a.text == b.text and a.report["scales"] == b.report["scales"]
+    assert a.text == b.text and a.report["windows"] == b.report["windows"]
 
 
 def test_text_tokens_counted_once_per_distinct_count(tiny_vr, monkeypatch):
@@ -106,8 +106,8 @@ def test_long_prompt_routes_to_the_long_planners(tiny_vr):
     r = tiny_vr.answer(torch.zeros(T, 3, 448, 448), Q, num_frames=T, max_length=2400,
                        max_new_tokens=2, policy="fragment-long", relevant=rel,
                        long_prompt="auto").report
-    kept = [t for t, w in enumerate(r["scales"]) if w != 0]
-    assert len(kept) <= cap and {7, 30} <= set(kept) and r["scales"][7] == 1
+    kept = [t for t, w in enumerate(r["windows"]) if w != 0]
+    assert len(kept) <= cap and {7, 30} <= set(kept) and r["windows"][7] == 1
     assert r["visual_tokens"] <= r["budget"]
     with pytest.raises(ValueError, match="long_prompt"):
         AnswerOptions(long_prompt="sometimes")

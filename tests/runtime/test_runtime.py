@@ -11,7 +11,7 @@ from vr_runtime.planning.policies import get_planner
 from vr_runtime.runtime import POLICIES, VideoRouter
 
 Q = "Which color is the square in the video?"
-FIELDS = ("policy", "policy_probability", "frame_indices", "frame_scores", "scales",
+FIELDS = ("policy", "policy_probability", "frame_indices", "frame_scores", "windows",
           "visual_tokens", "dense_visual_tokens", "budget", "text_tokens", "timings_s",
           "peak_memory_bytes", "device", "frame_times_s", "frame_tokens", "routers_trained",
           "notes", "num_frames_requested", "num_frames_used", "dtype", "model")
@@ -29,8 +29,8 @@ def test_answer_every_policy(tiny_vr, frames, policy):
     for f in FIELDS:
         assert f in r, f
     assert r["routers_trained"] is False and r["num_frames_used"] == T
-    assert r["frame_indices"] == list(range(T)) and len(r["scales"]) == T
-    plan = [tuple(w) if isinstance(w, list) else w for w in r["scales"]]
+    assert r["frame_indices"] == list(range(T)) and len(r["windows"]) == T
+    plan = [tuple(w) if isinstance(w, list) else w for w in r["windows"]]
     assert r["frame_tokens"] == pooled_counts(plan)
     assert r["visual_tokens"] == sum(r["frame_tokens"]) and r["dense_visual_tokens"] == T * 256
     assert r["prompt_tokens"] <= r["text_tokens"] + r["visual_tokens"]
@@ -40,7 +40,7 @@ def test_answer_every_policy(tiny_vr, frames, policy):
     assert t["vision"] > 0 and t["prefill"] > 0
     assert r["generated_tokens"] <= 3
     if policy == "dense":
-        assert r["scales"] == [1] * T
+        assert r["windows"] == [1] * T
         assert any("exceeds max_length 1000" in n for n in r["notes"])  # 5 x 256 > 1000
     else:
         assert r["visual_tokens"] <= r["budget"]
@@ -83,11 +83,11 @@ def test_forced_relevance_follows_algorithm1(tiny_vr, frames):
     res = tiny_vr.answer(frames(6, seed=4), Q, num_frames=6, max_length=900, max_new_tokens=1,
                          policy="fragment", relevant=rel)
     r = res.report
-    assert r["scales"] == B.plan_fragment(rel, r["budget"]) and r["frame_scores"] is None
-    assert r["scales"][1] == 1 and r["scales"][4] == 1
+    assert r["windows"] == B.plan_fragment(rel, r["budget"]) and r["frame_scores"] is None
+    assert r["windows"][1] == 1 and r["windows"][4] == 1
     none = tiny_vr.answer(frames(6, seed=4), Q, num_frames=6, max_new_tokens=1, policy="fragment",
                           relevant=[False] * 6).report
-    assert none["scales"] == [2] * 6 and any("Global" in n for n in none["notes"])
+    assert none["windows"] == [2] * 6 and any("Global" in n for n in none["notes"])
 
 
 def test_auto_with_trained_routers_uses_semantic_router(tiny_lm, frames):
@@ -200,14 +200,14 @@ def test_cache_visual_reuses_and_matches(tiny_lm, tiny_vr, frames):
     assert again.report["visual_cache"] == "hit" and second["timings_s"]["vision"] == 0.0
     assert any("cache hit" in n for n in second["notes"])
     for r in (first.report, again.report):  # same decisions and answer as without the cache
-        assert r["scales"] == plain["scales"]
+        assert r["windows"] == plain["windows"]
         assert r["frame_scores"] == pytest.approx(plain["frame_scores"], abs=1e-5)
     assert again.text == first.text
     pv.add_(0.0)  # an in-place change (version bump) invalidates the entry
     assert vr.answer(pv, Q, cache_visual=True, **kw).report["visual_cache"] == "miss"
     other = vr.answer(frames(4, seed=15), Q, cache_visual=True, num_frames=4, max_new_tokens=1,
                       policy="global").report
-    assert other["visual_cache"] == "miss" and other["scales"] == [2] * 4
+    assert other["visual_cache"] == "miss" and other["windows"] == [2] * 4
     vr.clear_visual_cache()
     assert not len(vr.visual_cache)
 
@@ -222,9 +222,9 @@ def test_answer_batch_paths_and_tensors(tiny_vr, frames):
     res = tiny_vr.answer_batch([str(sample), pv, str(sample)], Q, **kw)
     single = tiny_vr.answer(str(sample), Q, **kw).report
     assert len(res) == 3
-    assert res[1].report["scales"] == [2] * 4 and res[1].report["frame_times_s"] is None
+    assert res[1].report["windows"] == [2] * 4 and res[1].report["frame_times_s"] is None
     for r in (res[0].report, res[2].report):  # a prefetched path == a path decoded in place
-        assert r["frame_indices"] == single["frame_indices"] and r["scales"] == single["scales"]
+        assert r["frame_indices"] == single["frame_indices"] and r["windows"] == single["windows"]
         assert r["frame_times_s"] == single["frame_times_s"]
     assert res[0].text == res[2].text
     with pytest.raises(ValueError, match="questions"):

@@ -65,7 +65,7 @@ def test_the_answer_and_plan_are_the_decoded_clips(vr, clip_path, policy):
     a = vr.answer(clip_path, Q, options=opts)
     b = vr.answer(clip.pixel_values, Q, options=opts)     # frames given whole, as a tensor
     assert a.text == b.text
-    for key in ("scales", "frame_tokens", "visual_tokens", "policy"):
+    for key in ("windows", "frame_tokens", "visual_tokens", "policy"):
         assert a.report[key] == b.report[key], key
     assert a.report["frame_indices"][0] == clip.frame_indices[0]
     t = a.report["timings_s"]
@@ -80,7 +80,7 @@ def test_batch_and_cache_take_the_stream(tiny_vr, clip_path):
     one = vr.answer(clip_path, Q, options=opts)
     both = vr.answer_batch([clip_path, clip_path], Q, options=opts)
     assert [x.text for x in both] == [one.text] * 2
-    assert both[0].report["scales"] == one.report["scales"]
+    assert both[0].report["windows"] == one.report["windows"]
     cached = AnswerOptions(num_frames=6, max_length=1200, max_new_tokens=2, policy="fragment",
                            chunk_size=4, cache_visual=True)
     first = vr.answer(clip_path, Q, options=cached)

@@ -303,8 +303,8 @@ def test_ab_probe_feeds_policy_labels(mc, tmp_path, capsys):
     assert len(rows) == len(qs) >= 2
     for r in rows:
         relevant = [t for t, x in enumerate(rel[r["id"]]) if x]
-        assert [t for t, s in enumerate(r["fragment"]["scales"]) if s == 1] == relevant
-        assert set(r["global"]["scales"]) <= {0, 2}
+        assert [t for t, s in enumerate(r["fragment"]["windows"]) if s == 1] == relevant
+        assert set(r["global"]["windows"]) <= {0, 2}
     cats = {q.id: q.category for q in qs}
     want = {}
     for cat in sorted(set(cats.values())):

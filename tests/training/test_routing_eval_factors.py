@@ -62,7 +62,7 @@ class StubRouter:
         scores = [0.9 if a else 0.95 if b else 0.1 for a, b in zip(y, sal)]
         relevant = [s > 0.5 for s in scores]
         report = {"frame_scores": scores, "policy": "fragment" if key in self.labels else "global",
-                  "scales": [1 if r else 4 for r in relevant]}
+                  "windows": [1 if r else 4 for r in relevant]}
         return SimpleNamespace(text=self.answers[key], report=report)
 
     def clear_visual_cache(self):

@@ -61,14 +61,14 @@ def test_demo_answers_with_the_shipped_weights():
         res = vr.answer(str(SAMPLE_VIDEO), q, **kw)
         rep = res.report
         assert rep["policy"] == "fragment" and rep["routers_trained"]
-        full = [t for t, w in enumerate(rep["scales"]) if w == 1]
-        assert full == demo_spec().frames_with(color), (q, rep["scales"])
+        full = [t for t, w in enumerate(rep["windows"]) if w == 1]
+        assert full == demo_spec().frames_with(color), (q, rep["windows"])
         assert rep["visual_tokens"] <= rep["budget"] < rep["dense_visual_tokens"]
         assert res.text == ans, (q, res.text)
         kept.append(full)
     assert kept[0] != kept[1]
     glob = vr.answer(str(SAMPLE_VIDEO), "What is the background color?", **kw)
-    assert glob.report["policy"] == "global" and set(glob.report["scales"]) == {2}
+    assert glob.report["policy"] == "global" and set(glob.report["windows"]) == {2}
     assert glob.text == DEMO_ANSWERS["global"]
 
 

@@ -156,7 +156,7 @@ class VideoRouterLMM(lmms):
                        "visual_tokens": r["visual_tokens"],
                        "dense_visual_tokens": r["dense_visual_tokens"], "budget": r["budget"],
                        "frames": len(r["frame_indices"]),
-                       "scales": [s if isinstance(s, int) else list(s) for s in r["scales"]],
+                       "windows": [w if isinstance(w, int) else list(w) for w in r["windows"]],
                        "ttft_s": r["timings_s"].get("ttft")}
                 eval_logger.info(f"videorouter sample {task}/{doc_id}: visual_tokens="
                                  f"{r['visual_tokens']} policy={r['policy']} "

@@ -23,7 +23,7 @@ at s_1 as the Image Router marks relevant, as eval's ``clip`` and the paper's Ta
 top CLIP frames until the budget is full, eval's ``clip-fill``), ``device``, ``dtype``, ``max_new_tokens`` (default: the
 task's), ``scales`` (s_g:s_1:s_0 such as ``4:1:8``, or ``auto``: as ``--scales``, written with
 colons because model arguments are split at commas), ``visual_tokens_log`` (a JSONL file: one line per sample with the visual tokens, the
-policy and the frame scales). Every sample's visual tokens are also logged (INFO) and its prompt
+policy and the per-frame ``windows``). Every sample's visual tokens are also logged (INFO) and its prompt
 and generated token counts are returned to lmms-eval as ``TokenCounts``.
 
 The routers read the bare question (the task document's ``question`` field when it has one),

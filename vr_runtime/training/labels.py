@@ -420,13 +420,13 @@ def ab_probe(vr, questions, cfg: LabelConfig, out: str, relevance: Optional[dict
                 if scoring == "generate":
                     pred = extract_answer(res.text, q.options, cfg.answer_mode)
                 else:
-                    plan = [tuple(w) if isinstance(w, list) else w for w in res.report["scales"]]
+                    plan = [tuple(w) if isinstance(w, list) else w for w in res.report["windows"]]
                     lp = option_logprobs(vr.lm, Z, prompt, [plan], option_continuations(
                         vr.lm.tokenizer, q.options, cfg.answer_mode))[0]
                     pred = LETTERS[int(torch.argmax(lp))]
                 right[cat][j] += int(pred == q.answer)
                 row[policy] = {"prediction": pred, "visual_tokens": res.report["visual_tokens"],
-                               "scales": [json_window(w) for w in res.report["scales"]]}
+                               "windows": [json_window(w) for w in res.report["windows"]]}
             right[cat][2] += 1
             preds.append(row)
     acc = {c: (g / n, f / n) for c, (g, f, n) in sorted(right.items())}

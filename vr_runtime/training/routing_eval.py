@@ -205,7 +205,7 @@ def _eval_answers(vr, video: str, ex, T: int, kw: dict, keys, tally: _Tally) -> 
     res = vr.answer(video, ex.question, policy="auto", router_question=ex.router_question, **kw)
     _add(tally.sem, keys, int(res.report["policy"] == "fragment") == ex.policy)
     _add(tally.ans_auto, keys, norm_answer(res.text) == norm_answer(ex.answer))
-    kept = tuple(t for t, w in enumerate(res.report["scales"]) if w == 1)
+    kept = tuple(t for t, w in enumerate(res.report["windows"]) if w == 1)
     if len(tally.samples) < 12:
         tally.samples.append({"video": os.path.basename(video), "question": ex.question,
                               "answer": ex.answer, "auto": res.text,
