@@ -170,8 +170,8 @@ def add_demo_parser(sub) -> argparse.ArgumentParser:
                           description=f"Run 'ask' on the bundled {DEMO_FRAMES}-frame sample "
                           f"video with the tiny model, once per question: "
                           f"{' and '.join(repr(q) for q in DEMO_QUESTIONS)}. --json prints one "
-                          f"object: the first question's answer and report, and 'demo' with "
-                          f"both; --plot draws one panel per question. The clip is "
+                          f"object: the first question's 'text' (its answer) and 'report', and "
+                          f"'demo' with both; --plot draws one panel per question. The clip is "
                           f"{SAMPLE_VIDEO} (--print-sample-path prints just that, to ask "
                           f"your own questions about it).")
     demo.add_argument("--print-sample-path", action="store_true",
@@ -190,7 +190,7 @@ def add_demo_parser(sub) -> argparse.ArgumentParser:
 
 def _add_output_args(p) -> None:
     p.add_argument("--json", action="store_true",
-                   help='print one JSON object {"answer": ..., "report": {...}} and nothing else')
+                   help='print one JSON object {"text": ..., "report": {...}} and nothing else')
     p.add_argument("--plot", metavar="FILE.png", default=None,
                    help="write a PNG of tokens per frame over time with relevance scores")
 
@@ -198,13 +198,13 @@ def _add_output_args(p) -> None:
 # ----------------------------------------------------------------------------- running
 
 def run_ask(args) -> dict:
-    """Check, load, answer. Returns {"answer": str, "report": dict}."""
+    """Check, load, answer. Returns {"text": str (the generated answer), "report": dict}."""
     return run_questions(args, [args.question])[0]
 
 
 def run_questions(args, questions) -> list:
     """``run_ask`` for several questions about one video: the model is loaded and the video
-    decoded once (the demo's two questions); one {"answer", "report"} per question."""
+    decoded once (the demo's two questions); one {"text", "report"} per question."""
     check_inputs(args, questions[0])
     from .backbones.devices import device_dtype
     device, dtype = device_dtype(args.device, args.dtype)
@@ -285,12 +285,12 @@ def _load_model(args, device, dtype):
 
 
 def _answer_question(vr, args, opts, question: str, clip) -> dict:
-    """One {"answer", "report"}, with the running stage shown on a terminal (vision, router,
+    """One {"text", "report"}, with the running stage shown on a terminal (vision, router,
     prefill...: seconds of silence otherwise at many frames)."""
     from .telemetry.progress import stage_status
     with stage_status(_show_progress(args)):
         res = vr.answer(clip, question, options=opts)
-    return {"answer": res.text, "report": dict(res.report)}
+    return {"text": res.text, "report": dict(res.report)}
 
 
 def _show_progress(args) -> bool:
@@ -304,7 +304,7 @@ def _demo_title(question: str, out: dict) -> str:
     from .report import frame_rows
     full = [r["frame"] for r in frame_rows(out["report"]) if r["window"] == "1x1"]
     kept = ", ".join(map(str, full)) if full else "none"
-    return f"{question} -> {out['answer'].strip()!r}; frames at full resolution: {kept}"
+    return f"{question} -> {out['text'].strip()!r}; frames at full resolution: {kept}"
 
 
 def _memory_for_video(args, device) -> Optional[int]:
@@ -375,7 +375,7 @@ def print_result(out: dict, stream=None) -> None:
         _print_rich(out, rows, stream)
         return
     w = stream.write
-    w(f"Answer: {out['answer'].strip()}\n\n")
+    w(f"Answer: {out['text'].strip()}\n\n")
     for line in _summary_lines(report):
         w(line + "\n")
     w(f"\n{'frame':>7} {'time (s)':>9} {'score':>7} {'window':>6} {'tokens':>7}\n")
@@ -402,7 +402,7 @@ def _print_rich(out, rows, stream) -> None:
     from rich.table import Table
     console = Console(file=stream)
     report = out["report"]
-    console.print(f"[bold]Answer:[/bold] {out['answer'].strip()}\n", markup=True,
+    console.print(f"[bold]Answer:[/bold] {out['text'].strip()}\n", markup=True,
                   highlight=False)
     for line in _summary_lines(report):
         console.print(line, markup=False, highlight=False)

@@ -101,8 +101,8 @@ def ask_once(tree: pathlib.Path, extra=()):
 
 
 def decision(out: dict) -> dict:
-    """The answer and the report without what measures the run."""
-    return {"answer": out["answer"],
+    """The generated text and the report without what measures the run."""
+    return {"text": out["text"],
             "report": {k: v for k, v in out["report"].items() if k not in VOLATILE}}
 
 
@@ -122,7 +122,7 @@ def compare_trees(trees, runs: int) -> dict:
             walls[str(tree)].append(round(wall, 3))
             cpus[str(tree)].append(round(cpu, 3))
             ttft[str(tree)].append(out["report"]["timings_s"].get("ttft"))
-    return {"answer": reference["answer"], "walls_s": walls, "cpu_s": cpus, "ttft_s": ttft,
+    return {"text": reference["text"], "walls_s": walls, "cpu_s": cpus, "ttft_s": ttft,
             "median_wall_s": {t: statistics.median(v) for t, v in walls.items()},
             "median_cpu_s": {t: statistics.median(v) for t, v in cpus.items()}}
 

@@ -57,7 +57,7 @@ def ask(tree: pathlib.Path, clip: pathlib.Path, frames: int, extra=()) -> dict:
     rep, t = out["report"], out["report"]["timings_s"]
     row = {"frames": frames, "wall_s": float(wall), "peak_rss_mb": int(rss_kb) / 1024,
            "activation_mb": (rep.get("peak_activation_bytes") or 0) / 2**20,
-           "answer": out["answer"], "kept": rep["frames_kept"],
+           "text": out["text"], "kept": rep["frames_kept"],
            "windows": rep["windows"], "frame_indices": rep["frame_indices"]}
     row.update({k: t.get(k) for k in STAGES})
     # the video's time is "frames" now ("decode" in trees before the frame stream)
@@ -143,7 +143,7 @@ def main(argv=None) -> None:
     b = {r["frames"]: r for r in payload["before"]}
     f = {r["frames"]: r for r in payload["after"]}
     same = None if 256 not in b or 256 not in f else all(
-        b[256].get(k) == f[256].get(k) for k in ("answer", "windows", "frame_indices"))
+        b[256].get(k) == f[256].get(k) for k in ("text", "windows", "frame_indices"))
     payload["growth"] = {
         "before_mb_per_frame": growth(payload["before"], "peak_rss_mb"),
         "after_mb_per_frame": growth(payload["after"], "peak_rss_mb"),

@@ -189,7 +189,7 @@ def make_media_dir(root: pathlib.Path) -> pathlib.Path:
 # ----------------------------------------------------------------------------- expectations
 
 def ask_json(video, question, frames, max_length, max_new_tokens, policy) -> dict:
-    """``videorouter ask ... --json`` as a command: {"answer", "report"}."""
+    """``videorouter ask ... --json`` as a command: {"text", "report"}."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, "-m", "vr_runtime.cli", "ask", str(video), question, "--frames",
@@ -250,10 +250,10 @@ def check(case: Case, status: int, body: bytes, expected: Dict[tuple, dict]) -> 
         if case.status == 200:
             text, obj = _content(body, case.stream)
             want = expected[case.ask]
-            if "answer" not in want:
+            if "text" not in want:
                 return f"videorouter ask failed on this input: {want}"
-            if text != want["answer"]:
-                return f"answer {text!r} != videorouter ask's {want['answer']!r}"
+            if text != want["text"]:
+                return f"answer {text!r} != videorouter ask's {want['text']!r}"
             if obj.get("videorouter", {}).get("frame_indices") != want["report"]["frame_indices"]:
                 return "report frame_indices differ from videorouter ask's"
             return ""

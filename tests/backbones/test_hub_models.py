@@ -95,5 +95,5 @@ def test_ask_answers_with_a_cached_hub_id(hub_cache):
                        capture_output=True, text=True, timeout=180, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     out = json.loads(p.stdout)
-    assert out["answer"] and out["report"]["visual_tokens"] > 0
+    assert out["text"] and out["report"]["visual_tokens"] > 0
     assert out["report"]["model"] == REPO          # the id, not the snapshot's commit hash

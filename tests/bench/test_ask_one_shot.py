@@ -11,10 +11,10 @@ import bench_ask_one_shot as ask_one_shot  # noqa: E402
 
 
 def test_timings_and_memory_do_not_decide_sameness():
-    a = {"answer": "square", "report": {"frame_indices": [0, 1], "timings_s": {"ttft": 1.0},
-                                        "peak_memory_bytes": 5, "windows": [1, 4]}}
-    b = {"answer": "square", "report": {"frame_indices": [0, 1], "timings_s": {"ttft": 9.0},
-                                        "peak_memory_bytes": 7, "windows": [1, 4]}}
+    a = {"text": "square", "report": {"frame_indices": [0, 1], "timings_s": {"ttft": 1.0},
+                                      "peak_memory_bytes": 5, "windows": [1, 4]}}
+    b = {"text": "square", "report": {"frame_indices": [0, 1], "timings_s": {"ttft": 9.0},
+                                      "peak_memory_bytes": 7, "windows": [1, 4]}}
     assert ask_one_shot.decision(a) == ask_one_shot.decision(b)
     b["report"]["windows"] = [4, 1]
     assert ask_one_shot.decision(a) != ask_one_shot.decision(b)

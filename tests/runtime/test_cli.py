@@ -59,10 +59,11 @@ def test_demo_json(tmp_path):
     lines = res.stdout.splitlines()
     assert len(lines) == 1, res.stdout  # exactly one JSON object and nothing else on stdout
     out = json.loads(lines[0])
-    assert set(out) == {"answer", "report", "demo"} and isinstance(out["answer"], str)
-    # one entry per demo question; the top-level answer/report are the first question's
+    # "text": the generated answer ("answer" is the ground truth in the data files)
+    assert set(out) == {"text", "report", "demo"} and isinstance(out["text"], str)
+    # one entry per demo question; the top-level text/report are the first question's
     assert [d["question"] for d in out["demo"]] == list(cli.DEMO_QUESTIONS)
-    assert out["demo"][0]["answer"] == out["answer"] and out["demo"][0]["report"] == out["report"]
+    assert out["demo"][0]["text"] == out["text"] and out["demo"][0]["report"] == out["report"]
     r = out["report"]
     assert "scales" not in r   # the per-frame list is "windows"; "scales" is the triple only
     for key in ("policy", "policy_probability", "frame_indices", "frame_scores", "windows",

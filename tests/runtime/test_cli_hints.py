@@ -68,4 +68,4 @@ def test_model_load_feedback_on_a_terminal_only(monkeypatch, capsys):
     assert cli.main(argv + ["--json"]) == 0
     cap = capsys.readouterr()
     assert "loading model" not in cap.err + cap.out
-    assert json.loads(cap.out)["answer"] is not None
+    assert json.loads(cap.out)["text"] is not None

@@ -136,7 +136,7 @@ def test_broken_pipe_on_json_write(monkeypatch):
             raise OSError("not a real stream")  # so the test's own fd 1 is left alone
     monkeypatch.setattr(sys, "stdout", Closed())
     with pytest.raises(SystemExit) as e:
-        cli._write_stdout('{"answer": "x"}\n')
+        cli._write_stdout('{"text": "x"}\n')
     assert e.value.code == cli.EXIT_BROKEN_PIPE
 
 

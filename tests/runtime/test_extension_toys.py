@@ -65,7 +65,7 @@ def _ask(capsys, *extra):
 def test_a_toy_planner_scorer_and_backbone_run_through_ask(toys, capsys):
     out = _ask(capsys, "--policy", "toy-plan", "--scorer", "toy-scorer")
     rep = out["report"]
-    assert isinstance(out["answer"], str)
+    assert isinstance(out["text"], str)
     assert rep["backbone"] == "toy-family"                # the toy backbone class was built
     assert rep["policy"] == "toy-plan"                    # the toy planner planned
     assert rep["scorer"] == "toy-scorer"                  # the toy scorer scored

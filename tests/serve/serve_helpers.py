@@ -20,7 +20,7 @@ VOLATILE = ("timings_s", "visual_cache", "peak_memory_bytes", "peak_memory_nvml_
 
 def ask(video, question, frames, max_length, max_new_tokens, policy, model="tiny") -> dict:
     """``videorouter ask VIDEO QUESTION ... --json`` through ``vr_runtime.cli.main`` (the command's
-    own code, without a new interpreter): {"answer", "report"}, or {"error": line}. Memoised per
+    own code, without a new interpreter): {"text", "report"}, or {"error": line}. Memoised per
     argument set (the command is deterministic; each call loads the model)."""
     return copy.deepcopy(_ask(str(video), question, frames, max_length, max_new_tokens, policy,
                               model))

@@ -82,7 +82,7 @@ def test_answer_equals_videorouter_ask(client, media, policy, how):
     assert r.status_code == 200, r.text
     d = r.json()
     assert d["object"] == "chat.completion" and d["model"] == "tiny"
-    assert d["choices"][0]["message"] == {"role": "assistant", "content": want["answer"]}
+    assert d["choices"][0]["message"] == {"role": "assistant", "content": want["text"]}
     assert d["choices"][0]["finish_reason"] in ("stop", "length")
     rep = d["videorouter"]
     assert stable(rep) == stable(want["report"])
@@ -103,7 +103,7 @@ def test_other_backbone_answer_equals_videorouter_ask(media):
         r = post(c, video_body((media / "sample.mp4").as_uri(), Q, model="tiny-qwen2.5-vl",
                                num_frames=6, max_length=1400, max_tokens=8, policy="fragment"))
     assert r.status_code == 200, r.text
-    assert r.json()["choices"][0]["message"]["content"] == want["answer"]
+    assert r.json()["choices"][0]["message"]["content"] == want["text"]
     assert stable(r.json()["videorouter"]) == stable(want["report"])
 
 
@@ -161,7 +161,7 @@ def test_data_url_and_lmms_eval_shape(client, media):
     data = "data:video/mp4;base64," + base64.b64encode(SAMPLE.read_bytes()).decode()
     r = post(client, video_body(data, Q, num_frames=8, max_tokens=16))
     assert r.status_code == 200, r.text
-    assert r.json()["choices"][0]["message"]["content"] == want["answer"]
+    assert r.json()["choices"][0]["message"]["content"] == want["text"]
     lmms = {"messages": [{"role": "user", "content": [
                 {"type": "video_url", "video_url": {"url": f"file://{media / 'sample.mp4'}"}},
                 {"type": "text", "text": Q}]}],
@@ -170,7 +170,7 @@ def test_data_url_and_lmms_eval_shape(client, media):
     r = client.post("/v1/chat/completions", content=json.dumps(lmms),
                     headers={"content-type": "application/json"})
     assert r.status_code == 200, r.text
-    assert r.json()["choices"][0]["message"]["content"] == want["answer"]
+    assert r.json()["choices"][0]["message"]["content"] == want["text"]
     assert stable(r.json()["videorouter"]) == stable(want["report"])
 
 

@@ -55,7 +55,7 @@ def test_lmms_eval_openai_model_request_shape(server):
                             "authorization": "Bearer EMPTY"}, timeout=120)
     assert r.status_code == 200, r.text
     want = ask(video, Q, 6, 1400, 16, "auto")
-    assert r.json()["choices"][0]["message"]["content"] == want["answer"]
+    assert r.json()["choices"][0]["message"]["content"] == want["text"]
     assert stable(r.json()["videorouter"]) == stable(want["report"])
 
 
@@ -70,14 +70,14 @@ def test_openai_client(server):
     resp = client.chat.completions.create(model="tiny", messages=messages, max_tokens=16,
                                           extra_body={"num_frames": 8, "policy": "fragment"})
     want = ask(video, Q, 8, 1400, 16, "fragment")
-    assert resp.choices[0].message.content == want["answer"]
+    assert resp.choices[0].message.content == want["text"]
     assert resp.usage.prompt_tokens == want["report"]["prompt_tokens"]
     assert resp.model_extra["videorouter"]["frame_indices"] == want["report"]["frame_indices"]
     stream = client.chat.completions.create(model="tiny", messages=messages, max_tokens=16,
                                             stream=True, extra_body={"num_frames": 8,
                                                                      "policy": "fragment"})
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) \
-        == want["answer"]
+        == want["text"]
     with pytest.raises(openai.PermissionDeniedError) as e:
         client.chat.completions.create(model="tiny", max_tokens=4, messages=[
             {"role": "user", "content": [
@@ -97,7 +97,7 @@ def test_stream_over_http(server):
         raw = b"".join(r.iter_bytes())
     text, _ = sse_text(raw)
     want = ask(server.media / "sample.mp4", "What color is the background?", 8, 1400, 16, "auto")
-    assert text == want["answer"]
+    assert text == want["text"]
 
 
 def test_cli_start_errors_are_one_line(tmp_path, capsys):
