@@ -187,3 +187,17 @@ def test_prefetched_frames_are_the_same_frames(clips):
     with pytest.raises(VideoError, match="given up"):
         open_frames(path, num_frames=20, size=size).prefetch(20, lambda: "given up")
     assert not _workers_alive()
+
+
+@pytest.mark.parametrize("prefetch", [0, 5])
+def test_the_source_names_the_decoder_that_delivered(clips, prefetch):
+    """``decoder="auto"`` is a request; the report's ``decoder`` is what decoded the frames,
+    as the loader's clip says, whether they came from a prefetch or the stream."""
+    path, size = clips["4:3"], 32
+    want = load_video(path, num_frames=11, size=size).decoder
+    src = open_frames(path, num_frames=11, size=size, decode_workers=2)
+    assert src.decoder == "auto"
+    if prefetch:
+        src.prefetch(prefetch)
+    list(src.chunks(range(11), 4))
+    assert src.decoder == want and want != "auto"

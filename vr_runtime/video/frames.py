@@ -167,21 +167,28 @@ class FileSource(FrameSource):
             self._prefetch = None
             wanted = set(ranks)
             every = len(ranks) == len(self.indices)
-            with pre:
-                r = 0
-                while r < len(self.indices) and (every or pre.ready(r)):
-                    frame = pre.take(r)
-                    if r in wanted:
-                        yield r, frame
-                    r += 1
-                self.held_peak = pre.held_peak
+            try:
+                with pre:
+                    r = 0
+                    while r < len(self.indices) and (every or pre.ready(r)):
+                        frame = pre.take(r)
+                        if r in wanted:
+                            yield r, frame
+                        r += 1
+                    self.held_peak = pre.held_peak
+            finally:   # once the workers are joined: the decoder that delivered, not "auto"
+                self.decoder = pre.used or self.decoder
             start = next((i for i, x in enumerate(ranks) if x >= r), len(ranks))
         rest = ranks[start:]
         if rest:
-            with self.stream(rest, max(chunk, 8)) as s:
-                for i, r in enumerate(rest):
-                    yield r, s.take(i)
-                self.held_peak = max(self.held_peak, s.held_peak)
+            s = self.stream(rest, max(chunk, 8))
+            try:
+                with s:
+                    for i, r in enumerate(rest):
+                        yield r, s.take(i)
+                    self.held_peak = max(self.held_peak, s.held_peak)
+            finally:
+                self.decoder = s.used or self.decoder
 
     def chunks(self, positions, chunk, device=None):
         pos = _check_positions(positions, len(self.indices))
