@@ -8,11 +8,11 @@ BEFORE and AFTER are git revisions (AFTER defaults to HEAD); each is checked out
 working tree plays no part. Both trees answer with BEFORE's shipped tiny weights (AFTER's are
 replaced by BEFORE's in its worktree): the check is about the code, not the weights.
 
-A report is "the same" when, after the documented renames of docs/CONTRACT.md ("Renamed
-names": ``RENAMES`` below), the answer text, every report value but wall times, and the set of
-timing stages are equal. Timing stages may only be renamed; the values of ``timings_s``, other
-wall times and peak memory differ from run to run and are not compared. Exit 0 when every command is the
-same, 1 otherwise; ``--out`` writes the table as markdown.
+A report is "the same" when, after the documented renames of docs/CONTRACT.md ("Renamed names":
+``RENAMES`` below), the answer text, every report value but wall times, and the set of timing
+stages are equal. Timing stages may only be renamed; the values of ``timings_s``, other wall
+times and peak memory differ from run to run and are not compared. Exit 0 when every command is
+the same, 1 otherwise; ``--out`` writes the table as markdown.
 """
 from __future__ import annotations
 
