@@ -540,7 +540,7 @@ def warmup_launches(max_frames: int, grid: Tuple[int, int] = (16, 16),
     window (the most tiles a request can launch). Each cycles through ``windows`` (all 1x1 where
     the mix cannot land in a class) with as many frames as the class holds, up to ``max_frames``,
     because the autotuner tunes a class on its first launch.
-    Pure host arithmetic: ``[{"frames", "scales", "tiles", "size_class"}]`` (``"scales"``: the
+    Pure host arithmetic: ``[{"frames", "windows", "tiles", "size_class"}]`` (``"windows"``: the
     launch's window per frame)."""
     if int(max_frames) < 1:
         raise ValueError(f"max_frames: expected >= 1, got {max_frames}")
@@ -570,7 +570,7 @@ def warmup_launches(max_frames: int, grid: Tuple[int, int] = (16, 16),
             T = (above - 1) if above else max_frames
             if T >= 1 and size_class(_forward_tiles(sched(mix, T), grid)) == cls:
                 frame_windows = sched(mix, T)
-                launches.append(dict(frames=T, scales=frame_windows,
+                launches.append(dict(frames=T, windows=frame_windows,
                                      tiles=_forward_tiles(frame_windows, grid), size_class=cls))
                 break
     return launches
@@ -612,7 +612,7 @@ def _warm(spec: dict, hidden_size: int, dtype: torch.dtype, device: torch.device
           grid: Tuple[int, int], backward: bool) -> list:
     """Run one of :func:`warmup_launches`' launches in every form a request (or, with
     ``backward``, training) uses; each timed, as ``warmup``'s ``launches`` entries."""
-    frame_windows, T = spec["scales"], spec["frames"]
+    frame_windows, T = spec["windows"], spec["frames"]
     H, W = grid
     frames = torch.randn(T, H * W, hidden_size, device=device, dtype=dtype, requires_grad=backward)
     dest, rows = _blocks_from(pooled_counts(frame_windows, grid), first=4)

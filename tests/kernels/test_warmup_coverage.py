@@ -29,15 +29,15 @@ def test_every_size_class_a_request_can_reach_is_warmed(max_frames, grid):
     reachable.add(P.size_class(P._forward_tiles([1] * max_frames, grid)))
     assert reachable <= warmed
     for w in launches:  # what is launched is what is reported, and never more than max_frames
-        assert w["frames"] == len(w["scales"]) <= max_frames
-        assert P.size_class(P._forward_tiles(w["scales"], grid)) == w["size_class"]
+        assert w["frames"] == len(w["windows"]) <= max_frames
+        assert P.size_class(P._forward_tiles(w["windows"], grid)) == w["size_class"]
 
 
 def test_launches_cycle_through_the_planners_windows_at_each_class_top():
     launches = P.warmup_launches(256)
     assert [(w["frames"], w["size_class"]) for w in launches] == [(64, 0), (256, 1)]
     for w in launches:
-        assert set(w["scales"]) == set(P.PLANNER_WINDOWS)
+        assert set(w["windows"]) == set(P.PLANNER_WINDOWS)
     with pytest.raises(ValueError, match="max_frames"):
         P.warmup_launches(0)
 
