@@ -84,6 +84,10 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
     stages = (1, 2, 3, "3b") + (("3c",) if task == "v3" else ())
     if from_model:
         summary["from_model"] = from_model
+        before = os.path.join(from_model, "training_metrics.json")
+        if os.path.isfile(before):   # the record of the run that made the starting model
+            with open(before) as f:
+                summary["from_model_stages"] = json.load(f).get("stages")
         prev, stages, base = os.path.join(from_model, "routers.safetensors"), ("3c",), None
     else:
         base = _stage0(work, summary)   # every stage starts from Stage 0's model
