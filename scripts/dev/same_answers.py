@@ -135,7 +135,14 @@ def compare(repo: str, before: str, after: str) -> Dict[str, List[str]]:
 
 
 def markdown(before: str, after: str, result: Dict[str, List[str]]) -> str:
+    import datetime
+    import platform
+
+    import torch
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"# Same answers: {before} -> {after}", "",
+             f"Run {when} on {platform.machine()} CPU ({os.cpu_count()} cores), Python "
+             f"{platform.python_version()}, torch {torch.__version__}.", "",
              f"Command: `python scripts/dev/same_answers.py {before} {after}` (both trees with "
              f"{before}'s tiny weights; renames as in docs/CONTRACT.md; wall times and peak memory "
              f"not compared)",
