@@ -1,4 +1,5 @@
-"""Training curves of the three stages as one PNG (from each stage's ``log.jsonl``)."""
+"""Training curves of the three stages as one PNG (from each stage's ``log.jsonl``; Stage 3's
+panel also draws its continuations 3b and 3c)."""
 from __future__ import annotations
 
 import json
@@ -16,6 +17,26 @@ def read_log(path: str):
         return [json.loads(line) for line in f if line.strip()]
 
 
+def _stage3_segments(ax, runs_dir: str, keys) -> list:
+    """Stage 3 and its continuations, one after the other on one step axis (3b: the plans of
+    inference; 3c: the dense and long layouts), a dotted line where each starts. A run that
+    began at 3c (``--from-v2``) shows 3c alone. Returns every record drawn."""
+    drawn, offset = [], 0
+    for name, tag in (("stage3", ""), ("stage3b", " (3b)"), ("stage3c", " (3c)")):
+        log = read_log(os.path.join(runs_dir, name, "log.jsonl"))
+        if not log:
+            continue
+        if drawn:
+            ax.axvline(offset, color="gray", ls=":", lw=1)
+        steps = [offset + r["step"] for r in log]
+        for k in keys:
+            if k in log[0]:
+                ax.plot(steps, [r[k] for r in log], label=f"{k}{tag}")
+        drawn += log
+        offset = steps[-1]
+    return drawn
+
+
 def plot_curves(runs_dir: str, out: str) -> str:
     import matplotlib
     matplotlib.use("Agg")
@@ -23,33 +44,29 @@ def plot_curves(runs_dir: str, out: str) -> str:
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for ax, (stage, title, keys, acc_key) in zip(axes, PANELS):
-        log = read_log(os.path.join(runs_dir, f"stage{stage}", "log.jsonl"))
         ax.set_title(title)
         ax.set_xlabel("optimizer step")
+        log = read_log(os.path.join(runs_dir, f"stage{stage}", "log.jsonl"))
+        if stage == 3:
+            log = _stage3_segments(ax, runs_dir, keys)
+        elif log:
+            steps = [r["step"] for r in log]
+            for k in keys:
+                if k in log[0]:
+                    ax.plot(steps, [r[k] for r in log], label=k)
         if not log:
-            ax.text(0.5, 0.5, "no log", ha="center", transform=ax.transAxes)
+            ax.text(0.5, 0.5, "not in this run", ha="center", transform=ax.transAxes)
             continue
-        steps = [r["step"] for r in log]
-        for k in keys:
-            if k in log[0]:
-                ax.plot(steps, [r[k] for r in log], label=k)
-        if stage == 3:  # Stage 3b continues Stage 3 (inference-matched plans): steps run on
-            more = read_log(os.path.join(runs_dir, "stage3b", "log.jsonl"))
-            if more:
-                ax.axvline(steps[-1], color="gray", ls=":", lw=1)
-                s3b = [steps[-1] + r["step"] for r in more]
-                for k in keys:
-                    if k in more[0]:
-                        ax.plot(s3b, [r[k] for r in more], label=f"{k} (3b)")
         ax.set_ylabel("loss")
         ax.set_yscale("log")
         if acc_key and acc_key in log[0]:
             ax2 = ax.twinx()
-            ax2.plot(steps, [r[acc_key] for r in log], "g--", label=f"{acc_key} (train batch)")
+            ax2.plot([r["step"] for r in log], [r[acc_key] for r in log], "g--",
+                     label=f"{acc_key} (train batch)")
             ax2.set_ylim(0, 1.02)
             ax2.set_ylabel("accuracy")
             ax2.legend(loc="center right", fontsize=8)
-        # Stage 3 has eight curves (3 + 3b): two columns at the bottom keep them all visible.
+        # Stage 3 has up to twelve curves (3, 3b, 3c): two columns at the bottom.
         ax.legend(loc="lower left" if stage == 3 else "upper right", fontsize=7,
                   ncol=2 if stage == 3 else 1)
     fig.suptitle("VideoRouter tiny preset on the synthetic evidence task (CPU)")
