@@ -128,13 +128,14 @@ def make_random_clip(out_dir, seed: int = 0) -> str:
 # three 2-second events each (vr_runtime.data.needle_videos), one question an event, read by the
 # generic ``jsonl`` benchmark. The methods compared at one budget and four frame counts: the
 # paper's auto, fragment, uniform and global, the long-prompt auto (the tiny model's 16-frame
-# cap), and ``budget``: every frame at full resolution, as many frames as the budget holds
-# (dense at the frames that fit; 16 at 4,096).
+# cap, without and with the neighbours' middle window), and ``budget``: every frame at full
+# resolution, as many frames as the budget holds (dense at the frames that fit; 16 at 4,096). A
+# clip's three questions are answered in one batch (the same predictions as one by one).
 NEEDLE_MINUTES = (5.0, 20.0)
-NEEDLE_METHODS = "auto,auto-long-16,fragment,uniform,global,budget"
+NEEDLE_METHODS = "auto,auto-long-16,auto-long-16-mid,fragment,uniform,global,budget"
 NEEDLE_EVAL_FLAGS = ("--methods", NEEDLE_METHODS, "--frames", "64,256,1024,2048", "--budgets",
                      "4096", "--prompt-style", "bare", "--answer-mode", "option-text",
-                     "--max-new-tokens", "8")
+                     "--max-new-tokens", "8", "--batch-size", "3")
 
 
 def make_needle(out_dir, videos: int = 6, seed: int = 0,
