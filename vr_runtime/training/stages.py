@@ -209,11 +209,16 @@ class Trainee(nn.Module):
         s1, s0 = c.fragment_windows
         w = Windows(relevant_window=s1, other_window=s0, global_window=c.global_window)
         fitted = plan_fitted(get_planner(name), T, self.grid, relevant, w,
-                             lambda kept: self.bb.text_tokens(ex["question"], T, kept=kept,
-                                                              **_times(self.bb, ex.get("times"))),
+                             self._text_for(ex, T),
                              max_length or c.model_max_length, c.gen_tokens, c.margin,
                              budget=budget)
         return fitted.plan, fragment
+
+    def _text_for(self, ex, T: int):
+        """The prompt's text tokens for the kept frames of a ``T``-frame plan (``plan_fitted``'s
+        ``text_for``), as the runtime counts them."""
+        return lambda kept: self.bb.text_tokens(ex["question"], T, kept=kept,
+                                                **_times(self.bb, ex.get("times")))
 
     def training_plan(self, policy_logits, frame_logits, ex):
         """``plan`` with the inference-time conditions the answer head must survive: a random
@@ -275,8 +280,7 @@ class Trainee(nn.Module):
         w = Windows(relevant_window=1, other_window=1, global_window=1)
         cap = c.dense_plan_frames * self.grid[0] * self.grid[1] if c.dense_plan_frames else None
         fitted = plan_fitted(get_planner("budget"), T, self.grid, None, w,
-                             lambda kept: self.bb.text_tokens(ex["question"], T, kept=kept,
-                                                              **_times(self.bb, ex.get("times"))),
+                             self._text_for(ex, T),
                              c.model_max_length, c.gen_tokens, c.margin, budget=cap)
         return fitted.plan
 
@@ -289,7 +293,8 @@ class Trainee(nn.Module):
         plan follows ``plan_from``, as ``plan`` decides it."""
         c = self.cfg
         T = frame_logits.shape[0]
-        truth = ex["labels"] > 0.5 if ex.get("labels") is not None else             relevant_from_logits(frame_logits, self.routers.config.threshold)
+        truth = ex["labels"] > 0.5 if ex.get("labels") is not None else \
+            relevant_from_logits(frame_logits, self.routers.config.threshold)
         src = stretch(truth.tolist(), draw_int(*c.long_plan_frames))
         if len(src) == T:   # nothing to stretch (every frame relevant): the usual plan
             plan, _ = self.training_plan(policy_logits, frame_logits, ex)

@@ -36,7 +36,6 @@ V2_TRAIN_BUDGET_FRACTION = [0.18, 0.48]
 # Stage 3c's 300 steps of 4 see about 1,200 examples: the conversations of the first 320
 # training videos (about 1,290 lines), so that only their features are computed.
 V3_STAGE3C_VIDEOS = 320
-TASKS = ("v1", "v2", "v3")
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "tiny")
 
