@@ -349,3 +349,27 @@ def test_no_repo_paths_as_package_defaults():
     hits = {str(p.relative_to(ROOT)): repo_path_defaults(ast.parse(p.read_text()))
             for p in _module_files().values()}
     assert not {k: v for k, v in hits.items() if v}
+
+
+# An ffmpeg started with a terminal on stdin sets the terminal up for its keyboard commands; in a
+# background process group that stops it (SIGTTOU) until a timeout kills it, which is how a CI
+# run lost every video-corpus test. Every ffmpeg command line here says -nostdin.
+FFMPEG_CALL = re.compile(r"""\[\s*["']ffmpeg["']\s*,(?!\s*["']-nostdin["'])""")
+
+
+def ffmpeg_without_nostdin(text: str) -> int:
+    return len(FFMPEG_CALL.findall(text))
+
+
+def test_the_ffmpeg_check_sees_a_call_without_nostdin():
+    assert ffmpeg_without_nostdin('run(["ffmpeg", "-v", "error", "-i", p])') == 1
+    assert ffmpeg_without_nostdin("run(['ffmpeg',\n  '-i', p])") == 1
+    assert ffmpeg_without_nostdin('run(["ffmpeg", "-nostdin", "-v", "error"])') == 0
+
+
+def test_every_ffmpeg_call_says_nostdin():
+    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout.split()
+    hits = [n for n in tracked if n != "tests/test_layout.py" and (ROOT / n).is_file()
+            and ffmpeg_without_nostdin((ROOT / n).read_text(errors="replace"))]
+    assert not hits, f"ffmpeg without -nostdin in {hits}"

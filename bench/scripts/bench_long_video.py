@@ -37,7 +37,7 @@ def make_clip(path: pathlib.Path, minutes: float) -> pathlib.Path:
     """The 640x360 H.264 clip (30 fps, a keyframe every 15 frames), made once."""
     if not path.exists():
         src = "testsrc2=size=640x360:rate=30"
-        subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", src, "-t",
+        subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-y", "-f", "lavfi", "-i", src, "-t",
                         str(minutes * 60), "-c:v", "libx264", "-preset", "ultrafast", "-g", "15",
                         "-pix_fmt", "yuv420p", str(path)], check=True)
     return path
@@ -69,7 +69,7 @@ def ask(tree: pathlib.Path, clip: pathlib.Path, frames: int, extra=()) -> dict:
 
 def ffmpeg_keyframes(clip: pathlib.Path) -> float:
     t0 = time.perf_counter()
-    subprocess.run(["ffmpeg", "-v", "error", "-threads", "1", "-skip_frame", "nokey", "-i",
+    subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-threads", "1", "-skip_frame", "nokey", "-i",
                     str(clip), "-f", "null", "-"], check=True)
     return time.perf_counter() - t0
 

@@ -47,7 +47,7 @@ def make_clips() -> list:
         if not path.exists():
             tmp = path.with_suffix(".part.mp4")
             subprocess.run(
-                ["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i",
+                ["ffmpeg", "-nostdin", "-v", "error", "-y", "-f", "lavfi", "-i",
                  f"testsrc2=size=1280x720:rate=30,trim=start={offset},setpts=PTS-STARTPTS,"
                  f"drawbox=x={40 + 60 * i}:y=40:w=120:h=120:color=red@0.8:t=fill",
                  "-t", str(secs), "-c:v", "libx264", "-preset", "veryfast",

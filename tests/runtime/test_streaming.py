@@ -20,7 +20,7 @@ Q = "What shape is the red object?"
 @pytest.fixture(scope="module")
 def clip_path(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("streaming") / "clip.mp4")
-    subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i",
+    subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-y", "-f", "lavfi", "-i",
                     "testsrc2=size=320x180:rate=10", "-frames:v", "30", "-c:v", "libx264",
                     "-g", "5", path], check=True, timeout=120)
     return path

@@ -103,7 +103,7 @@ def undeclared(tmp_path_factory):
     """8 s of 64x64 video written to a pipe: the Matroska header declares no duration."""
     out = tmp_path_factory.mktemp("pipe") / "long.mkv"
     with open(out, "wb") as f:
-        subprocess.run(["ffmpeg", "-v", "error", "-f", "lavfi", "-i",
+        subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-f", "lavfi", "-i",
                         "testsrc=size=64x64:rate=5:duration=8", "-c:v", "mjpeg", "-f",
                         "matroska", "pipe:1"], stdout=f, check=True)
     return out

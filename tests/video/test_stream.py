@@ -18,7 +18,7 @@ from vr_runtime.video.stream import FrameStream, gop_jobs
 
 def _encode(path, w, h, pix_fmt="yuv420p", frames=40, gop=6, codec="libx264"):
     src = f"testsrc2=size={w}x{h}:rate=10,noise=alls=20:allf=t"
-    subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", src, "-frames:v",
+    subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-y", "-f", "lavfi", "-i", src, "-frames:v",
                     str(frames), "-c:v", codec, "-pix_fmt", pix_fmt, "-g", str(gop),
                     "-bf", "2", path], check=True, timeout=120)
     return path

@@ -22,7 +22,7 @@ def _clip(path, rotate=False):
     if rotate:   # PyAV writes the display matrix (Debian's ffmpeg 5.1 cannot)
         video_corpus._write_rotated(str(path), 160, 96, 25, 80)
         return str(path)
-    subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i",
+    subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-y", "-f", "lavfi", "-i",
                     "testsrc2=size=160x96:rate=25:duration=3", "-c:v", "libx264", "-pix_fmt",
                     "yuv420p", "-g", "30", str(path)], check=True)
     return str(path)

@@ -222,7 +222,7 @@ def test_parallel_workers_under_the_callers_inference_mode(tmp_path):
     worker's."""
     import subprocess
     path = tmp_path / "gops.mp4"   # a keyframe every 8 frames: several shares for 2 workers
-    subprocess.run(["ffmpeg", "-v", "error", "-f", "lavfi", "-i", "testsrc=size=96x64:rate=16",
+    subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-f", "lavfi", "-i", "testsrc=size=96x64:rate=16",
                     "-t", "4", "-c:v", "libx264", "-g", "8", "-pix_fmt", "yuv420p", str(path)],
                    check=True)
     with torch.inference_mode():

@@ -139,7 +139,7 @@ def test_reduced_resolution_decode(tmp_path):
     """A 1280x720 source for 448x448 is decoded at 896x720 (each side capped at 2 x 448) and
     then resized by PIL: within 1.5 grey levels (mean) of PIL on the full frames."""
     path = str(tmp_path / "hd.mp4")
-    vc._run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i",
+    vc._run(["ffmpeg", "-nostdin", "-v", "error", "-y", "-f", "lavfi", "-i",
              vc.SRC.format(w=1280, h=720, r=10, d=0.3), "-c:v", "libx264", "-preset",
              "ultrafast", "-crf", "18", path])
     frames, _ = vc.reference(path)

@@ -87,7 +87,8 @@ def ffmpeg_available() -> bool:
 
 
 def _run(cmd: List[str]) -> bytes:
-    res = subprocess.run(cmd, capture_output=True, timeout=120)
+    # no stdin: an ffmpeg whose stdin is a terminal it does not own stops (SIGTTOU) until killed
+    res = subprocess.run(cmd, capture_output=True, stdin=subprocess.DEVNULL, timeout=120)
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {res.stderr.decode(errors='replace')[-800:]}")
     return res.stdout
@@ -104,7 +105,7 @@ def make_corpus(d) -> Dict[str, Case]:
         if name == "rotated":
             _write_rotated(path, width=h, height=w, rate=r, frames=r * dur)
             return name, Case(path, codec, w, h, decord=False)
-        cmd = ["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i",
+        cmd = ["ffmpeg", "-nostdin", "-v", "error", "-y", "-f", "lavfi", "-i",
                SRC.format(w=w + w % 2, h=h + h % 2, r=r, d=dur)]
         if vf:
             cmd += ["-vf", vf]
@@ -158,7 +159,7 @@ def reference(path: str) -> Tuple[np.ndarray, np.ndarray]:
         w, h = h, w
     start_text = kv.get("start_time", "0")
     start = 0.0 if start_text in ("", "N/A") else float(start_text)
-    raw = _run(["ffmpeg", "-v", "error", "-i", path, "-map", "0:v:0", "-fps_mode", "passthrough",
+    raw = _run(["ffmpeg", "-nostdin", "-v", "error", "-i", path, "-map", "0:v:0", "-fps_mode", "passthrough",
                 "-f", "rawvideo", "-pix_fmt", "rgb24", "-"])
     frames = np.frombuffer(raw, np.uint8).reshape(-1, h, w, 3)
     times = _run(["ffprobe", "-v", "error", "-select_streams", "v:0", "-show_entries",
