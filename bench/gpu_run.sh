@@ -8,17 +8,22 @@
 # random weights, bf16, 64 frames, budget 12,288 unless said:
 #   e2e      bench_e2e.py Dense and VideoRouter (s=2,4): TTFT, the ratio, router share, memory
 #   kernels  bench_pool_pack.py at the paper shape, kernel and same-bytes device copy, 3 processes
-#   decode   bench_decode.py: ms a new token, batch 1, dynamic and CUDA-graph decoding
+#   decode   bench_decode.py: ms a new token, batch 1, dynamic and plain CUDA graphs (inductor's
+#            compile of the 8B decoder takes ~35 s: it runs in extra)
 #   batch    bench_e2e.py --sweep batch: 4 videos against 1 (one batched prefill)
-#   frames   bench_e2e.py --sweep frames at 256 frames: the TTFT ratio there
+#   frames   bench_e2e.py --sweep frames at 256 frames: the TTFT ratio there (--context raised)
 #   tests    pytest -m gpu of the new paths (graph decoding, batched pool_pack, prefix cache,
 #            memory, kernel timing, NVDEC frames against PyAV's)
 #   video    bench_video.py nvdec: 64 and 2,048 frames of a long clip, NVDEC against the CPU
 #            decoders on every core
-# extra (~3 min): what did not fit: the cold start (tiny and 8B) and the frames sweep to 1,024.
+# extra (~4.5 min): what did not fit: the frames sweep to 1,024, inductor graph decoding, the cold
+# start (tiny and 8B).
+# The device image (2026-11-28) has no PyAV and no FFmpeg: carry .whl/ from
+# scripts/gpu/download_wheels.sh and install it first (docs/gpu-run.md); the NVDEC rows also need
+# FFmpeg's shared libraries, which it lacks, so that stage says so and stops.
 #
 # Each stage runs under its own cap (timeout) and within what is left of the part's budget
-# (GPU_RUN_BUDGET_S: 390 s main, 180 s extra); after every stage the results so far are packed
+# (GPU_RUN_BUDGET_S: 390 s main, 280 s extra); after every stage the results so far are packed
 # into ONE archive and the summary rewritten, so a run killed part-way still leaves both. With
 # $OUT (the device tool's folder): $OUT/gpu_rows.tgz + $OUT/summary.md (extra: gpu_extra.tgz +
 # summary_extra.md), the work files under $TMPDIR; without it, everything in
@@ -41,7 +46,7 @@ for a in "$@"; do
     esac
 done
 if [ "$PART" = main ]; then TGZ=gpu_rows.tgz; SUMMARY=summary.md; BUDGET=${GPU_RUN_BUDGET_S:-390}
-else TGZ=gpu_extra.tgz; SUMMARY=summary_extra.md; BUDGET=${GPU_RUN_BUDGET_S:-180}; fi
+else TGZ=gpu_extra.tgz; SUMMARY=summary_extra.md; BUDGET=${GPU_RUN_BUDGET_S:-280}; fi
 if [ -n "${OUT:-}" ]; then
     DEST="$OUT"
     WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpu_run_${PART}.XXXX")"
@@ -52,6 +57,11 @@ fi
 mkdir -p "$DEST" "$WORK/logs"
 START=$SECONDS
 : >"$WORK/stages.tsv"
+# The carried wheels (scripts/gpu/download_wheels.sh), installed where PyAV is missing
+if [ "$DRY" = 0 ] && [ -d .whl ] && ! python3 -c "import av" 2>/dev/null; then
+    python3 -m pip install -q --no-deps --no-index .whl/*.whl >"$WORK/logs/wheels.log" 2>&1 \
+        || echo "gpu_run.sh: installing .whl/ failed (logs/wheels.log)" >&2
+fi
 CUDA=$(python3 -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
 
 # What ran where: device, versions, the command (the results README is written from it).
@@ -120,18 +130,19 @@ stage() {
 }
 
 W="$WORK"
-E2E=(python3 bench/scripts/bench_e2e.py --no-plot --decoding graph)
+E2E=(python3 bench/scripts/bench_e2e.py --no-plot)
 if [ "$PART" = main ]; then
-    stage e2e 95 "${E2E[@]}" --runs 3 --warmup 1 --policies dense,vr24 --out "$W/e2e_gpu_8b"
-    stage kernels 60 python3 bench/scripts/bench_pool_pack.py --no-sweep --no-compile --processes 3 \
+    stage e2e 60 "${E2E[@]}" --runs 3 --warmup 1 --policies dense,vr24 --out "$W/e2e_gpu_8b"
+    stage kernels 45 python3 bench/scripts/bench_pool_pack.py --no-sweep --no-compile --processes 3 \
         --warm-ms 200 --methods kernel,copy --out "$W/pool_pack_gpu_8b.json"
-    stage decode 45 python3 bench/scripts/bench_decode.py --modes dynamic,graph --batch-sizes 1 \
-        --runs 2 --warmup 1 --out "$W/decode_gpu_8b.json"
+    stage decode 45 python3 bench/scripts/bench_decode.py --modes dynamic,graph-cudagraphs \
+        --batch-sizes 1 --runs 2 --warmup 1 --out "$W/decode_gpu_8b.json"
     stage batch 50 "${E2E[@]}" --runs 1 --warmup 1 --sweep batch --batch-sizes 1,4 \
         --policies vr24 --out "$W/e2e_gpu_8b_batch"
-    stage frames 50 "${E2E[@]}" --runs 1 --warmup 1 --sweep frames --sweep-frames 256 \
-        --policies dense,vr24 --out "$W/e2e_gpu_8b_frames"
-    stage tests 50 python3 -m pytest -m gpu -v -p no:cacheprovider \
+    # Dense at 256 frames is 67,657 tokens, past InternVL3-8B's 32,768: the context is raised
+    stage frames 55 "${E2E[@]}" --runs 1 --warmup 1 --sweep frames --sweep-frames 256 \
+        --context 70000 --policies dense,vr24 --out "$W/e2e_gpu_8b_frames"
+    stage tests 80 python3 -m pytest -m gpu -v -p no:cacheprovider \
         tests/runtime/test_generate.py tests/runtime/test_prefix_cache.py \
         tests/runtime/test_runtime.py tests/backbones/test_qwen2_5_vl.py \
         tests/telemetry/test_memory.py tests/bench/test_kernel_timing.py \
@@ -139,12 +150,17 @@ if [ "$PART" = main ]; then
     stage video 35 python3 bench/scripts/bench_video.py nvdec --frames 64,2048 \
         --out "$W/video_nvdec_gpu.json"
 else
+    # Dense to 512 frames (135,349 tokens); at 1,024 it is refused (its prefill alone ~30 s)
+    stage frames_1024 75 "${E2E[@]}" --runs 1 --warmup 1 --sweep frames \
+        --sweep-frames 128,512,1024 --context 140000 --policies dense,vr24 \
+        --out "$W/e2e_gpu_8b_frames_1024"
+    # inductor's compile of the 8B decoder alone outlasts the main part's decode cap
+    stage decode_inductor 90 python3 bench/scripts/bench_decode.py --modes graph --batch-sizes 1 \
+        --runs 2 --warmup 1 --out "$W/decode_gpu_8b_inductor.json"
     stage cold_tiny 40 python3 bench/scripts/bench_cold_start.py --shape tiny --device cuda \
         --processes 2 --out "$W/cold_start_tiny_gpu.json"
     stage cold_8b 70 python3 bench/scripts/bench_cold_start.py --shape 8b --device cuda --processes 1 \
         --out "$W/cold_start_8b_gpu.json"
-    stage frames_1024 60 "${E2E[@]}" --runs 1 --warmup 1 --sweep frames \
-        --sweep-frames 128,512,1024 --policies dense,vr24 --out "$W/e2e_gpu_8b_frames_1024"
 fi
 
 RC=0

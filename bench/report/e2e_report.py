@@ -236,6 +236,9 @@ def settings_line(st: dict, env: dict) -> str:
     ]
     if st.get("cpu_threads"):
         parts.insert(5, f"{st['cpu_threads']} CPU thread(s)")
+    if st.get("context_raised"):
+        parts.insert(2, f"decoder context raised to {st['context']:,} tokens (--context: a "
+                        f"compute comparison past the model's own context)")
     return "; ".join(parts) + "."
 
 

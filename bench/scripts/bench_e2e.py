@@ -152,6 +152,10 @@ def parse_args(argv=None):
     ap.add_argument("--no-batch-prefill", action="store_true",
                     help="batch sweep: answer_batch(batch_prefill=False), the videos one after "
                     "another (default: one batched prefill and decode)")
+    ap.add_argument("--context", type=int, help="raise the decoder's context "
+                    "(max_position_embeddings) to at least this many tokens, so Dense runs past "
+                    "InternVL3-8B's 32,768 (123 frames): a compute comparison on random weights; "
+                    "a real checkpoint past its context answers nonsense")
     ap.add_argument("--margin", type=int, default=100, help="safety margin epsilon of the budget")
     ap.add_argument("--dtype", choices=("bf16", "fp16", "fp32"))
     ap.add_argument("--cpu", action="store_true", help="CPU mode (the default without CUDA)")
@@ -184,6 +188,8 @@ def finish_args(args, ap):
         [b * args.frames // PAPER_FRAMES for b in SWEEP_BUDGETS] if cpu else list(SWEEP_BUDGETS))
     if args.router_pool is not None and args.router_pool < 1:
         ap.error("--router-pool: expected an int >= 1")
+    if args.context is not None and args.context < 1:
+        ap.error("--context: expected an int >= 1")
     for name in ("frames", "budget", "runs", "max_new_tokens"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')}: expected an int >= 1")
@@ -281,7 +287,8 @@ def settings_of(args, vr, dev, rows, text_cache, build_s) -> dict:
         shape=shape_name(args), config=shape_config(args), model=args.model, routers=args.routers,
         routers_trained=trained, frames=args.frames, budget=args.budget,
         text_tokens=text_cache.get(args.frames), max_new_tokens=args.max_new_tokens,
-        margin=args.margin,
+        margin=args.margin, context=getattr(vr.lm.text_config, "max_position_embeddings", None),
+        context_raised=args.context is not None,
         max_length=main_rows[0].get("max_length") if main_rows else None,
         runs=args.runs, warmup=args.warmup, dtype=str(vr.lm.dtype).replace("torch.", ""),
         relevance=("from trained Image Router" if trained else
@@ -321,6 +328,9 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     vr = build(args, device, dtype)
+    if args.context:
+        cfg = vr.lm.text_config
+        cfg.max_position_embeddings = max(int(cfg.max_position_embeddings or 0), args.context)
     args._vr, args._clip = vr, None      # the CLIP row's scorer is built on first use
     build_s = time.perf_counter() - t0
     dev = Device(device)

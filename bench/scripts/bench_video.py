@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as d:
         for name, (w, h) in SOURCES.items():
             path = os.path.join(d, f"{name}.mp4")
-            subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i",
+            subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-y", "-f", "lavfi", "-i",
                             f"testsrc2=size={w}x{h}:rate=25:duration={args.seconds}",
                             "-c:v", "libx264", "-preset", "ultrafast", path], check=True)
             for dec in decoders:
@@ -135,7 +135,7 @@ def ttf_clip(cache: str, name: str) -> str:
     if not os.path.exists(path):
         os.makedirs(cache, exist_ok=True)
         tmp = path + ".tmp" + os.path.splitext(path)[1]
-        subprocess.run(["ffmpeg", "-v", "error", "-y", *args[:4], "-t", str(seconds), *args[4:],
+        subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-y", *args[:4], "-t", str(seconds), *args[4:],
                         tmp], check=True)
         os.replace(tmp, path)
     return path
@@ -162,7 +162,7 @@ def ffmpeg_rate(path: str, frames: int = 1500):
     import time
     c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    subprocess.run(["ffmpeg", "-v", "error", "-threads", "1", "-i", path, "-map", "0:v:0",
+    subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-threads", "1", "-i", path, "-map", "0:v:0",
                     "-frames:v", str(frames), "-f", "null", "-"], check=True)
     wall = time.perf_counter() - t0
     c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -349,7 +349,7 @@ def nvdec_clip(cache: str) -> str:
     os.makedirs(cache, exist_ok=True)
     tmp = path + ".tmp.mp4"
     if shutil.which("ffmpeg"):
-        subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i",
+        subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-y", "-f", "lavfi", "-i",
                         f"testsrc2=size={w}x{h}:rate={rate}", "-t", str(seconds), "-c:v",
                         "libx264", "-preset", "veryfast", "-pix_fmt", "yuv420p", tmp], check=True)
     else:
@@ -408,6 +408,10 @@ def _nvdec_one(info, idx, scale, dec, workers, seek, device):
 def nvdec_main(argv) -> int:
     args = nvdec_args(argv)
     from vr_runtime.video.load import open_video, sample_indices
+    if "torchcodec" not in decoders.available_decoders():   # before the minute the clip takes
+        print("bench_video nvdec: torchcodec does not load here; the NVDEC rows need it and the "
+              "system's FFmpeg 4-8 shared libraries (docs/video-input.md)", file=sys.stderr)
+        return 2
     cores = decoders.default_workers()
     info = open_video(nvdec_clip(args.cache))
     scale = decoders.scaled_size(info.width, info.height, 448)
