@@ -62,7 +62,6 @@ if [ "$DRY" = 0 ] && [ -d .whl ] && ! python3 -c "import av" 2>/dev/null; then
     python3 -m pip install -q --no-deps --no-index .whl/*.whl >"$WORK/logs/wheels.log" 2>&1 \
         || echo "gpu_run.sh: installing .whl/ failed (logs/wheels.log)" >&2
 fi
-CUDA=$(python3 -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
 
 # What ran where: device, versions, the command (the results README is written from it).
 python3 - "$WORK/environment.json" "$PART" "$DRY" >"$WORK/logs/environment.log" 2>&1 <<'EOF'
@@ -90,6 +89,9 @@ except OSError:
 json.dump(env, open(sys.argv[1], "w"), indent=1)
 print(env)
 EOF
+# CUDA as the environment step found it (one torch import fewer)
+CUDA=$(python3 -c "import json, sys; print(int(json.load(open(sys.argv[1]))['device'] != 'no CUDA'))" \
+    "$WORK/environment.json" 2>/dev/null || echo 0)
 
 finish() {   # the summary and the archive, as they stand now
     python3 bench/report/gpu_summary.py "$WORK" "$PART" >"$DEST/$SUMMARY.tmp" 2>>"$WORK/logs/summary.log" \

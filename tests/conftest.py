@@ -22,6 +22,33 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def run_cli(monkeypatch, capsys):
+    """``run_cli(*args)``: ``videorouter ARGS`` as ``cli.main(ARGS)`` in this process -> a
+    CompletedProcess of its exit status, stdout and stderr. A subprocess pays about 7 s of torch
+    and transformers imports on 2 cores; here they are paid once for the suite. The environment
+    main() quiets, and the warning filters, are restored afterwards."""
+    import subprocess
+    import warnings
+    from vr_runtime import cli
+    for k, v in {"TRANSFORMERS_VERBOSITY": "error", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+                 "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
+        monkeypatch.setenv(k, os.environ.get(k, v))
+    monkeypatch.delenv("VIDEOROUTER_DEBUG", raising=False)
+
+    def run(*args):
+        argv = [str(a) for a in args]
+        capsys.readouterr()
+        with warnings.catch_warnings():
+            try:
+                code = cli.main(argv)
+            except SystemExit as e:
+                code = e.code
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(argv, code, out.out, out.err)
+    return run
+
+
+@pytest.fixture
 def run_train_tiny():
     """``run(folder, *args)``: scripts/tiny/train_tiny.sh with a fake ``python`` first on PATH that
     records its arguments instead of training -> (CompletedProcess, [argv of each python

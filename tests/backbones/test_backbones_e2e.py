@@ -1,8 +1,6 @@
 """Everything above the backbone works unchanged on both families (docs/CONTRACT.md section 7): the
 planner, pool_pack, the routers, the runtime, the visual cache and the command line."""
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -48,11 +46,9 @@ def test_qwen_decodes_with_its_own_normalisation(qwen_vr):
     assert (a["visual_cache"], b["visual_cache"]) == ("miss", "hit")
 
 
-def test_cli_ask_on_qwen_preset():
-    out = subprocess.run([sys.executable, "-m", "vr_runtime.cli", "ask", str(SAMPLE), Q,
-                          "--model", "tiny-qwen2.5-vl", "--frames", "4", "--max-length", "1200",
-                          "--max-new-tokens", "2", "--policy", "global", "--json"],
-                         capture_output=True, text=True, timeout=300)
+def test_cli_ask_on_qwen_preset(run_cli):
+    out = run_cli("ask", SAMPLE, Q, "--model", "tiny-qwen2.5-vl", "--frames", "4",
+                  "--max-length", "1200", "--max-new-tokens", "2", "--policy", "global", "--json")
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)["report"]
     assert r["backbone"] == "qwen2_5_vl" and r["model"] == "tiny-qwen2.5-vl"

@@ -71,21 +71,22 @@ def test_task_writer_checks_its_input(synth_bench, tmp_path):
     assert (out / "videomme.jsonl").read_text() == ""
 
 
-def test_lmms_eval_runs_videorouter(synth_bench, tmp_path):
+def test_lmms_eval_runs_videorouter(synth_bench, tmp_path, capsys):
     import pyarrow.parquet as pq
+    from vr_runtime.eval.lmms_tasks import main
     n = pq.read_metadata(synth_bench["data"]).num_rows
     env = _env(tmp_path)
     task = tmp_path / "task"
     log = tmp_path / "visual_tokens.jsonl"
     model_args = (f"pretrained=tiny,policy=auto,max_length=1400,num_frames=6,device=cpu,"
                   f"visual_tokens_log={log}")
-    w = subprocess.run([sys.executable, "-m", "vr_runtime.eval.lmms_tasks", "--data",
-                        synth_bench["data"], "--videos", synth_bench["videos"], "--out", str(task),
-                        "--answer-mode", "option-text", "--model-args", model_args],
-                       env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert w.returncode == 0, w.stderr[-3000:]
-    assert f"{n} questions" in w.stderr
-    cmd = shlex.split(w.stdout.strip())          # the printed command, run as printed
+    capsys.readouterr()
+    code = main(["--data", synth_bench["data"], "--videos", synth_bench["videos"], "--out",
+                 str(task), "--answer-mode", "option-text", "--model-args", model_args])
+    w = capsys.readouterr()
+    assert code == 0, w.err[-3000:]
+    assert f"{n} questions" in w.err
+    cmd = shlex.split(w.out.strip())             # the printed command, run as printed
     assert cmd[:3] == ["python", "-m", "lmms_eval"] and "--include_path" in cmd
     # lmms-eval's own videomme utils import cv2; ours must not need it
     env["PYTHONPATH"] = os.pathsep.join([str(_no_cv2(tmp_path)), env["PYTHONPATH"]])

@@ -77,9 +77,9 @@ def _videorouter(*args):
                           capture_output=True, text=True, timeout=180, env=e)
 
 
-def test_ask_scales_and_a_bad_value():
+def test_ask_scales_and_a_bad_value(run_cli):
     sample = str(cli.SAMPLE_VIDEO)
-    res = _videorouter("ask", sample, "What is the background color?", "--frames", "4",
+    res = run_cli("ask", sample, "What is the background color?", "--frames", "4",
                        "--policy", "global", "--scales", "4,1,8", "--max-new-tokens", "1",
                        "--json")
     assert res.returncode == 0, res.stderr

@@ -1,7 +1,9 @@
 """The `videorouter` command (docs/CONTRACT.md section 4), run as a user runs it: in a subprocess.
 
-Each subprocess imports torch (and, past the input checks, transformers and the tiny model),
-so the cases are chosen to cover every docs/CONTRACT.md error once and the normal path twice."""
+Each subprocess imports torch and transformers (about 7 s of a 10-s `ask` on 2 cores), so the
+normal path, one bad video, the traceback and the signals run as subprocesses, and the other
+docs/CONTRACT.md errors run ``cli.main`` in this process (``run_cli``: the same exit status,
+stdout and stderr, the imports already paid)."""
 import json
 import os
 import subprocess
@@ -107,9 +109,9 @@ def test_ask_table_and_plot(tmp_path):
         assert im.size[0] > 300 and im.size[1] > 200
 
 
-def test_ask_time_window_and_seek():
+def test_ask_time_window_and_seek(run_cli):
     """--time-window samples that part of the video; the report says the seek mode."""
-    res = videorouter("ask", SAMPLE, "What shape is the red object?", "--frames", "4",
+    res = run_cli("ask", SAMPLE, "What shape is the red object?", "--frames", "4",
                       "--time-window", "2,6", "--seek", "exact", "--max-length", "1200",
                       "--max-new-tokens", "2", "--device", "cpu", "--dtype", "fp32", "--json")
     assert res.returncode == 0, res.stderr
@@ -169,12 +171,13 @@ def test_demo_question_matches_synthetic_task():
     ("missing.mp4", "no such file"), ("empty.mp4", "empty"), ("corrupt.mp4", "not a readable"),
     ("notes.txt", "not a video"), ("still.png", "image"), ("truncated.mp4", "truncated"),
 ])
-def test_bad_video(bad_files, name, needle):
-    assert_usage_error(videorouter("ask", bad_files / name, "What happens?"), needle)
+def test_bad_video(bad_files, name, needle, run_cli):
+    run = videorouter if name == "missing.mp4" else run_cli   # one as the user runs it
+    assert_usage_error(run("ask", bad_files / name, "What happens?"), needle)
 
 
-def test_empty_question():
-    assert_usage_error(videorouter("ask", SAMPLE, "   "), "question")
+def test_empty_question(run_cli):
+    assert_usage_error(run_cli("ask", SAMPLE, "   "), "question")
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -186,25 +189,25 @@ def test_bad_arguments(args, needle):
     assert_usage_error(videorouter("ask", SAMPLE, "What happens?", *args), needle)
 
 
-def test_missing_model_files(bad_files):
-    assert_usage_error(videorouter("ask", SAMPLE, "What happens?", "--model",
-                                   bad_files / "nowhere"), "--model")
+def test_missing_model_files(bad_files, run_cli):
+    assert_usage_error(run_cli("ask", SAMPLE, "What happens?", "--model",
+                                bad_files / "nowhere"), "--model")
     # a directory without the checkpoint files: reported by the model loader, still one line
-    assert_usage_error(videorouter("ask", SAMPLE, "What happens?", "--model",
-                                   bad_files / "model_dir"), "config.json")
+    assert_usage_error(run_cli("ask", SAMPLE, "What happens?", "--model",
+                                bad_files / "model_dir"), "config.json")
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
-def test_cuda_absent():
-    assert_usage_error(videorouter("ask", SAMPLE, "What happens?", "--device", "cuda"), "cuda")
+def test_cuda_absent(run_cli):
+    assert_usage_error(run_cli("ask", SAMPLE, "What happens?", "--device", "cuda"), "cuda")
 
 
-def test_budget_too_small():
-    assert_usage_error(videorouter("ask", SAMPLE, "What happens?", "--max-length", "200",
-                                   "--frames", "4"), "budget", "max_length")
+def test_budget_too_small(run_cli):
+    assert_usage_error(run_cli("ask", SAMPLE, "What happens?", "--max-length", "200",
+                                "--frames", "4"), "budget", "max_length")
 
 
-def test_router_weights_do_not_match(tmp_path):
+def test_router_weights_do_not_match(tmp_path, run_cli):
     import torch
     from safetensors.torch import save_file
     from vr_runtime.routing.routers import FORMAT, RouterConfig
@@ -213,8 +216,8 @@ def test_router_weights_do_not_match(tmp_path):
     save_file({"semantic.weight": torch.zeros(2, 999)}, str(path),
               metadata={"format": FORMAT, "router_config": RouterConfig(hidden_size=999).to_json(),
                         "trained": "true"})
-    assert_usage_error(videorouter("ask", SAMPLE, "What happens?", "--routers", path,
-                                   "--frames", "4"), "router weights", "hidden size")
+    assert_usage_error(run_cli("ask", SAMPLE, "What happens?", "--routers", path,
+                                "--frames", "4"), "router weights", "hidden size")
 
 
 def test_debug_shows_traceback(bad_files):

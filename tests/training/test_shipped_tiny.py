@@ -72,16 +72,14 @@ def test_demo_answers_with_the_shipped_weights():
     assert glob.text == DEMO_ANSWERS["global"]
 
 
-def test_demo_command_shows_both_questions(tmp_path):
-    """The `videorouter demo` command itself: both questions, their frames and answers in the
-    text output, and one plot panel per question."""
-    import subprocess
-    import sys
+def test_demo_command_shows_both_questions(tmp_path, run_cli, monkeypatch):
+    """The `videorouter demo` command itself (in this process; tests/runtime/test_cli.py runs it
+    as a subprocess): both questions, their frames and answers in the text output, and one plot
+    panel per question."""
     from PIL import Image
     png = tmp_path / "demo.png"
-    res = subprocess.run([sys.executable, "-m", "vr_runtime.cli", "demo", "--plot", str(png)],
-                         capture_output=True, text=True, timeout=300,
-                         env={**__import__("os").environ, "VIDEOROUTER_PLAIN": "1"})
+    monkeypatch.setenv("VIDEOROUTER_PLAIN", "1")
+    res = run_cli("demo", "--plot", png)
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert "What shape is the red object? -> 'circle'; frames at full resolution: 5, 6, 7" in out
