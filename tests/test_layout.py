@@ -352,8 +352,8 @@ def test_no_repo_paths_as_package_defaults():
 
 
 # An ffmpeg started with a terminal on stdin sets the terminal up for its keyboard commands; in a
-# background process group that stops it (SIGTTOU) until a timeout kills it, which is how a CI
-# run lost every video-corpus test. Every ffmpeg command line here says -nostdin.
+# background process group that stops it (SIGTTOU) until a timeout kills it. Every ffmpeg command
+# line here says -nostdin.
 FFMPEG_CALL = re.compile(r"""\[\s*["']ffmpeg["']\s*,(?!\s*["']-nostdin["'])""")
 
 

@@ -83,6 +83,25 @@ def test_long_av1_videos_decode_to_their_last_frame(tmp_path):
     assert load_video(path, num_frames=16).num_frames == 16
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_getscheduler"), reason="Linux scheduling policies")
+def test_an_av1_encode_leaves_the_threads_scheduling_as_it_was(tmp_path):
+    """SVT-AV1 run as root sets its caller to real-time SCHED_FIFO 99 (the make_video call
+    below did so before the fix, under root as CI runs); everything the thread starts later
+    would inherit it."""
+    before = os.sched_getscheduler(0), os.sched_getparam(0).sched_priority
+    syn.make_video(str(tmp_path / "v.mp4"), spec_with(seed=4, codec="av1", frames="8/8"))
+    assert (os.sched_getscheduler(0), os.sched_getparam(0).sched_priority) == before
+
+
+def test_same_scheduling_restores_a_changed_policy():
+    if not hasattr(os, "sched_setscheduler") or os.geteuid() != 0:
+        pytest.skip("needs Linux and root to raise a policy")
+    before = os.sched_getscheduler(0), os.sched_getparam(0).sched_priority
+    with syn.same_scheduling():
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+    assert (os.sched_getscheduler(0), os.sched_getparam(0).sched_priority) == before
+
+
 def test_a_video_that_does_not_decode_whole_is_refused_and_not_kept(tmp_path, monkeypatch):
     spec = spec_with(seed=2, frames="32/8")
     short = dataclasses.replace(spec, num_frames=20)   # an encoder that loses 12 frames

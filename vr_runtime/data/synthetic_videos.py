@@ -272,11 +272,32 @@ def make_video(path: str, spec: VideoSpec) -> str:
     # undisplayed queue", then a writer thread that never returns): a data-generation run hung
     # on its 610th video with _write_videos' two threads. AV1 files are encoded one at a time;
     # H.264 and VP9 still run in parallel.
-    with (_AV1_LOCK if spec.codec == "av1" else contextlib.nullcontext()):
+    if spec.codec != "av1":
+        return _encode(path, spec, encoder, options)
+    with _AV1_LOCK, same_scheduling():
         return _encode(path, spec, encoder, options)
 
 
 _AV1_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def same_scheduling():
+    """Give the calling thread back its scheduling policy. Run as root (a container, CI),
+    SVT-AV1 switches the thread that opens an encoder to real-time SCHED_FIFO at priority 99 and
+    leaves it so; every thread and process that thread starts afterwards inherits it, and on a
+    small machine their busy waits starve the rest: a test run stalled for minutes in an
+    unrelated decode, and an ffmpeg it spawned timed out."""
+    if not hasattr(os, "sched_getscheduler"):   # not Linux
+        yield
+        return
+    policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+    try:
+        yield
+    finally:
+        if (os.sched_getscheduler(0), os.sched_getparam(0).sched_priority) != \
+                (policy, param.sched_priority):
+            os.sched_setscheduler(0, policy, param)
 
 
 def _encode(path: str, spec: VideoSpec, encoder: str, options: dict) -> str:
