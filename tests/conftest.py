@@ -22,8 +22,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
-def run_cli(monkeypatch, capsys):
-    """``run_cli(*args)``: ``videorouter ARGS`` as ``cli.main(ARGS)`` in this process -> a
+def cli_here(monkeypatch, capsys):
+    """``cli_here(*args)``: ``videorouter ARGS`` as ``cli.main(ARGS)`` in this process -> a
     CompletedProcess of its exit status, stdout and stderr. A subprocess pays about 7 s of torch
     and transformers imports on 2 cores; here they are paid once for the suite. The environment
     main() quiets, and the warning filters, are restored afterwards."""

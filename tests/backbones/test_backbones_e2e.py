@@ -46,9 +46,9 @@ def test_qwen_decodes_with_its_own_normalisation(qwen_vr):
     assert (a["visual_cache"], b["visual_cache"]) == ("miss", "hit")
 
 
-def test_cli_ask_on_qwen_preset(run_cli):
-    out = run_cli("ask", SAMPLE, Q, "--model", "tiny-qwen2.5-vl", "--frames", "4",
-                  "--max-length", "1200", "--max-new-tokens", "2", "--policy", "global", "--json")
+def test_cli_ask_on_qwen_preset(cli_here):
+    out = cli_here("ask", SAMPLE, Q, "--model", "tiny-qwen2.5-vl", "--frames", "4",
+                   "--max-length", "1200", "--max-new-tokens", "2", "--policy", "global", "--json")
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)["report"]
     assert r["backbone"] == "qwen2_5_vl" and r["model"] == "tiny-qwen2.5-vl"

@@ -318,7 +318,7 @@ def test_from_config_random_weights():
         assert torch.isfinite(b.forward(inputs_embeds=E, position_ids=pos).logits).all()
 
 
-def test_ask_serve_eval_take_a_qwen3_vl_directory(bb, tmp_path, run_cli):
+def test_ask_serve_eval_take_a_qwen3_vl_directory(bb, tmp_path, cli_here):
     """A checkpoint directory as a user downloads it (config, safetensors, tokenizer, chat
     template, the processor's files): Qwen3VLBackbone.load gives the same logits, and
     `videorouter ask` answers from it (serve and eval resolve models the same way)."""
@@ -339,8 +339,8 @@ def test_ask_serve_eval_take_a_qwen3_vl_directory(bb, tmp_path, run_cli):
     with torch.no_grad():
         torch.testing.assert_close(loaded.forward(input_ids=ids).logits,
                                    bb.forward(input_ids=ids).logits, rtol=0, atol=0)
-    out = run_cli("ask", ASSETS.parent / "sample.mp4", Q, "--model", d, "--frames", "4",
-                  "--max-length", "1200", "--max-new-tokens", "2", "--policy", "global", "--json")
+    out = cli_here("ask", ASSETS.parent / "sample.mp4", Q, "--model", d, "--frames", "4",
+                   "--max-length", "1200", "--max-new-tokens", "2", "--policy", "global", "--json")
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)["report"]
     assert r["backbone"] == "qwen3_vl" and r["windows"] == [2, 2]   # 4 frames, 2 temporal patches

@@ -77,11 +77,11 @@ def _videorouter(*args):
                           capture_output=True, text=True, timeout=180, env=e)
 
 
-def test_ask_scales_and_a_bad_value(run_cli):
+def test_ask_scales_and_a_bad_value(cli_here):
     sample = str(cli.SAMPLE_VIDEO)
-    res = run_cli("ask", sample, "What is the background color?", "--frames", "4",
-                       "--policy", "global", "--scales", "4,1,8", "--max-new-tokens", "1",
-                       "--json")
+    res = cli_here("ask", sample, "What is the background color?", "--frames", "4",
+                   "--policy", "global", "--scales", "4,1,8", "--max-new-tokens", "1",
+                   "--json")
     assert res.returncode == 0, res.stderr
     rep = json.loads(res.stdout)["report"]
     assert rep["frame_tokens"] == [16] * 4                # s_g = 4: 256 / 16 per frame

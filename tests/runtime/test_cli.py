@@ -2,7 +2,7 @@
 
 Each subprocess imports torch and transformers (about 7 s of a 10-s `ask` on 2 cores), so the
 normal path, one bad video, the traceback and the signals run as subprocesses, and the other
-docs/CONTRACT.md errors run ``cli.main`` in this process (``run_cli``: the same exit status,
+docs/CONTRACT.md errors run ``cli.main`` in this process (``cli_here``: the same exit status,
 stdout and stderr, the imports already paid)."""
 import json
 import os
@@ -109,11 +109,11 @@ def test_ask_table_and_plot(tmp_path):
         assert im.size[0] > 300 and im.size[1] > 200
 
 
-def test_ask_time_window_and_seek(run_cli):
+def test_ask_time_window_and_seek(cli_here):
     """--time-window samples that part of the video; the report says the seek mode."""
-    res = run_cli("ask", SAMPLE, "What shape is the red object?", "--frames", "4",
-                      "--time-window", "2,6", "--seek", "exact", "--max-length", "1200",
-                      "--max-new-tokens", "2", "--device", "cpu", "--dtype", "fp32", "--json")
+    res = cli_here("ask", SAMPLE, "What shape is the red object?", "--frames", "4",
+                   "--time-window", "2,6", "--seek", "exact", "--max-length", "1200",
+                   "--max-new-tokens", "2", "--device", "cpu", "--dtype", "fp32", "--json")
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout)["report"]
     assert report["seek"] == "exact" and report["num_frames_used"] == 4
@@ -171,13 +171,13 @@ def test_demo_question_matches_synthetic_task():
     ("missing.mp4", "no such file"), ("empty.mp4", "empty"), ("corrupt.mp4", "not a readable"),
     ("notes.txt", "not a video"), ("still.png", "image"), ("truncated.mp4", "truncated"),
 ])
-def test_bad_video(bad_files, name, needle, run_cli):
-    run = videorouter if name == "missing.mp4" else run_cli   # one as the user runs it
+def test_bad_video(bad_files, name, needle, cli_here):
+    run = videorouter if name == "missing.mp4" else cli_here   # one as the user runs it
     assert_usage_error(run("ask", bad_files / name, "What happens?"), needle)
 
 
-def test_empty_question(run_cli):
-    assert_usage_error(run_cli("ask", SAMPLE, "   "), "question")
+def test_empty_question(cli_here):
+    assert_usage_error(cli_here("ask", SAMPLE, "   "), "question")
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -189,25 +189,25 @@ def test_bad_arguments(args, needle):
     assert_usage_error(videorouter("ask", SAMPLE, "What happens?", *args), needle)
 
 
-def test_missing_model_files(bad_files, run_cli):
-    assert_usage_error(run_cli("ask", SAMPLE, "What happens?", "--model",
+def test_missing_model_files(bad_files, cli_here):
+    assert_usage_error(cli_here("ask", SAMPLE, "What happens?", "--model",
                                 bad_files / "nowhere"), "--model")
     # a directory without the checkpoint files: reported by the model loader, still one line
-    assert_usage_error(run_cli("ask", SAMPLE, "What happens?", "--model",
+    assert_usage_error(cli_here("ask", SAMPLE, "What happens?", "--model",
                                 bad_files / "model_dir"), "config.json")
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
-def test_cuda_absent(run_cli):
-    assert_usage_error(run_cli("ask", SAMPLE, "What happens?", "--device", "cuda"), "cuda")
+def test_cuda_absent(cli_here):
+    assert_usage_error(cli_here("ask", SAMPLE, "What happens?", "--device", "cuda"), "cuda")
 
 
-def test_budget_too_small(run_cli):
-    assert_usage_error(run_cli("ask", SAMPLE, "What happens?", "--max-length", "200",
+def test_budget_too_small(cli_here):
+    assert_usage_error(cli_here("ask", SAMPLE, "What happens?", "--max-length", "200",
                                 "--frames", "4"), "budget", "max_length")
 
 
-def test_router_weights_do_not_match(tmp_path, run_cli):
+def test_router_weights_do_not_match(tmp_path, cli_here):
     import torch
     from safetensors.torch import save_file
     from vr_runtime.routing.routers import FORMAT, RouterConfig
@@ -216,7 +216,7 @@ def test_router_weights_do_not_match(tmp_path, run_cli):
     save_file({"semantic.weight": torch.zeros(2, 999)}, str(path),
               metadata={"format": FORMAT, "router_config": RouterConfig(hidden_size=999).to_json(),
                         "trained": "true"})
-    assert_usage_error(run_cli("ask", SAMPLE, "What happens?", "--routers", path,
+    assert_usage_error(cli_here("ask", SAMPLE, "What happens?", "--routers", path,
                                 "--frames", "4"), "router weights", "hidden size")
 
 

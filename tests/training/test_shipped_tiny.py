@@ -72,14 +72,14 @@ def test_demo_answers_with_the_shipped_weights():
     assert glob.text == DEMO_ANSWERS["global"]
 
 
-def test_demo_command_shows_both_questions(tmp_path, run_cli, monkeypatch):
+def test_demo_command_shows_both_questions(tmp_path, cli_here, monkeypatch):
     """The `videorouter demo` command itself (in this process; tests/runtime/test_cli.py runs it
     as a subprocess): both questions, their frames and answers in the text output, and one plot
     panel per question."""
     from PIL import Image
     png = tmp_path / "demo.png"
     monkeypatch.setenv("VIDEOROUTER_PLAIN", "1")
-    res = run_cli("demo", "--plot", png)
+    res = cli_here("demo", "--plot", png)
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert "What shape is the red object? -> 'circle'; frames at full resolution: 5, 6, 7" in out
