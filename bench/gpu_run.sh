@@ -19,8 +19,9 @@
 # extra (~4.5 min): what did not fit: the frames sweep to 1,024, inductor graph decoding, the cold
 # start (tiny and 8B).
 # The device image (2026-11-28) has no PyAV and no FFmpeg: carry .whl/ from
-# scripts/gpu/download_wheels.sh and install it first (docs/gpu-run.md); the NVDEC rows also need
-# FFmpeg's shared libraries, which it lacks, so that stage says so and stops.
+# scripts/gpu/download_wheels.sh, which this script installs where PyAV is missing
+# (docs/gpu-run.md); the NVDEC rows also need FFmpeg's shared libraries, which it lacks, so that
+# stage says so and stops.
 #
 # Each stage runs under its own cap (timeout) and within what is left of the part's budget
 # (GPU_RUN_BUDGET_S: 390 s main, 280 s extra); after every stage the results so far are packed
@@ -90,8 +91,8 @@ json.dump(env, open(sys.argv[1], "w"), indent=1)
 print(env)
 EOF
 # CUDA as the environment step found it (one torch import fewer)
-CUDA=$(python3 -c "import json, sys; print(int(json.load(open(sys.argv[1]))['device'] != 'no CUDA'))" \
-    "$WORK/environment.json" 2>/dev/null || echo 0)
+CUDA=$(python3 -c "import json, sys; print(int(json.load(open(sys.argv[1]))['device'] != \
+    'no CUDA'))" "$WORK/environment.json" 2>/dev/null || echo 0)
 
 finish() {   # the summary and the archive, as they stand now
     python3 bench/report/gpu_summary.py "$WORK" "$PART" >"$DEST/$SUMMARY.tmp" 2>>"$WORK/logs/summary.log" \

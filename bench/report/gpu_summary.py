@@ -91,7 +91,7 @@ def _frames(work: str, _key: str) -> Optional[str]:
     if r.get("ttft_x_dense") is None:   # Dense did not run at 256 frames: say why
         dense = [d for d in (doc or {}).get("rows", []) if d.get("sweep") == "frames"
                  and d.get("policy") == "dense" and d.get("frames") == 256]
-        why = (dense[0].get("error") or "no row")[:60] if dense else "no row"
+        why = (dense[0].get("error") or "no error recorded").split(":")[0] if dense else "no row"
         return f"no Dense row ({why}); VideoRouter TTFT {r['ttft_s']:.3f} s"
     return f"{r['ttft_x_dense']:.2f}"
 

@@ -135,8 +135,8 @@ def ttf_clip(cache: str, name: str) -> str:
     if not os.path.exists(path):
         os.makedirs(cache, exist_ok=True)
         tmp = path + ".tmp" + os.path.splitext(path)[1]
-        subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-y", *args[:4], "-t", str(seconds), *args[4:],
-                        tmp], check=True)
+        subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-y", *args[:4], "-t", str(seconds),
+                        *args[4:], tmp], check=True)
         os.replace(tmp, path)
     return path
 
@@ -162,8 +162,8 @@ def ffmpeg_rate(path: str, frames: int = 1500):
     import time
     c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-threads", "1", "-i", path, "-map", "0:v:0",
-                    "-frames:v", str(frames), "-f", "null", "-"], check=True)
+    subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-threads", "1", "-i", path, "-map",
+                    "0:v:0", "-frames:v", str(frames), "-f", "null", "-"], check=True)
     wall = time.perf_counter() - t0
     c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)

@@ -2,11 +2,11 @@
 # The wheels the GPU image lacks, downloaded here into .whl/ (git-ignored) so they can travel with
 # the working tree to a machine with no network (the device tool's carry: 64 MiB in all): PyAV
 # (a core dependency; the image had none on 2026-11-28, so every video import failed there) at
-# the lock's version, and torchcodec for the NVDEC decoder (--decoder torchcodec). The image has CUDA PyTorch
-# (torch 2.11.0+cu130 on 2026-11-24); torchcodec >= 0.14 works with torch >= 2.11, and its
-# Linux wheel on PyPI is the CUDA 13 build. --no-deps: nothing else comes, no other torch.
+# the lock's version, and torchcodec for the NVDEC decoder (--decoder torchcodec). The image has
+# CUDA PyTorch (torch 2.11.0+cu130 on 2026-11-24); torchcodec >= 0.14 works with torch >= 2.11,
+# and its Linux wheel on PyPI is the CUDA 13 build. --no-deps: nothing else comes, no other torch.
 #
-#   bash scripts/gpu/download_wheels.sh            # cp312 (the image's Python on 2026-11-28), ~45 MB
+#   bash scripts/gpu/download_wheels.sh        # cp312 (the image's Python on 2026-11-28), ~45 MB
 #   bash scripts/gpu/download_wheels.sh all        # cp310..cp313: over the carry limit, pick one
 #
 # On the device: python3 -m pip install --no-deps --no-index .whl/*.whl

@@ -159,8 +159,8 @@ def reference(path: str) -> Tuple[np.ndarray, np.ndarray]:
         w, h = h, w
     start_text = kv.get("start_time", "0")
     start = 0.0 if start_text in ("", "N/A") else float(start_text)
-    raw = _run(["ffmpeg", "-nostdin", "-v", "error", "-i", path, "-map", "0:v:0", "-fps_mode", "passthrough",
-                "-f", "rawvideo", "-pix_fmt", "rgb24", "-"])
+    raw = _run(["ffmpeg", "-nostdin", "-v", "error", "-i", path, "-map", "0:v:0", "-fps_mode",
+                "passthrough", "-f", "rawvideo", "-pix_fmt", "rgb24", "-"])
     frames = np.frombuffer(raw, np.uint8).reshape(-1, h, w, 3)
     times = _run(["ffprobe", "-v", "error", "-select_streams", "v:0", "-show_entries",
                   "frame=best_effort_timestamp_time", "-of", "csv=p=0", path]).decode()
