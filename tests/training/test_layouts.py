@@ -8,8 +8,9 @@ import torch
 import vr_kernels
 from vr_kernels import pooled_counts
 from vr_runtime.training.config import ConfigError, load_config
-from vr_runtime.training.layouts import global_twin, kept_rows, stretch, stretched_times
-from vr_runtime.training.stages import answer_sequence
+from vr_runtime.training.layouts import (dense_cap, dialogue_turns, global_twin, keep_evidence,
+                                        kept_rows, stretch, stretched_times)
+from vr_runtime.training.stages import answer_sequence, dialogue_sequence
 from stage_helpers import stage3_trainee
 
 Q = "What shape is the red object?"
@@ -114,6 +115,117 @@ def test_dense_plans_are_full_resolution_up_to_the_cap(tiny_lm, T, cap, want):
     assert sum(w == 1 for w in plan) == want and set(plan) <= {0, 1}
 
 
+@pytest.mark.parametrize("T,n,rel", [(40, 6, (17, 18, 19)), (13, 3, (0, 12)), (64, 4, (30,)),
+                                     (20, 2, (3, 4, 5, 6)), (9, 9, (2,))])
+def test_keep_evidence_keeps_the_event_and_the_frame_count(T, n, rel):
+    plan = [0] * T
+    for i in range(n):                                  # the budget planner's even spread
+        plan[(2 * i + 1) * T // (2 * n)] = 1
+    labels = [t in rel for t in range(T)]
+    out = keep_evidence(plan, labels)
+    kept = [t for t, w in enumerate(out) if w]
+    assert len(out) == T and len(kept) == n and set(out) <= {0, 1}   # same tokens, same window
+    assert set(rel[:n]) <= set(kept)                    # the event (as much of it as fits)
+    others = [t for t in kept if t not in rel]
+    assert len(set(others)) == len(others) == n - min(n, len(rel))
+    assert keep_evidence(plan, None) == plan            # no labels: the plan as it was
+    assert keep_evidence(out, labels) == out            # already showing the event: unchanged
+
+
+@pytest.mark.parametrize("T", [40, 64])
+def test_dense_plans_keep_the_relevant_frames_under_a_drawn_cap(tiny_lm, T):
+    tr = stage3_trainee(tiny_lm, dense_plan_prob=1.0, dense_plan_frames=[3, 6],
+                        dense_plan_keep_relevant=True)
+    rel = (T - 3, T - 2)                                # late: an even spread of 3-6 misses them
+    counts = set()
+    for seed in range(12):
+        torch.manual_seed(seed)
+        plan, src, _ = tr.layout(torch.tensor([0.0, 1.0]), torch.zeros(T), _ex(T, rel))
+        kept = [t for t, w in enumerate(plan) if w]
+        assert src is None and set(plan) <= {0, 1} and set(rel) <= set(kept)
+        counts.add(len(kept))
+    assert counts <= {3, 4, 5, 6} and len(counts) > 1   # the cap is drawn per example
+    torch.manual_seed(0)
+    tr.cfg.dense_plan_keep_relevant = False             # off (the default): the even spread
+    plan, _, _ = tr.layout(torch.tensor([0.0, 1.0]), torch.zeros(T), _ex(T, rel))
+    assert not set(rel) <= {t for t, w in enumerate(plan) if w}
+
+
+def test_a_dialogue_trains_every_answer_and_no_follow_up_question(tiny_lm):
+    plan = [1, 0, 4, 1]
+    turns = [(Q, "circle"), ("What shape is the blue object?", "none"),
+             ("What is the background color?", "gray")]
+    ids, n_prompt, dest, pos, targets = dialogue_sequence(tiny_lm, turns, plan)
+    one = answer_sequence(tiny_lm, Q, "circle", plan)
+    assert ids[:len(one[0])] == one[0] and n_prompt == one[1] and dest == one[2]   # turn 1 as is
+    assert len(targets) == len(ids) - n_prompt
+    tok = tiny_lm.tokenizer
+    trained = tok.decode([t for t in targets if t != -100])
+    assert [w for w in ("circle", "none", "gray") if w in trained] == ["circle", "none", "gray"]
+    assert "blue" not in trained and "background" not in trained      # questions are not trained
+    asked = tok.decode([i for i, t in zip(ids[n_prompt:], targets) if t == -100])
+    assert "What shape is the blue object?" in asked and "background" in asked
+    assert dialogue_sequence(tiny_lm, turns[:1], plan)[:4] == one    # one turn: answer_sequence
+
+
+def test_dense_dialogues_ask_only_what_the_kept_frames_show(tiny_lm):
+    tr = stage3_trainee(tiny_lm, dense_plan_prob=1.0, dense_plan_frames=[2, 2],
+                        dense_plan_keep_relevant=True, dense_plan_dialogue=True)
+    T = 12
+    lab = lambda *rel: torch.tensor([float(t in rel) for t in range(T)])   # noqa: E731
+    sib = [{"question": "What shape is the blue object?", "answer": "square", "labels": lab(9)},
+           {"question": "What shape is the green object?", "answer": "circle", "labels": lab(5)},
+           {"question": "What shape is the cyan object?", "answer": "none", "labels": lab()},
+           {"question": "What is the background color?", "answer": "gray"}]
+    ex = dict(_ex(T, (2,)), turns=sib)
+    torch.manual_seed(0)
+    plan, _, _ = tr.layout(torch.tensor([0.0, 1.0]), torch.zeros(T), ex)
+    assert [t for t, w in enumerate(plan) if w] == [2, 9]   # its own event, then the first other
+    turns = dialogue_turns(plan, ex)
+    assert turns[0] == (Q, "circle")
+    assert sorted(a for _, a in turns[1:]) == ["gray", "none", "square"]   # not green: dropped
+    assert dialogue_turns([1, 4] * 6, ex) == [(Q, "circle")]   # not a dense plan: one question
+    assert dialogue_turns(plan, dict(ex, turns=[])) == [(Q, "circle")]
+
+
+def test_stage3_trains_a_dense_dialogue_only_when_asked(tiny_lm):
+    """One Stage 3 step on a dense example with a sibling question: the dialogue's LM loss
+    averages both answers' tokens (more tokens than one answer's), and with the option off the
+    step is the one-question step."""
+    T = 3
+    v = None
+    losses = {}
+    for on in (False, True):
+        tr = stage3_trainee(tiny_lm, dense_plan_prob=1.0, dense_plan_dialogue=on,
+                            pool_pack_backend="torch")
+        proj = next(m for n, m in tr.model.named_modules() if n.endswith("multi_modal_projector"))
+        width = next(m for m in proj.modules() if isinstance(m, torch.nn.Linear)).in_features
+        if v is None:
+            v = torch.randn(T, 256, width, generator=torch.Generator().manual_seed(3))
+        q = torch.tensor(tr.tokenizer(Q, add_special_tokens=False)["input_ids"])
+        sib = [{"question": "What is the background color?", "answer": "gray"}]
+        ex = dict(_ex(T, (1,)), v=v, q_ids=q, times=None, turns=sib)
+        torch.manual_seed(5)
+        out = tr.stage3([ex])
+        assert torch.isfinite(out["loss"])
+        losses[on] = float(out["l_lm"])
+        turns = [(Q, "circle")] + ([("What is the background color?", "gray")] if on else [])
+        ids, n_prompt, dest, pos, target = dialogue_sequence(tr.bb, turns, [1] * T)
+        emb = tr.pack(tr.project(v), [1] * T, tr.grid, tr.embed(torch.tensor(ids)), dest)
+        logits = tr.lm_logits(emb.unsqueeze(0), n_prompt - 1, pos)[0]
+        want = torch.nn.functional.cross_entropy(logits.float(), torch.tensor(target),
+                                                 ignore_index=-100)
+        torch.testing.assert_close(out["l_lm"], want.detach(), rtol=1e-5, atol=1e-5)
+    assert losses[True] != losses[False]
+
+
+def test_dense_cap_is_the_int_or_a_draw_in_range():
+    assert dense_cap(0) == 0 and dense_cap(24) == 24
+    g = torch.Generator().manual_seed(1)
+    draws = {dense_cap([4, 7], g) for _ in range(60)}
+    assert draws == {4, 5, 6, 7}
+
+
 def test_stage3_trains_on_a_long_layout(tiny_lm):
     """One Stage 3 step on a stretched example: a finite loss, a gradient at the projector, and
     the same loss as packing the materialised virtual clip by hand."""
@@ -151,7 +263,10 @@ def test_stage3_trains_on_a_long_layout(tiny_lm):
     ({"long_plan_budget": [10]}, "long_plan_budget"),
     ({"long_plan_planners": ["fragment-literal"]}, "long_plan_planners"),
     ({"long_plan_planners": ["uniform"]}, "long_plan_planners"),
-    ({"dense_plan_frames": -1}, "dense_plan_frames")])
+    ({"dense_plan_frames": -1}, "dense_plan_frames"),
+    ({"dense_plan_frames": [0, 8]}, "dense_plan_frames"),
+    ({"dense_plan_frames": [9, 8]}, "dense_plan_frames"),
+    ({"dense_plan_frames": [4, 8, 12]}, "dense_plan_frames")])
 def test_bad_layout_settings_are_one_line(over, msg):
     with pytest.raises(ConfigError, match=msg):
         load_config("tiny_stage3", **over).validate()

@@ -37,7 +37,7 @@ class VisionTokens:
 IMG_START, IMG_END, IMG_CONTEXT = "<img>", "</img>", "<IMG_CONTEXT>"
 INTERNVL_TOKENS = VisionTokens(IMG_START, IMG_END, IMG_CONTEXT)
 
-_CHATML = "<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
+CHATML = "<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
 
 
 def _check_question(question: str, tokens: VisionTokens = INTERNVL_TOKENS) -> str:
@@ -63,7 +63,7 @@ def render_chat(tokenizer, content: str, system: Optional[str] = None) -> str:
                      for m in messages]
             return tokenizer.apply_chat_template(parts, tokenize=False, add_generation_prompt=True)
     sys_txt = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
-    return sys_txt + _CHATML.format(content=content)
+    return sys_txt + CHATML.format(content=content)
 
 
 def video_content(question: str, kept: Sequence[int], tokens: VisionTokens = INTERNVL_TOKENS) -> str:
@@ -118,4 +118,5 @@ def plan_dest(counts: Sequence[int], frame_starts: Sequence[int]) -> List[int]:
 
 
 __all__ = ["build_video_prompt", "text_tokens", "render_chat", "video_content", "plan_dest",
+           "CHATML",
            "IMG_START", "IMG_END", "IMG_CONTEXT", "INTERNVL_TOKENS"]

@@ -17,7 +17,7 @@ import os
 import pathlib
 import typing
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Union
 
 # Every shipped config, the paper's (train_stage*.json) and the tiny demo's (tiny_*.json), lives
 # in vr_runtime/configs beside the model and launcher configs.
@@ -87,8 +87,17 @@ class TrainConfig:
     dense_plan_prob: float = 0.0        # Stage 3 training, tiny-only departure: probability
                                         # that an example's plan is dense (every frame at s_1,
                                         # or as many as model_max_length holds spread in time)
-    dense_plan_frames: int = 0          # at most this many dense frames, spread in time (0: as
-                                        # many as model_max_length holds)
+    dense_plan_frames: Union[int, List[int]] = 0
+                                        # at most this many dense frames, spread in time (0: as
+                                        # many as model_max_length holds); [lo, hi]: the cap
+                                        # drawn uniformly for each example
+    dense_plan_keep_relevant: bool = False
+                                        # the dense plan keeps the labelled relevant frames
+                                        # (the rest spread in time), so a capped dense example
+                                        # still shows its answer (layouts.keep_evidence)
+    dense_plan_dialogue: bool = False   # a dense example also asks every other question about
+                                        # the same frames, as follow-up turns (answers trained;
+                                        # Trainee.turns_for)
     long_plan_prob: float = 0.0         # ... that it is stretched to a long sampled count and
                                         # planned as inference plans long videos
                                         # (training/layouts.py)
@@ -237,9 +246,12 @@ class TrainConfig:
         if self.dense_plan_prob + self.long_plan_prob > 1.0:
             raise ConfigError(f"dense_plan_prob + long_plan_prob: expected <= 1, got "
                               f"{self.dense_plan_prob} + {self.long_plan_prob}")
-        if not isinstance(self.dense_plan_frames, int) or self.dense_plan_frames < 0:
-            raise ConfigError(f"dense_plan_frames: expected an int >= 0, got "
-                              f"{self.dense_plan_frames!r}")
+        d = self.dense_plan_frames
+        pair = isinstance(d, (list, tuple)) and len(d) == 2 and \
+            all(isinstance(x, int) and not isinstance(x, bool) for x in d) and 1 <= d[0] <= d[1]
+        if not pair and (not isinstance(d, int) or isinstance(d, bool) or d < 0):
+            raise ConfigError(f"dense_plan_frames: expected an int >= 0 or [lo, hi] with "
+                              f"1 <= lo <= hi, got {d!r}")
         for k in ("long_plan_frames", "long_plan_budget"):
             v = getattr(self, k)
             if len(v) != 2 or any(not isinstance(x, int) for x in v) or not 1 <= v[0] <= v[1]:

@@ -67,6 +67,64 @@ def global_twin(planner: str) -> str:
     return planner.replace("fragment", "global").replace("-mid", "")
 
 
+def keep_evidence(plan: Sequence[int], labels: Optional[Sequence[bool]],
+                  more: Sequence[Sequence[bool]] = ()) -> List[int]:
+    """``plan`` (a dense plan: some frames kept at one window, the rest 0) with the same number
+    of frames kept, but the labelled relevant ones first (as many as fit: ``labels``' before
+    those of the ``more`` label lists) and the others spread evenly in time over the rest: a
+    dense plan that drops the event's frames cannot show the answer it is trained to say. Time
+    order is the plan's; unchanged without labels or when every relevant frame is already
+    kept."""
+    kept = [t for t, w in enumerate(plan) if w != 0]
+    if labels is None or not kept:
+        return list(plan)
+    rel = [t for t, x in enumerate(labels) if x]
+    for extra in more:
+        rel += [t for t, x in enumerate(extra) if x and t not in rel]
+    if all(plan[t] != 0 for t in rel):
+        return list(plan)
+    n, window = len(kept), plan[kept[0]]
+    chosen = rel[:n]
+    others = [t for t in range(len(plan)) if t not in set(rel)]
+    k = n - len(chosen)
+    if k > 0:
+        chosen += [others[(2 * i + 1) * len(others) // (2 * k)] for i in range(k)]
+    keep = set(chosen)
+    return [window if t in keep else 0 for t in range(len(plan))]
+
+
+def dialogue_turns(plan: Sequence[int], ex: dict) -> List[tuple]:
+    """(question, answer) turns of one Stage 3 sequence: the example's own, then, for a dense
+    ``plan`` (every kept frame at s_1), every other question about the same frames
+    (``ex["turns"]``) whose evidence the plan keeps, in a random order. Each later turn is
+    another query of the same frames, which is what makes a question's color bind to one frame
+    among many (one question per sequence leaves a single weak query, as Stage 0 found for one
+    frame)."""
+    turns = [(ex["question"], ex["answer"])]
+    if set(plan) - {0, 1} or not ex.get("turns"):
+        return turns
+    kept = torch.tensor([w != 0 for w in plan])
+
+    def shown(t):   # no frame labels, none relevant (absent), or one relevant frame kept
+        lab = t.get("labels")
+        if lab is None:
+            return True
+        rel = lab > 0.5
+        return len(lab) == len(plan) and (not bool(rel.any()) or bool(kept[rel].any()))
+
+    more = [t for t in ex["turns"] if shown(t)]
+    return turns + [(more[k]["question"], more[k]["answer"])
+                    for k in torch.randperm(len(more)).tolist()]
+
+
+def dense_cap(frames, gen: Optional[torch.Generator] = None) -> int:
+    """The dense plan's frame cap: ``frames`` itself (an int; 0 for none), or drawn uniformly
+    from ``[lo, hi]``, so dense examples come with few frames as well as many."""
+    if isinstance(frames, int):
+        return frames
+    return draw_int(int(frames[0]), int(frames[1]), gen)
+
+
 def kept_rows(plan: Sequence, src: Sequence[int], dest: Sequence[int]):
     """(source frame, window, dest row) of each kept virtual frame, in time order: what
     ``pool_pack`` needs to write a stretched plan from the source frames alone."""
@@ -74,4 +132,5 @@ def kept_rows(plan: Sequence, src: Sequence[int], dest: Sequence[int]):
     return [s for s, _, _ in out], [w for _, w, _ in out], [d for _, _, d in out]
 
 
-__all__ = ["stretch", "stretched_times", "draw_int", "global_twin", "kept_rows"]
+__all__ = ["stretch", "stretched_times", "draw_int", "global_twin", "keep_evidence",
+           "dialogue_turns", "dense_cap", "kept_rows"]

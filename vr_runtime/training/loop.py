@@ -99,6 +99,7 @@ class StageDataset(Dataset):
             # the routers' text (the bare question), tokenised as runtime.embed_question does
             ids = tokenizer(ex.routed_question, add_special_tokens=False)["input_ids"]
             self.q_ids.append(torch.tensor(ids, dtype=torch.long))
+        self.siblings = _siblings(examples) if stage == 3 else [[] for _ in examples]
         if stage != 2 and cache is not None:
             cache.fill([(ex.video, ex.frames) for ex in examples], progress=progress)
             for ex in examples:  # the labels index the sampled frames: their counts must agree
@@ -123,7 +124,29 @@ class StageDataset(Dataset):
         if self.stage != 2:
             d["v"] = self.cache.get(ex.video, ex.frames)   # the line's own T, if it has one
             d["times"] = self.cache.times(ex.video, ex.frames)   # for prompts with timestamps
+        if self.siblings[i]:   # the other questions about the same frames (dense dialogues)
+            d["turns"] = [self._turn(j) for j in self.siblings[i]]
         return d
+
+    def _turn(self, j: int) -> dict:
+        ex = self.examples[j]
+        turn = {"question": ex.question, "answer": ex.answer}
+        if ex.frame_labels is not None:
+            labels = self.cache.labels(ex.frame_labels) if self.cache is not None \
+                else ex.frame_labels
+            turn["labels"] = torch.tensor(labels, dtype=torch.float32)
+        return turn
+
+
+def _siblings(examples: List[Example]) -> List[List[int]]:
+    """For each example, the indices of the others with an answer about the same video at the
+    same sampled frame count (the same frames), in file order."""
+    groups: dict = {}
+    for i, ex in enumerate(examples):
+        if ex.answer is not None:
+            groups.setdefault((ex.video, ex.frames), []).append(i)
+    return [[j for j in groups.get((ex.video, ex.frames), []) if j != i]
+            if ex.answer is not None else [] for i, ex in enumerate(examples)]
 
 
 def collate(batch):

@@ -22,10 +22,11 @@ import torch.nn.functional as F
 import vr_kernels
 from vr_kernels import pooled_counts
 from vr_runtime.backbones.base import deepstack_kwargs
-from vr_runtime.backbones.prompt import plan_dest
+from vr_runtime.backbones.prompt import CHATML, plan_dest
 from vr_runtime.planning.policies import Windows, get_planner, plan_fitted, relevant_from_logits
 
-from .layouts import draw_int, global_twin, kept_rows, stretch, stretched_times
+from .layouts import (dense_cap, dialogue_turns, draw_int, global_twin, keep_evidence, kept_rows,
+                      stretch, stretched_times)
 
 GROUPS = ("vision", "projector", "language", "extractor", "semantic", "image")
 
@@ -76,21 +77,37 @@ def _times(bb, times) -> dict:
         else {}
 
 
-def answer_sequence(bb, question: str, answer: str, plan, times=None):
-    """Prompt ids (the runtime's video prompt, chat template) + answer ids + end of turn, the
-    prompt's length, per-frame dest rows and the backbone's position ids (None: 1-D). The one
-    place a training sequence is laid out, so that it is the prompt ``answer()`` and
-    ``option_logprobs`` build for the same plan."""
+def dialogue_sequence(bb, turns, plan, times=None):
+    """The one place a training sequence is laid out, so that its first turn is the prompt
+    ``answer()`` and ``option_logprobs`` build for the same plan: (question, answer) ``turns``
+    about the same frames, the first in the runtime's video prompt (chat template), each later
+    one a ChatML follow-up turn, every answer closed by the end of turn -> (ids, prompt length,
+    per-frame dest rows, the backbone's position ids (None: 1-D), targets): ``targets[i]`` is
+    what position ``prompt length - 1 + i`` predicts, -100 on the follow-up questions (only
+    answers are trained)."""
     counts = pooled_counts(plan, bb.grid)
-    ids, starts = bb.build_prompt(question, counts, **_times(bb, times))
+    ids, starts = bb.build_prompt(turns[0][0], counts, **_times(bb, times))
     ids = ids.tolist()
-    ans = bb.tokenizer(answer, add_special_tokens=False)["input_ids"]
+    n_prompt, targets = len(ids), []
     end = bb.tokenizer.convert_tokens_to_ids("<|im_end|>")
-    full = ids + ans + [end]
+    for k, (q, a) in enumerate(turns):
+        if k:
+            turn = bb.tokenizer("\n" + CHATML.format(content=q),
+                                add_special_tokens=False)["input_ids"]
+            ids, targets = ids + turn, targets + [-100] * len(turn)
+        ans = bb.tokenizer(a, add_special_tokens=False)["input_ids"] + [end]
+        ids, targets = ids + ans, targets + ans
     dest = plan_dest(counts, starts)
     kept_plan = [w for w, n in zip(plan, counts) if n]
-    pos = bb.position_ids(torch.tensor(full), kept_plan, starts)
-    return full, len(ids), dest, pos
+    pos = bb.position_ids(torch.tensor(ids), kept_plan, starts)
+    return ids, n_prompt, dest, pos, targets
+
+
+def answer_sequence(bb, question: str, answer: str, plan, times=None):
+    """One question and its answer (``dialogue_sequence`` of one turn) -> (ids, prompt length,
+    dest, positions); the targets are ``ids[prompt length:]``."""
+    ids, n_prompt, dest, pos, _ = dialogue_sequence(bb, [(question, answer)], plan, times)
+    return ids, n_prompt, dest, pos
 
 
 class Trainee(nn.Module):
@@ -275,13 +292,20 @@ class Trainee(nn.Module):
     def dense_plan(self, T: int, ex) -> list:
         """Every frame at full resolution when they fit ``model_max_length`` (and
         ``dense_plan_frames``), else as many as fit spread evenly in time: the ``budget``
-        planner, which is the dense reference at the frame counts that fit."""
+        planner, which is the dense reference at the frame counts that fit. With
+        ``dense_plan_keep_relevant`` the kept frames include the labelled relevant ones
+        (``layouts.keep_evidence``)."""
         c = self.cfg
         w = Windows(relevant_window=1, other_window=1, global_window=1)
-        cap = c.dense_plan_frames * self.grid[0] * self.grid[1] if c.dense_plan_frames else None
+        n = dense_cap(c.dense_plan_frames)
+        cap = n * self.grid[0] * self.grid[1] if n else None
         fitted = plan_fitted(get_planner("budget"), T, self.grid, None, w,
                              self._text_for(ex, T),
                              c.model_max_length, c.gen_tokens, c.margin, budget=cap)
+        if c.dense_plan_keep_relevant and ex.get("labels") is not None:
+            more = [(t["labels"] > 0.5).tolist() for t in ex.get("turns", ())
+                    if c.dense_plan_dialogue and t.get("labels") is not None]
+            return keep_evidence(fitted.plan, (ex["labels"] > 0.5).tolist(), more)
         return fitted.plan
 
     @torch.no_grad()
@@ -348,8 +372,9 @@ class Trainee(nn.Module):
                     fr_all = self.routers.frame_logits(Z.detach(), q.detach(),
                                                        grid=self.grid).float()
             plan, src, times = self.layout(pol.detach()[0], fr_all, ex)
-            ids, n_prompt, dest, pos = answer_sequence(self.bb, ex["question"], ex["answer"],
-                                                       plan, times)
+            turns = dialogue_turns(plan, ex) if c.dense_plan_dialogue else \
+                [(ex["question"], ex["answer"])]
+            ids, n_prompt, dest, pos, target = dialogue_sequence(self.bb, turns, plan, times)
             ids_t = torch.tensor(ids, device=Z.device)
             emb = self.embed(ids_t)                       # [L, D]; grad -> embed_tokens
             if Z.shape[-1] != emb.shape[-1]:   # wide Z (DeepStack streams): zeros on text rows
@@ -359,9 +384,10 @@ class Trainee(nn.Module):
                 Z = Z[torch.tensor(rows, device=Z.device)]
             emb = self.pack(Z.to(emb.dtype), plan, self.grid, emb, dest)
             logits = self.lm_logits(emb.unsqueeze(0), n_prompt - 1, pos)[0]  # predicts ids[n_prompt:]
-            target = ids_t[n_prompt:]
-            lm_losses.append(F.cross_entropy(logits.float(), target, reduction="sum"))
-            n_tok += target.numel()
+            target = torch.tensor(target, device=Z.device)
+            lm_losses.append(F.cross_entropy(logits.float(), target, reduction="sum",
+                                             ignore_index=-100))
+            n_tok += int((target != -100).sum())
             if ex.get("policy") is not None:
                 y = torch.tensor([int(ex["policy"])], device=pol.device)
                 sem_losses.append(F.cross_entropy(pol, y))
