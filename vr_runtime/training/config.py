@@ -97,7 +97,7 @@ class TrainConfig:
                                         # still shows its answer (layouts.keep_evidence)
     dense_plan_dialogue: bool = False   # a dense example also asks every other question about
                                         # the same frames, as follow-up turns (answers trained;
-                                        # Trainee.turns_for)
+                                        # layouts.dialogue_turns)
     long_plan_prob: float = 0.0         # ... that it is stretched to a long sampled count and
                                         # planned as inference plans long videos
                                         # (training/layouts.py)

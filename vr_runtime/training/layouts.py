@@ -10,6 +10,10 @@ training data:
   others, planned by today's Algorithm 1 (the few at s_1, hundreds at s_0 or dropped) or by a
   long-prompt planner (``planning/long_prompt.py``).
 
+Studies of the dense layout (``studies/results/dense_probe3_tiny/``) add a drawn dense cap
+(``dense_cap``), capped dense plans that keep the event's frames (``keep_evidence``) and dense
+*dialogues*, every question about the same frames in one sequence (``dialogue_turns``).
+
 A long example is built from a short one without decoding anything: the example's frames are
 *stretched* to a virtual count ``T'``. Each relevant frame appears once or twice (a short event
 stays short), and the irrelevant frames fill the rest in time order, each repeated about evenly,
@@ -85,7 +89,8 @@ def keep_evidence(plan: Sequence[int], labels: Optional[Sequence[bool]],
         return list(plan)
     n, window = len(kept), plan[kept[0]]
     chosen = rel[:n]
-    others = [t for t in range(len(plan)) if t not in set(rel)]
+    relevant = set(rel)
+    others = [t for t in range(len(plan)) if t not in relevant]
     k = n - len(chosen)
     if k > 0:
         chosen += [others[(2 * i + 1) * len(others) // (2 * k)] for i in range(k)]
