@@ -28,6 +28,7 @@ import time
 
 import torch
 
+import vr_kernels
 from vr_runtime.backbones.internvl3 import InternVL3Backbone
 from vr_runtime.backbones.prompt import plan_dest
 from vr_runtime.training.loop import save_llm
@@ -67,11 +68,8 @@ def clip_batch(bb, V, specs, toks, rng, k: int, batch: int):
         cap_ids, cap_tgt = toks.encode(caption(_Union([specs[i] for i in idx]), rng))
         Z = bb.project(V[idx].float())                                   # [k, 256, D]
         emb = bb.model.get_input_embeddings()(torch.tensor(ids.tolist() + cap_ids))
-        emb = emb.clone()
-        n = Z.shape[1]
-        for t, d in enumerate(dest):
-            emb[d:d + n] = Z[t]
-        xs.append(emb)
+        xs.append(vr_kernels.pool_pack(Z, [1] * k, tuple(bb.grid), out=emb, dest=dest,
+                                       backend="torch"))
         tgts.append(cap_tgt)
     return torch.stack(xs), torch.tensor(tgts)
 

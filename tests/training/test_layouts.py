@@ -276,3 +276,18 @@ def test_the_shipped_stage3c_config_loads():
     cfg = load_config("tiny_stage3c").validate()
     assert cfg.dense_plan_prob > 0 and cfg.long_plan_prob > 0
     assert cfg.dense_plan_prob + cfg.long_plan_prob < 1       # inference-matched plans stay
+
+
+def test_stage3_items_carry_the_questions_about_the_same_frames_only_for_dialogues(tiny_lm):
+    from vr_runtime.training.data import Example
+    from vr_runtime.training.loop import StageDataset
+    exs = [Example("a.mp4", Q, "circle", [0, 1], frames=2),
+           Example("a.mp4", "What is the background color?", "gray", frames=2),
+           Example("a.mp4", Q, "square", [1, 0, 0, 0], frames=4),   # other frames of a.mp4
+           Example("b.mp4", Q, "none", [0, 0], frames=2),
+           Example("a.mp4", "Is it there?", None, frames=2)]         # no answer: never a turn
+    ds = StageDataset(exs, 3, tiny_lm.tokenizer, dialogues=True)
+    assert ds.siblings == [[1], [0], [], [], []]
+    assert ds._turn(exs[0])["labels"].tolist() == [0.0, 1.0]
+    assert "labels" not in ds._turn(exs[1])
+    assert StageDataset(exs, 3, tiny_lm.tokenizer).siblings is None   # off: nothing gathered

@@ -89,17 +89,19 @@ def _all_finite(acc, loss) -> bool:
 
 
 class StageDataset(Dataset):
-    """Examples -> dicts of tensors (features from the cache; question ids; labels)."""
+    """Examples -> dicts of tensors (features from the cache; question ids; labels).
+    ``dialogues``: each item also carries the other questions about the same frames
+    (``turns``, for Stage 3's dense dialogues)."""
 
     def __init__(self, examples: List[Example], stage: int, tokenizer, cache=None,
-                 progress: bool = True):
+                 progress: bool = True, dialogues: bool = False):
         self.examples, self.stage, self.cache = examples, stage, cache
         self.q_ids = []
         for ex in examples:
             # the routers' text (the bare question), tokenised as runtime.embed_question does
             ids = tokenizer(ex.routed_question, add_special_tokens=False)["input_ids"]
             self.q_ids.append(torch.tensor(ids, dtype=torch.long))
-        self.siblings = _siblings(examples) if stage == 3 else [[] for _ in examples]
+        self.siblings = _siblings(examples) if dialogues else None
         if stage != 2 and cache is not None:
             cache.fill([(ex.video, ex.frames) for ex in examples], progress=progress)
             for ex in examples:  # the labels index the sampled frames: their counts must agree
@@ -117,24 +119,25 @@ class StageDataset(Dataset):
         ex = self.examples[i]
         d = {"q_ids": self.q_ids[i], "question": ex.question, "answer": ex.answer,
              "policy": ex.policy, "index": i}
-        if ex.frame_labels is not None:   # per routing unit (FeatureCache.labels)
-            labels = self.cache.labels(ex.frame_labels) if self.cache is not None \
-                else ex.frame_labels
-            d["labels"] = torch.tensor(labels, dtype=torch.float32)
+        if ex.frame_labels is not None:
+            d["labels"] = self._labels(ex)
         if self.stage != 2:
             d["v"] = self.cache.get(ex.video, ex.frames)   # the line's own T, if it has one
             d["times"] = self.cache.times(ex.video, ex.frames)   # for prompts with timestamps
-        if self.siblings[i]:   # the other questions about the same frames (dense dialogues)
-            d["turns"] = [self._turn(j) for j in self.siblings[i]]
+        if self.siblings and self.siblings[i]:
+            d["turns"] = [self._turn(self.examples[j]) for j in self.siblings[i]]
         return d
 
-    def _turn(self, j: int) -> dict:
-        ex = self.examples[j]
+    def _labels(self, ex: Example) -> torch.Tensor:
+        """Per routing unit (``FeatureCache.labels``)."""
+        labels = self.cache.labels(ex.frame_labels) if self.cache is not None \
+            else ex.frame_labels
+        return torch.tensor(labels, dtype=torch.float32)
+
+    def _turn(self, ex: Example) -> dict:
         turn = {"question": ex.question, "answer": ex.answer}
         if ex.frame_labels is not None:
-            labels = self.cache.labels(ex.frame_labels) if self.cache is not None \
-                else ex.frame_labels
-            turn["labels"] = torch.tensor(labels, dtype=torch.float32)
+            turn["labels"] = self._labels(ex)
         return turn
 
 
@@ -314,7 +317,8 @@ class _StageRun:
         self.cache = self._feature_cache(frames, cache_dir)
         with acc.main_process_first():  # rank 0 fills the on-disk feature cache, others read it
             ds = StageDataset(examples, cfg.stage, self.lm.tokenizer, self.cache,
-                              progress=self.progress and self.main)
+                              progress=self.progress and self.main,
+                              dialogues=cfg.stage == 3 and cfg.dense_plan_dialogue)
         g = torch.Generator().manual_seed(cfg.seed)
         loader = DataLoader(ds, batch_size=cfg.per_device_train_batch_size, shuffle=True,
                             collate_fn=collate, generator=g, drop_last=False)

@@ -303,8 +303,8 @@ class Trainee(nn.Module):
                              self._text_for(ex, T),
                              c.model_max_length, c.gen_tokens, c.margin, budget=cap)
         if c.dense_plan_keep_relevant and ex.get("labels") is not None:
-            more = [(t["labels"] > 0.5).tolist() for t in ex.get("turns", ())
-                    if c.dense_plan_dialogue and t.get("labels") is not None]
+            turns = ex.get("turns", ()) if c.dense_plan_dialogue else ()
+            more = [(t["labels"] > 0.5).tolist() for t in turns if t.get("labels") is not None]
             return keep_evidence(fitted.plan, (ex["labels"] > 0.5).tolist(), more)
         return fitted.plan
 
