@@ -41,7 +41,8 @@ def probe(model: str, videos: int, seed: int) -> dict:
     import vr_kernels
     from vr_runtime.backbones import load_backbone
     from vr_runtime.data import synthetic_videos
-    from vr_runtime.training.labeller import RouteSupervision, video_features
+    from vr_runtime.training.labeller import video_features
+    from vr_runtime.training.route import RouteSupervision
     from vr_runtime.training.stages import answer_sequence
     bb = load_backbone(model, attn_implementation="eager")
     rng = random.Random(f"attention-probe-{seed}")

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Train the `tiny` preset from scratch on the synthetic evidence task: Stage 0 (tiny-only
-# pretraining, vr_runtime/training/pretrain.py) -> Stages 1, 2, 3, 3b [, 3c]. The shipped weights
-# are task v3's: task v2's run (about 55 minutes on 2 CPU cores, summed from its parts: 1,045
-# videos to write and encode, about 9 minutes; Stage 0 9; Stages 1-3b 31; the evaluations 5;
-# the wall times are in training_metrics.json) plus Stage 3c (its time is in the same file).
+# pretraining, vr_runtime/training/pretrain.py) -> Stages 1, 2, 3, 3b [, 3c [, 3d]]. The
+# shipped weights are task v3's: task v2's run (about 55 minutes on 2 CPU cores, summed from its
+# parts: 1,045 videos to write and encode, about 9 minutes; Stage 0 9; Stages 1-3b 31; the
+# evaluations 5) plus Stage 3c (the wall times are in training_metrics.json).
 #
-#   scripts/tiny/train_tiny.sh [--task v3|v2|v1] [--from-v2 DIR] [WORK_DIR]
-#       (default v3, runs/tiny_v3; v2: runs/tiny_v2; v1: runs/tiny)
+#   scripts/tiny/train_tiny.sh [--task v3|v4|v2|v1] [--from-v2 DIR | --from-v3 DIR] [WORK_DIR]
+#       (default v3, runs/tiny_v3; v4: runs/tiny_v4; v2: runs/tiny_v2; v1: runs/tiny)
 #       v2: the wider task (aspect ratios, lossy codecs and noise, moving targets,
 #       1-3 targets, 8-64 of 16-256 frames, look-alike distractors): 960 training videos with
 #       every factor random, a held-out split of 85 that varies one factor at a time.
@@ -16,17 +16,24 @@
 #       the first 320 training videos. --from-v2 DIR starts Stage 3c from a finished v2 model
 #       (DIR holds config.json, model.safetensors, tokenizer.json and routers.safetensors, as
 #       vr_runtime/assets/tiny/ did for the v2 weights) instead of training Stages 0-3b.
+#       v4: v3, then Stage 3d (vr_runtime/configs/tiny_stage3d.json): Stage 3c continued for
+#       400 steps with route supervision (vr_runtime/training/route.py: one head trained to
+#       look from each answer at the question's color word) over dense dialogues (every
+#       question about the same full-resolution frames in one sequence). --from-v3 DIR starts
+#       Stage 3d from a finished v3 model (as --from-v2 does for Stage 3c). Not shipped: it
+#       lifts the dense answers but costs long prompts (docs/TRAINING_STUDIES.md, task v4).
 #       --task v1: the original task (square, near-lossless H.264, static, 2 targets, 16
 #       frames), 480 training videos and 60 held out.
 #       Everything goes under WORK_DIR: data, checkpoints, logs, the final weights
-#       (WORK_DIR/stage3c/ for v3, stage3b/ otherwise: {model,routers}.safetensors) and the
+#       (WORK_DIR/stage3d/ for v4, stage3c/ for v3, stage3b/ otherwise:
+#       {model,routers}.safetensors) and the
 #       curves and metrics (WORK_DIR/results/training_curves.png, training_metrics.json).
 #       Nothing in the checkout changes.
 #   scripts/tiny/train_tiny.sh --install [...]
 #       the same, then replace the shipped weights (vr_runtime/assets/tiny/{model,routers}
 #       .safetensors) and the committed results (studies/results/training_curves.png,
 #       training_metrics.json), and measure the held-out routing metrics of the new shipped
-#       weights (studies/results/routing_heldout.json; with --task v2 or v3
+#       weights (studies/results/routing_heldout.json; with --task v2, v3 or v4
 #       studies/results/routing_heldout_v2.json, per factor; routing_footage_v2.json on 20 videos
 #       of the combined "footage" setting; routing_heldout.json on task v1's held-out split).
 set -euo pipefail
@@ -34,35 +41,40 @@ cd "$(dirname "$0")/../.."
 INSTALL=0
 WORK=""
 TASK=v3
+TASK_SET=0
 FROM=""
+FROM_FLAG=""
 EXPECT=""
 for arg in "$@"; do
     if [ "$EXPECT" = task ]; then
         case "$arg" in
-            v1|v2|v3) TASK="$arg" ;;
-            *) echo "train_tiny.sh: error: --task expects v1, v2 or v3, got '$arg'" >&2; exit 2 ;;
+            v1|v2|v3|v4) TASK="$arg"; TASK_SET=1 ;;
+            *) echo "train_tiny.sh: error: --task expects v1, v2, v3 or v4, got '$arg'" >&2
+               exit 2 ;;
         esac
         EXPECT=""
         continue
     fi
-    if [ "$EXPECT" = from-v2 ]; then
+    if [ "$EXPECT" = from-v2 ] || [ "$EXPECT" = from-v3 ]; then
         FROM="$arg"
+        FROM_FLAG="$EXPECT"
         EXPECT=""
         continue
     fi
     case "$arg" in
         --install) INSTALL=1 ;;
         --task) EXPECT=task ;;
-        --from-v2) EXPECT=from-v2 ;;
-        --task=v1|--task=v2|--task=v3) TASK="${arg#--task=}" ;;
-        --task=*) echo "train_tiny.sh: error: --task expects v1, v2 or v3, got" \
+        --from-v2|--from-v3) EXPECT="${arg#--}" ;;
+        --task=v1|--task=v2|--task=v3|--task=v4) TASK="${arg#--task=}"; TASK_SET=1 ;;
+        --task=*) echo "train_tiny.sh: error: --task expects v1, v2, v3 or v4, got" \
                        "'${arg#--task=}'" >&2
             exit 2 ;;
-        --from-v2=*) FROM="${arg#--from-v2=}" ;;
+        --from-v2=*|--from-v3=*) FROM="${arg#*=}"; FROM_FLAG="${arg%%=*}"
+            FROM_FLAG="${FROM_FLAG#--}" ;;
         -h|--help) awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0" \
                        | sed 's/^# \{0,1\}//'; exit 0 ;;
         -*) echo "train_tiny.sh: error: unknown option $arg (expected --install, --task," \
-                 "--from-v2 or WORK_DIR)" >&2
+                 "--from-v2, --from-v3 or WORK_DIR)" >&2
             exit 2 ;;
         *) if [ -n "$WORK" ]; then
                echo "train_tiny.sh: error: one WORK_DIR only, got '$WORK' and '$arg'" >&2
@@ -75,8 +87,15 @@ if [ -n "$EXPECT" ]; then
     echo "train_tiny.sh: error: --$EXPECT expects a value" >&2
     exit 2
 fi
-if [ -n "$FROM" ] && [ "$TASK" != v3 ]; then
+if [ "$FROM_FLAG" = from-v3 ] && [ "$TASK_SET" = 0 ]; then
+    TASK=v4   # a v3 model starts Stage 3d, task v4's own stage
+fi
+if [ "$FROM_FLAG" = from-v2 ] && [ "$TASK" != v3 ]; then
     echo "train_tiny.sh: error: --from-v2 starts Stage 3c, which only task v3 has" >&2
+    exit 2
+fi
+if [ "$FROM_FLAG" = from-v3 ] && [ "$TASK" != v4 ]; then
+    echo "train_tiny.sh: error: --from-v3 starts Stage 3d, which only task v4 has" >&2
     exit 2
 fi
 if [ "$TASK" != v1 ]; then
@@ -114,6 +133,7 @@ else
         --results "$WORK/results"
     LAST=stage3b
     [ "$TASK" = v3 ] && LAST=stage3c
+    [ "$TASK" = v4 ] && LAST=stage3d
     echo "trained weights: $WORK/$LAST/{model,routers}.safetensors; results: $WORK/results" \
          "(the shipped weights are unchanged; rerun with --install to replace them)" >&2
 fi

@@ -1,5 +1,5 @@
-"""The training curves: Stage 3's panel chains Stage 3, 3b and 3c on one step axis, and a run
-that began at 3c (``--from-v2``) draws 3c alone."""
+"""The training curves: Stage 3's panel chains Stage 3, 3b, 3c and 3d on one step axis, and a
+run that began at 3c or 3d (``--from-v2``, ``--from-v3``) draws what it ran."""
 import json
 
 import matplotlib
@@ -30,10 +30,12 @@ def test_stage3_continuations_follow_each_other(tmp_path):
     _log(tmp_path / "stage3", 3, 4.0)
     _log(tmp_path / "stage3b", 2, 1.0)
     _log(tmp_path / "stage3c", 2, 0.5)
+    _log(tmp_path / "stage3d", 1, 0.2)
     drawn, lines = _lines(tmp_path)
-    assert len(drawn) == 7
+    assert len(drawn) == 8
     assert lines["loss"] == [10, 20, 30]
     assert lines["loss (3b)"] == [40, 50] and lines["loss (3c)"] == [60, 70]
+    assert lines["loss (3d)"] == [80]
 
 
 def test_a_run_from_v2_draws_stage3c_alone(tmp_path):
@@ -43,3 +45,9 @@ def test_a_run_from_v2_draws_stage3c_alone(tmp_path):
     assert lines["loss (3c)"] == [10, 20, 30]
     out = plot_curves(str(tmp_path), str(tmp_path / "c.png"))
     assert (tmp_path / "c.png").stat().st_size > 0 and out.endswith("c.png")
+
+
+def test_a_run_from_v3_draws_stage3d_alone(tmp_path):
+    _log(tmp_path / "stage3d", 2, 0.5)
+    drawn, lines = _lines(tmp_path)
+    assert len(drawn) == 2 and set(lines) == {"loss (3d)", "l_lm (3d)"}

@@ -1,7 +1,8 @@
 """scripts/tiny/train_tiny.sh --task: v3 (task v2's data and stages plus Stage 3c, the shipped
-weights') is the default, v2 the wider task without Stage 3c, each in its own work folder, and
-with --install measures routing per factor into its own results file; --task v1 keeps the
-original task's sizes and folder; --from-v2 DIR starts Stage 3c from a finished v2 model.
+weights') is the default, v4 v3's stages plus Stage 3d, v2 the wider task without
+Stage 3c, each in its own work folder, and with --install measures routing per factor into its
+own results file; --task v1 keeps the original task's sizes and folder; --from-v2 DIR starts
+Stage 3c from a finished v2 model, --from-v3 DIR Stage 3d from a finished v3 model.
 A fake ``python`` on PATH records the calls (nothing is trained: conftest.run_train_tiny)."""
 
 
@@ -19,7 +20,8 @@ def test_task_v1_keeps_its_sizes_and_folder(tmp_path, run_train_tiny):
 
 def test_task_v2_trains_in_its_own_folder_and_installs_per_factor_results(tmp_path, run_train_tiny):
     for i, (form, task) in enumerate((([], "v3"), (["--task", "v2"], "v2"),
-                                      (["--task=v2"], "v2"), (["--task", "v3"], "v3"))):
+                                      (["--task=v2"], "v2"), (["--task", "v3"], "v3"),
+                                      (["--task=v4"], "v4"))):
         p, calls = run_train_tiny(tmp_path / f"form{i}", *form)
         assert p.returncode == 0, p.stderr
         assert arg(calls[0], "--task") == task and arg(calls[0], "--work") == f"runs/tiny_{task}"
@@ -43,7 +45,7 @@ def test_task_v2_trains_in_its_own_folder_and_installs_per_factor_results(tmp_pa
 
 
 def test_bad_task_is_one_line_and_exit_2(tmp_path, run_train_tiny):
-    for i, args in enumerate((["--task", "v4"], ["--task"], ["--task=x"])):
+    for i, args in enumerate((["--task", "v5"], ["--task"], ["--task=x"])):
         p, calls = run_train_tiny(tmp_path / str(i), *args)
         assert p.returncode == 2 and calls == []
         assert len(p.stderr.strip().splitlines()) == 1 and "--task" in p.stderr
@@ -54,10 +56,23 @@ def test_from_v2_starts_stage3c_from_a_finished_model(tmp_path, run_train_tiny):
     assert p.returncode == 0, p.stderr
     assert arg(calls[0], "--task") == "v3" and arg(calls[0], "--from-model") == "v2w"
     assert "stage3c" in p.stderr
-    for i, args in enumerate((["--task", "v2", "--from-v2", "d"], ["--from-v2"])):
+    for i, args in enumerate((["--task", "v2", "--from-v2", "d"], ["--from-v2"],
+                              ["--task", "v4", "--from-v2", "d"])):
         p, calls = run_train_tiny(tmp_path / str(i), *args)
         assert p.returncode == 2 and calls == []
         assert len(p.stderr.strip().splitlines()) == 1 and "--from-v2" in p.stderr
+
+
+def test_from_v3_starts_stage3d_from_a_finished_model(tmp_path, run_train_tiny):
+    for i, form in enumerate((["--from-v3", "v3w"], ["--from-v3=v3w"])):
+        p, calls = run_train_tiny(tmp_path / f"ok{i}", *form, "w")
+        assert p.returncode == 0, p.stderr
+        assert arg(calls[0], "--task") == "v4" and arg(calls[0], "--from-model") == "v3w"
+        assert "stage3d" in p.stderr
+    for i, args in enumerate((["--task", "v3", "--from-v3", "d"], ["--from-v3"])):
+        p, calls = run_train_tiny(tmp_path / str(i), *args)
+        assert p.returncode == 2 and calls == []
+        assert len(p.stderr.strip().splitlines()) == 1 and "--from-v3" in p.stderr
 
 
 def test_tiny_demo_writes_missing_videos_and_keeps_the_others(tmp_path):
@@ -110,3 +125,22 @@ def test_cli_checks_from_model_before_anything_runs(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "add --task v3" in err[0] and "model.safetensors" in err[1]
     assert not (tmp_path / "w").exists()
+
+
+def test_task_v4_continues_stage3c(tmp_path):
+    """Task v4's Stage 3d: from Stage 3c's model (or a finished v3 model when started from
+    one), on Stage 3c's first videos, with route supervision on."""
+    from vr_runtime.training.tiny_demo import FROM_TASK, LATER_STAGES, _stage_config
+    data, work = tmp_path / "data", str(tmp_path / "w")
+    data.mkdir()
+    (data / "train_conversations.jsonl").write_text('{"video": "a.mp4"}\n')
+    own = LATER_STAGES["v4"][len(LATER_STAGES[FROM_TASK["v4"]]):]
+    assert own == ("3d",)
+    d = _stage_config("3d", str(data), work, "base", "r3c", "v4")
+    assert d.model == f"{work}/stage3c/hf" and d.routers == "r3c"
+    assert d.output_dir == f"{work}/stage3d"
+    assert d.train_data.endswith("train_conversations_3c.jsonl")
+    assert d.route_weight > 0 and d.dense_plan_dialogue
+    assert _stage_config("3d", str(data), work, "base", "r", "v4", start="v3w").model == "v3w"
+    c = _stage_config("3c", str(data), work, "base", "r", "v3", start="v2w")
+    assert c.model == "v2w" and c.route_weight == 0

@@ -195,13 +195,15 @@ def add_tiny_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--heldout", type=int, default=40)
     s.add_argument("--results", default=None,
                    help="folder for training_curves.png and training_metrics.json (default: WORK)")
-    s.add_argument("--task", default="v1", choices=("v1", "v2", "v3"),
+    s.add_argument("--task", default="v1", choices=("v1", "v2", "v3", "v4"),
                    help="the synthetic task to train on (see synth --task; v3 is v2's data and "
-                        "stages plus Stage 3c, the dense and long layouts)")
+                        "stages plus Stage 3c, the dense and long layouts; v4 is v3's plus "
+                        "Stage 3d, route supervision over dense dialogues)")
     s.add_argument("--from-model", default=None, metavar="DIR",
-                   help="--task v3 only: start Stage 3c from this finished Stage 3b model "
-                        "(config.json, model.safetensors, tokenizer.json, routers.safetensors; "
-                        "e.g. the shipped v2 weights) instead of training Stages 0-3b")
+                   help="--task v3 or v4: start the task's own stage (v3: 3c; v4: 3d) "
+                        "from this finished model of the task before (config.json, "
+                        "model.safetensors, tokenizer.json, routers.safetensors; e.g. the "
+                        "shipped v2 or v3 weights) instead of training the stages before")
     return s
 
 
@@ -288,13 +290,15 @@ def _tiny(a, argv) -> None:
             raise ConfigError(f"--{name}: expected a number of videos >= 1, "
                               f"got {getattr(a, name)}")
     if a.from_model is not None:
-        if a.task != "v3":
-            raise ConfigError("--from-model: Stage 3c's starting point; add --task v3")
+        from .tiny_demo import FROM_TASK
+        if a.task not in FROM_TASK:
+            raise ConfigError("--from-model: the starting point of task v3's or v4's own "
+                              "stages; add --task v3 or --task v4")
         missing = [f for f in ("config.json", "model.safetensors", "routers.safetensors")
                    if not os.path.isfile(os.path.join(a.from_model, f))]
         if missing:
-            raise ConfigError(f"--from-model {a.from_model!r}: expected a finished Stage 3b "
-                              f"model directory, missing {', '.join(missing)}")
+            raise ConfigError(f"--from-model {a.from_model!r}: expected a finished task "
+                              f"{FROM_TASK[a.task]} model directory, missing {', '.join(missing)}")
     run_tiny(a.work, ship=a.ship, n_train=a.train, n_heldout=a.heldout,
              results=a.results or a.work, task=a.task, from_model=a.from_model)
 

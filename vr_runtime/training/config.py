@@ -98,6 +98,15 @@ class TrainConfig:
     dense_plan_dialogue: bool = False   # a dense example also asks every other question about
                                         # the same frames, as follow-up turns (answers trained;
                                         # layouts.dialogue_turns)
+    route_weight: float = 0.0           # Stage 3 training, tiny-only departure: weight of the
+                                        # route loss (training/route.py: head route_head of
+                                        # decoder layer route_layer looks from each answer row
+                                        # at the question's color word); 0: off
+    route_layer: int = 1
+    route_head: int = 0
+    freeze_embeddings: bool = False     # tiny-only: with the language model trained, keep its
+                                        # input embeddings frozen; with the projector frozen as
+                                        # well, the routers read exactly the inputs they did
     long_plan_prob: float = 0.0         # ... that it is stretched to a long sampled count and
                                         # planned as inference plans long videos
                                         # (training/layouts.py)
@@ -246,6 +255,9 @@ class TrainConfig:
         if self.dense_plan_prob + self.long_plan_prob > 1.0:
             raise ConfigError(f"dense_plan_prob + long_plan_prob: expected <= 1, got "
                               f"{self.dense_plan_prob} + {self.long_plan_prob}")
+        if self.route_weight < 0 or self.route_layer < 0 or self.route_head < 0:
+            raise ConfigError(f"route_weight, route_layer, route_head: expected >= 0, got "
+                              f"{self.route_weight}, {self.route_layer}, {self.route_head}")
         d = self.dense_plan_frames
         pair = isinstance(d, (list, tuple)) and len(d) == 2 and \
             all(isinstance(x, int) and not isinstance(x, bool) for x in d) and 1 <= d[0] <= d[1]

@@ -1,5 +1,5 @@
 """Training curves of the three stages as one PNG (from each stage's ``log.jsonl``; Stage 3's
-panel also draws its continuations 3b and 3c)."""
+panel also draws its continuations 3b, 3c and 3d)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import os
 
 PANELS = ((1, "Stage 1: Image Router", ("l_img",), "frame_acc"),
           (2, "Stage 2: Semantic Router", ("l_sem",), "policy_acc"),
-          (3, "Stage 3: joint fine-tuning", ("loss", "l_lm", "l_sem", "l_img"), None))
+          (3, "Stage 3: joint fine-tuning", ("loss", "l_lm", "l_sem", "l_img", "l_route"), None))
 
 
 def read_log(path: str):
@@ -19,10 +19,12 @@ def read_log(path: str):
 
 def _stage3_segments(ax, runs_dir: str, keys) -> list:
     """Stage 3 and its continuations, one after the other on one step axis (3b: the plans of
-    inference; 3c: the dense and long layouts), a dotted line where each starts. A run that
-    began at 3c (``--from-v2``) shows 3c alone. Returns every record drawn."""
+    inference; 3c: the dense and long layouts; 3d: route supervision), a dotted line where each
+    starts. A run that began at 3c or 3d (``--from-v2``, ``--from-v3``) shows what it ran.
+    Returns every record drawn."""
     drawn, offset = [], 0
-    for name, tag in (("stage3", ""), ("stage3b", " (3b)"), ("stage3c", " (3c)")):
+    for name, tag in (("stage3", ""), ("stage3b", " (3b)"), ("stage3c", " (3c)"),
+                      ("stage3d", " (3d)")):
         log = read_log(os.path.join(runs_dir, name, "log.jsonl"))
         if not log:
             continue

@@ -64,6 +64,7 @@ from ..eval.option_scoring import option_logprobs
 from .config import ConfigError, load_named_config
 from .labels import option_continuations
 from .loop import save_llm
+from .route import RouteSupervision
 from .stages import answer_sequence
 
 FRAGMENT_CATEGORIES = ("object_shape", "absent_color")
@@ -213,62 +214,6 @@ def conversation_loss(bb, Z: torch.Tensor, turns, plan, route: Optional["RouteSu
     ce = F.cross_entropy(logits.float(), ids_t[at], reduction="sum")
     r_loss = route.loss(bb, captured, pairs) if pairs else None
     return ce, int(at.numel()), r_loss
-
-
-@dataclass
-class RouteSupervision:
-    """Tiny-only attention supervision: head ``head`` of decoder layer ``layer``, at the row that
-    predicts an answer, is trained to attend to the question's cue word (the queried color).
-
-    Why: the shipped tiny model's color words already select their color's tokens among all 16
-    full-resolution frames (layer 0), but its answer row reads the frames directly, which works
-    only when the evidence is highlighted by resolution, as in the plans its routers make. A
-    pretrained VLM routes the question to the answer; this teaches the tiny one that one hop,
-    which plain fine-tuning did not find (training README, "The labeller")."""
-    layer: int = 1
-    head: int = 0
-    weight: float = 1.0
-
-    @staticmethod
-    def cue_id(tok, word: str) -> Optional[int]:
-        ids = tok(" " + word, add_special_tokens=False)["input_ids"]
-        return ids[0] if len(ids) == 1 else None
-
-    @contextlib.contextmanager
-    def capture(self, bb):
-        """The layer's attention inputs (normed hidden states, rotary cos/sin) of one forward."""
-        attn = bb.decoder().layers[self.layer].self_attn
-        captured = {}
-
-        def hook(module, args, kwargs):
-            captured["h"] = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-            captured["pe"] = kwargs["position_embeddings"] if "position_embeddings" in kwargs \
-                else args[1]
-
-        handle = attn.register_forward_pre_hook(hook, with_kwargs=True)
-        try:
-            yield captured
-        finally:
-            handle.remove()
-
-    def loss(self, bb, captured: dict, pairs) -> torch.Tensor:
-        """Mean -log attention weight of the supervised head from each answer row to its cue."""
-        from transformers.models.qwen2.modeling_qwen2 import rotate_half
-        attn = bb.decoder().layers[self.layer].self_attn
-        h, (cos, sin) = captured["h"][0], captured["pe"]
-        cos, sin = cos[0], sin[0]                                       # [L, hd]
-        rows = torch.tensor([r for r, _ in pairs], device=h.device)
-        hd = attn.head_dim
-        q = attn.q_proj(h[rows]).view(len(pairs), -1, hd)[:, self.head]          # [r, hd]
-        kv = self.head // attn.num_key_value_groups
-        k = attn.k_proj(h).view(h.shape[0], -1, hd)[:, kv]                        # [L, hd]
-        q = q * cos[rows] + rotate_half(q) * sin[rows]
-        k = k * cos + rotate_half(k) * sin
-        logits = (q @ k.T).float() * attn.scaling                                 # [r, L]
-        causal = torch.arange(h.shape[0], device=h.device)[None] > rows[:, None]
-        logp = torch.log_softmax(logits.masked_fill(causal, float("-inf")), -1)
-        cues = torch.tensor([c for _, c in pairs], device=h.device)
-        return -logp[torch.arange(len(pairs)), cues].mean()
 
 
 @torch.no_grad()

@@ -182,7 +182,7 @@ def build(cfg: TrainConfig, device=None, lm=None):
                             num_heads=cfg.router_heads, router_pool=cfg.router_pool)
         routers = Routers.from_backbone(lm, rcfg, seed=cfg.seed)
     routers.to(lm.device)
-    params = apply_freezing(lm, routers, cfg.trainable_groups)
+    params = apply_freezing(lm, routers, cfg.trainable_groups, cfg.freeze_embeddings)
     trainee = Trainee(lm, routers, cfg)
     return lm, routers, trainee, params
 

@@ -9,9 +9,11 @@ accelerate (DDP / FSDP / DeepSpeed). ``forward(batch)`` returns the stage's loss
   ``vr_kernels.pool_pack`` straight into the placeholder rows of ``inputs_embeds``; the plan
   (which frame gets which window) is decided under ``no_grad`` from the routers' outputs (or the
   labels), so re-running the forward under activation checkpointing yields the same plan.
+  Tiny-only, off by default: + route_weight L_route (``route.py``).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Dict, List, Optional
 
@@ -27,6 +29,7 @@ from vr_runtime.planning.policies import Windows, get_planner, plan_fitted, rele
 
 from .layouts import (dense_cap, dialogue_turns, draw_int, global_twin, keep_evidence, kept_rows,
                       stretch, stretched_times)
+from .route import RouteSupervision, answer_pairs, route_bounds
 
 GROUPS = ("vision", "projector", "language", "extractor", "semantic", "image")
 
@@ -52,8 +55,10 @@ def param_groups(bb, routers: nn.Module) -> Dict[str, List[nn.Parameter]]:
     return groups
 
 
-def apply_freezing(bb, routers: nn.Module, trainable: List[str]) -> List[nn.Parameter]:
-    """requires_grad exactly for the groups in ``trainable``; returns those parameters."""
+def apply_freezing(bb, routers: nn.Module, trainable: List[str],
+                   freeze_embeddings: bool = False) -> List[nn.Parameter]:
+    """requires_grad exactly for the groups in ``trainable`` (with ``freeze_embeddings``, the
+    language group but its input embeddings); returns those parameters."""
     bad = sorted(set(trainable) - set(GROUPS))
     if bad:
         raise ValueError(f"trainable: unknown groups {bad}; expected some of {GROUPS}")
@@ -64,6 +69,10 @@ def apply_freezing(bb, routers: nn.Module, trainable: List[str]) -> List[nn.Para
             p.requires_grad_(on)
         if on:
             params.extend(ps)
+    if freeze_embeddings:
+        emb = bb.model.get_input_embeddings().weight
+        emb.requires_grad_(False)
+        params = [p for p in params if p is not emb]
     return params
 
 
@@ -110,6 +119,29 @@ def answer_sequence(bb, question: str, answer: str, plan, times=None):
     return ids, n_prompt, dest, pos
 
 
+def sequence_loss(tr: "Trainee", Z: torch.Tensor, turns, plan, src, times):
+    """One Stage 3 sequence: ``turns`` about ``Z``'s frames under ``plan`` (``src``: a stretched
+    plan's source frames) packed into the prompt -> (summed answer cross-entropy, answer tokens,
+    the route loss of its turns that name a color, or None)."""
+    ids, n_prompt, dest, pos, target = dialogue_sequence(tr.bb, turns, plan, times)
+    ids_t = torch.tensor(ids, device=Z.device)
+    emb = tr.embed(ids_t)                           # [L, D]; grad -> embed_tokens
+    if Z.shape[-1] != emb.shape[-1]:   # wide Z (DeepStack streams): zeros on text rows
+        emb = torch.cat([emb, emb.new_zeros(emb.shape[0], Z.shape[-1] - emb.shape[-1])], -1)
+    if src is not None:   # a stretched plan: its kept frames gathered from the example's
+        rows, plan, dest = kept_rows(plan, src, dest)
+        Z = Z[torch.tensor(rows, device=Z.device)]
+    emb = tr.pack(Z.to(emb.dtype), plan, tr.grid, emb, dest)
+    pairs = answer_pairs(tr.tokenizer, ids, n_prompt, target, [q for q, _ in turns]) \
+        if tr.route is not None else []
+    with (tr.route.capture(tr.bb) if pairs else contextlib.nullcontext()) as captured:
+        logits = tr.lm_logits(emb.unsqueeze(0), n_prompt - 1, pos)[0]  # predicts ids[n_prompt:]
+    target = torch.tensor(target, device=Z.device)
+    ce = F.cross_entropy(logits.float(), target, reduction="sum", ignore_index=-100)
+    r_loss = tr.route.loss(tr.bb, captured, pairs) if pairs else None
+    return ce, int((target != -100).sum()), r_loss
+
+
 class Trainee(nn.Module):
     """model + routers with the stage's forward. ``batch`` is a list of example dicts:
     ``v`` (pre-projector features [T,256,4C], stages 1/3), ``q_ids`` (ids [Lq] of the routers'
@@ -127,6 +159,10 @@ class Trainee(nn.Module):
         self.image_token_id = lm.image_token_id
         self.grid = tuple(lm.grid)
         self.pack = pack or functools.partial(_pack, backend=cfg.pool_pack_backend)
+        self.route = RouteSupervision(cfg.route_layer, cfg.route_head, cfg.route_weight) \
+            if cfg.stage == 3 and cfg.route_weight else None
+        if self.route is not None:
+            route_bounds(lm, self.route)
 
     # -- shared pieces
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -353,7 +389,7 @@ class Trainee(nn.Module):
 
     def stage3(self, batch):
         c = self.cfg
-        lm_losses, sem_losses, img_losses = [], [], []
+        lm_losses, sem_losses, img_losses, route_losses = [], [], [], []
         n_tok = 0
         for ex in batch:
             Z = self.project(ex["v"])                     # grad -> projector
@@ -374,20 +410,11 @@ class Trainee(nn.Module):
             plan, src, times = self.layout(pol.detach()[0], fr_all, ex)
             turns = dialogue_turns(plan, ex) if c.dense_plan_dialogue else \
                 [(ex["question"], ex["answer"])]
-            ids, n_prompt, dest, pos, target = dialogue_sequence(self.bb, turns, plan, times)
-            ids_t = torch.tensor(ids, device=Z.device)
-            emb = self.embed(ids_t)                       # [L, D]; grad -> embed_tokens
-            if Z.shape[-1] != emb.shape[-1]:   # wide Z (DeepStack streams): zeros on text rows
-                emb = torch.cat([emb, emb.new_zeros(emb.shape[0], Z.shape[-1] - emb.shape[-1])], -1)
-            if src is not None:   # a stretched plan: its kept frames gathered from the example's
-                rows, plan, dest = kept_rows(plan, src, dest)
-                Z = Z[torch.tensor(rows, device=Z.device)]
-            emb = self.pack(Z.to(emb.dtype), plan, self.grid, emb, dest)
-            logits = self.lm_logits(emb.unsqueeze(0), n_prompt - 1, pos)[0]  # predicts ids[n_prompt:]
-            target = torch.tensor(target, device=Z.device)
-            lm_losses.append(F.cross_entropy(logits.float(), target, reduction="sum",
-                                             ignore_index=-100))
-            n_tok += int((target != -100).sum())
+            ce, n, r_loss = sequence_loss(self, Z, turns, plan, src, times)
+            lm_losses.append(ce)
+            n_tok += n
+            if r_loss is not None:
+                route_losses.append(r_loss)
             if ex.get("policy") is not None:
                 y = torch.tensor([int(ex["policy"])], device=pol.device)
                 sem_losses.append(F.cross_entropy(pol, y))
@@ -398,8 +425,12 @@ class Trainee(nn.Module):
         l_sem = torch.stack(sem_losses).mean() if sem_losses else zero
         l_img = torch.stack(img_losses).mean() if img_losses else zero
         loss = l_lm + c.lambda_sem * l_sem + c.lambda_img * l_img
-        return {"loss": loss, "l_lm": l_lm.detach(), "l_sem": l_sem.detach(),
-                "l_img": l_img.detach()}
+        out = {"l_lm": l_lm.detach(), "l_sem": l_sem.detach(), "l_img": l_img.detach()}
+        if self.route is not None:
+            l_route = torch.stack(route_losses).mean() if route_losses else zero
+            loss = loss + self.route.weight * l_route
+            out["l_route"] = l_route.detach()
+        return {"loss": loss, **out}
 
     def lm_logits(self, inputs_embeds: torch.Tensor, start: int,
                   position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -3,14 +3,17 @@
 synthetic data -> Stage 0 (tiny-only pretraining from the deterministic fill, ``pretrain.py``)
 -> Stage 1 -> Stage 2 -> Stage 3 -> Stage 3b (Stage 3 continued with the plans
 the runtime makes at inference; configs ``tiny_stage{1,2,3,3b}``, clearly *not* the paper's
-values) [-> Stage 3c, task v3: Stage 3b continued with dense and long layouts,
-``tiny_stage3c``, ``layouts.py``] -> held-out metrics JSON + curves PNG -> optionally copy
+values) [-> Stage 3c, tasks v3 and v4: Stage 3b continued with dense and long layouts,
+``tiny_stage3c``, ``layouts.py``] [-> Stage 3d, task v4: route supervision (``route.py``)
+over dense dialogues, ``tiny_stage3d``] -> held-out metrics JSON + curves PNG -> optionally
+copy
 ``model.safetensors`` and ``routers.safetensors`` into ``vr_runtime/assets/tiny/``, where the
 runtime picks them up.
 
-Task v3 is task v2's data and stages plus Stage 3c. ``from_model`` starts Stage 3c from a
-finished Stage 3b model directory (``config.json``, ``model.safetensors``, ``tokenizer.json``,
-``routers.safetensors``: the shipped v2 weights are one) instead of training Stages 0-3b.
+Task v3 is task v2's data and stages plus Stage 3c; task v4 is v3's plus Stage 3d.
+``from_model`` starts from a finished model of the task before (a directory of ``config.json``,
+``model.safetensors``, ``tokenizer.json``, ``routers.safetensors``, as the shipped weights of
+each task were): task v3's Stage 3c from a v2 model, task v4's Stage 3d from a v3 model.
 """
 from __future__ import annotations
 
@@ -36,6 +39,9 @@ V2_TRAIN_BUDGET_FRACTION = [0.18, 0.48]
 # Stage 3c's 300 steps of 4 see about 1,200 examples: the conversations of the first 320
 # training videos (about 1,290 lines), so that only their features are computed.
 V3_STAGE3C_VIDEOS = 320
+# The stages each task adds to task v2's (1, 2, 3, 3b); ``from_model`` starts at the first.
+LATER_STAGES = {"v3": ("3c",), "v4": ("3c", "3d")}
+FROM_TASK = {"v3": "v2", "v4": "v3"}    # the task whose finished model ``from_model`` is
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "tiny")
 
@@ -72,27 +78,33 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
              task: str = "v1", from_model: Optional[str] = None) -> dict:
     """``task``: the synthetic task (``synthetic.generate``'s 'v1', the default, or 'v2': the
     factors real footage varies; its lines carry their own frame counts, which every stage
-    samples; or 'v3': v2 plus Stage 3c). ``from_model``: task v3 only, Stage 3c from that
-    finished Stage 3b model instead of Stages 0-3b."""
-    if from_model and task != "v3":
-        raise ValueError("from_model: Stage 3c's starting point, so task v3 only")
+    samples; 'v3': v2 plus Stage 3c; 'v4': v3 plus Stage 3d). ``from_model``: tasks v3
+    and v4, their own stages from that finished model of the task before (``FROM_TASK``)
+    instead of the stages before them."""
+    if from_model and task not in FROM_TASK:
+        raise ValueError(f"from_model: a finished model of the task before, so task "
+                         f"{' or '.join(FROM_TASK)} only")
     data = os.path.join(work, "data")
     prepare_data(data, n_train, n_heldout, seed=seed, task="v1" if task == "v1" else "v2")
     summary = {"work": work, "task": task, "train_videos": n_train, "heldout_videos": n_heldout,
                "stages": {}}
-    stages = (1, 2, 3, "3b") + (("3c",) if task == "v3" else ())
+    stages = (1, 2, 3, "3b") + LATER_STAGES.get(task, ())
     if from_model:
         summary["from_model"] = from_model
         before = os.path.join(from_model, "training_metrics.json")
-        if os.path.isfile(before):   # the record of the run that made the starting model
-            with open(before) as f:
-                summary["from_model_stages"] = json.load(f).get("stages")
-        prev, stages, base = os.path.join(from_model, "routers.safetensors"), ("3c",), None
+        if os.path.isfile(before):   # the record of the run that made the starting model,
+            with open(before) as f:  # with the stages of the one that made its own start
+                rec = json.load(f)
+            summary["from_model_stages"] = {**(rec.get("from_model_stages") or {}),
+                                            **(rec.get("stages") or {})}
+        own = LATER_STAGES[task][len(LATER_STAGES.get(FROM_TASK[task], ())):]
+        prev, stages, base = os.path.join(from_model, "routers.safetensors"), own, None
     else:
         base = _stage0(work, summary)   # every stage starts from Stage 0's model
         prev = None
     for stage in stages:
-        cfg = _stage_config(stage, data, work, base, prev, task, from_model)
+        start = from_model if from_model and stage == stages[0] else None
+        cfg = _stage_config(stage, data, work, base, prev, task, start)
         prev = os.path.join(cfg.output_dir, "routers.safetensors")
         summary["stages"][f"stage{stage}"] = _run_stage(cfg, stage, prev)
     last = os.path.join(work, f"stage{stages[-1]}")
@@ -112,26 +124,27 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
 
 
 _DATA_NAMES = {1: "relevance", 2: "policy", 3: "conversations", "3b": "conversations",
-               "3c": "conversations"}
+               "3c": "conversations", "3d": "conversations"}
+# Each continued stage starts from the model of the stage before it (or ``from_model``).
+_BEFORE = {"3b": "stage3", "3c": "stage3b", "3d": "stage3c"}
 
 
 def _stage_config(stage, data: str, work: str, base: str, prev, task: str,
-                  from_model: Optional[str] = None):
+                  start: Optional[str] = None):
     """``tiny_stage<stage>`` on the data under ``data``, from Stage 0's model ``base`` (Stage 3b:
-    from Stage 3's; 3c: from 3b's, or ``from_model``) and the previous stage's routers ``prev``,
-    into ``work/stage<stage>``."""
+    on: from the stage before's, or ``start``, a finished model of the task before) and the
+    previous stage's routers ``prev``, into ``work/stage<stage>``."""
     cfg = load_config(f"tiny_stage{stage}")
     cfg.train_data = os.path.join(data, f"train_{_DATA_NAMES[stage]}.jsonl")
     cfg.eval_data = os.path.join(data, f"heldout_{_DATA_NAMES[stage]}.jsonl")
     cfg.output_dir = os.path.join(work, f"stage{stage}")
     cfg.routers = prev
     cfg.model = base
-    if task in ("v2", "v3") and cfg.train_max_length:
+    if task != "v1" and cfg.train_max_length:
         cfg.train_max_length, cfg.train_budget_fraction = [], list(V2_TRAIN_BUDGET_FRACTION)
-    if stage == "3b":  # Stage 3 continued from Stage 3's model, inference-matched plans
-        cfg.model = os.path.join(work, "stage3", "hf")
-    if stage == "3c":  # Stage 3b continued with the dense and long layouts
-        cfg.model = from_model or os.path.join(work, "stage3b", "hf")
+    if stage in _BEFORE:   # a continued stage: from the stage before's model (3b: Stage 3's)
+        cfg.model = start or os.path.join(work, _BEFORE[stage], "hf")
+    if stage in ("3c", "3d"):   # the dense and long layouts: the first 320 videos
         cfg.train_data = first_videos(cfg.train_data, V3_STAGE3C_VIDEOS,
                                       os.path.join(data, "train_conversations_3c.jsonl"))
     return cfg
