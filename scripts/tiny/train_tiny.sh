@@ -26,8 +26,8 @@
 #       frames), 480 training videos and 60 held out.
 #       Everything goes under WORK_DIR: data, checkpoints, logs, the final weights
 #       (WORK_DIR/stage3d/ for v4, stage3c/ for v3, stage3b/ otherwise:
-#       {model,routers}.safetensors) and the
-#       curves and metrics (WORK_DIR/results/training_curves.png, training_metrics.json).
+#       {model,routers}.safetensors) and the curves and metrics
+#       (WORK_DIR/results/training_curves.png, training_metrics.json).
 #       Nothing in the checkout changes.
 #   scripts/tiny/train_tiny.sh --install [...]
 #       the same, then replace the shipped weights (vr_runtime/assets/tiny/{model,routers}

@@ -6,9 +6,8 @@ the runtime makes at inference; configs ``tiny_stage{1,2,3,3b}``, clearly *not* 
 values) [-> Stage 3c, tasks v3 and v4: Stage 3b continued with dense and long layouts,
 ``tiny_stage3c``, ``layouts.py``] [-> Stage 3d, task v4: route supervision (``route.py``)
 over dense dialogues, ``tiny_stage3d``] -> held-out metrics JSON + curves PNG -> optionally
-copy
-``model.safetensors`` and ``routers.safetensors`` into ``vr_runtime/assets/tiny/``, where the
-runtime picks them up.
+copy ``model.safetensors`` and ``routers.safetensors`` into ``vr_runtime/assets/tiny/``, where
+the runtime picks them up.
 
 Task v3 is task v2's data and stages plus Stage 3c; task v4 is v3's plus Stage 3d.
 ``from_model`` starts from a finished model of the task before (a directory of ``config.json``,
@@ -127,13 +126,14 @@ _DATA_NAMES = {1: "relevance", 2: "policy", 3: "conversations", "3b": "conversat
                "3c": "conversations", "3d": "conversations"}
 # Each continued stage starts from the model of the stage before it (or ``from_model``).
 _BEFORE = {"3b": "stage3", "3c": "stage3b", "3d": "stage3c"}
+_LAYOUT_STAGES = {s for stages in LATER_STAGES.values() for s in stages}
 
 
 def _stage_config(stage, data: str, work: str, base: str, prev, task: str,
                   start: Optional[str] = None):
-    """``tiny_stage<stage>`` on the data under ``data``, from Stage 0's model ``base`` (Stage 3b:
-    on: from the stage before's, or ``start``, a finished model of the task before) and the
-    previous stage's routers ``prev``, into ``work/stage<stage>``."""
+    """``tiny_stage<stage>`` on the data under ``data``, from Stage 0's model ``base`` (Stage 3b
+    and later: from the stage before's, or ``start``, a finished model of the task before) and
+    the previous stage's routers ``prev``, into ``work/stage<stage>``."""
     cfg = load_config(f"tiny_stage{stage}")
     cfg.train_data = os.path.join(data, f"train_{_DATA_NAMES[stage]}.jsonl")
     cfg.eval_data = os.path.join(data, f"heldout_{_DATA_NAMES[stage]}.jsonl")
@@ -144,7 +144,7 @@ def _stage_config(stage, data: str, work: str, base: str, prev, task: str,
         cfg.train_max_length, cfg.train_budget_fraction = [], list(V2_TRAIN_BUDGET_FRACTION)
     if stage in _BEFORE:   # a continued stage: from the stage before's model (3b: Stage 3's)
         cfg.model = start or os.path.join(work, _BEFORE[stage], "hf")
-    if stage in ("3c", "3d"):   # the dense and long layouts: the first 320 videos
+    if stage in _LAYOUT_STAGES:   # the dense and long layouts: the first 320 videos
         cfg.train_data = first_videos(cfg.train_data, V3_STAGE3C_VIDEOS,
                                       os.path.join(data, "train_conversations_3c.jsonl"))
     return cfg
