@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from vr_runtime.training.config import ConfigError, load_config
-from vr_runtime.training.route import answer_pairs, cue_word
+from vr_runtime.training.route import (answer_pairs, answer_rows, cue_word, evidence_rows,
+                                         turn_labels)
 from vr_runtime.training.stages import dialogue_sequence
 from stage_helpers import stage3_trainee
 
@@ -40,32 +41,45 @@ def test_pairs_are_each_answers_row_and_its_own_questions_color(tiny_lm, plan):
         answer_pairs(tok, ids, n_prompt, targets, [TURNS[0][0]])
 
 
-def _step(lm, v, **over):
+# the frames each labelled question is about: the red one's is 1, the blue and green one's 2,
+# the absent cyan one's none (the background question has no labels)
+SIBLING_FRAMES = {TURNS[2][0]: [], TURNS[3][0]: [2]}
+
+
+def _step(lm, v, sibling_labels=False, **over):
+    """One Stage 3 step on a dense dialogue of ``TURNS`` (the first turn's frame 1 labelled;
+    with ``sibling_labels`` the later turns' too) -> (trainee, outputs, example)."""
     tr = stage3_trainee(lm, dense_plan_prob=1.0, dense_plan_dialogue=True,
                         pool_pack_backend="torch", **over)
-    T = v.shape[0]
+    mark = lambda fs: torch.tensor([float(t in fs) for t in range(v.shape[0])])  # noqa: E731
     q = torch.tensor(tr.tokenizer(TURNS[0][0], add_special_tokens=False)["input_ids"])
-    sib = [{"question": q_, "answer": a} for q_, a in TURNS[1:]]
+    sib = [{"question": q_, "answer": a,
+            **({"labels": mark(SIBLING_FRAMES[q_])}
+               if sibling_labels and q_ in SIBLING_FRAMES else {})} for q_, a in TURNS[1:]]
     ex = {"policy": 1, "question": TURNS[0][0], "answer": TURNS[0][1], "v": v, "q_ids": q,
-          "times": None, "turns": sib, "labels": torch.tensor([float(t == 1) for t in range(T)])}
+          "times": None, "turns": sib, "labels": mark([1])}
     torch.manual_seed(5)           # the dialogue's turn order
-    return tr, tr.stage3([ex])
+    return tr, tr.stage3([ex]), ex
+
+
+def _eager_lm_and_features(T: int, seed: int):
+    from vr_runtime.backbones.internvl3 import InternVL3Backbone
+    lm = InternVL3Backbone.tiny(attn_implementation="eager")
+    proj = next(m for n, m in lm.model.named_modules() if n.endswith("multi_modal_projector"))
+    width = next(m for m in proj.modules() if isinstance(m, torch.nn.Linear)).in_features
+    return lm, torch.randn(T, 256, width, generator=torch.Generator().manual_seed(seed))
 
 
 def test_stage3_route_loss_is_the_heads_attention_weight(monkeypatch):
-    from vr_runtime.backbones.internvl3 import InternVL3Backbone
     from vr_runtime.training import stages
-    lm = InternVL3Backbone.tiny(attn_implementation="eager")
     T = 3
-    proj = next(m for n, m in lm.model.named_modules() if n.endswith("multi_modal_projector"))
-    width = next(m for m in proj.modules() if isinstance(m, torch.nn.Linear)).in_features
-    v = torch.randn(T, 256, width, generator=torch.Generator().manual_seed(3))
-    tr0, off = _step(lm, v)
+    lm, v = _eager_lm_and_features(T, 3)
+    _, off, _ = _step(lm, v)
     assert "l_route" not in off
     seen = []
     real = stages.dialogue_turns
     monkeypatch.setattr(stages, "dialogue_turns", lambda *a: seen.append(real(*a)) or seen[-1])
-    tr, on = _step(lm, v, route_weight=0.5, route_layer=2, route_head=3)
+    tr, on, _ = _step(lm, v, route_weight=0.5, route_layer=2, route_head=3)
     torch.testing.assert_close(on["l_lm"], off["l_lm"])            # the LM loss is untouched
     turns = seen[0]
     assert len(turns) == 4
@@ -90,3 +104,72 @@ def test_route_settings_fail_in_one_line(tiny_lm):
     with pytest.raises(ValueError, match="route_layer, route_head"):
         stage3_trainee(tiny_lm, route_weight=1.0, route_layer=4)
     stage3_trainee(tiny_lm, route_weight=0.0, route_layer=9)      # off: never looked at
+
+
+def test_evidence_rows_are_the_kept_relevant_frames_rows():
+    plan, counts, dest = [1, 0, 4, 1, 2], [4, 0, 1, 4, 2], [10, 0, 16, 19, 25]
+    assert evidence_rows(plan, counts, dest, [1, 1, 1, 0, 1]) == [10, 11, 12, 13, 16, 25, 26]
+    assert evidence_rows(plan, counts, dest, [0] * 5) == []        # absent: nothing to read
+    assert evidence_rows(plan, counts, dest, None) == []
+    with pytest.raises(ValueError, match="one per frame"):
+        evidence_rows(plan, counts, dest, [1, 0])
+
+
+def test_turn_labels_follow_each_turns_question_and_the_stretch():
+    ex = {"labels": torch.tensor([0., 1., 0.]), "turns": [
+        {"question": TURNS[2][0], "labels": torch.tensor([0., 0., 0.])},
+        {"question": TURNS[1][0]}]}
+    turns = [TURNS[0], TURNS[2], TURNS[1]]
+    assert turn_labels(turns, ex) == [[0., 1., 0.], [0., 0., 0.], None]
+    assert turn_labels(turns[:1], ex, src=[0, 0, 1, 1, 2]) == [[0., 0., 1., 1., 0.]]
+
+
+def test_stage3_evidence_and_exclusion_losses_are_the_heads_attention(monkeypatch):
+    from vr_runtime.training import stages
+    T = 3
+    lm, v = _eager_lm_and_features(T, 4)
+    _, off, _ = _step(lm, v, sibling_labels=True)
+    assert "l_evidence" not in off
+    seen = []
+    real = stages.dialogue_turns
+    monkeypatch.setattr(stages, "dialogue_turns", lambda *a: seen.append(real(*a)) or seen[-1])
+    tr, on, ex = _step(lm, v, sibling_labels=True, evidence_weight=0.5, evidence_layer=3,
+                       evidence_head=1, route_weight=0.25, exclusion_weight=2.0,
+                       exclusion_layers=[1, 3])
+    torch.testing.assert_close(on["l_lm"], off["l_lm"])
+    turns = seen[0]
+    ids, n_prompt, dest, pos, target = dialogue_sequence(lm, turns, [1] * T)
+    emb = tr.pack(tr.project(v), [1] * T, tr.grid, tr.embed(torch.tensor(ids)), dest)
+    with torch.no_grad():
+        atts = lm.decoder()(inputs_embeds=emb[None], output_attentions=True,
+                            return_dict=True).attentions
+    n = tr.grid[0] * tr.grid[1]
+    mass = lambda a, r, fs: sum(a[..., r, dest[t]:dest[t] + n].sum(-1) for t in fs)  # noqa
+    want, excl = [], []
+    for r, lab in zip(answer_rows(n_prompt, target), turn_labels(turns, ex)):
+        frames = [t for t in range(T) if lab and lab[t]]
+        if frames:      # the background and the absent color's turns have no evidence
+            want.append(-mass(atts[3][0, 1], r, frames).log())
+            others = [t for t in range(T) if t not in frames]
+            excl += [-torch.log1p(-mass(atts[i][0], r, others)) for i in (1, 3)]   # [H] each
+    assert len(want) == 2
+    torch.testing.assert_close(on["l_evidence"], torch.stack(want).mean(), atol=1e-4,
+                               rtol=1e-4)
+    torch.testing.assert_close(on["l_exclusion"], torch.cat(excl).mean(), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(on["loss"], off["loss"] + 0.5 * on["l_evidence"]
+                               + 0.25 * on["l_route"] + 2.0 * on["l_exclusion"], atol=1e-5,
+                               rtol=1e-5)
+    on["loss"].backward()
+    assert lm.decoder().layers[3].self_attn.q_proj.weight.grad.abs().sum() > 0
+
+
+def test_evidence_settings_fail_in_one_line(tiny_lm):
+    with pytest.raises(ConfigError, match="evidence_weight"):
+        load_config("tiny_stage3", evidence_head=-1).validate()
+    with pytest.raises(ValueError, match="evidence_layer, evidence_head"):
+        stage3_trainee(tiny_lm, evidence_weight=1.0, evidence_head=4)
+    stage3_trainee(tiny_lm, evidence_weight=0.0, evidence_layer=9)
+    with pytest.raises(ConfigError, match="exclusion_weight"):
+        load_config("tiny_stage3", exclusion_layers=[2, -1]).validate()
+    with pytest.raises(ValueError, match="exclusion_layers: expected < 4 layers"):
+        stage3_trainee(tiny_lm, exclusion_weight=1.0, exclusion_layers=[2, 4])

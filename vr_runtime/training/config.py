@@ -104,6 +104,17 @@ class TrainConfig:
                                         # at the question's color word); 0: off
     route_layer: int = 1
     route_head: int = 0
+    evidence_weight: float = 0.0        # tiny-only departure: weight of the evidence loss
+                                        # (training/route.py: head evidence_head of decoder
+                                        # layer evidence_layer looks from each answer row at
+                                        # the frames its question is about); 0: off
+    evidence_layer: int = 2
+    evidence_head: int = 0
+    exclusion_weight: float = 0.0       # tiny-only departure: weight of the exclusion loss
+                                        # (training/route.py: every head of exclusion_layers
+                                        # keeps the answer row off the frames its question is
+                                        # not about); 0: off
+    exclusion_layers: List[int] = field(default_factory=lambda: [2, 3])
     freeze_embeddings: bool = False     # tiny-only: with the language model trained, keep its
                                         # input embeddings frozen; with the projector frozen as
                                         # well, the routers read exactly the inputs they did
@@ -258,6 +269,13 @@ class TrainConfig:
         if self.route_weight < 0 or self.route_layer < 0 or self.route_head < 0:
             raise ConfigError(f"route_weight, route_layer, route_head: expected >= 0, got "
                               f"{self.route_weight}, {self.route_layer}, {self.route_head}")
+        if self.evidence_weight < 0 or self.evidence_layer < 0 or self.evidence_head < 0:
+            raise ConfigError(f"evidence_weight, evidence_layer, evidence_head: expected >= 0, "
+                              f"got {self.evidence_weight}, {self.evidence_layer}, "
+                              f"{self.evidence_head}")
+        if self.exclusion_weight < 0 or any(i < 0 for i in self.exclusion_layers):
+            raise ConfigError(f"exclusion_weight, exclusion_layers: expected >= 0, got "
+                              f"{self.exclusion_weight}, {self.exclusion_layers}")
         d = self.dense_plan_frames
         pair = isinstance(d, (list, tuple)) and len(d) == 2 and \
             all(isinstance(x, int) and not isinstance(x, bool) for x in d) and 1 <= d[0] <= d[1]

@@ -7,7 +7,8 @@ import os
 
 PANELS = ((1, "Stage 1: Image Router", ("l_img",), "frame_acc"),
           (2, "Stage 2: Semantic Router", ("l_sem",), "policy_acc"),
-          (3, "Stage 3: joint fine-tuning", ("loss", "l_lm", "l_sem", "l_img", "l_route"), None))
+          (3, "Stage 3: joint fine-tuning",
+           ("loss", "l_lm", "l_sem", "l_img", "l_route", "l_evidence", "l_exclusion"), None))
 
 
 def read_log(path: str):

@@ -1,13 +1,19 @@
-"""Tiny-only: route supervision, one attention head trained to look from the row that predicts an
-answer at the question's cue word (the queried color).
+"""Tiny-only: attention supervision of the row that predicts an answer, in three parts, each off
+unless its weight is set.
 
-Why: among all 16 full-resolution frames the tiny model's color words already attend to their
-color's object (layer 0), but its answer row reads the frames directly and never the color word,
-which works only when a plan highlights the evidence by resolution
-(``scripts/studies/attention_probe_tiny.py``). With this loss the answer row's other heads read
-the queried object: the labeller (``labeller.py``) learned from it what plain fine-tuning did not
-find (training README, "The labeller"), and Stage 3 can add it to its dense examples
-(``route_weight``). Never used for a real checkpoint, which makes that hop already.
+- ``RouteSupervision``: one head looks at the question's cue word (the queried color). Among
+  all 16 full-resolution frames the tiny model's color words already attend to their color's
+  object (layer 0), but its answer row read the frames directly and never the color word,
+  which works only when a plan highlights the evidence by resolution
+  (``scripts/studies/attention_probe_tiny.py``). The labeller (``labeller.py``) learned from
+  it what plain fine-tuning did not find (training README, "The labeller").
+- ``EvidenceSupervision``: one later head looks at the frames the question is about (the
+  frame labels).
+- ``ExclusionSupervision``: every head of later layers keeps off the frames the question is
+  not about.
+
+Stage 3 adds them to its dense and long examples (``route_weight``, ``evidence_weight``,
+``exclusion_weight``). Never used for a real checkpoint, which makes these hops already.
 """
 from __future__ import annotations
 
@@ -42,50 +48,210 @@ class RouteSupervision:
         ids = tok(" " + word, add_special_tokens=False)["input_ids"]
         return ids[0] if len(ids) == 1 else None
 
-    @contextlib.contextmanager
+    name = "l_route"
+    keys = "route_layer, route_head"
+
+    @property
+    def layers(self) -> Tuple[int, ...]:
+        return (self.layer,)
+
     def capture(self, bb):
-        """The layer's attention inputs (normed hidden states, rotary cos/sin) of one forward."""
-        attn = bb.decoder().layers[self.layer].self_attn
-        captured = {}
+        """The layer's attention inputs of one forward (``attention_inputs``)."""
+        return attention_inputs(bb, [self.layer])
 
-        def hook(module, args, kwargs):
-            captured["h"] = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-            captured["pe"] = kwargs["position_embeddings"] if "position_embeddings" in kwargs \
-                else args[1]
-
-        handle = attn.register_forward_pre_hook(hook, with_kwargs=True)
-        try:
-            yield captured
-        finally:
-            handle.remove()
+    def pairs(self, laid: "Laid") -> List[Tuple[int, int]]:
+        return answer_pairs(laid.tok, laid.ids, laid.n_prompt, laid.targets, laid.questions)
 
     def loss(self, bb, captured: dict, pairs) -> torch.Tensor:
         """Mean -log attention weight of the supervised head from each answer row to its cue."""
-        from transformers.models.qwen2.modeling_qwen2 import rotate_half
-        attn = bb.decoder().layers[self.layer].self_attn
-        h, (cos, sin) = captured["h"][0], captured["pe"]
-        cos, sin = cos[0], sin[0]                                       # [L, hd]
-        rows = torch.tensor([r for r, _ in pairs], device=h.device)
-        hd = attn.head_dim
-        q = attn.q_proj(h[rows]).view(len(pairs), -1, hd)[:, self.head]          # [r, hd]
-        kv = self.head // attn.num_key_value_groups
-        k = attn.k_proj(h).view(h.shape[0], -1, hd)[:, kv]                        # [L, hd]
-        q = q * cos[rows] + rotate_half(q) * sin[rows]
-        k = k * cos + rotate_half(k) * sin
-        logits = (q @ k.T).float() * attn.scaling                                 # [r, L]
-        causal = torch.arange(h.shape[0], device=h.device)[None] > rows[:, None]
-        logp = torch.log_softmax(logits.masked_fill(causal, float("-inf")), -1)
-        cues = torch.tensor([c for _, c in pairs], device=h.device)
+        logp = layer_logp(bb, self.layer, captured, [r for r, _ in pairs])[self.head]
+        cues = torch.tensor([c for _, c in pairs], device=logp.device)
         return -logp[torch.arange(len(pairs)), cues].mean()
 
 
-def route_bounds(bb, route: RouteSupervision) -> None:
-    """Fail in one line when ``route``'s layer or head is not in ``bb``'s decoder."""
+@dataclass
+class EvidenceSupervision:
+    """Head ``head`` of decoder layer ``layer`` (after the route hop has brought the queried
+    color into the answer row), at the row that predicts an answer, trained to put its
+    attention on the visual rows of the frames its question is about (their labels: in the
+    synthetic task one object is on screen at a time, so those frames hold the queried object
+    and no other target). Why: with the color found, the dense answerer still named the
+    video's other target (it read shape without binding it to the color), and among hundreds
+    of pooled frames it said ``none``; both looked like the answer row not reading the
+    evidence. Measured, it does not close either gap (``studies/results/binding_tiny``)."""
+    layer: int = 2
+    head: int = 0
+    weight: float = 1.0
+    name = "l_evidence"
+    keys = "evidence_layer, evidence_head"
+
+    @property
+    def layers(self) -> Tuple[int, ...]:
+        return (self.layer,)
+
+    def pairs(self, laid: "Laid") -> List[Tuple[int, List[int]]]:
+        if laid.evidence is None:
+            return []
+        rows = answer_rows(laid.n_prompt, laid.targets)
+        return [(r, ev) for r, ev in zip(rows, laid.evidence) if ev]
+
+    def loss(self, bb, captured: dict, pairs) -> torch.Tensor:
+        """Mean -log of the head's summed attention from each answer row to its evidence."""
+        logp = layer_logp(bb, self.layer, captured, [r for r, _ in pairs])[self.head]
+        return -torch.stack([torch.logsumexp(logp[i, torch.tensor(ev, device=logp.device)], 0)
+                             for i, (_, ev) in enumerate(pairs)]).mean()
+
+
+@dataclass
+class ExclusionSupervision:
+    """Every head of decoder ``layers``, at the row that predicts an answer, trained to keep its
+    attention off the visual rows of the frames its question is not about (it may read its
+    evidence frames and the text). Why: one head trained onto the evidence
+    (``EvidenceSupervision``) left the answer row's other heads reading every full-resolution
+    frame, and so the other target's shape (measured: ``studies/results/binding_tiny``)."""
+    layers: Tuple[int, ...] = (2, 3)
+    weight: float = 1.0
+    name = "l_exclusion"
+    keys = "exclusion_layers"
+    head = 0        # for route_bounds: every head is supervised, so any layer has the heads
+
+    def pairs(self, laid: "Laid") -> List[Tuple[int, List[int]]]:
+        """(answer row, the visual rows it should not read) of each turn with evidence."""
+        if laid.evidence is None:
+            return []
+        rows = answer_rows(laid.n_prompt, laid.targets)
+        return [(r, sorted(set(laid.visual) - set(ev)))
+                for r, ev in zip(rows, laid.evidence) if ev]
+
+    def loss(self, bb, captured: dict, pairs) -> torch.Tensor:
+        """Mean over layers, heads and answer rows of -log(1 - attention on the other frames)."""
+        out = []
+        for layer in self.layers:
+            logp = layer_logp(bb, layer, captured, [r for r, _ in pairs])        # [H, r, L]
+            for i, (_, other) in enumerate(pairs):
+                if other:
+                    mass = logp[:, i, torch.tensor(other, device=logp.device)].exp().sum(-1)
+                    out.append(-torch.log1p(-mass.clamp(max=1 - 1e-6)))        # [H]
+        return torch.cat(out).mean() if out else logp.new_zeros(())
+
+
+@dataclass
+class Laid:
+    """What a supervision needs of one laid-out sequence (``stages.dialogue_sequence``):
+    ``evidence`` holds, per turn, the visual rows of the frames its question is about (None:
+    not known); ``visual`` every visual row."""
+    tok: object
+    ids: Sequence[int]
+    n_prompt: int
+    targets: Sequence[int]
+    questions: Sequence[str]
+    evidence: Optional[List[List[int]]] = None
+    visual: Sequence[int] = ()
+
+
+@contextlib.contextmanager
+def attention_inputs(bb, layers):
+    """Each of ``layers``' attention inputs of one forward: {layer: (normed hidden states,
+    rotary (cos, sin))}; no hook for no layers."""
+    captured, handles = {}, []
+
+    def hook_for(i):
+        def hook(module, args, kwargs):
+            h = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            pe = kwargs["position_embeddings"] if "position_embeddings" in kwargs else args[1]
+            captured[i] = (h, pe)
+        return hook
+
+    for i in sorted(set(layers)):
+        attn = bb.decoder().layers[i].self_attn
+        handles.append(attn.register_forward_pre_hook(hook_for(i), with_kwargs=True))
+    try:
+        yield captured
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def layer_logp(bb, layer: int, captured: dict, rows: List[int]) -> torch.Tensor:
+    """Log attention weights [heads, len(rows), L] of every head of ``layer`` at ``rows``
+    (causal), recomputed from the layer's captured inputs as the eager implementation
+    computes them."""
+    from transformers.models.qwen2.modeling_qwen2 import rotate_half
+    attn = bb.decoder().layers[layer].self_attn
+    h, (cos, sin) = captured[layer]
+    h, cos, sin = h[0], cos[0], sin[0]                                   # [L, D], [L, hd]
+    rows = torch.tensor(rows, device=h.device)
+    hd = attn.head_dim
+    q = attn.q_proj(h[rows]).view(len(rows), -1, hd).transpose(0, 1)            # [H, r, hd]
+    k = attn.k_proj(h).view(h.shape[0], -1, hd).transpose(0, 1)                 # [KV, L, hd]
+    k = k.repeat_interleave(attn.num_key_value_groups, 0)                       # [H, L, hd]
+    q = q * cos[rows] + rotate_half(q) * sin[rows]
+    k = k * cos + rotate_half(k) * sin
+    logits = (q @ k.transpose(1, 2)).float() * attn.scaling                     # [H, r, L]
+    causal = torch.arange(h.shape[0], device=h.device)[None] > rows[:, None]
+    return torch.log_softmax(logits.masked_fill(causal, float("-inf")), -1)
+
+
+def route_bounds(bb, sup) -> None:
+    """Fail in one line when supervision ``sup``'s layer or head (config ``sup.keys``) is not
+    in ``bb``'s decoder."""
     layers = bb.decoder().layers
     heads = layers[0].self_attn.config.num_attention_heads if len(layers) else 0
-    if not (route.layer < len(layers) and route.head < heads):
-        raise ValueError(f"route_layer, route_head: expected < {len(layers)} layers and < "
-                         f"{heads} heads, got {route.layer}, {route.head}")
+    if not (all(0 <= i < len(layers) for i in sup.layers) and sup.head < heads):
+        got = ", ".join(map(str, sup.layers + (() if isinstance(sup, ExclusionSupervision)
+                                              else (sup.head,))))
+        raise ValueError(f"{sup.keys}: expected < {len(layers)} layers and < "
+                         f"{heads} heads, got {got}")
+
+
+def supervisions(cfg, bb) -> list:
+    """The attention supervisions a Stage 3 config turns on (weight > 0), checked against
+    ``bb``'s decoder."""
+    out = []
+    if cfg.route_weight:
+        out.append(RouteSupervision(cfg.route_layer, cfg.route_head, cfg.route_weight))
+    if cfg.evidence_weight:
+        out.append(EvidenceSupervision(cfg.evidence_layer, cfg.evidence_head,
+                                       cfg.evidence_weight))
+    if cfg.exclusion_weight:
+        out.append(ExclusionSupervision(tuple(cfg.exclusion_layers), cfg.exclusion_weight))
+    for sup in out:
+        route_bounds(bb, sup)
+    return out
+
+
+def answer_rows(n_prompt: int, targets: Sequence[int]) -> List[int]:
+    """The row that predicts each answer's first token (``targets[i]`` is what row
+    ``n_prompt - 1 + i`` predicts; answers are the runs of targets other than -100)."""
+    return [n_prompt - 1 + i for i, y in enumerate(targets)
+            if y != -100 and (i == 0 or targets[i - 1] == -100)]
+
+
+def evidence_rows(plan: Sequence[int], counts: Sequence[int], dest: Sequence[int],
+                  labels: Optional[Sequence[float]]) -> List[int]:
+    """The prompt rows of the kept frames that ``labels`` marks relevant (``dest``: each frame's
+    first row, ``counts`` its rows); [] for no labels."""
+    if labels is None:
+        return []
+    if len(labels) != len(plan):
+        raise ValueError(f"labels: expected one per frame ({len(plan)}), got {len(labels)}")
+    return [r for t, (w, n, d) in enumerate(zip(plan, counts, dest))
+            if w and n and labels[t] > 0.5 for r in range(d, d + n)]
+
+
+def turn_labels(turns, ex: dict, src: Optional[Sequence[int]] = None):
+    """Each turn's frame labels (a list, or None when not known): the example's own for the
+    first, a sibling question's (``ex["turns"]``, found by its text) for a later one; ``src``
+    maps a stretched plan's frames to the example's."""
+    own = {t["question"]: t.get("labels") for t in ex.get("turns", ())}
+    out = []
+    for k, (q, _) in enumerate(turns):
+        lab = ex.get("labels") if k == 0 else own.get(q)
+        if lab is not None:
+            lab = [float(x) for x in lab]
+            lab = [lab[s] for s in src] if src is not None else lab
+        out.append(lab)
+    return out
 
 
 def answer_pairs(tok, ids: Sequence[int], n_prompt: int, targets: Sequence[int],
@@ -94,7 +260,7 @@ def answer_pairs(tok, ids: Sequence[int], n_prompt: int, targets: Sequence[int],
     whose question names a color: the row before the turn's first answer token, and the last
     row of that color's word within the turn's question (the first turn's question is in the
     prompt, a later one in the rows between the previous answer and its own)."""
-    starts = [i for i, y in enumerate(targets) if y != -100 and (i == 0 or targets[i - 1] == -100)]
+    starts = [r - (n_prompt - 1) for r in answer_rows(n_prompt, targets)]
     if len(starts) != len(questions):
         raise ValueError(f"questions: expected one per answer ({len(starts)}), got "
                          f"{len(questions)}")
@@ -114,4 +280,6 @@ def answer_pairs(tok, ids: Sequence[int], n_prompt: int, targets: Sequence[int],
     return pairs
 
 
-__all__ = ["RouteSupervision", "cue_word", "route_bounds", "answer_pairs"]
+__all__ = ["RouteSupervision", "EvidenceSupervision", "ExclusionSupervision", "Laid",
+           "attention_inputs", "layer_logp", "cue_word", "route_bounds", "supervisions",
+           "answer_rows", "answer_pairs", "evidence_rows", "turn_labels"]

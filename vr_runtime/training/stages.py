@@ -9,11 +9,10 @@ accelerate (DDP / FSDP / DeepSpeed). ``forward(batch)`` returns the stage's loss
   ``vr_kernels.pool_pack`` straight into the placeholder rows of ``inputs_embeds``; the plan
   (which frame gets which window) is decided under ``no_grad`` from the routers' outputs (or the
   labels), so re-running the forward under activation checkpointing yields the same plan.
-  Tiny-only, off by default: + route_weight L_route (``route.py``).
+  Tiny-only, off by default: + route_weight L_route + evidence_weight L_evidence (``route.py``).
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import Dict, List, Optional
 
@@ -29,7 +28,7 @@ from vr_runtime.planning.policies import Windows, get_planner, plan_fitted, rele
 
 from .layouts import (dense_cap, dialogue_turns, draw_int, global_twin, keep_evidence, kept_rows,
                       stretch, stretched_times)
-from .route import RouteSupervision, answer_pairs, route_bounds
+from .route import Laid, attention_inputs, evidence_rows, supervisions, turn_labels
 
 GROUPS = ("vision", "projector", "language", "extractor", "semantic", "image")
 
@@ -119,11 +118,17 @@ def answer_sequence(bb, question: str, answer: str, plan, times=None):
     return ids, n_prompt, dest, pos
 
 
-def sequence_loss(tr: "Trainee", Z: torch.Tensor, turns, plan, src, times):
+def sequence_loss(tr: "Trainee", Z: torch.Tensor, turns, plan, src, times, labels=None):
     """One Stage 3 sequence: ``turns`` about ``Z``'s frames under ``plan`` (``src``: a stretched
-    plan's source frames) packed into the prompt -> (summed answer cross-entropy, answer tokens,
-    the route loss of its turns that name a color, or None)."""
+    plan's source frames; ``labels``: each turn's frame labels or None) packed into the prompt
+    -> (summed answer cross-entropy, answer tokens, {name: loss} of each of ``tr.supervision``
+    that has rows to supervise)."""
     ids, n_prompt, dest, pos, target = dialogue_sequence(tr.bb, turns, plan, times)
+    counts = pooled_counts(plan, tr.grid)
+    evidence = [evidence_rows(plan, counts, dest, lab) for lab in labels] if labels else None
+    visual = evidence_rows(plan, counts, dest, [1.0] * len(plan)) if labels else ()
+    laid = Laid(tr.tokenizer, ids, n_prompt, target, [q for q, _ in turns], evidence, visual)
+    pairs = {s.name: p for s in tr.supervision for p in [s.pairs(laid)] if p}
     ids_t = torch.tensor(ids, device=Z.device)
     emb = tr.embed(ids_t)                           # [L, D]; grad -> embed_tokens
     if Z.shape[-1] != emb.shape[-1]:   # wide Z (DeepStack streams): zeros on text rows
@@ -132,14 +137,13 @@ def sequence_loss(tr: "Trainee", Z: torch.Tensor, turns, plan, src, times):
         rows, plan, dest = kept_rows(plan, src, dest)
         Z = Z[torch.tensor(rows, device=Z.device)]
     emb = tr.pack(Z.to(emb.dtype), plan, tr.grid, emb, dest)
-    pairs = answer_pairs(tr.tokenizer, ids, n_prompt, target, [q for q, _ in turns]) \
-        if tr.route is not None else []
-    with (tr.route.capture(tr.bb) if pairs else contextlib.nullcontext()) as captured:
+    layers = [i for s in tr.supervision if s.name in pairs for i in s.layers]
+    with attention_inputs(tr.bb, layers) as cap:
         logits = tr.lm_logits(emb.unsqueeze(0), n_prompt - 1, pos)[0]  # predicts ids[n_prompt:]
     target = torch.tensor(target, device=Z.device)
     ce = F.cross_entropy(logits.float(), target, reduction="sum", ignore_index=-100)
-    r_loss = tr.route.loss(tr.bb, captured, pairs) if pairs else None
-    return ce, int((target != -100).sum()), r_loss
+    aux = {s.name: s.loss(tr.bb, cap, pairs[s.name]) for s in tr.supervision if s.name in pairs}
+    return ce, int((target != -100).sum()), aux
 
 
 class Trainee(nn.Module):
@@ -159,10 +163,7 @@ class Trainee(nn.Module):
         self.image_token_id = lm.image_token_id
         self.grid = tuple(lm.grid)
         self.pack = pack or functools.partial(_pack, backend=cfg.pool_pack_backend)
-        self.route = RouteSupervision(cfg.route_layer, cfg.route_head, cfg.route_weight) \
-            if cfg.stage == 3 and cfg.route_weight else None
-        if self.route is not None:
-            route_bounds(lm, self.route)
+        self.supervision = supervisions(cfg, lm) if cfg.stage == 3 else []
 
     # -- shared pieces
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -389,7 +390,7 @@ class Trainee(nn.Module):
 
     def stage3(self, batch):
         c = self.cfg
-        lm_losses, sem_losses, img_losses, route_losses = [], [], [], []
+        lm_losses, sem_losses, img_losses, aux_losses = [], [], [], {}
         n_tok = 0
         for ex in batch:
             Z = self.project(ex["v"])                     # grad -> projector
@@ -410,11 +411,12 @@ class Trainee(nn.Module):
             plan, src, times = self.layout(pol.detach()[0], fr_all, ex)
             turns = dialogue_turns(plan, ex) if c.dense_plan_dialogue else \
                 [(ex["question"], ex["answer"])]
-            ce, n, r_loss = sequence_loss(self, Z, turns, plan, src, times)
+            labels = turn_labels(turns, ex, src) if self.supervision else None
+            ce, n, aux = sequence_loss(self, Z, turns, plan, src, times, labels)
             lm_losses.append(ce)
             n_tok += n
-            if r_loss is not None:
-                route_losses.append(r_loss)
+            for k, v in aux.items():
+                aux_losses.setdefault(k, []).append(v)
             if ex.get("policy") is not None:
                 y = torch.tensor([int(ex["policy"])], device=pol.device)
                 sem_losses.append(F.cross_entropy(pol, y))
@@ -426,10 +428,10 @@ class Trainee(nn.Module):
         l_img = torch.stack(img_losses).mean() if img_losses else zero
         loss = l_lm + c.lambda_sem * l_sem + c.lambda_img * l_img
         out = {"l_lm": l_lm.detach(), "l_sem": l_sem.detach(), "l_img": l_img.detach()}
-        if self.route is not None:
-            l_route = torch.stack(route_losses).mean() if route_losses else zero
-            loss = loss + self.route.weight * l_route
-            out["l_route"] = l_route.detach()
+        for sup in self.supervision:   # logged every step, 0 when no sequence had rows for it
+            aux = torch.stack(aux_losses[sup.name]).mean() if sup.name in aux_losses else zero
+            loss = loss + sup.weight * aux
+            out[sup.name] = aux.detach()
         return {"loss": loss, **out}
 
     def lm_logits(self, inputs_embeds: torch.Tensor, start: int,
