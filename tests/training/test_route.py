@@ -171,5 +171,7 @@ def test_evidence_settings_fail_in_one_line(tiny_lm):
     stage3_trainee(tiny_lm, evidence_weight=0.0, evidence_layer=9)
     with pytest.raises(ConfigError, match="exclusion_weight"):
         load_config("tiny_stage3", exclusion_layers=[2, -1]).validate()
+    with pytest.raises(ConfigError, match="exclusion_weight"):
+        load_config("tiny_stage3", exclusion_weight=1.0, exclusion_layers=[]).validate()
     with pytest.raises(ValueError, match="exclusion_layers: expected < 4 layers"):
         stage3_trainee(tiny_lm, exclusion_weight=1.0, exclusion_layers=[2, 4])

@@ -273,8 +273,10 @@ class TrainConfig:
             raise ConfigError(f"evidence_weight, evidence_layer, evidence_head: expected >= 0, "
                               f"got {self.evidence_weight}, {self.evidence_layer}, "
                               f"{self.evidence_head}")
-        if self.exclusion_weight < 0 or any(i < 0 for i in self.exclusion_layers):
-            raise ConfigError(f"exclusion_weight, exclusion_layers: expected >= 0, got "
+        if self.exclusion_weight < 0 or any(i < 0 for i in self.exclusion_layers) or \
+                (self.exclusion_weight and not self.exclusion_layers):
+            raise ConfigError(f"exclusion_weight, exclusion_layers: expected >= 0 (and a layer "
+                              f"when the weight is set), got "
                               f"{self.exclusion_weight}, {self.exclusion_layers}")
         d = self.dense_plan_frames
         pair = isinstance(d, (list, tuple)) and len(d) == 2 and \

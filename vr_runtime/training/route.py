@@ -42,14 +42,13 @@ class RouteSupervision:
     layer: int = 1
     head: int = 0
     weight: float = 1.0
+    name = "l_route"
+    keys = "route_layer, route_head"
 
     @staticmethod
     def cue_id(tok, word: str) -> Optional[int]:
         ids = tok(" " + word, add_special_tokens=False)["input_ids"]
         return ids[0] if len(ids) == 1 else None
-
-    name = "l_route"
-    keys = "route_layer, route_head"
 
     @property
     def layers(self) -> Tuple[int, ...]:

@@ -9,7 +9,8 @@ accelerate (DDP / FSDP / DeepSpeed). ``forward(batch)`` returns the stage's loss
   ``vr_kernels.pool_pack`` straight into the placeholder rows of ``inputs_embeds``; the plan
   (which frame gets which window) is decided under ``no_grad`` from the routers' outputs (or the
   labels), so re-running the forward under activation checkpointing yields the same plan.
-  Tiny-only, off by default: + route_weight L_route + evidence_weight L_evidence (``route.py``).
+  Tiny-only, off by default: + route_weight L_route + evidence_weight L_evidence
+  + exclusion_weight L_exclusion (``route.py``).
 """
 from __future__ import annotations
 
