@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Train the `tiny` preset from scratch on the synthetic evidence task: Stage 0 (tiny-only
-# pretraining, vr_runtime/training/pretrain.py) -> Stages 1, 2, 3, 3b [, 3c [, 3d]]. The
-# shipped weights are task v3's: task v2's run (about 55 minutes on 2 CPU cores, summed from its
-# parts: 1,045 videos to write and encode, about 9 minutes; Stage 0 9; Stages 1-3b 31; the
-# evaluations 5) plus Stage 3c (the wall times are in training_metrics.json).
+# pretraining, vr_runtime/training/pretrain.py) -> Stages 1, 2, 3, 3b [, 3c [, 3d | 3e, 3f]].
+# The shipped weights are task v5's: task v3's plus Stages 3e and 3f (about 35 minutes on 2 CPU
+# cores, the features of all 960 training videos included; docs/TRAINING_STUDIES.md, task v5).
+# Task v3's is task v2's run (about 55 minutes on 2 CPU cores, summed from its parts: 1,045
+# videos to write and encode, about 9 minutes; Stage 0 9; Stages 1-3b 31; the evaluations 5)
+# plus Stage 3c (the wall times are in training_metrics.json).
 #
-#   scripts/tiny/train_tiny.sh [--task v3|v4|v2|v1] [--from-v2 DIR | --from-v3 DIR] [WORK_DIR]
-#       (default v3, runs/tiny_v3; v4: runs/tiny_v4; v2: runs/tiny_v2; v1: runs/tiny)
+#   scripts/tiny/train_tiny.sh [--task v5|v4|v3|v2|v1] [--from-v2 DIR | --from-v3 DIR] [WORK_DIR]
+#       (default v5, runs/tiny_v5; v4: runs/tiny_v4; v3: runs/tiny_v3; v2: runs/tiny_v2;
+#       v1: runs/tiny)
 #       v2: the wider task (aspect ratios, lossy codecs and noise, moving targets,
 #       1-3 targets, 8-64 of 16-256 frames, look-alike distractors): 960 training videos with
 #       every factor random, a held-out split of 85 that varies one factor at a time.
@@ -22,10 +25,14 @@
 #       question about the same full-resolution frames in one sequence). --from-v3 DIR starts
 #       Stage 3d from a finished v3 model (as --from-v2 does for Stage 3c). Not shipped: it
 #       lifts the dense answers but costs long prompts (docs/TRAINING_STUDIES.md, task v4).
+#       v5 (the shipped weights): v3, then Stage 3e (vr_runtime/configs/tiny_stage3e.json:
+#       Stage 3d's settings on every training video, not the first 320) and Stage 3f
+#       (tiny_stage3f.json: 3e continued, a second seed). --from-v3 DIR starts Stage 3e from a
+#       finished v3 model; --from-v3 without --task means v5.
 #       --task v1: the original task (square, near-lossless H.264, static, 2 targets, 16
 #       frames), 480 training videos and 60 held out.
 #       Everything goes under WORK_DIR: data, checkpoints, logs, the final weights
-#       (WORK_DIR/stage3d/ for v4, stage3c/ for v3, stage3b/ otherwise:
+#       (WORK_DIR/stage3f/ for v5, stage3d/ for v4, stage3c/ for v3, stage3b/ otherwise:
 #       {model,routers}.safetensors) and the curves and metrics
 #       (WORK_DIR/results/training_curves.png, training_metrics.json).
 #       Nothing in the checkout changes.
@@ -33,14 +40,14 @@
 #       the same, then replace the shipped weights (vr_runtime/assets/tiny/{model,routers}
 #       .safetensors) and the committed results (studies/results/training_curves.png,
 #       training_metrics.json), and measure the held-out routing metrics of the new shipped
-#       weights (studies/results/routing_heldout.json; with --task v2, v3 or v4
+#       weights (studies/results/routing_heldout.json; with --task v2 to v5
 #       studies/results/routing_heldout_v2.json, per factor; routing_footage_v2.json on 20 videos
 #       of the combined "footage" setting; routing_heldout.json on task v1's held-out split).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 INSTALL=0
 WORK=""
-TASK=v3
+TASK=v5
 TASK_SET=0
 FROM=""
 FROM_FLAG=""
@@ -48,8 +55,8 @@ EXPECT=""
 for arg in "$@"; do
     if [ "$EXPECT" = task ]; then
         case "$arg" in
-            v1|v2|v3|v4) TASK="$arg"; TASK_SET=1 ;;
-            *) echo "train_tiny.sh: error: --task expects v1, v2, v3 or v4, got '$arg'" >&2
+            v1|v2|v3|v4|v5) TASK="$arg"; TASK_SET=1 ;;
+            *) echo "train_tiny.sh: error: --task expects v1 to v5, got '$arg'" >&2
                exit 2 ;;
         esac
         EXPECT=""
@@ -65,8 +72,8 @@ for arg in "$@"; do
         --install) INSTALL=1 ;;
         --task) EXPECT=task ;;
         --from-v2|--from-v3) EXPECT="${arg#--}" ;;
-        --task=v1|--task=v2|--task=v3|--task=v4) TASK="${arg#--task=}"; TASK_SET=1 ;;
-        --task=*) echo "train_tiny.sh: error: --task expects v1, v2, v3 or v4, got" \
+        --task=v1|--task=v2|--task=v3|--task=v4|--task=v5) TASK="${arg#--task=}"; TASK_SET=1 ;;
+        --task=*) echo "train_tiny.sh: error: --task expects v1 to v5, got" \
                        "'${arg#--task=}'" >&2
             exit 2 ;;
         --from-v2=*|--from-v3=*) FROM="${arg#*=}"; FROM_FLAG="${arg%%=*}"
@@ -87,15 +94,16 @@ if [ -n "$EXPECT" ]; then
     echo "train_tiny.sh: error: --$EXPECT expects a value" >&2
     exit 2
 fi
-if [ "$FROM_FLAG" = from-v3 ] && [ "$TASK_SET" = 0 ]; then
-    TASK=v4   # a v3 model starts Stage 3d, task v4's own stage
+if [ "$FROM_FLAG" = from-v2 ] && [ "$TASK_SET" = 0 ]; then
+    TASK=v3   # a v2 model starts Stage 3c, task v3's own stage
 fi
 if [ "$FROM_FLAG" = from-v2 ] && [ "$TASK" != v3 ]; then
     echo "train_tiny.sh: error: --from-v2 starts Stage 3c, which only task v3 has" >&2
     exit 2
 fi
-if [ "$FROM_FLAG" = from-v3 ] && [ "$TASK" != v4 ]; then
-    echo "train_tiny.sh: error: --from-v3 starts Stage 3d, which only task v4 has" >&2
+if [ "$FROM_FLAG" = from-v3 ] && [ "$TASK" != v4 ] && [ "$TASK" != v5 ]; then
+    echo "train_tiny.sh: error: --from-v3 starts Stage 3d or 3e, which only tasks v4 and v5" \
+         "have" >&2
     exit 2
 fi
 if [ "$TASK" != v1 ]; then
@@ -134,6 +142,7 @@ else
     LAST=stage3b
     [ "$TASK" = v3 ] && LAST=stage3c
     [ "$TASK" = v4 ] && LAST=stage3d
+    [ "$TASK" = v5 ] && LAST=stage3f
     echo "trained weights: $WORK/$LAST/{model,routers}.safetensors; results: $WORK/results" \
          "(the shipped weights are unchanged; rerun with --install to replace them)" >&2
 fi

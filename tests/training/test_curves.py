@@ -51,3 +51,10 @@ def test_a_run_from_v3_draws_stage3d_alone(tmp_path):
     _log(tmp_path / "stage3d", 2, 0.5)
     drawn, lines = _lines(tmp_path)
     assert len(drawn) == 2 and set(lines) == {"loss (3d)", "l_lm (3d)"}
+
+
+def test_a_v5_run_from_v3_draws_stage3e_then_3f(tmp_path):
+    _log(tmp_path / "stage3e", 2, 0.5)
+    _log(tmp_path / "stage3f", 2, 0.3)
+    drawn, lines = _lines(tmp_path)
+    assert len(drawn) == 4 and lines["loss (3e)"] == [10, 20] and lines["loss (3f)"] == [30, 40]

@@ -1,8 +1,9 @@
-"""scripts/tiny/train_tiny.sh --task: v3 (task v2's data and stages plus Stage 3c, the shipped
-weights') is the default, v4 v3's stages plus Stage 3d, v2 the wider task without
-Stage 3c, each in its own work folder, and with --install measures routing per factor into its
-own results file; --task v1 keeps the original task's sizes and folder; --from-v2 DIR starts
-Stage 3c from a finished v2 model, --from-v3 DIR Stage 3d from a finished v3 model.
+"""scripts/tiny/train_tiny.sh --task: v5 (task v3's stages plus Stages 3e and 3f, the shipped
+weights') is the default, v4 v3's stages plus Stage 3d, v3 v2's plus Stage 3c, v2 the wider
+task without Stage 3c, each in its own work folder, and with --install measures routing per
+factor into its own results file; --task v1 keeps the original task's sizes and folder;
+--from-v2 DIR starts Stage 3c from a finished v2 model, --from-v3 DIR Stage 3e (or with --task
+v4, Stage 3d) from a finished v3 model.
 A fake ``python`` on PATH records the calls (nothing is trained: conftest.run_train_tiny)."""
 
 
@@ -19,9 +20,9 @@ def test_task_v1_keeps_its_sizes_and_folder(tmp_path, run_train_tiny):
 
 
 def test_task_v2_trains_in_its_own_folder_and_installs_per_factor_results(tmp_path, run_train_tiny):
-    for i, (form, task) in enumerate((([], "v3"), (["--task", "v2"], "v2"),
+    for i, (form, task) in enumerate((([], "v5"), (["--task", "v2"], "v2"),
                                       (["--task=v2"], "v2"), (["--task", "v3"], "v3"),
-                                      (["--task=v4"], "v4"))):
+                                      (["--task=v4"], "v4"), (["--task=v5"], "v5"))):
         p, calls = run_train_tiny(tmp_path / f"form{i}", *form)
         assert p.returncode == 0, p.stderr
         assert arg(calls[0], "--task") == task and arg(calls[0], "--work") == f"runs/tiny_{task}"
@@ -45,7 +46,7 @@ def test_task_v2_trains_in_its_own_folder_and_installs_per_factor_results(tmp_pa
 
 
 def test_bad_task_is_one_line_and_exit_2(tmp_path, run_train_tiny):
-    for i, args in enumerate((["--task", "v5"], ["--task"], ["--task=x"])):
+    for i, args in enumerate((["--task", "v6"], ["--task"], ["--task=x"])):
         p, calls = run_train_tiny(tmp_path / str(i), *args)
         assert p.returncode == 2 and calls == []
         assert len(p.stderr.strip().splitlines()) == 1 and "--task" in p.stderr
@@ -63,12 +64,15 @@ def test_from_v2_starts_stage3c_from_a_finished_model(tmp_path, run_train_tiny):
         assert len(p.stderr.strip().splitlines()) == 1 and "--from-v2" in p.stderr
 
 
-def test_from_v3_starts_stage3d_from_a_finished_model(tmp_path, run_train_tiny):
+def test_from_v3_starts_stage3e_or_3d_from_a_finished_model(tmp_path, run_train_tiny):
     for i, form in enumerate((["--from-v3", "v3w"], ["--from-v3=v3w"])):
         p, calls = run_train_tiny(tmp_path / f"ok{i}", *form, "w")
         assert p.returncode == 0, p.stderr
-        assert arg(calls[0], "--task") == "v4" and arg(calls[0], "--from-model") == "v3w"
-        assert "stage3d" in p.stderr
+        assert arg(calls[0], "--task") == "v5" and arg(calls[0], "--from-model") == "v3w"
+        assert "stage3f" in p.stderr
+    p, calls = run_train_tiny(tmp_path / "v4", "--task", "v4", "--from-v3", "v3w", "w")
+    assert p.returncode == 0, p.stderr
+    assert arg(calls[0], "--task") == "v4" and "stage3d" in p.stderr
     for i, args in enumerate((["--task", "v3", "--from-v3", "d"], ["--from-v3"])):
         p, calls = run_train_tiny(tmp_path / str(i), *args)
         assert p.returncode == 2 and calls == []
@@ -144,3 +148,27 @@ def test_task_v4_continues_stage3c(tmp_path):
     assert _stage_config("3d", str(data), work, "base", "r", "v4", start="v3w").model == "v3w"
     c = _stage_config("3c", str(data), work, "base", "r", "v3", start="v2w")
     assert c.model == "v2w" and c.route_weight == 0
+
+
+def test_task_v5_continues_stage3c_on_every_video(tmp_path):
+    """Task v5's Stages 3e and 3f: Stage 3d's settings on every training video (not Stage 3c's
+    first 320), 3e from Stage 3c's model (or a finished v3 model), 3f from 3e's with its own
+    seed."""
+    from vr_runtime.training.config import load_config
+    from vr_runtime.training.tiny_demo import FROM_TASK, LATER_STAGES, _stage_config
+    data, work = tmp_path / "data", str(tmp_path / "w")
+    data.mkdir()
+    (data / "train_conversations.jsonl").write_text('{"video": "a.mp4"}\n')
+    assert LATER_STAGES["v5"][len(LATER_STAGES[FROM_TASK["v5"]]):] == ("3e", "3f")
+    e = _stage_config("3e", str(data), work, "base", "r3c", "v5")
+    assert e.model == f"{work}/stage3c/hf" and e.routers == "r3c"
+    assert e.train_data == str(data / "train_conversations.jsonl")
+    assert _stage_config("3e", str(data), work, "base", "r", "v5", start="v3w").model == "v3w"
+    f = _stage_config("3f", str(data), work, "base", "r3e", "v5")
+    assert f.model == f"{work}/stage3e/hf" and f.output_dir == f"{work}/stage3f"
+    assert f.train_data == e.train_data and f.seed != e.seed
+    d = load_config("tiny_stage3d").to_dict()
+    for cfg in (e, f):   # Stage 3d's settings but for the paths and the seed
+        got = cfg.to_dict()
+        assert {k for k in d if d[k] != got[k]} <= {"model", "routers", "train_data",
+                                                   "eval_data", "output_dir", "seed"}

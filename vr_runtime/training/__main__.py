@@ -195,15 +195,16 @@ def add_tiny_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--heldout", type=int, default=40)
     s.add_argument("--results", default=None,
                    help="folder for training_curves.png and training_metrics.json (default: WORK)")
-    s.add_argument("--task", default="v1", choices=("v1", "v2", "v3", "v4"),
+    s.add_argument("--task", default="v1", choices=("v1", "v2", "v3", "v4", "v5"),
                    help="the synthetic task to train on (see synth --task; v3 is v2's data and "
                         "stages plus Stage 3c, the dense and long layouts; v4 is v3's plus "
-                        "Stage 3d, route supervision over dense dialogues)")
+                        "Stage 3d, route supervision over dense dialogues; v5 is v3's plus "
+                        "Stages 3e and 3f, Stage 3d's settings on every training video)")
     s.add_argument("--from-model", default=None, metavar="DIR",
-                   help="--task v3 or v4: start the task's own stage (v3: 3c; v4: 3d) "
-                        "from this finished model of the task before (config.json, "
-                        "model.safetensors, tokenizer.json, routers.safetensors; e.g. the "
-                        "shipped v2 or v3 weights) instead of training the stages before")
+                   help="--task v3, v4 or v5: start the task's own stages (v3: 3c; v4: 3d; "
+                        "v5: 3e, 3f) from this finished model of the task before "
+                        "(config.json, model.safetensors, tokenizer.json, routers.safetensors; "
+                        "e.g. the v2 or v3 weights) instead of training the stages before")
     return s
 
 
@@ -292,8 +293,8 @@ def _tiny(a, argv) -> None:
     if a.from_model is not None:
         from .tiny_demo import FROM_TASK
         if a.task not in FROM_TASK:
-            raise ConfigError("--from-model: the starting point of task v3's or v4's own "
-                              "stages; add --task v3 or --task v4")
+            raise ConfigError("--from-model: the starting point of task v3's, v4's or v5's "
+                              "own stages; add --task v3, v4 or v5")
         missing = [f for f in ("config.json", "model.safetensors", "routers.safetensors")
                    if not os.path.isfile(os.path.join(a.from_model, f))]
         if missing:

@@ -5,14 +5,17 @@ synthetic data -> Stage 0 (tiny-only pretraining from the deterministic fill, ``
 the runtime makes at inference; configs ``tiny_stage{1,2,3,3b}``, clearly *not* the paper's
 values) [-> Stage 3c, tasks v3 and v4: Stage 3b continued with dense and long layouts,
 ``tiny_stage3c``, ``layouts.py``] [-> Stage 3d, task v4: route supervision (``route.py``)
-over dense dialogues, ``tiny_stage3d``] -> held-out metrics JSON + curves PNG -> optionally
+over dense dialogues, ``tiny_stage3d``] [-> Stages 3e and 3f, task v5: Stage 3d's settings on
+every training video, twice, ``tiny_stage3e``, ``tiny_stage3f``] -> held-out metrics JSON +
+curves PNG -> optionally
 copy ``model.safetensors`` and ``routers.safetensors`` into ``vr_runtime/assets/tiny/``, where
 the runtime picks them up.
 
-Task v3 is task v2's data and stages plus Stage 3c; task v4 is v3's plus Stage 3d.
-``from_model`` starts from a finished model of the task before (a directory of ``config.json``,
-``model.safetensors``, ``tokenizer.json``, ``routers.safetensors``, as the shipped weights of
-each task were): task v3's Stage 3c from a v2 model, task v4's Stage 3d from a v3 model.
+Task v3 is task v2's data and stages plus Stage 3c; task v4 is v3's plus Stage 3d; task v5
+is v3's plus Stages 3e and 3f. ``from_model`` starts from a finished model of the task before
+(a directory of ``config.json``, ``model.safetensors``, ``tokenizer.json``,
+``routers.safetensors``, as the shipped weights of each task were): task v3's Stage 3c from a
+v2 model, task v4's Stage 3d and task v5's Stage 3e from a v3 model.
 """
 from __future__ import annotations
 
@@ -36,11 +39,14 @@ from .pretrain import PretrainConfig, pretrain
 # range of compression at 16 frames (a visual budget of ~750-1950 of 4,096 tokens).
 V2_TRAIN_BUDGET_FRACTION = [0.18, 0.48]
 # Stage 3c's 300 steps of 4 see about 1,200 examples: the conversations of the first 320
-# training videos (about 1,290 lines), so that only their features are computed.
+# training videos (about 1,290 lines), so that only their features are computed. Stage 3d
+# kept them; Stages 3e and 3f read every video, since 320 were few enough to learn by heart.
 V3_STAGE3C_VIDEOS = 320
-# The stages each task adds to task v2's (1, 2, 3, 3b); ``from_model`` starts at the first.
-LATER_STAGES = {"v3": ("3c",), "v4": ("3c", "3d")}
-FROM_TASK = {"v3": "v2", "v4": "v3"}    # the task whose finished model ``from_model`` is
+FIRST_VIDEOS_STAGES = ("3c", "3d")
+# The stages each task adds to task v2's (1, 2, 3, 3b); ``from_model`` starts at the first of
+# the task's own (those after the task before's).
+LATER_STAGES = {"v3": ("3c",), "v4": ("3c", "3d"), "v5": ("3c", "3e", "3f")}
+FROM_TASK = {"v3": "v2", "v4": "v3", "v5": "v3"}   # the task whose finished model ``from_model`` is
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "tiny")
 
@@ -77,9 +83,9 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
              task: str = "v1", from_model: Optional[str] = None) -> dict:
     """``task``: the synthetic task (``synthetic.generate``'s 'v1', the default, or 'v2': the
     factors real footage varies; its lines carry their own frame counts, which every stage
-    samples; 'v3': v2 plus Stage 3c; 'v4': v3 plus Stage 3d). ``from_model``: tasks v3
-    and v4, their own stages from that finished model of the task before (``FROM_TASK``)
-    instead of the stages before them."""
+    samples; 'v3': v2 plus Stage 3c; 'v4': v3 plus Stage 3d; 'v5': v3 plus Stages 3e and 3f).
+    ``from_model``: tasks v3 to v5, their own stages from that finished model of the task
+    before (``FROM_TASK``) instead of the stages before them."""
     if from_model and task not in FROM_TASK:
         raise ValueError(f"from_model: a finished model of the task before, so task "
                          f"{' or '.join(FROM_TASK)} only")
@@ -123,10 +129,10 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
 
 
 _DATA_NAMES = {1: "relevance", 2: "policy", 3: "conversations", "3b": "conversations",
-               "3c": "conversations", "3d": "conversations"}
+               "3c": "conversations", "3d": "conversations", "3e": "conversations",
+               "3f": "conversations"}
 # Each continued stage starts from the model of the stage before it (or ``from_model``).
-_BEFORE = {"3b": "stage3", "3c": "stage3b", "3d": "stage3c"}
-_LAYOUT_STAGES = {s for stages in LATER_STAGES.values() for s in stages}
+_BEFORE = {"3b": "stage3", "3c": "stage3b", "3d": "stage3c", "3e": "stage3c", "3f": "stage3e"}
 
 
 def _stage_config(stage, data: str, work: str, base: str, prev, task: str,
@@ -144,7 +150,7 @@ def _stage_config(stage, data: str, work: str, base: str, prev, task: str,
         cfg.train_max_length, cfg.train_budget_fraction = [], list(V2_TRAIN_BUDGET_FRACTION)
     if stage in _BEFORE:   # a continued stage: from the stage before's model (3b: Stage 3's)
         cfg.model = start or os.path.join(work, _BEFORE[stage], "hf")
-    if stage in _LAYOUT_STAGES:   # the dense and long layouts: the first 320 videos
+    if stage in FIRST_VIDEOS_STAGES:
         cfg.train_data = first_videos(cfg.train_data, V3_STAGE3C_VIDEOS,
                                       os.path.join(data, "train_conversations_3c.jsonl"))
     return cfg
