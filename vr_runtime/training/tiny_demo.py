@@ -3,13 +3,12 @@
 synthetic data -> Stage 0 (tiny-only pretraining from the deterministic fill, ``pretrain.py``)
 -> Stage 1 -> Stage 2 -> Stage 3 -> Stage 3b (Stage 3 continued with the plans
 the runtime makes at inference; configs ``tiny_stage{1,2,3,3b}``, clearly *not* the paper's
-values) [-> Stage 3c, tasks v3 and v4: Stage 3b continued with dense and long layouts,
+values) [-> Stage 3c, tasks v3 to v5: Stage 3b continued with dense and long layouts,
 ``tiny_stage3c``, ``layouts.py``] [-> Stage 3d, task v4: route supervision (``route.py``)
 over dense dialogues, ``tiny_stage3d``] [-> Stages 3e and 3f, task v5: Stage 3d's settings on
 every training video, twice, ``tiny_stage3e``, ``tiny_stage3f``] -> held-out metrics JSON +
-curves PNG -> optionally
-copy ``model.safetensors`` and ``routers.safetensors`` into ``vr_runtime/assets/tiny/``, where
-the runtime picks them up.
+curves PNG -> optionally copy ``model.safetensors`` and ``routers.safetensors`` into
+``vr_runtime/assets/tiny/``, where the runtime picks them up.
 
 Task v3 is task v2's data and stages plus Stage 3c; task v4 is v3's plus Stage 3d; task v5
 is v3's plus Stages 3e and 3f. ``from_model`` starts from a finished model of the task before
