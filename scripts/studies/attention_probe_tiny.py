@@ -94,6 +94,7 @@ def main(argv=None):
         if m != "tiny" and not os.path.isdir(m):
             sys.exit(f"--models: {m!r} is not a directory (train it: python -m "
                      f"vr_runtime.training labeller)")
+    from vr_runtime.data.atomic import write_atomic
     from vr_runtime.fingerprint import environment
     res = {"what": "mean attention weight per head (list: heads 0..3) of each decoder layer on the "
                    "queried target's tokens (cell coverage > 0.5), from the question's color word "
@@ -104,8 +105,7 @@ def main(argv=None):
            "videos": args.videos, "questions": 2 * args.videos,
            "models": {m: probe(m, args.videos, args.seed) for m in args.models}}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=2)
+    write_atomic(args.out, json.dumps(res, indent=2))   # whole or not at all, even if killed
     print(json.dumps({m: r["reference"] for m, r in res["models"].items()}, indent=1))
 
 

@@ -101,6 +101,7 @@ def main(argv=None):
     for m in args.models:
         if m != "tiny" and not os.path.isdir(m):
             sys.exit(f"--models: {m!r} is not a directory (a model folder with config.json)")
+    from vr_runtime.data.atomic import write_atomic
     from vr_runtime.fingerprint import environment
     res = {"what": "mean attention mass per head (list: heads 0..) of each decoder layer, from "
                    "the answer row and from the question's color word, on the queried target's "
@@ -111,8 +112,7 @@ def main(argv=None):
            "videos": args.videos, "task": args.task,
            "models": {m: probe(m, args.videos, args.seed, args.task) for m in args.models}}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=2)
+    write_atomic(args.out, json.dumps(res, indent=2))   # whole or not at all, even if killed
     for m, r in res["models"].items():
         print(m, {name: {k: v["questions"] for k, v in d.items()} for name, d in r.items()})
 

@@ -35,8 +35,21 @@ def cue_word(question: str) -> Optional[str]:
     return found[-1] if found else None
 
 
+class OneHead:
+    """A supervision of one head (``self.head``) of one decoder layer (``self.layer``), in the
+    terms every supervision answers to (``layers``, ``heads``)."""
+
+    @property
+    def layers(self) -> Tuple[int, ...]:
+        return (self.layer,)
+
+    @property
+    def heads(self) -> Tuple[int, ...]:
+        return (self.head,)
+
+
 @dataclass
-class RouteSupervision:
+class RouteSupervision(OneHead):
     """Head ``head`` of decoder layer ``layer``, at the row that predicts an answer, trained to
     attend to the question's cue word (the queried color); the module docstring says why."""
     layer: int = 1
@@ -49,10 +62,6 @@ class RouteSupervision:
     def cue_id(tok, word: str) -> Optional[int]:
         ids = tok(" " + word, add_special_tokens=False)["input_ids"]
         return ids[0] if len(ids) == 1 else None
-
-    @property
-    def layers(self) -> Tuple[int, ...]:
-        return (self.layer,)
 
     def capture(self, bb):
         """The layer's attention inputs of one forward (``attention_inputs``)."""
@@ -69,7 +78,7 @@ class RouteSupervision:
 
 
 @dataclass
-class EvidenceSupervision:
+class EvidenceSupervision(OneHead):
     """Head ``head`` of decoder layer ``layer`` (after the route hop has brought the queried
     color into the answer row), at the row that predicts an answer, trained to put its
     attention on the visual rows of the frames its question is about (their labels: in the
@@ -83,10 +92,6 @@ class EvidenceSupervision:
     weight: float = 1.0
     name = "l_evidence"
     keys = "evidence_layer, evidence_head"
-
-    @property
-    def layers(self) -> Tuple[int, ...]:
-        return (self.layer,)
 
     def pairs(self, laid: "Laid") -> List[Tuple[int, List[int]]]:
         if laid.evidence is None:
@@ -112,7 +117,7 @@ class ExclusionSupervision:
     weight: float = 1.0
     name = "l_exclusion"
     keys = "exclusion_layers"
-    head = 0        # for route_bounds: every head is supervised, so any layer has the heads
+    heads = ()      # every head of each layer: none named, so none to check
 
     def pairs(self, laid: "Laid") -> List[Tuple[int, List[int]]]:
         """(answer row, the visual rows it should not read) of each turn with evidence."""
@@ -192,13 +197,13 @@ def layer_logp(bb, layer: int, captured: dict, rows: List[int]) -> torch.Tensor:
 
 
 def route_bounds(bb, sup) -> None:
-    """Fail in one line when supervision ``sup``'s layer or head (config ``sup.keys``) is not
-    in ``bb``'s decoder."""
+    """Fail in one line when a layer or head of supervision ``sup`` (config ``sup.keys``) is
+    not in ``bb``'s decoder."""
     layers = bb.decoder().layers
     heads = layers[0].self_attn.config.num_attention_heads if len(layers) else 0
-    if not (all(0 <= i < len(layers) for i in sup.layers) and sup.head < heads):
-        got = ", ".join(map(str, sup.layers + (() if isinstance(sup, ExclusionSupervision)
-                                              else (sup.head,))))
+    if not (all(0 <= i < len(layers) for i in sup.layers) and
+            all(0 <= h < heads for h in sup.heads)):
+        got = ", ".join(map(str, tuple(sup.layers) + tuple(sup.heads)))
         raise ValueError(f"{sup.keys}: expected < {len(layers)} layers and < "
                          f"{heads} heads, got {got}")
 

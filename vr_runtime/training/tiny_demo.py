@@ -127,9 +127,9 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
     return summary
 
 
-_DATA_NAMES = {1: "relevance", 2: "policy", 3: "conversations", "3b": "conversations",
-               "3c": "conversations", "3d": "conversations", "3e": "conversations",
-               "3f": "conversations"}
+# Each stage's training and held-out files: Stages 1 and 2 their own, Stage 3 and every
+# continuation the conversations.
+_DATA_NAMES = {1: "relevance", 2: "policy"}
 # Each continued stage starts from the model of the stage before it (or ``from_model``).
 _BEFORE = {"3b": "stage3", "3c": "stage3b", "3d": "stage3c", "3e": "stage3c", "3f": "stage3e"}
 
@@ -140,8 +140,9 @@ def _stage_config(stage, data: str, work: str, base: str, prev, task: str,
     and later: from the stage before's, or ``start``, a finished model of the task before) and
     the previous stage's routers ``prev``, into ``work/stage<stage>``."""
     cfg = load_config(f"tiny_stage{stage}")
-    cfg.train_data = os.path.join(data, f"train_{_DATA_NAMES[stage]}.jsonl")
-    cfg.eval_data = os.path.join(data, f"heldout_{_DATA_NAMES[stage]}.jsonl")
+    name = _DATA_NAMES.get(stage, "conversations")
+    cfg.train_data = os.path.join(data, f"train_{name}.jsonl")
+    cfg.eval_data = os.path.join(data, f"heldout_{name}.jsonl")
     cfg.output_dir = os.path.join(work, f"stage{stage}")
     cfg.routers = prev
     cfg.model = base
