@@ -7,9 +7,10 @@
 # videos to write and encode, about 9 minutes; Stage 0 9; Stages 1-3b 31; the evaluations 5)
 # plus Stage 3c (the wall times are in training_metrics.json).
 #
-#   scripts/tiny/train_tiny.sh [--task v5|v4|v3|v2|v1] [--from-v2 DIR | --from-v3 DIR] [WORK_DIR]
-#       (default v5, runs/tiny_v5; v4: runs/tiny_v4; v3: runs/tiny_v3; v2: runs/tiny_v2;
-#       v1: runs/tiny)
+#   scripts/tiny/train_tiny.sh [--task v6|v5|v4|v3|v2|v1] [--from-v2 DIR | --from-v3 DIR |
+#                              --from-v5 DIR] [WORK_DIR]
+#       (default v5, runs/tiny_v5; v6: runs/tiny_v6; v4: runs/tiny_v4; v3: runs/tiny_v3;
+#       v2: runs/tiny_v2; v1: runs/tiny)
 #       v2: the wider task (aspect ratios, lossy codecs and noise, moving targets,
 #       1-3 targets, 8-64 of 16-256 frames, look-alike distractors): 960 training videos with
 #       every factor random, a held-out split of 85 that varies one factor at a time.
@@ -29,19 +30,24 @@
 #       Stage 3d's settings on every training video, not the first 320) and Stage 3f
 #       (tiny_stage3f.json: 3e continued, a second seed). --from-v3 DIR starts Stage 3e from a
 #       finished v3 model; --from-v3 without --task means v5.
+#       v6: v5, then Stage 3g (tiny_stage3g.json: 3f's settings on 2,880 training videos, the
+#       960 and 1,920 more drawn with another seed into WORK_DIR/data_more). --from-v5 DIR
+#       starts Stage 3g from a finished v5 model. Not shipped: one question more on the dense
+#       answers (docs/TRAINING_STUDIES.md, task v6).
 #       --task v1: the original task (square, near-lossless H.264, static, 2 targets, 16
 #       frames), 480 training videos and 60 held out.
 #       Everything goes under WORK_DIR: data, checkpoints, logs, the final weights
-#       (WORK_DIR/stage3f/ for v5, stage3d/ for v4, stage3c/ for v3, stage3b/ otherwise:
-#       {model,routers}.safetensors) and the curves and metrics
+#       (WORK_DIR/stage3g/ for v6, stage3f/ for v5, stage3d/ for v4, stage3c/ for v3,
+#       stage3b/ otherwise: {model,routers}.safetensors) and the curves and metrics
 #       (WORK_DIR/results/training_curves.png, training_metrics.json).
 #       Nothing in the checkout changes.
 #   scripts/tiny/train_tiny.sh --install [...]
 #       the same, then replace the shipped weights (vr_runtime/assets/tiny/{model,routers}
 #       .safetensors) and the committed results (studies/results/training_curves.png,
 #       training_metrics.json), and measure the held-out routing metrics of the new shipped
-#       weights (studies/results/routing_heldout.json; with --task v2 to v5
-#       studies/results/routing_heldout_v2.json, per factor; routing_footage_v2.json on 20 videos
+#       weights (studies/results/routing_heldout.json; with --task v2 to v6
+#       studies/results/routing_heldout_v2.json, per factor; routing_footage_v2.json on 20
+#       videos
 #       of the combined "footage" setting; routing_heldout.json on task v1's held-out split).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -55,14 +61,14 @@ EXPECT=""
 for arg in "$@"; do
     if [ "$EXPECT" = task ]; then
         case "$arg" in
-            v1|v2|v3|v4|v5) TASK="$arg"; TASK_SET=1 ;;
-            *) echo "train_tiny.sh: error: --task expects v1 to v5, got '$arg'" >&2
+            v1|v2|v3|v4|v5|v6) TASK="$arg"; TASK_SET=1 ;;
+            *) echo "train_tiny.sh: error: --task expects v1 to v6, got '$arg'" >&2
                exit 2 ;;
         esac
         EXPECT=""
         continue
     fi
-    if [ "$EXPECT" = from-v2 ] || [ "$EXPECT" = from-v3 ]; then
+    if [ "$EXPECT" = from-v2 ] || [ "$EXPECT" = from-v3 ] || [ "$EXPECT" = from-v5 ]; then
         FROM="$arg"
         FROM_FLAG="$EXPECT"
         EXPECT=""
@@ -71,17 +77,17 @@ for arg in "$@"; do
     case "$arg" in
         --install) INSTALL=1 ;;
         --task) EXPECT=task ;;
-        --from-v2|--from-v3) EXPECT="${arg#--}" ;;
-        --task=v1|--task=v2|--task=v3|--task=v4|--task=v5) TASK="${arg#--task=}"; TASK_SET=1 ;;
-        --task=*) echo "train_tiny.sh: error: --task expects v1 to v5, got" \
+        --from-v2|--from-v3|--from-v5) EXPECT="${arg#--}" ;;
+        --task=v[1-6]) TASK="${arg#--task=}"; TASK_SET=1 ;;
+        --task=*) echo "train_tiny.sh: error: --task expects v1 to v6, got" \
                        "'${arg#--task=}'" >&2
             exit 2 ;;
-        --from-v2=*|--from-v3=*) FROM="${arg#*=}"; FROM_FLAG="${arg%%=*}"
+        --from-v2=*|--from-v3=*|--from-v5=*) FROM="${arg#*=}"; FROM_FLAG="${arg%%=*}"
             FROM_FLAG="${FROM_FLAG#--}" ;;
         -h|--help) awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0" \
                        | sed 's/^# \{0,1\}//'; exit 0 ;;
         -*) echo "train_tiny.sh: error: unknown option $arg (expected --install, --task," \
-                 "--from-v2, --from-v3 or WORK_DIR)" >&2
+                 "--from-v2, --from-v3, --from-v5 or WORK_DIR)" >&2
             exit 2 ;;
         *) if [ -n "$WORK" ]; then
                echo "train_tiny.sh: error: one WORK_DIR only, got '$WORK' and '$arg'" >&2
@@ -99,6 +105,13 @@ if [ "$FROM_FLAG" = from-v2 ] && [ "$TASK_SET" = 0 ]; then
 fi
 if [ "$FROM_FLAG" = from-v2 ] && [ "$TASK" != v3 ]; then
     echo "train_tiny.sh: error: --from-v2 starts Stage 3c, which only task v3 has" >&2
+    exit 2
+fi
+if [ "$FROM_FLAG" = from-v5 ] && [ "$TASK_SET" = 0 ]; then
+    TASK=v6   # a v5 model starts Stage 3g, task v6's own stage
+fi
+if [ "$FROM_FLAG" = from-v5 ] && [ "$TASK" != v6 ]; then
+    echo "train_tiny.sh: error: --from-v5 starts Stage 3g, which only task v6 has" >&2
     exit 2
 fi
 if [ "$FROM_FLAG" = from-v3 ] && [ "$TASK" != v4 ] && [ "$TASK" != v5 ]; then
@@ -143,6 +156,7 @@ else
     [ "$TASK" = v3 ] && LAST=stage3c
     [ "$TASK" = v4 ] && LAST=stage3d
     [ "$TASK" = v5 ] && LAST=stage3f
+    [ "$TASK" = v6 ] && LAST=stage3g
     echo "trained weights: $WORK/$LAST/{model,routers}.safetensors; results: $WORK/results" \
          "(the shipped weights are unchanged; rerun with --install to replace them)" >&2
 fi

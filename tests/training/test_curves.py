@@ -58,3 +58,9 @@ def test_a_v5_run_from_v3_draws_stage3e_then_3f(tmp_path):
     _log(tmp_path / "stage3f", 2, 0.3)
     drawn, lines = _lines(tmp_path)
     assert len(drawn) == 4 and lines["loss (3e)"] == [10, 20] and lines["loss (3f)"] == [30, 40]
+
+
+def test_a_v6_run_from_v5_draws_stage3g_alone(tmp_path):
+    _log(tmp_path / "stage3g", 3, 0.4)
+    drawn, lines = _lines(tmp_path)
+    assert len(drawn) == 3 and lines["loss (3g)"] == [10, 20, 30]

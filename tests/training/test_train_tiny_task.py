@@ -3,7 +3,8 @@ weights') is the default, v4 v3's stages plus Stage 3d, v3 v2's plus Stage 3c, v
 task without Stage 3c, each in its own work folder, and with --install measures routing per
 factor into its own results file; --task v1 keeps the original task's sizes and folder;
 --from-v2 DIR starts Stage 3c from a finished v2 model, --from-v3 DIR Stage 3e (or with --task
-v4, Stage 3d) from a finished v3 model.
+v4, Stage 3d) from a finished v3 model, --from-v5 DIR task v6's Stage 3g from a finished v5
+model.
 A fake ``python`` on PATH records the calls (nothing is trained: conftest.run_train_tiny)."""
 
 
@@ -19,10 +20,12 @@ def test_task_v1_keeps_its_sizes_and_folder(tmp_path, run_train_tiny):
     assert arg(calls[0], "--work") == "runs/tiny"
 
 
-def test_task_v2_trains_in_its_own_folder_and_installs_per_factor_results(tmp_path, run_train_tiny):
+def test_task_v2_trains_in_its_own_folder_and_installs_per_factor_results(tmp_path,
+                                                                          run_train_tiny):
     for i, (form, task) in enumerate((([], "v5"), (["--task", "v2"], "v2"),
                                       (["--task=v2"], "v2"), (["--task", "v3"], "v3"),
-                                      (["--task=v4"], "v4"), (["--task=v5"], "v5"))):
+                                      (["--task=v4"], "v4"), (["--task=v5"], "v5"),
+                                      (["--task", "v6"], "v6"))):
         p, calls = run_train_tiny(tmp_path / f"form{i}", *form)
         assert p.returncode == 0, p.stderr
         assert arg(calls[0], "--task") == task and arg(calls[0], "--work") == f"runs/tiny_{task}"
@@ -46,7 +49,7 @@ def test_task_v2_trains_in_its_own_folder_and_installs_per_factor_results(tmp_pa
 
 
 def test_bad_task_is_one_line_and_exit_2(tmp_path, run_train_tiny):
-    for i, args in enumerate((["--task", "v6"], ["--task"], ["--task=x"])):
+    for i, args in enumerate((["--task", "v7"], ["--task"], ["--task=x"], ["--task=v0"])):
         p, calls = run_train_tiny(tmp_path / str(i), *args)
         assert p.returncode == 2 and calls == []
         assert len(p.stderr.strip().splitlines()) == 1 and "--task" in p.stderr
@@ -77,6 +80,20 @@ def test_from_v3_starts_stage3e_or_3d_from_a_finished_model(tmp_path, run_train_
         p, calls = run_train_tiny(tmp_path / str(i), *args)
         assert p.returncode == 2 and calls == []
         assert len(p.stderr.strip().splitlines()) == 1 and "--from-v3" in p.stderr
+
+
+def test_from_v5_starts_stage3g_from_a_finished_model(tmp_path, run_train_tiny):
+    for i, form in enumerate((["--from-v5", "v5w"], ["--from-v5=v5w"], ["--task", "v6",
+                                                                         "--from-v5", "v5w"])):
+        p, calls = run_train_tiny(tmp_path / f"ok{i}", *form, "w")
+        assert p.returncode == 0, p.stderr
+        assert arg(calls[0], "--task") == "v6" and arg(calls[0], "--from-model") == "v5w"
+        assert "stage3g" in p.stderr
+    for i, args in enumerate((["--task", "v5", "--from-v5", "d"], ["--from-v5"],
+                              ["--task", "v6", "--from-v3", "d"])):
+        p, calls = run_train_tiny(tmp_path / str(i), *args)
+        assert p.returncode == 2 and calls == []
+        assert len(p.stderr.strip().splitlines()) == 1 and "--from-v" in p.stderr
 
 
 def test_tiny_demo_writes_missing_videos_and_keeps_the_others(tmp_path):
@@ -172,3 +189,38 @@ def test_task_v5_continues_stage3c_on_every_video(tmp_path):
         got = cfg.to_dict()
         assert {k for k in d if d[k] != got[k]} <= {"model", "routers", "train_data",
                                                    "eval_data", "output_dir", "seed"}
+
+
+def test_task_v6_continues_stage3f_on_more_videos(tmp_path):
+    """Task v6's Stage 3g: Stage 3f's settings, from 3f's model (or a finished v5 model), on
+    the training videos and those of WORK/data_more in one file whose paths still resolve."""
+    import json
+    from vr_runtime.training.config import load_config
+    from vr_runtime.training.data import read_jsonl
+    from vr_runtime.training.tiny_demo import FROM_TASK, LATER_STAGES, _stage_config
+    work = tmp_path / "w"
+    data, more = work / "data", work / "data_more"
+    for folder, n in ((data, 2), (more, 3)):
+        (folder / "train").mkdir(parents=True)
+        rows = [{"id": f"train_v2_{i:05d}_0", "video": f"train/train_v2_{i:05d}.mp4",
+                 "conversations": [{"from": "human", "value": "<video>\nWhat shape is red?"},
+                                   {"from": "gpt", "value": "circle"}]} for i in range(n)]
+        (folder / "train_conversations.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in rows))
+        for r in rows:
+            (folder / r["video"]).write_bytes(b"")
+    assert LATER_STAGES["v6"][len(LATER_STAGES[FROM_TASK["v6"]]):] == ("3g",)
+    g = _stage_config("3g", str(data), str(work), "base", "r3f", "v6")
+    assert g.model == f"{work}/stage3f/hf" and g.routers == "r3f"
+    assert g.output_dir == f"{work}/stage3g"
+    assert _stage_config("3g", str(data), str(work), "b", "r", "v6", start="v5w").model == "v5w"
+    got = read_jsonl(g.train_data, "conversation")   # every video path resolves
+    assert [e.video for e in got] == [str(data / f"train/train_v2_{i:05d}.mp4") for i in (0, 1)] \
+        + [str(more / f"train/train_v2_{i:05d}.mp4") for i in range(3)]
+    ids = [json.loads(line)["id"] for line in open(g.train_data)]
+    assert len(set(ids)) == 5 and ids[2] == "data_more/train_v2_00000_0"
+    f = load_config("tiny_stage3f").to_dict()
+    d = g.to_dict()   # Stage 3f's settings but for the paths, the seed and the steps
+    assert {k for k in f if f[k] != d[k]} <= {"model", "routers", "train_data", "eval_data",
+                                              "output_dir", "seed", "max_steps"}
+    assert d["seed"] != f["seed"]

@@ -1,5 +1,5 @@
 """Training curves of the three stages as one PNG (from each stage's ``log.jsonl``; Stage 3's
-panel also draws its continuations 3b to 3f)."""
+panel also draws its continuations 3b to 3g)."""
 from __future__ import annotations
 
 import json
@@ -21,12 +21,14 @@ def read_log(path: str):
 def _stage3_segments(ax, runs_dir: str, keys) -> list:
     """Stage 3 and its continuations, one after the other on one step axis (3b: the plans of
     inference; 3c: the dense and long layouts; 3d: route supervision; 3e and 3f: the same on
-    every training video), a dotted line where each starts. A run that began at 3c, 3d or 3e
-    (``--from-v2``, ``--from-v3``) shows what it ran.
+    every training video; 3g: on three times the videos), a dotted line where each starts. A
+    run that began at 3c, 3d, 3e or 3g (``--from-v2``, ``--from-v3``, ``--from-v5``) shows what
+    it ran.
     Returns every record drawn."""
     drawn, offset = [], 0
     for name, tag in (("stage3", ""), ("stage3b", " (3b)"), ("stage3c", " (3c)"),
-                      ("stage3d", " (3d)"), ("stage3e", " (3e)"), ("stage3f", " (3f)")):
+                      ("stage3d", " (3d)"), ("stage3e", " (3e)"), ("stage3f", " (3f)"),
+                      ("stage3g", " (3g)")):
         log = read_log(os.path.join(runs_dir, name, "log.jsonl"))
         if not log:
             continue

@@ -5,16 +5,18 @@ synthetic data -> Stage 0 (tiny-only pretraining from the deterministic fill, ``
 the runtime makes at inference; configs ``tiny_stage{1,2,3,3b}``, clearly *not* the paper's
 values) [-> Stage 3c, tasks v3 to v5: Stage 3b continued with dense and long layouts,
 ``tiny_stage3c``, ``layouts.py``] [-> Stage 3d, task v4: route supervision (``route.py``)
-over dense dialogues, ``tiny_stage3d``] [-> Stages 3e and 3f, task v5: Stage 3d's settings on
-every training video, twice, ``tiny_stage3e``, ``tiny_stage3f``] -> held-out metrics JSON +
-curves PNG -> optionally copy ``model.safetensors`` and ``routers.safetensors`` into
-``vr_runtime/assets/tiny/``, where the runtime picks them up.
+over dense dialogues, ``tiny_stage3d``] [-> Stages 3e and 3f, tasks v5 and v6: Stage 3d's
+settings on every training video, twice, ``tiny_stage3e``, ``tiny_stage3f``] [-> Stage 3g,
+task v6: the same settings on three times the training videos, ``tiny_stage3g``] -> held-out
+metrics JSON + curves PNG -> optionally copy ``model.safetensors`` and
+``routers.safetensors`` into ``vr_runtime/assets/tiny/``, where the runtime picks them up.
 
 Task v3 is task v2's data and stages plus Stage 3c; task v4 is v3's plus Stage 3d; task v5
-is v3's plus Stages 3e and 3f. ``from_model`` starts from a finished model of the task before
-(a directory of ``config.json``, ``model.safetensors``, ``tokenizer.json``,
-``routers.safetensors``, as the shipped weights of each task were): task v3's Stage 3c from a
-v2 model, task v4's Stage 3d and task v5's Stage 3e from a v3 model.
+is v3's plus Stages 3e and 3f; task v6 is v5's plus Stage 3g. ``from_model`` starts from a
+finished model of the task before (a directory of ``config.json``, ``model.safetensors``,
+``tokenizer.json``, ``routers.safetensors``, as the shipped weights of each task were): task
+v3's Stage 3c from a v2 model, task v4's Stage 3d and task v5's Stage 3e from a v3 model, task
+v6's Stage 3g from a v5 model.
 """
 from __future__ import annotations
 
@@ -42,10 +44,15 @@ V2_TRAIN_BUDGET_FRACTION = [0.18, 0.48]
 # kept them; Stages 3e and 3f read every video, since 320 were few enough to learn by heart.
 V3_STAGE3C_VIDEOS = 320
 FIRST_VIDEOS_STAGES = ("3c", "3d")
+# Stage 3g reads 1,920 more training videos besides the 960 (another seed of the same train
+# split, in WORK/data_more): with the 960 the dense answers still learned pairs by heart.
+MORE_VIDEOS_STAGES = ("3g",)
+MORE_TRAIN, MORE_SEED = 1920, 7
 # The stages each task adds to task v2's (1, 2, 3, 3b); ``from_model`` starts at the first of
 # the task's own (those after the task before's).
-LATER_STAGES = {"v3": ("3c",), "v4": ("3c", "3d"), "v5": ("3c", "3e", "3f")}
-FROM_TASK = {"v3": "v2", "v4": "v3", "v5": "v3"}   # the task whose finished model ``from_model`` is
+LATER_STAGES = {"v3": ("3c",), "v4": ("3c", "3d"), "v5": ("3c", "3e", "3f"),
+                "v6": ("3c", "3e", "3f", "3g")}
+FROM_TASK = {"v3": "v2", "v4": "v3", "v5": "v3", "v6": "v5"}   # whose model ``from_model`` is
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "tiny")
 
@@ -82,17 +89,19 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
              task: str = "v1", from_model: Optional[str] = None) -> dict:
     """``task``: the synthetic task (``synthetic.generate``'s 'v1', the default, or 'v2': the
     factors real footage varies; its lines carry their own frame counts, which every stage
-    samples; 'v3': v2 plus Stage 3c; 'v4': v3 plus Stage 3d; 'v5': v3 plus Stages 3e and 3f).
-    ``from_model``: tasks v3 to v5, their own stages from that finished model of the task
-    before (``FROM_TASK``) instead of the stages before them."""
+    samples; 'v3': v2 plus Stage 3c; 'v4': v3 plus Stage 3d; 'v5': v3 plus Stages 3e and 3f;
+    'v6': v5 plus Stage 3g). ``from_model``: tasks v3 to v6, their own stages from that
+    finished model of the task before (``FROM_TASK``) instead of the stages before them."""
     if from_model and task not in FROM_TASK:
         raise ValueError(f"from_model: a finished model of the task before, so task "
                          f"{' or '.join(FROM_TASK)} only")
     data = os.path.join(work, "data")
     prepare_data(data, n_train, n_heldout, seed=seed, task="v1" if task == "v1" else "v2")
+    stages = (1, 2, 3, "3b") + LATER_STAGES.get(task, ())
+    if any(s in MORE_VIDEOS_STAGES for s in stages):
+        generate(os.path.join(work, "data_more"), MORE_TRAIN, seed=MORE_SEED, task="v2")
     summary = {"work": work, "task": task, "train_videos": n_train, "heldout_videos": n_heldout,
                "stages": {}}
-    stages = (1, 2, 3, "3b") + LATER_STAGES.get(task, ())
     if from_model:
         summary["from_model"] = from_model
         before = os.path.join(from_model, "training_metrics.json")
@@ -131,7 +140,8 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
 # continuation the conversations.
 _DATA_NAMES = {1: "relevance", 2: "policy"}
 # Each continued stage starts from the model of the stage before it (or ``from_model``).
-_BEFORE = {"3b": "stage3", "3c": "stage3b", "3d": "stage3c", "3e": "stage3c", "3f": "stage3e"}
+_BEFORE = {"3b": "stage3", "3c": "stage3b", "3d": "stage3c", "3e": "stage3c", "3f": "stage3e",
+           "3g": "stage3f"}
 
 
 def _stage_config(stage, data: str, work: str, base: str, prev, task: str,
@@ -153,6 +163,11 @@ def _stage_config(stage, data: str, work: str, base: str, prev, task: str,
     if stage in FIRST_VIDEOS_STAGES:
         cfg.train_data = first_videos(cfg.train_data, V3_STAGE3C_VIDEOS,
                                       os.path.join(data, "train_conversations_3c.jsonl"))
+    if stage in MORE_VIDEOS_STAGES:
+        more = os.path.join(os.path.dirname(data.rstrip("/")), "data_more")
+        cfg.train_data = combine_jsonl(
+            [cfg.train_data, os.path.join(more, "train_conversations.jsonl")],
+            os.path.join(data, "train_conversations_more.jsonl"))
     return cfg
 
 
@@ -167,6 +182,27 @@ def first_videos(path: str, n: int, out: str) -> str:
                 continue
             keep.add(video)
             lines.append(line)
+    write_lines_atomic(out, lines)
+    return out
+
+
+def combine_jsonl(paths, out: str) -> str:
+    """The lines of every file of ``paths`` in one file ``out``: each video path made relative
+    to ``out``'s folder (the paths of a line are relative to its file's), and each id of the
+    second file on prefixed with its folder's name, so that ids stay unique; returns ``out``."""
+    root, lines = os.path.dirname(os.path.abspath(out)), []
+    for k, path in enumerate(paths):
+        src = os.path.dirname(os.path.abspath(path))
+        with open(path) as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                rec = json.loads(line)
+                if not os.path.isabs(rec["video"]):
+                    rec["video"] = os.path.relpath(os.path.join(src, rec["video"]), root)
+                if k and "id" in rec:
+                    rec["id"] = f"{os.path.basename(src)}/{rec['id']}"
+                lines.append(json.dumps(rec) + "\n")
     write_lines_atomic(out, lines)
     return out
 
