@@ -29,7 +29,7 @@ from typing import Optional
 from ..data.synthetic_videos import generate
 from .checkpoints import write_json_atomic, write_lines_atomic
 from .config import load_config
-from .data import read_jsonl
+from .data import iter_jsonl, read_jsonl, write_jsonl
 from .evaluate import eval_policy, eval_relevance
 from .features import FeatureCache
 from .loop import build, train
@@ -47,7 +47,7 @@ FIRST_VIDEOS_STAGES = ("3c", "3d")
 # Stage 3g reads 1,920 more training videos besides the 960 (another seed of the same train
 # split, in WORK/data_more): with the 960 the dense answers still learned pairs by heart.
 MORE_VIDEOS_STAGES = ("3g",)
-MORE_TRAIN, MORE_SEED = 1920, 7
+MORE_TRAIN, MORE_SEED, MORE_DATA = 1920, 7, "data_more"
 # The stages each task adds to task v2's (1, 2, 3, 3b); ``from_model`` starts at the first of
 # the task's own (those after the task before's).
 LATER_STAGES = {"v3": ("3c",), "v4": ("3c", "3d"), "v5": ("3c", "3e", "3f"),
@@ -99,7 +99,7 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
     prepare_data(data, n_train, n_heldout, seed=seed, task="v1" if task == "v1" else "v2")
     stages = (1, 2, 3, "3b") + LATER_STAGES.get(task, ())
     if any(s in MORE_VIDEOS_STAGES for s in stages):
-        generate(os.path.join(work, "data_more"), MORE_TRAIN, seed=MORE_SEED, task="v2")
+        generate(os.path.join(work, MORE_DATA), MORE_TRAIN, seed=MORE_SEED, task="v2")
     summary = {"work": work, "task": task, "train_videos": n_train, "heldout_videos": n_heldout,
                "stages": {}}
     if from_model:
@@ -164,9 +164,8 @@ def _stage_config(stage, data: str, work: str, base: str, prev, task: str,
         cfg.train_data = first_videos(cfg.train_data, V3_STAGE3C_VIDEOS,
                                       os.path.join(data, "train_conversations_3c.jsonl"))
     if stage in MORE_VIDEOS_STAGES:
-        more = os.path.join(os.path.dirname(data.rstrip("/")), "data_more")
         cfg.train_data = combine_jsonl(
-            [cfg.train_data, os.path.join(more, "train_conversations.jsonl")],
+            [cfg.train_data, os.path.join(work, MORE_DATA, "train_conversations.jsonl")],
             os.path.join(data, "train_conversations_more.jsonl"))
     return cfg
 
@@ -190,20 +189,16 @@ def combine_jsonl(paths, out: str) -> str:
     """The lines of every file of ``paths`` in one file ``out``: each video path made relative
     to ``out``'s folder (the paths of a line are relative to its file's), and each id of the
     second file on prefixed with its folder's name, so that ids stay unique; returns ``out``."""
-    root, lines = os.path.dirname(os.path.abspath(out)), []
+    root, records = os.path.dirname(os.path.abspath(out)), []
     for k, path in enumerate(paths):
         src = os.path.dirname(os.path.abspath(path))
-        with open(path) as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                rec = json.loads(line)
-                if not os.path.isabs(rec["video"]):
-                    rec["video"] = os.path.relpath(os.path.join(src, rec["video"]), root)
-                if k and "id" in rec:
-                    rec["id"] = f"{os.path.basename(src)}/{rec['id']}"
-                lines.append(json.dumps(rec) + "\n")
-    write_lines_atomic(out, lines)
+        for _, rec in iter_jsonl(path, "training data"):
+            if not os.path.isabs(rec["video"]):
+                rec["video"] = os.path.relpath(os.path.join(src, rec["video"]), root)
+            if k and "id" in rec:
+                rec["id"] = f"{os.path.basename(src)}/{rec['id']}"
+            records.append(rec)
+    write_jsonl(out, records, atomic=True)
     return out
 
 
