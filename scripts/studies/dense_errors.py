@@ -1,6 +1,8 @@
 """What a method's wrong answers on the synthetic Video-MME layout say: for each wrong answer to a
 shape question, whether it named the shape of the video's *other* target (the question's colour
-bound to the wrong object), said ``none`` (the colour not found), or named another shape.
+bound to the wrong object), said ``none`` (the colour not found), or named another shape; and
+the shape questions split by whether the video's two targets share their shape (any binding
+answers those) or not (only a model that binds the colour to its object beats a coin there).
 
     python scripts/studies/dense_errors.py --data runs/tiny/videomme_syn/videomme \
         --runs studies/results/dense_route_tiny/stage3d ... --out errors.json [--method dense]
@@ -20,9 +22,9 @@ def _answer(row, letter: str) -> str:
 
 def breakdown(questions: dict, predictions: list, method: str) -> dict:
     rows = [p for p in predictions if p["method"] == method]
-    by_video = collections.defaultdict(list)
-    for p in rows:
-        by_video[p["video"]].append(p)
+    by_video = collections.defaultdict(dict)   # every method's rows: a video's questions
+    for p in predictions:
+        by_video[p["video"]][p["id"]] = p
     kinds = collections.Counter()
     for p in rows:
         q = questions[p["id"]]
@@ -30,10 +32,14 @@ def breakdown(questions: dict, predictions: list, method: str) -> dict:
         kind = "absent colour" if truth == "none" else (
             "shape" if q["task_type"] == "Object Recognition" else "other")
         kinds[f"{kind}: right" if p["correct"] else f"{kind}: wrong"] += 1
-        if kind != "shape" or p["correct"]:
+        if kind != "shape":
             continue
-        others = {_answer(questions[o["id"]], o["answer"]) for o in by_video[p["video"]]
+        others = {_answer(questions[o["id"]], o["answer"]) for o in by_video[p["video"]].values()
                   if o["id"] != p["id"] and questions[o["id"]]["task_type"] == q["task_type"]}
+        shapes = "two shapes" if others - {"none", truth} else "one shape"
+        kinds[f"shape, {shapes}: {'right' if p['correct'] else 'wrong'}"] += 1
+        if p["correct"]:
+            continue
         said = p["response"].strip()
         kinds["shape wrong: the other target's shape" if said in others - {"none"} else
               "shape wrong: none" if said.startswith("none") else

@@ -20,6 +20,8 @@ QUESTIONS = {
     "v-4": {"task_type": "Attribute Perception", "options": ["A. gray", "B. black"],
             "answer": "A"},
     "w-1": {"task_type": "Object Recognition", "options": OPTS, "answer": "C"},    # triangle
+    "u-1": {"task_type": "Object Recognition", "options": OPTS, "answer": "A"},    # two circles:
+    "u-2": {"task_type": "Object Recognition", "options": OPTS, "answer": "A"},    # no binding
 }
 
 
@@ -39,8 +41,18 @@ def test_wrong_shapes_are_told_apart():
     got = de.breakdown(QUESTIONS, preds, "dense")
     assert got == {"absent colour: right": 1, "other: right": 1, "shape: wrong": 3,
                    "shape wrong: the other target's shape": 1, "shape wrong: none": 1,
-                   "shape wrong: another shape": 1}
-    assert de.breakdown(QUESTIONS, preds, "auto") == {"shape: right": 1}
+                   "shape wrong: another shape": 1, "shape, two shapes: wrong": 2,
+                   "shape, one shape: wrong": 1}
+    assert de.breakdown(QUESTIONS, preds, "auto") == {"shape: right": 1,
+                                                      "shape, two shapes: right": 1}
+
+
+def test_shape_questions_split_by_whether_the_targets_share_their_shape():
+    preds = [_p("u-1", "A", "circle"), _p("u-2", "A", "circle"), _p("v-1", "A", "circle"),
+             _p("v-2", "A", "circle")]
+    got = de.breakdown(QUESTIONS, preds, "dense")
+    assert got["shape, one shape: right"] == 2 and got["shape, two shapes: right"] == 1
+    assert got["shape, two shapes: wrong"] == 1 and got["shape: right"] == 3
 
 
 def test_a_run_without_predictions_is_one_line(tmp_path):

@@ -8,8 +8,9 @@ import torch
 import vr_kernels
 from vr_kernels import pooled_counts
 from vr_runtime.training.config import ConfigError, load_config
-from vr_runtime.training.layouts import (dense_cap, dialogue_turns, global_twin, keep_evidence,
-                                        kept_rows, stretch, stretched_times)
+from vr_runtime.training.layouts import (CAPTION_QUESTION, caption_turn, dense_cap, dialogue_turns,
+                                        global_twin, keep_evidence, kept_rows, stretch,
+                                        stretched_times)
 from vr_runtime.training.stages import answer_sequence, dialogue_sequence
 from stage_helpers import stage3_trainee
 
@@ -188,6 +189,17 @@ def test_dense_dialogues_ask_only_what_the_kept_frames_show(tiny_lm):
     assert dialogue_turns(plan, dict(ex, turns=[])) == [(Q, "circle")]
 
 
+def _dense_lm_loss(tr, v, turns):
+    """The mean answer cross-entropy of ``turns`` about ``v``'s frames, all at full
+    resolution, by hand (the plain reference of Stage 3's LM loss)."""
+    T = v.shape[0]
+    ids, n_prompt, dest, pos, target = dialogue_sequence(tr.bb, turns, [1] * T)
+    emb = tr.pack(tr.project(v), [1] * T, tr.grid, tr.embed(torch.tensor(ids)), dest)
+    logits = tr.lm_logits(emb.unsqueeze(0), n_prompt - 1, pos)[0]
+    return torch.nn.functional.cross_entropy(logits.float(), torch.tensor(target),
+                                             ignore_index=-100).detach()
+
+
 def test_stage3_trains_a_dense_dialogue_only_when_asked(tiny_lm):
     """One Stage 3 step on a dense example with a sibling question: the dialogue's LM loss
     averages both answers' tokens (more tokens than one answer's), and with the option off the
@@ -210,13 +222,56 @@ def test_stage3_trains_a_dense_dialogue_only_when_asked(tiny_lm):
         assert torch.isfinite(out["loss"])
         losses[on] = float(out["l_lm"])
         turns = [(Q, "circle")] + ([("What is the background color?", "gray")] if on else [])
-        ids, n_prompt, dest, pos, target = dialogue_sequence(tr.bb, turns, [1] * T)
-        emb = tr.pack(tr.project(v), [1] * T, tr.grid, tr.embed(torch.tensor(ids)), dest)
-        logits = tr.lm_logits(emb.unsqueeze(0), n_prompt - 1, pos)[0]
-        want = torch.nn.functional.cross_entropy(logits.float(), torch.tensor(target),
-                                                 ignore_index=-100)
-        torch.testing.assert_close(out["l_lm"], want.detach(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out["l_lm"], _dense_lm_loss(tr, v, turns), rtol=1e-5,
+                                   atol=1e-5)
     assert losses[True] != losses[False]
+
+
+def test_a_caption_names_each_asked_color_with_its_shape():
+    turns = [(Q, "circle"), ("Look for the blue thing: what form is it?", "none"),
+             ("Which shape has the color green?", "triangle"),
+             ("What is the background color?", "gray"),
+             ("What shape is the large cyan object?", "square")]
+    seen = set()
+    for seed in range(20):
+        torch.manual_seed(seed)
+        q, caption = caption_turn(turns)
+        words = caption.split()
+        assert q == CAPTION_QUESTION and caption.startswith(" ")
+        assert dict(zip(words[::2], words[1::2])) == {"red": "circle", "blue": "no",
+                                                      "green": "triangle"}
+        seen.add(tuple(words[::2]))
+    assert len(seen) == 6                                # every order of the three colors
+    assert caption_turn([("What is the background color?", "gray")]) is None
+    assert caption_turn([("What shape is the big red object?", "circle")]) is None
+
+
+def test_each_caption_shape_is_one_token_after_its_color(tiny_lm):
+    tok = tiny_lm.tokenizer
+    torch.manual_seed(0)
+    _, caption = caption_turn([(Q, "circle"), ("What shape is the blue object?", "none")])
+    pieces = tok.convert_ids_to_tokens(tok(caption, add_special_tokens=False)["input_ids"])
+    assert [p.lstrip("Ġ") for p in pieces] == caption.split()
+
+
+def test_stage3_replaces_a_dense_dialogue_by_its_caption(tiny_lm):
+    """caption_turn_prob 1: the dense example's sequence is its caption alone (the LM loss of
+    that one turn, by hand); a plan that is not dense keeps its question."""
+    T = 3
+    tr = stage3_trainee(tiny_lm, dense_plan_prob=1.0, dense_plan_dialogue=True,
+                        caption_turn_prob=1.0, pool_pack_backend="torch")
+    proj = next(m for n, m in tr.model.named_modules() if n.endswith("multi_modal_projector"))
+    width = next(m for m in proj.modules() if isinstance(m, torch.nn.Linear)).in_features
+    v = torch.randn(T, 256, width, generator=torch.Generator().manual_seed(4))
+    q = torch.tensor(tr.tokenizer(Q, add_special_tokens=False)["input_ids"])
+    sib = [{"question": "What is the background color?", "answer": "gray"}]
+    ex = dict(_ex(T, (1,)), v=v, q_ids=q, times=None, turns=sib)
+    torch.manual_seed(5)
+    out = tr.stage3([ex])
+    turns = [(CAPTION_QUESTION, " red circle")]
+    torch.testing.assert_close(out["l_lm"], _dense_lm_loss(tr, v, turns), rtol=1e-5, atol=1e-5)
+    ids, n_prompt, _, _, _ = dialogue_sequence(tr.bb, turns, [1] * T)
+    assert tr.tokenizer.decode(ids[n_prompt:-1]).split() == ["red", "circle"]
 
 
 def test_dense_cap_is_the_int_or_a_draw_in_range():
@@ -266,7 +321,9 @@ def test_stage3_trains_on_a_long_layout(tiny_lm):
     ({"dense_plan_frames": -1}, "dense_plan_frames"),
     ({"dense_plan_frames": [0, 8]}, "dense_plan_frames"),
     ({"dense_plan_frames": [9, 8]}, "dense_plan_frames"),
-    ({"dense_plan_frames": [4, 8, 12]}, "dense_plan_frames")])
+    ({"dense_plan_frames": [4, 8, 12]}, "dense_plan_frames"),
+    ({"caption_turn_prob": 1.5, "dense_plan_dialogue": True}, "caption_turn_prob"),
+    ({"caption_turn_prob": 0.5}, "caption_turn_prob: a caption replaces a dense dialogue")])
 def test_bad_layout_settings_are_one_line(over, msg):
     with pytest.raises(ConfigError, match=msg):
         load_config("tiny_stage3", **over).validate()

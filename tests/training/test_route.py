@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from vr_runtime.training.config import ConfigError, load_config
-from vr_runtime.training.route import (answer_pairs, answer_rows, cue_word, evidence_rows,
-                                         turn_labels)
+from vr_runtime.training.route import (FrameSupervision, Laid, answer_pairs, answer_rows,
+                                         cue_word, evidence_rows, turn_labels)
 from vr_runtime.training.stages import dialogue_sequence
 from stage_helpers import stage3_trainee
 
@@ -175,3 +175,45 @@ def test_evidence_settings_fail_in_one_line(tiny_lm):
         load_config("tiny_stage3", exclusion_weight=1.0, exclusion_layers=[]).validate()
     with pytest.raises(ValueError, match="exclusion_layers: expected < 4 layers"):
         stage3_trainee(tiny_lm, exclusion_weight=1.0, exclusion_layers=[2, 4])
+
+
+def test_frame_pairs_are_visual_rows_and_their_own_frames_first_row():
+    visual = [10, 11, 12, 13, 16, 25, 26, 27]          # frames: 10-13, 16 (one row), 25-27
+    laid = Laid(None, [], 0, [], [], None, visual)
+    want = [(11, 10), (12, 10), (13, 10), (26, 25), (27, 25)]
+    assert FrameSupervision(rows=99).pairs(laid) == want
+    torch.manual_seed(0)
+    drawn = FrameSupervision(rows=3).pairs(laid)
+    assert len(drawn) == 3 and set(drawn) <= set(want)
+    assert FrameSupervision().pairs(Laid(None, [], 0, [], [], None, [])) == []
+
+
+def test_stage3_frame_loss_is_the_kl_from_uniform_over_the_frame_so_far():
+    T = 2
+    lm, v = _eager_lm_and_features(T, 6)
+    _, off, _ = _step(lm, v)
+    assert "l_frame" not in off
+    tr, on, _ = _step(lm, v, frame_weight=0.7, frame_layer=1, frame_head=2, frame_rows=10 ** 6)
+    torch.testing.assert_close(on["l_lm"], off["l_lm"])
+    torch.manual_seed(5)
+    turns = [TURNS[0]]        # the frame loss does not depend on the turns' order: only one
+    ids, n_prompt, dest, pos, target = dialogue_sequence(lm, turns, [1] * T)
+    emb = tr.pack(tr.project(v), [1] * T, tr.grid, tr.embed(torch.tensor(ids)), dest)
+    with torch.no_grad():
+        att = lm.decoder()(inputs_embeds=emb[None], output_attentions=True,
+                           return_dict=True).attentions[1][0, 2]
+    n = tr.grid[0] * tr.grid[1]
+    kl = [-att[r, d:r + 1].log().mean() - torch.log(torch.tensor(r + 1.0 - d))
+          for d in dest for r in range(d + 1, d + n)]
+    torch.testing.assert_close(on["l_frame"], torch.stack(kl).mean(), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(on["loss"], off["loss"] + 0.7 * on["l_frame"], atol=1e-5,
+                               rtol=1e-5)
+    on["loss"].backward()
+    assert lm.decoder().layers[1].self_attn.q_proj.weight.grad.abs().sum() > 0
+
+
+def test_frame_settings_fail_in_one_line(tiny_lm):
+    with pytest.raises(ConfigError, match="frame_weight, frame_layer"):
+        load_config("tiny_stage3", frame_rows=0).validate()
+    with pytest.raises(ValueError, match="frame_layer, frame_head"):
+        stage3_trainee(tiny_lm, frame_weight=1.0, frame_head=4)

@@ -98,12 +98,17 @@ class TrainConfig:
     dense_plan_dialogue: bool = False   # a dense example also asks every other question about
                                         # the same frames, as follow-up turns (answers trained;
                                         # layouts.dialogue_turns)
+    caption_turn_prob: float = 0.0      # tiny-only: a dense dialogue -> caption (layouts.py)
     route_weight: float = 0.0           # Stage 3 training, tiny-only departure: weight of the
                                         # route loss (training/route.py: head route_head of
                                         # decoder layer route_layer looks from each answer row
                                         # at the question's color word); 0: off
     route_layer: int = 1
     route_head: int = 0
+    frame_weight: float = 0.0           # tiny-only: route.FrameSupervision's weight; 0: off
+    frame_layer: int = 0                # its layer, head and rows drawn per sequence
+    frame_head: int = 3
+    frame_rows: int = 64
     evidence_weight: float = 0.0        # tiny-only departure: weight of the evidence loss
                                         # (training/route.py: head evidence_head of decoder
                                         # layer evidence_layer looks from each answer row at
@@ -260,24 +265,13 @@ class TrainConfig:
 
     def _check_layouts(self) -> None:
         """The dense and long training layouts (``layouts.py``)."""
-        for k in ("dense_plan_prob", "long_plan_prob"):
+        for k in ("dense_plan_prob", "long_plan_prob", "caption_turn_prob"):
             if not 0.0 <= getattr(self, k) <= 1.0:
                 raise ConfigError(f"{k}: expected in [0, 1], got {getattr(self, k)!r}")
         if self.dense_plan_prob + self.long_plan_prob > 1.0:
             raise ConfigError(f"dense_plan_prob + long_plan_prob: expected <= 1, got "
                               f"{self.dense_plan_prob} + {self.long_plan_prob}")
-        if self.route_weight < 0 or self.route_layer < 0 or self.route_head < 0:
-            raise ConfigError(f"route_weight, route_layer, route_head: expected >= 0, got "
-                              f"{self.route_weight}, {self.route_layer}, {self.route_head}")
-        if self.evidence_weight < 0 or self.evidence_layer < 0 or self.evidence_head < 0:
-            raise ConfigError(f"evidence_weight, evidence_layer, evidence_head: expected >= 0, "
-                              f"got {self.evidence_weight}, {self.evidence_layer}, "
-                              f"{self.evidence_head}")
-        if self.exclusion_weight < 0 or any(i < 0 for i in self.exclusion_layers) or \
-                (self.exclusion_weight and not self.exclusion_layers):
-            raise ConfigError(f"exclusion_weight, exclusion_layers: expected >= 0 (and a layer "
-                              f"when the weight is set), got "
-                              f"{self.exclusion_weight}, {self.exclusion_layers}")
+        _check_supervision(self)
         d = self.dense_plan_frames
         pair = isinstance(d, (list, tuple)) and len(d) == 2 and \
             all(isinstance(x, int) and not isinstance(x, bool) for x in d) and 1 <= d[0] <= d[1]
@@ -328,6 +322,29 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _check_supervision(cfg) -> None:
+    """The Stage 3 caption and attention supervisions (``layouts.caption_turn``, ``route.py``)."""
+    if cfg.caption_turn_prob and not cfg.dense_plan_dialogue:
+        raise ConfigError("caption_turn_prob: a caption replaces a dense dialogue; set "
+                          "dense_plan_dialogue to true as well (or caption_turn_prob to 0)")
+    if cfg.route_weight < 0 or cfg.route_layer < 0 or cfg.route_head < 0:
+        raise ConfigError(f"route_weight, route_layer, route_head: expected >= 0, got "
+                          f"{cfg.route_weight}, {cfg.route_layer}, {cfg.route_head}")
+    if cfg.evidence_weight < 0 or cfg.evidence_layer < 0 or cfg.evidence_head < 0:
+        raise ConfigError(f"evidence_weight, evidence_layer, evidence_head: expected >= 0, "
+                          f"got {cfg.evidence_weight}, {cfg.evidence_layer}, "
+                          f"{cfg.evidence_head}")
+    fr = (cfg.frame_weight, cfg.frame_layer, cfg.frame_head, cfg.frame_rows - 1)
+    if min(fr) < 0:
+        raise ConfigError(f"frame_weight, frame_layer, frame_head, frame_rows: expected >= 0 "
+                          f"(rows >= 1), got {fr[:3] + (cfg.frame_rows,)}")
+    if cfg.exclusion_weight < 0 or any(i < 0 for i in cfg.exclusion_layers) or \
+            (cfg.exclusion_weight and not cfg.exclusion_layers):
+        raise ConfigError(f"exclusion_weight, exclusion_layers: expected >= 0 (and a layer "
+                          f"when the weight is set), got "
+                          f"{cfg.exclusion_weight}, {cfg.exclusion_layers}")
 
 
 # Trackers the loop passes to accelerate (others are not installed with the project).

@@ -12,7 +12,8 @@ training data:
 
 Studies of the dense layout (``studies/results/dense_probe3_tiny/``) add a drawn dense cap
 (``dense_cap``), capped dense plans that keep the event's frames (``keep_evidence``) and dense
-*dialogues*, every question about the same frames in one sequence (``dialogue_turns``).
+*dialogues*, every question about the same frames in one sequence (``dialogue_turns``), and
+*captions* in their place (``caption_turn``).
 
 A long example is built from a short one without decoding anything: the example's frames are
 *stretched* to a virtual count ``T'``. Each relevant frame appears once or twice (a short event
@@ -122,6 +123,40 @@ def dialogue_turns(plan: Sequence[int], ex: dict) -> List[tuple]:
                     for k in torch.randperm(len(more)).tolist()]
 
 
+CAPTION_QUESTION = "What shape is each object?"
+CAPTION_ABSENT = "no"      # Stage 0's caption word for a color with no object (one token)
+
+
+def caption_turn(turns) -> Optional[tuple]:
+    """(question, caption) that stands in for a dense dialogue: every color its ``turns`` ask
+    about, in a random order, each followed by its object's shape or ``no``
+    (`` red circle blue no``), from those turns' own answers; None when no turn names one color
+    with one object.
+
+    Stage 0's caption (``pretrain.py``) in the multi-frame layout: the row of each color word
+    predicts its object's shape directly, so that row learns to find its color among every
+    frame. A question's answer trains that row only through the rows after it, and on dense
+    layouts the tiny answerer names either target's shape about evenly
+    (``docs/TRAINING_STUDIES.md``, task v7). The caption replaces the dialogue rather than
+    closing it: after the answers in text it could copy them from there. A same-color
+    distractor's question (a size word: "the large red object") is left out: that color has
+    two objects of two shapes."""
+    from vr_runtime.data.synthetic_videos import ABSENT_ANSWER, SHAPES, SIZE_WORDS
+    from .route import cue_word
+    pairs = {}
+    for q, a in turns:
+        color = cue_word(q)
+        words = set(q.lower().replace("?", " ").split())
+        if color is None or words & set(SIZE_WORDS) or a not in (*SHAPES, ABSENT_ANSWER):
+            continue
+        pairs[color] = CAPTION_ABSENT if a == ABSENT_ANSWER else a
+    if not pairs:
+        return None
+    colors = list(pairs)
+    order = torch.randperm(len(colors)).tolist()
+    return CAPTION_QUESTION, "".join(f" {colors[k]} {pairs[colors[k]]}" for k in order)
+
+
 def dense_cap(frames, gen: Optional[torch.Generator] = None) -> int:
     """The dense plan's frame cap: ``frames`` itself (an int; 0 for none), or drawn uniformly
     from ``[lo, hi]``, so dense examples come with few frames as well as many."""
@@ -138,4 +173,5 @@ def kept_rows(plan: Sequence, src: Sequence[int], dest: Sequence[int]):
 
 
 __all__ = ["stretch", "stretched_times", "draw_int", "global_twin", "keep_evidence",
-           "dialogue_turns", "dense_cap", "kept_rows"]
+           "dialogue_turns", "caption_turn", "CAPTION_QUESTION", "CAPTION_ABSENT", "dense_cap",
+           "kept_rows"]

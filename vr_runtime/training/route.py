@@ -18,6 +18,7 @@ Stage 3 adds them to its dense and long examples (``route_weight``, ``evidence_w
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
@@ -140,6 +141,43 @@ class ExclusionSupervision:
 
 
 @dataclass
+class FrameSupervision(OneHead):
+    """Head ``head`` of decoder layer ``layer``, at visual rows, trained to spread its attention
+    evenly over the rows of its own frame up to itself (the KL divergence from that uniform
+    distribution), at ``rows`` rows drawn per sequence. Why: an object's shape is in its
+    boundary cells and not in its interior ones (a linear readout from the interior cells'
+    mean is at chance, from the boundary cells' or the whole frame's mean exact:
+    ``studies/results/v7_steps/``), while a color word's attention picks the cells of its color,
+    the interior most. A row that has read its frame carries that frame's shape, so a
+    color-gated read of later layers gets the shape with the color."""
+    layer: int = 0
+    head: int = 3
+    weight: float = 1.0
+    rows: int = 64
+    name = "l_frame"
+    keys = "frame_layer, frame_head"
+
+    def pairs(self, laid: "Laid") -> List[Tuple[int, int]]:
+        """(visual row, its frame's first row), ``rows`` of them drawn among the visual rows
+        that are not their frame's first (frames: the runs of consecutive visual rows)."""
+        firsts, prev, first = [], None, None
+        for r in laid.visual:
+            first = r if prev is None or r != prev + 1 else first
+            if r != first:
+                firsts.append((r, first))
+            prev = r
+        if len(firsts) <= self.rows:
+            return firsts
+        return [firsts[i] for i in torch.randperm(len(firsts))[:self.rows].tolist()]
+
+    def loss(self, bb, captured: dict, pairs) -> torch.Tensor:
+        """Mean KL(uniform over the row's frame so far || the head's attention)."""
+        logp = layer_logp(bb, self.layer, captured, [r for r, _ in pairs])[self.head]
+        out = [-logp[i, s:r + 1].mean() - math.log(r + 1 - s) for i, (r, s) in enumerate(pairs)]
+        return torch.stack(out).mean()
+
+
+@dataclass
 class Laid:
     """What a supervision needs of one laid-out sequence (``stages.dialogue_sequence``):
     ``evidence`` holds, per turn, the visual rows of the frames its question is about (None:
@@ -219,6 +257,9 @@ def supervisions(cfg, bb) -> list:
                                        cfg.evidence_weight))
     if cfg.exclusion_weight:
         out.append(ExclusionSupervision(tuple(cfg.exclusion_layers), cfg.exclusion_weight))
+    if cfg.frame_weight:
+        out.append(FrameSupervision(cfg.frame_layer, cfg.frame_head, cfg.frame_weight,
+                                    cfg.frame_rows))
     for sup in out:
         route_bounds(bb, sup)
     return out
@@ -284,6 +325,7 @@ def answer_pairs(tok, ids: Sequence[int], n_prompt: int, targets: Sequence[int],
     return pairs
 
 
-__all__ = ["RouteSupervision", "EvidenceSupervision", "ExclusionSupervision", "Laid",
+__all__ = ["RouteSupervision", "EvidenceSupervision", "ExclusionSupervision", "FrameSupervision",
+           "Laid",
            "attention_inputs", "layer_logp", "cue_word", "route_bounds", "supervisions",
            "answer_rows", "answer_pairs", "evidence_rows", "turn_labels"]
