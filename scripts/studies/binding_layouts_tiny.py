@@ -86,8 +86,8 @@ def main(argv=None):
            "videos": a.videos, "models": {m: probe(m, a.videos) for m in a.models}}
     print(json.dumps(out["models"], indent=1))
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump(out, f, indent=2)
+        from vr_runtime.data.atomic import write_atomic
+        write_atomic(a.out, json.dumps(out, indent=2))   # whole or not at all, even if killed
 
 
 if __name__ == "__main__":

@@ -32,12 +32,11 @@ def frames(n: int, seed: int):
 
 
 @torch.no_grad()
-def means(bb, specs, projected: bool = True):
-    """{kind: [n, D] means of the projected tokens (or of the tower's features before the
-    projector)}, shape targets [n]."""
-    from vr_runtime.training.pretrain import frame_features, object_coverage
-    Z = frame_features(bb, specs).float()
-    Z = bb.project(Z) if projected else Z
+def means(bb, specs, V, projected: bool = True):
+    """{kind: [n, D] means of the projected tokens (or, ``projected`` False, of the tower's
+    features ``V`` of ``specs`` before the projector)}, shape targets [n]."""
+    from vr_runtime.training.pretrain import object_coverage
+    Z = bb.project(V) if projected else V
     rows = {k: [] for k in ("interior", "boundary", "coverage", "frame")}
     y = []
     for z, s in zip(Z, specs):
@@ -77,18 +76,21 @@ def main(argv=None):
         sys.exit(f"--train/--test: expected >= 30 frames each, got {a.train}/{a.test}")
     from vr_runtime.backbones import load_backbone
     bb = load_backbone(a.model)
+    from vr_runtime.training.pretrain import frame_features
     tr, te = frames(a.train, 0), frames(a.test, 1)
+    with torch.no_grad():       # the tower once per split; both readouts use its features
+        vtr, vte = frame_features(bb, tr).float(), frame_features(bb, te).float()
     res = {"what": "held-out linear shape readout (3 shapes, chance 1/3) from each mean of an "
                    "object's tokens, after the projector and before it (the vision tower's "
                    "features)", "command": "python " + " ".join(sys.argv),
            "model": a.model, "frames": {"train": a.train, "test": a.test}}
     for name, projected in (("projected", True), ("tower", False)):
-        (xtr, ytr), (xte, yte) = means(bb, tr, projected), means(bb, te, projected)
+        (xtr, ytr), (xte, yte) = means(bb, tr, vtr, projected), means(bb, te, vte, projected)
         res[name] = {k: round(readout(xtr[k], ytr, xte[k], yte), 3) for k in xtr}
         print(name, json.dumps(res[name]), flush=True)
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=2)
+        from vr_runtime.data.atomic import write_atomic
+        write_atomic(a.out, json.dumps(res, indent=2))   # whole or not at all, even if killed
 
 
 if __name__ == "__main__":
