@@ -26,3 +26,13 @@ def stage3_trainee(lm, **over):
     cfg = load_config("tiny_stage3", routers=None, plan_from="labels",
                       **{"random_plan_prob": 0.0, **over})
     return Trainee(lm, routers, cfg)
+
+
+def projector_features(model, T, seed=None):
+    """Random pre-projector features [T, 256, width] of ``T`` frames (what the feature cache
+    holds), ``width`` the input of ``model``'s projector; seeded when ``seed`` is given."""
+    import torch
+    proj = next(m for n, m in model.named_modules() if n.endswith("multi_modal_projector"))
+    width = next(m for m in proj.modules() if isinstance(m, torch.nn.Linear)).in_features
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    return torch.randn(T, 256, width, generator=gen)

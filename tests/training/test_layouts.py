@@ -12,7 +12,7 @@ from vr_runtime.training.layouts import (CAPTION_QUESTION, caption_turn, dense_c
                                         global_twin, keep_evidence, kept_rows, stretch,
                                         stretched_times)
 from vr_runtime.training.stages import answer_sequence, dialogue_sequence
-from stage_helpers import stage3_trainee
+from stage_helpers import projector_features, stage3_trainee
 
 Q = "What shape is the red object?"
 
@@ -210,10 +210,8 @@ def test_stage3_trains_a_dense_dialogue_only_when_asked(tiny_lm):
     for on in (False, True):
         tr = stage3_trainee(tiny_lm, dense_plan_prob=1.0, dense_plan_dialogue=on,
                             pool_pack_backend="torch")
-        proj = next(m for n, m in tr.model.named_modules() if n.endswith("multi_modal_projector"))
-        width = next(m for m in proj.modules() if isinstance(m, torch.nn.Linear)).in_features
         if v is None:
-            v = torch.randn(T, 256, width, generator=torch.Generator().manual_seed(3))
+            v = projector_features(tr.model, T, seed=3)
         q = torch.tensor(tr.tokenizer(Q, add_special_tokens=False)["input_ids"])
         sib = [{"question": "What is the background color?", "answer": "gray"}]
         ex = dict(_ex(T, (1,)), v=v, q_ids=q, times=None, turns=sib)
@@ -260,9 +258,7 @@ def test_stage3_replaces_a_dense_dialogue_by_its_caption(tiny_lm):
     T = 3
     tr = stage3_trainee(tiny_lm, dense_plan_prob=1.0, dense_plan_dialogue=True,
                         caption_turn_prob=1.0, pool_pack_backend="torch")
-    proj = next(m for n, m in tr.model.named_modules() if n.endswith("multi_modal_projector"))
-    width = next(m for m in proj.modules() if isinstance(m, torch.nn.Linear)).in_features
-    v = torch.randn(T, 256, width, generator=torch.Generator().manual_seed(4))
+    v = projector_features(tr.model, T, seed=4)
     q = torch.tensor(tr.tokenizer(Q, add_special_tokens=False)["input_ids"])
     sib = [{"question": "What is the background color?", "answer": "gray"}]
     ex = dict(_ex(T, (1,)), v=v, q_ids=q, times=None, turns=sib)
@@ -287,9 +283,7 @@ def test_stage3_trains_on_a_long_layout(tiny_lm):
     tr = stage3_trainee(tiny_lm, long_plan_prob=1.0, long_plan_frames=[150, 150],
                         long_plan_budget=[600, 600], pool_pack_backend="torch")
     T = 6
-    proj = next(m for n, m in tr.model.named_modules() if n.endswith("multi_modal_projector"))
-    width = next(m for m in proj.modules() if isinstance(m, torch.nn.Linear)).in_features
-    v = torch.randn(T, 256, width)                     # pre-projector features, as the cache holds
+    v = projector_features(tr.model, T)                # pre-projector features, as the cache holds
     q = torch.tensor(tr.tokenizer(Q, add_special_tokens=False)["input_ids"])
     ex = dict(_ex(T, (3,)), v=v, q_ids=q, times=None)
     torch.manual_seed(5)

@@ -9,7 +9,7 @@ from vr_runtime.training.config import ConfigError, load_config
 from vr_runtime.training.route import (FrameSupervision, Laid, answer_pairs, answer_rows,
                                          cue_word, evidence_rows, turn_labels)
 from vr_runtime.training.stages import dialogue_sequence
-from stage_helpers import stage3_trainee
+from stage_helpers import projector_features, stage3_trainee
 
 TURNS = [("What form is the red thing?", "circle"),
          ("What color is the canvas of the video?", "gray"),        # no color word: no pair
@@ -65,9 +65,7 @@ def _step(lm, v, sibling_labels=False, **over):
 def _eager_lm_and_features(T: int, seed: int):
     from vr_runtime.backbones.internvl3 import InternVL3Backbone
     lm = InternVL3Backbone.tiny(attn_implementation="eager")
-    proj = next(m for n, m in lm.model.named_modules() if n.endswith("multi_modal_projector"))
-    width = next(m for m in proj.modules() if isinstance(m, torch.nn.Linear)).in_features
-    return lm, torch.randn(T, 256, width, generator=torch.Generator().manual_seed(seed))
+    return lm, projector_features(lm.model, T, seed=seed)
 
 
 def test_stage3_route_loss_is_the_heads_attention_weight(monkeypatch):

@@ -187,23 +187,112 @@ def test_object_readout_is_the_coverage_weighted_mean_of_pooled_tokens(window, g
     torch.manual_seed(window)
     D, n = 12, grid[0] * grid[1]
     readout = s0.ObjectReadout(D)
-    Z = torch.randn(2, n, D)
-    objects = [[(torch.rand(n) * (torch.rand(n) > 0.5), 1, 2), (torch.rand(n), 4, 0)],
-               [(torch.rand(n), 0, 1)]]
+    Z, objects = _random_objects(n, D)
     Zp = pool_frames(Z, window, grid) if window > 1 else Z
     logits, colors, shapes = readout(Zp, objects, window, grid)
     assert colors.tolist() == [1, 4, 0] and shapes.tolist() == [2, 0, 1]
-
-    def plain_pool(x):   # mean over each window's cells that exist (ragged at the edges)
-        x = x.reshape(grid[0], grid[1], -1)
-        return torch.stack([x[i:i + window, j:j + window].reshape(-1, x.shape[-1]).mean(0)
-                            for i in range(0, grid[0], window)
-                            for j in range(0, grid[1], window)])
-
     rows = []
     for f, objs in enumerate(objects):
-        z = plain_pool(Z[f])
+        z = _plain_pool(Z[f], grid, window)
         for cov, _, _ in objs:
-            c = plain_pool(cov[:, None])[:, 0]
+            c = _plain_pool(cov[:, None], grid, window)[:, 0]
             rows.append((z * c[:, None]).sum(0) / c.sum())
     torch.testing.assert_close(logits, readout.linear(torch.stack(rows)), atol=1e-5, rtol=1e-5)
+
+
+def _random_objects(n, D):
+    """Two frames' tokens [2, n, D] and random objects (three, two in the first frame)."""
+    objects = [[(torch.rand(n) * (torch.rand(n) > 0.5), 1, 2), (torch.rand(n), 4, 0)],
+               [(torch.rand(n), 0, 1)]]
+    return torch.randn(2, n, D), objects
+
+
+def _plain_pool(x, grid, window):
+    """Mean over each window's cells that exist (ragged at the edges), row-major."""
+    x = x.reshape(grid[0], grid[1], -1)
+    return torch.stack([x[i:i + window, j:j + window].reshape(-1, x.shape[-1]).mean(0)
+                        for i in range(0, grid[0], window) for j in range(0, grid[1], window)])
+
+
+@pytest.mark.parametrize("window,grid", [(1, (16, 16)), (2, (16, 16)), (4, (16, 16)),
+                                         (3, (5, 7))])
+def test_cell_readout_reads_every_cell_an_object_covers_at_least_half(window, grid):
+    from vr_runtime.routing.routers import pool_frames
+    torch.manual_seed(10 + window)
+    D, n = 12, grid[0] * grid[1]
+    readout = s0.CellReadout(D)
+    Z, objects = _random_objects(n, D)
+    Zp = pool_frames(Z, window, grid) if window > 1 else Z
+    logits, colors, shapes = readout(Zp, objects, window, grid)
+    rows, want_c, want_s = [], [], []
+    for f, objs in enumerate(objects):
+        z = _plain_pool(Z[f], grid, window)
+        for cov, color, shape in objs:
+            c = _plain_pool(cov[:, None], grid, window)[:, 0]
+            for cell in range(len(c)):
+                if c[cell] >= 0.5:
+                    rows.append(z[cell]), want_c.append(color), want_s.append(shape)
+    assert colors.tolist() == want_c and shapes.tolist() == want_s and len(rows) > 3
+    torch.testing.assert_close(logits, readout.linear(torch.stack(rows)), atol=1e-5, rtol=1e-5)
+
+
+def test_cell_readout_falls_back_to_each_objects_fullest_cell():
+    readout = s0.CellReadout(4)
+    Z = torch.randn(1, 6, 4)
+    cov = torch.tensor([0.0, 0.1, 0.4, 0.2, 0.0, 0.0])      # too small to cover half a cell
+    logits, colors, shapes = readout(Z, [[(cov, 3, 1)]], 1, (2, 3))
+    assert colors.tolist() == [3] and shapes.tolist() == [1]
+    torch.testing.assert_close(logits, readout.linear(Z[0, 2:3]))
+
+
+def test_tower_phase_trains_the_tower_and_the_projector(tmp_path):
+    res, vision, moved = _short_run(tmp_path, tower_steps=2, tower_batch_size=2,
+                                    projector_readout="cells")
+    assert res["trainable"] == ["vision", "projector", "language"]
+    assert vision & moved and res["tower_s"] >= 0
+    assert res["config"]["projector_readout"] == "cells"
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"projector_readout": "mean"}, "projector_readout: expected one of coverage, cells"),
+    ({"tower_steps": -1}, "tower_steps, tower_batch_size"),
+    ({"tower_batch_size": 0}, "tower_steps, tower_batch_size"),
+    ({"tower_steps": 2, "train_vision": True}, "does not combine with train_vision")])
+def test_bad_tower_and_readout_settings_fail_in_one_line(kw, match):
+    with pytest.raises(ValueError, match=match) as err:
+        s0.PretrainConfig.load("tiny_stage0", **kw)
+    assert "\n" not in str(err.value)
+
+
+def test_binding_accuracy_counts_the_frames_whose_two_shapes_differ(monkeypatch):
+    # a reader that answers every frame right except those with two different shapes, where it
+    # says "no": binding 0, shape accuracy the share of the other frames' present answers
+    from vr_runtime.backbones.tiny import load_tiny_tokenizer
+    toks = s0.CaptionTokens(load_tiny_tokenizer())
+    rng = random.Random(4)
+    cfg = s0.PretrainConfig(two_shape_prob=0.6, empty_prob=0.1)
+    specs = [s0.random_frame_spec(rng, cfg) for _ in range(40)]
+    differ = [len({o.shape for o in sp.shapes}) == 2 for sp in specs]
+    assert any(differ) and not all(differ)
+    vocab = max(toks.ids.values()) + 1
+
+    def fake_batch(bb, V, bspecs, window, toks_, rng_, mode="color"):
+        ids, tgt = zip(*(toks_.encode(s0.caption(sp, rng_, mode)) for sp in bspecs))
+        return V, torch.tensor(tgt)
+
+    def fake_loss(bb, x, tgt, weight=None):
+        pred = torch.where(tgt == -100, toks.ids["no"], tgt)
+        pred[x[:, 0] > 0] = toks.ids["no"]
+        return None, torch.nn.functional.one_hot(pred, vocab).float()
+
+    monkeypatch.setattr(s0, "_batch", fake_batch)
+    monkeypatch.setattr(s0, "_loss", fake_loss)
+
+    class BB:
+        model = torch.nn.Linear(1, 1)
+
+    V = torch.tensor(differ, dtype=torch.float32)[:, None]
+    m = s0.evaluate(BB(), V, specs, toks, (1,), batch=7)["window_1"]
+    present = sum(len(sp.shapes) for sp in specs)
+    assert m["binding_queries"] == 2 * sum(differ) and m["binding_accuracy"] == 0.0
+    assert m["shape_accuracy"] == (present - 2 * sum(differ)) / present

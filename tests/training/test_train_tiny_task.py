@@ -25,7 +25,7 @@ def test_task_v2_trains_in_its_own_folder_and_installs_per_factor_results(tmp_pa
     for i, (form, task) in enumerate((([], "v5"), (["--task", "v2"], "v2"),
                                       (["--task=v2"], "v2"), (["--task", "v3"], "v3"),
                                       (["--task=v4"], "v4"), (["--task=v5"], "v5"),
-                                      (["--task", "v6"], "v6"))):
+                                      (["--task", "v6"], "v6"), (["--task=v8"], "v8"))):
         p, calls = run_train_tiny(tmp_path / f"form{i}", *form)
         assert p.returncode == 0, p.stderr
         assert arg(calls[0], "--task") == task and arg(calls[0], "--work") == f"runs/tiny_{task}"
@@ -49,7 +49,8 @@ def test_task_v2_trains_in_its_own_folder_and_installs_per_factor_results(tmp_pa
 
 
 def test_bad_task_is_one_line_and_exit_2(tmp_path, run_train_tiny):
-    for i, args in enumerate((["--task", "v7"], ["--task"], ["--task=x"], ["--task=v0"])):
+    for i, args in enumerate((["--task", "v7"], ["--task"], ["--task=x"], ["--task=v0"],
+                              ["--task=v7"], ["--task", "v9"])):
         p, calls = run_train_tiny(tmp_path / str(i), *args)
         assert p.returncode == 2 and calls == []
         assert len(p.stderr.strip().splitlines()) == 1 and "--task" in p.stderr
@@ -76,7 +77,8 @@ def test_from_v3_starts_stage3e_or_3d_from_a_finished_model(tmp_path, run_train_
     p, calls = run_train_tiny(tmp_path / "v4", "--task", "v4", "--from-v3", "v3w", "w")
     assert p.returncode == 0, p.stderr
     assert arg(calls[0], "--task") == "v4" and "stage3d" in p.stderr
-    for i, args in enumerate((["--task", "v3", "--from-v3", "d"], ["--from-v3"])):
+    for i, args in enumerate((["--task", "v3", "--from-v3", "d"], ["--from-v3"],
+                              ["--task", "v8", "--from-v3", "d"])):
         p, calls = run_train_tiny(tmp_path / str(i), *args)
         assert p.returncode == 2 and calls == []
         assert len(p.stderr.strip().splitlines()) == 1 and "--from-v3" in p.stderr
@@ -224,3 +226,34 @@ def test_task_v6_continues_stage3f_on_more_videos(tmp_path):
     assert {k for k in f if f[k] != d[k]} <= {"model", "routers", "train_data", "eval_data",
                                               "output_dir", "seed", "max_steps"}
     assert d["seed"] != f["seed"]
+
+
+def test_task_v8_is_task_v5_from_a_longer_stage0(tmp_path, monkeypatch, run_train_tiny):
+    """Task v8: Stage 0 from tiny_stage0b (tiny_stage0's settings with longer captions), then
+    task v5's stages, from scratch only; its final weights are Stage 3f's."""
+    import pytest
+    from vr_runtime.training import tiny_demo
+    from vr_runtime.training.pretrain import PretrainConfig
+    assert tiny_demo.LATER_STAGES["v8"] == tiny_demo.LATER_STAGES["v5"]
+    assert "v8" not in tiny_demo.FROM_TASK and "v7" not in tiny_demo.LATER_STAGES
+    a, b = PretrainConfig.load("tiny_stage0"), PretrainConfig.load("tiny_stage0b")
+    diff = {k for k, v in vars(a).items() if vars(b)[k] != v}
+    assert diff == {"steps", "output_dir"} and b.steps > a.steps
+    seen = []
+
+    def fake_pretrain(cfg, progress=True):
+        seen.append(cfg)
+        return {"metrics": {}}
+
+    monkeypatch.setattr(tiny_demo, "pretrain", fake_pretrain)
+    for task, steps in (("v5", a.steps), ("v8", b.steps)):
+        summary = {"stages": {}}
+        tiny_demo._stage0(str(tmp_path / task), summary, task)
+        assert seen[-1].steps == steps and seen[-1].output_dir == str(tmp_path / task / "stage0")
+        name = "tiny_stage0b" if task == "v8" else "tiny_stage0"
+        assert summary["stages"]["stage0"]["config"] == f"vr_runtime/configs/{name}.json"
+    with pytest.raises(ValueError, match="from_model"):
+        tiny_demo.run_tiny(str(tmp_path / "x"), task="v8", from_model="v5w")
+    p, calls = run_train_tiny(tmp_path / "sh", "--task", "v8", "w")
+    assert p.returncode == 0, p.stderr
+    assert arg(calls[0], "--task") == "v8" and "stage3f" in p.stderr

@@ -6,10 +6,20 @@ layers) builds on. The ``tiny`` preset starts from a deterministic random fill, 
 supplies that premise on the synthetic task's visual vocabulary. It is never run for a real
 checkpoint, and the paper's Stages 1-3 then run on its output unchanged.
 
-Two phases; the vision tower stays at its random fill (frozen, features computed once).
+Two phases (three with phase T); the vision tower stays at its random fill (frozen, features
+computed once) unless phase T trains it first.
+
+Phase T (``tower_steps``, off in the shipped config): the tower and the projector train on fresh
+frames with a ``CellReadout`` (every cell an object covers at least half names its color and
+shape). Why: in the random tower an interior cell's token says nothing of its object's shape,
+before or after any projector, so a color word's read of its color's cells cannot bind a shape
+(``scripts/studies/shape_cells_tiny.py``). Measured (``scripts/studies/tower_cells_tiny.py``,
+``studies/results/stage0_variants.json``): phase T carries the shape inward, and the LLM then
+binds worse than without it; more caption steps (phase B) are what bind.
 
 Phase A (``projector_steps``): the projector alone, with a linear ``ObjectReadout`` that names an
-object's color and shape from the coverage-weighted mean of its projected tokens, at a random
+object's color and shape from the coverage-weighted mean of its projected tokens (or, with
+``projector_readout`` "cells", the ``CellReadout`` of phase T), at a random
 pooling window. A mean over an object's tokens is what an attention head of the LLM reads when a
 color word attends to that color, so this hands the LLM a readout it can use. Without it the LLM
 learned color presence but not shapes from the captions (training README, Stage 0).
@@ -55,8 +65,11 @@ from vr_runtime.video.load import preprocess_frames
 
 from ..data.synthetic_videos import (BACKGROUNDS, COLORS, SHAPES, Shape, VideoSpec, render_frame,
                                      shape_mask)
-from .config import load_named_config
+from .config import ConfigError, load_named_config
 from .loop import save_llm
+
+READOUT_NAMES = ("coverage", "cells")   # phase A's readouts (``READOUTS``)
+
 
 @dataclass
 class PretrainConfig:
@@ -83,10 +96,31 @@ class PretrainConfig:
     # (the recipe before shapes were learned; measured in studies/results/stage0_variants.json).
     projector_steps: int = 3000
     projector_learning_rate: float = 3e-3
+    # Phase A's readout: "coverage" (``ObjectReadout``, shipped) or "cells" (``CellReadout``:
+    # every cell an object covers at least half names it, so interior cells must carry shape).
+    projector_readout: str = "coverage"
+    # Phase T (before the bank): the tower and the projector train on ``CellReadout`` on fresh
+    # frames; 0 (shipped): the tower stays at its random fill, whose interior cells carry no
+    # shape at all (studies/results/v8_steps/shape_cells.json; phase T carries it inward, and
+    # the LLM then binds worse: tower_cells.json and stage0_variants.json "tower_cells").
+    tower_steps: int = 0
+    tower_learning_rate: float = 5e-4
+    tower_batch_size: int = 16
     seed: int = 0
     threads: int = 0              # torch threads (0: leave as is)
     output_dir: str = "runs/tiny/stage0"
     log_every: int = 50
+
+    def __post_init__(self):
+        if self.projector_readout not in READOUT_NAMES:
+            raise ConfigError(f"projector_readout: expected one of {', '.join(READOUT_NAMES)}, "
+                              f"got {self.projector_readout!r}")
+        if self.tower_steps < 0 or self.tower_batch_size < 1:
+            raise ConfigError(f"tower_steps, tower_batch_size: expected >= 0 and >= 1, got "
+                              f"{self.tower_steps} and {self.tower_batch_size}")
+        if self.tower_steps and self.train_vision:
+            raise ConfigError("tower_steps trains the tower before the captions; it does not "
+                              "combine with train_vision (set one)")
 
     @classmethod
     def load(cls, name_or_path: str = "tiny_stage0", **overrides) -> "PretrainConfig":
@@ -203,6 +237,18 @@ def object_coverage(spec: VideoSpec, grid=(16, 16)) -> List[Tuple[torch.Tensor, 
     return out
 
 
+def pooled_objects(objects, window: int, grid):
+    """objects[i] = ``object_coverage`` of frame i -> every object's (frame [n_obj], coverage
+    pooled with ``window`` [n_obj, cells], color [n_obj], shape [n_obj]), pooled in one call."""
+    flat = [(f, cov, color, shape) for f, objs in enumerate(objects)
+            for cov, color, shape in objs]
+    frame, covs, colors, shapes = zip(*flat)
+    C = torch.stack(covs)
+    if window > 1:
+        C = pool_frames(C[..., None], window, grid)[..., 0]
+    return torch.tensor(frame), C, torch.tensor(colors), torch.tensor(shapes)
+
+
 class ObjectReadout(torch.nn.Module):
     """Phase A's probe: color and shape logits from the coverage-weighted mean of an object's
     projected tokens. A mean over the object's tokens is what one attention head of the LLM
@@ -216,14 +262,32 @@ class ObjectReadout(torch.nn.Module):
     def forward(self, Z: torch.Tensor, objects, window: int, grid) -> torch.Tensor:
         """Z [b, n, D] (already pooled with ``window``), objects[i] = ``object_coverage`` of frame
         i -> (logits [n_obj, colors + shapes], color targets, shape targets)."""
-        flat = [(f, cov, color, shape) for f, objs in enumerate(objects)
-                for cov, color, shape in objs]
-        frame, covs, colors, shapes = zip(*flat)
-        C = torch.stack(covs)                                  # [n_obj, H*W], pooled in one call
-        if window > 1:
-            C = pool_frames(C[..., None], window, grid)[..., 0]
-        rows = (Z[list(frame)] * (C / C.sum(1, keepdim=True))[..., None]).sum(1)
-        return self.linear(rows), torch.tensor(colors), torch.tensor(shapes)
+        frame, C, colors, shapes = pooled_objects(objects, window, grid)
+        rows = (Z[frame] * (C / C.sum(1, keepdim=True))[..., None]).sum(1)
+        return self.linear(rows), colors, shapes
+
+
+class CellReadout(torch.nn.Module):
+    """Color and shape logits from each cell an object covers at least half, one cell at a
+    time. Why: a color word's attention picks the cells of its color, the interior ones most;
+    with this readout those cells name the shape too (``ObjectReadout``'s coverage-weighted mean
+    leaves it in the boundary cells). A pooled cell is judged by its pooled coverage."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.linear = torch.nn.Linear(hidden, len(COLORS) + len(SHAPES))
+
+    def forward(self, Z: torch.Tensor, objects, window: int, grid) -> torch.Tensor:
+        """Z [b, n, D] (already pooled with ``window``), objects[i] = ``object_coverage`` of frame
+        i -> (logits [cells, colors + shapes], color targets, shape targets)."""
+        frame, C, colors, shapes = pooled_objects(objects, window, grid)
+        obj, cell = torch.nonzero(C >= 0.5, as_tuple=True)
+        if not len(obj):   # only objects too small to cover half a cell: the nearest cells
+            obj, cell = torch.arange(len(C)), C.argmax(1)
+        return self.linear(Z[frame[obj], cell]), colors[obj], shapes[obj]
+
+
+READOUTS = {"coverage": ObjectReadout, "cells": CellReadout}
 
 
 def _readout_loss(readout, bb, V, objects, window):
@@ -244,7 +308,7 @@ def pretrain_projector(bb, V, specs, cfg: "PretrainConfig", rng: random.Random, 
     (discarded afterwards), frames from the bank, a random window per step."""
     objects = [object_coverage(s, tuple(bb.grid)) for s in specs]
     with_objects = [i for i, o in enumerate(objects) if o]
-    readout = ObjectReadout(bb.model.config.text_config.hidden_size)
+    readout = READOUTS[cfg.projector_readout](bb.model.config.text_config.hidden_size)
     for p in bb.model.parameters():   # the projector alone: the tower's features are a bank
         p.requires_grad_(False)
     for p in bb.projector().parameters():
@@ -268,6 +332,45 @@ def pretrain_projector(bb, V, specs, cfg: "PretrainConfig", rng: random.Random, 
             log.write(json.dumps(rec) + "\n")
             if progress:
                 print(json.dumps({"stage0": rec}), flush=True)
+    return readout
+
+
+def pretrain_tower(bb, cfg: "PretrainConfig", rng: random.Random, log=None,
+                   progress: bool = False) -> CellReadout:
+    """Phase T: ``cfg.tower_steps`` AdamW steps on the tower (at ``tower_learning_rate``), the
+    projector and a ``CellReadout`` (discarded afterwards), fresh frames every step, full
+    resolution. Leaves every weight frozen."""
+    readout = CellReadout(bb.model.config.text_config.hidden_size)
+    tower, proj = bb.vision_tower(), bb.projector()
+    for p in bb.model.parameters():
+        p.requires_grad_(False)
+    for p in list(tower.parameters()) + list(proj.parameters()):
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW([{"params": list(tower.parameters()), "lr": cfg.tower_learning_rate},
+                             {"params": list(proj.parameters()) + list(readout.parameters())}],
+                            lr=cfg.projector_learning_rate, weight_decay=cfg.weight_decay)
+    t0 = time.time()
+    for step in range(cfg.tower_steps):
+        specs = [random_frame_spec(rng, cfg) for _ in range(cfg.tower_batch_size)]
+        objects = [object_coverage(s, tuple(bb.grid)) for s in specs]
+        keep = [i for i, o in enumerate(objects) if o]
+        if not keep:
+            continue
+        V = frame_features(bb, [specs[i] for i in keep], chunk=len(keep))
+        loss, _ = _readout_loss(readout, bb, V, [objects[i] for i in keep], 1)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        for g in opt.param_groups:   # per group, as the captions clip theirs
+            torch.nn.utils.clip_grad_norm_(g["params"], 1.0)
+        opt.step()
+        if log is not None and (step % cfg.log_every == 0 or step == cfg.tower_steps - 1):
+            rec = {"tower_step": step, "loss": round(loss.item(), 4),
+                   "elapsed_s": round(time.time() - t0, 1)}
+            log.write(json.dumps(rec) + "\n")
+            if progress:
+                print(json.dumps({"stage0": rec}), flush=True)
+    for p in bb.model.parameters():
+        p.requires_grad_(False)
     return readout
 
 
@@ -316,6 +419,8 @@ def evaluate(bb, V, specs, toks, windows, seed: int = 1, batch: int = 50) -> dic
 
     - ``presence_accuracy``: ``color`` captions, "is this color there" (answer != ``no``);
     - ``shape_accuracy``: ``color`` captions, the exact shape of each present color;
+    - ``binding_accuracy``: the same, on frames whose two objects differ in shape (a shape
+      named without its color's binding is a coin there);
     - ``locate_accuracy``: ``shape`` captions, the exact color (or ``no``) of each shape;
     - ``locate_present_accuracy``: the same, over the shapes that are there.
     """
@@ -324,8 +429,8 @@ def evaluate(bb, V, specs, toks, windows, seed: int = 1, batch: int = 50) -> dic
     out = {}
     for w in windows:
         rng = random.Random(seed)
-        c = dict.fromkeys(("pres", "pres_n", "shape", "shape_n", "loc", "loc_n", "locp",
-                           "locp_n"), 0)
+        c = dict.fromkeys(("pres", "pres_n", "shape", "shape_n", "bind", "bind_n", "loc",
+                           "loc_n", "locp", "locp_n"), 0)
         for mode in CAPTION_MODES:
             for i in range(0, len(specs), batch):
                 sl = slice(i, min(i + batch, len(specs)))
@@ -338,6 +443,10 @@ def evaluate(bb, V, specs, toks, windows, seed: int = 1, batch: int = 50) -> dic
                     c["pres_n"] += int(m.sum())
                     c["shape"] += int(ok[present].sum())
                     c["shape_n"] += int(present.sum())
+                    two = torch.tensor([len({o.shape for o in sp.shapes}) == 2
+                                        for sp in specs[sl]])[:, None] & present
+                    c["bind"] += int(ok[two].sum())
+                    c["bind_n"] += int(two.sum())
                 else:
                     c["loc"] += int(ok[m].sum())
                     c["loc_n"] += int(m.sum())
@@ -346,6 +455,8 @@ def evaluate(bb, V, specs, toks, windows, seed: int = 1, batch: int = 50) -> dic
         out[f"window_{w}"] = {
             "presence_accuracy": c["pres"] / max(1, c["pres_n"]),
             "shape_accuracy": c["shape"] / max(1, c["shape_n"]),
+            "binding_accuracy": c["bind"] / max(1, c["bind_n"]),
+            "binding_queries": c["bind_n"],
             "locate_accuracy": c["loc"] / max(1, c["loc_n"]),
             "locate_present_accuracy": c["locp"] / max(1, c["locp_n"]),
             "queries": c["pres_n"] + c["loc_n"]}
@@ -361,13 +472,17 @@ def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict:
     bb = InternVL3Backbone.tiny(device="cpu", dtype=torch.float32)
     init_weights_(bb.model, 0)   # from scratch: never the shipped weights
     toks = CaptionTokens(bb.tokenizer)
+    os.makedirs(cfg.output_dir, exist_ok=True)
+    log = open(os.path.join(cfg.output_dir, "log.jsonl"), "w")
+    t0 = time.time()
+    if cfg.tower_steps:   # phase T: the tower learns before its features are banked
+        pretrain_tower(bb, cfg, random.Random(f"stage0-tower-{cfg.seed}"), log, progress)
+    tower_s = time.time() - t0
     t0 = time.time()
     V = specs = None
     if not cfg.train_vision:   # the tower is fixed: encode a bank of frames once
         V, specs = render_bank(cfg.frames, cfg, cfg.seed, bb)
     bank_s = time.time() - t0
-    os.makedirs(cfg.output_dir, exist_ok=True)
-    log = open(os.path.join(cfg.output_dir, "log.jsonl"), "w")
     readout, projector_s = None, 0.0
     if cfg.projector_steps:
         if cfg.train_vision:
@@ -389,8 +504,10 @@ def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict:
         metrics["projector_readout"] = evaluate_readout(readout, bb, Vh, specs_h, cfg.windows)
     save_llm(bb.model, bb.tokenizer, cfg.output_dir)
     result = {"metrics": metrics, "global_step": cfg.steps, "bank_s": round(bank_s, 1),
+              **({"tower_s": round(tower_s, 1)} if cfg.tower_steps else {}),
               "projector_s": round(projector_s, 1), "train_s": round(train_s, 1),
-              "trainable": (["vision"] if cfg.train_vision else []) + ["projector", "language"],
+              "trainable": (["vision"] if cfg.train_vision or cfg.tower_steps else [])
+              + ["projector", "language"],
               "projector_frozen_in_captions": bool(cfg.projector_steps),
               "config": dataclasses.asdict(cfg)}
     with open(os.path.join(cfg.output_dir, "metrics.json"), "w") as f:
@@ -458,4 +575,5 @@ def _caption_steps(bb, cfg: PretrainConfig, V, specs, toks, opt, sched, log, pro
 
 __all__ = ["PretrainConfig", "pretrain", "random_frame_spec", "caption", "CaptionTokens",
            "render_bank", "frame_features", "evaluate", "shape_answer_weight", "CAPTION_MODES",
-           "object_coverage", "ObjectReadout", "pretrain_projector", "evaluate_readout"]
+           "object_coverage", "pooled_objects", "ObjectReadout", "CellReadout", "READOUTS",
+           "pretrain_projector", "pretrain_tower", "evaluate_readout"]

@@ -7,12 +7,14 @@ values) [-> Stage 3c, tasks v3 to v5: Stage 3b continued with dense and long lay
 ``tiny_stage3c``, ``layouts.py``] [-> Stage 3d, task v4: route supervision (``route.py``)
 over dense dialogues, ``tiny_stage3d``] [-> Stages 3e and 3f, tasks v5 and v6: Stage 3d's
 settings on every training video, twice, ``tiny_stage3e``, ``tiny_stage3f``] [-> Stage 3g,
-task v6: the same settings on three times the training videos, ``tiny_stage3g``] -> held-out
+task v6: the same settings on three times the training videos, ``tiny_stage3g``] (task v8:
+task v5's stages from a longer Stage 0, ``tiny_stage0b``) -> held-out
 metrics JSON + curves PNG -> optionally copy ``model.safetensors`` and
 ``routers.safetensors`` into ``vr_runtime/assets/tiny/``, where the runtime picks them up.
 
 Task v3 is task v2's data and stages plus Stage 3c; task v4 is v3's plus Stage 3d; task v5
-is v3's plus Stages 3e and 3f; task v6 is v5's plus Stage 3g. ``from_model`` starts from a
+is v3's plus Stages 3e and 3f; task v6 is v5's plus Stage 3g; task v8 is v5's from Stage 0
+``tiny_stage0b`` (from scratch only: every stage sits on Stage 0). ``from_model`` starts from a
 finished model of the task before (a directory of ``config.json``, ``model.safetensors``,
 ``tokenizer.json``, ``routers.safetensors``, as the shipped weights of each task were): task
 v3's Stage 3c from a v2 model, task v4's Stage 3d and task v5's Stage 3e from a v3 model, task
@@ -51,7 +53,12 @@ MORE_TRAIN, MORE_SEED, MORE_DATA = 1920, 7, "data_more"
 # The stages each task adds to task v2's (1, 2, 3, 3b); ``from_model`` starts at the first of
 # the task's own (those after the task before's).
 LATER_STAGES = {"v3": ("3c",), "v4": ("3c", "3d"), "v5": ("3c", "3e", "3f"),
-                "v6": ("3c", "3e", "3f", "3g")}
+                "v6": ("3c", "3e", "3f", "3g"), "v8": ("3c", "3e", "3f")}
+# Stage 0's config per task (default ``tiny_stage0``). Task v8 is task v5 from a Stage 0 whose
+# captions run eight times as long: at 800 steps the LLM names the shape of a colour in a frame
+# of two different shapes 73% of the time, and that binding is what the dense answers lack
+# (docs/TRAINING_STUDIES.md, task v8; task v7 was a study with no recipe of its own).
+STAGE0_CONFIGS = {"v8": "tiny_stage0b"}
 FROM_TASK = {"v3": "v2", "v4": "v3", "v5": "v3", "v6": "v5"}   # whose model ``from_model`` is
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "tiny")
@@ -67,9 +74,11 @@ def prepare_data(data: str, n_train: int, n_heldout: int, seed: int = 0,
         generate(data, n, seed=seed, split=split, task=task)
 
 
-def _stage0(work: str, summary: dict) -> str:
-    """Stage 0 into ``work/stage0`` (reused when finished); returns the model directory."""
-    cfg = PretrainConfig.load("tiny_stage0", output_dir=os.path.join(work, "stage0"))
+def _stage0(work: str, summary: dict, task: str = "v1") -> str:
+    """Stage 0 (the task's config, ``STAGE0_CONFIGS``) into ``work/stage0`` (reused when
+    finished); returns the model directory."""
+    name = STAGE0_CONFIGS.get(task, "tiny_stage0")
+    cfg = PretrainConfig.load(name, output_dir=os.path.join(work, "stage0"))
     hf = os.path.join(cfg.output_dir, "hf")
     done = os.path.join(cfg.output_dir, "metrics.json")
     if os.path.isfile(done) and os.path.isdir(hf):
@@ -79,7 +88,7 @@ def _stage0(work: str, summary: dict) -> str:
         t0 = time.time()
         res = pretrain(cfg)
         res["wall_s"] = round(time.time() - t0, 1)
-    summary["stages"]["stage0"] = dict(res, config="vr_runtime/configs/tiny_stage0.json")
+    summary["stages"]["stage0"] = dict(res, config=f"vr_runtime/configs/{name}.json")
     print(json.dumps({"stage0": res["metrics"]}, indent=2))
     return hf
 
@@ -90,8 +99,9 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
     """``task``: the synthetic task (``synthetic.generate``'s 'v1', the default, or 'v2': the
     factors real footage varies; its lines carry their own frame counts, which every stage
     samples; 'v3': v2 plus Stage 3c; 'v4': v3 plus Stage 3d; 'v5': v3 plus Stages 3e and 3f;
-    'v6': v5 plus Stage 3g). ``from_model``: tasks v3 to v6, their own stages from that
-    finished model of the task before (``FROM_TASK``) instead of the stages before them."""
+    'v6': v5 plus Stage 3g; 'v8': v5 from Stage 0 ``tiny_stage0b``). ``from_model``: tasks v3
+    to v6, their own stages from that finished model of the task before (``FROM_TASK``)
+    instead of the stages before them."""
     if from_model and task not in FROM_TASK:
         raise ValueError(f"from_model: a finished model of the task before, so task "
                          f"{' or '.join(FROM_TASK)} only")
@@ -113,7 +123,7 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
         own = LATER_STAGES[task][len(LATER_STAGES.get(FROM_TASK[task], ())):]
         prev, stages, base = os.path.join(from_model, "routers.safetensors"), own, None
     else:
-        base = _stage0(work, summary)   # every stage starts from Stage 0's model
+        base = _stage0(work, summary, task)   # every stage starts from Stage 0's model
         prev = None
     for stage in stages:
         start = from_model if from_model and stage == stages[0] else None
