@@ -212,17 +212,23 @@ def test_stage3_trains_a_dense_dialogue_only_when_asked(tiny_lm):
                             pool_pack_backend="torch")
         if v is None:
             v = projector_features(tr.model, T, seed=3)
-        q = torch.tensor(tr.tokenizer(Q, add_special_tokens=False)["input_ids"])
-        sib = [{"question": "What is the background color?", "answer": "gray"}]
-        ex = dict(_ex(T, (1,)), v=v, q_ids=q, times=None, turns=sib)
-        torch.manual_seed(5)
-        out = tr.stage3([ex])
+        out = _dense_dialogue_step(tr, v)
         assert torch.isfinite(out["loss"])
         losses[on] = float(out["l_lm"])
         turns = [(Q, "circle")] + ([("What is the background color?", "gray")] if on else [])
         torch.testing.assert_close(out["l_lm"], _dense_lm_loss(tr, v, turns), rtol=1e-5,
                                    atol=1e-5)
     assert losses[True] != losses[False]
+
+
+def _dense_dialogue_step(tr, v):
+    """One Stage 3 step (seeded) on a red-circle example over ``v``'s frames, the first
+    relevant, with one sibling question about the background."""
+    q = torch.tensor(tr.tokenizer(Q, add_special_tokens=False)["input_ids"])
+    sib = [{"question": "What is the background color?", "answer": "gray"}]
+    ex = dict(_ex(len(v), (1,)), v=v, q_ids=q, times=None, turns=sib)
+    torch.manual_seed(5)
+    return tr.stage3([ex])
 
 
 def test_a_caption_names_each_asked_color_with_its_shape():
@@ -259,11 +265,7 @@ def test_stage3_replaces_a_dense_dialogue_by_its_caption(tiny_lm):
     tr = stage3_trainee(tiny_lm, dense_plan_prob=1.0, dense_plan_dialogue=True,
                         caption_turn_prob=1.0, pool_pack_backend="torch")
     v = projector_features(tr.model, T, seed=4)
-    q = torch.tensor(tr.tokenizer(Q, add_special_tokens=False)["input_ids"])
-    sib = [{"question": "What is the background color?", "answer": "gray"}]
-    ex = dict(_ex(T, (1,)), v=v, q_ids=q, times=None, turns=sib)
-    torch.manual_seed(5)
-    out = tr.stage3([ex])
+    out = _dense_dialogue_step(tr, v)
     turns = [(CAPTION_QUESTION, " red circle")]
     torch.testing.assert_close(out["l_lm"], _dense_lm_loss(tr, v, turns), rtol=1e-5, atol=1e-5)
     ids, n_prompt, _, _, _ = dialogue_sequence(tr.bb, turns, [1] * T)

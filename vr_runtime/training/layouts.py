@@ -157,6 +157,17 @@ def caption_turn(turns) -> Optional[tuple]:
     return CAPTION_QUESTION, "".join(f" {colors[k]} {pairs[colors[k]]}" for k in order)
 
 
+def captioned(turns, plan: Sequence[int], prob: float) -> list:
+    """``turns``, or with probability ``prob`` on a dense ``plan`` (every kept frame at full
+    resolution: windows 0 and 1 only) the one turn of their caption (``caption_turn``) when
+    they have one. No random draw at ``prob`` 0, so runs without captions are as before."""
+    if prob and not set(plan) - {0, 1} and torch.rand(()).item() < prob:
+        caption = caption_turn(turns)
+        if caption:
+            return [caption]
+    return turns
+
+
 def dense_cap(frames, gen: Optional[torch.Generator] = None) -> int:
     """The dense plan's frame cap: ``frames`` itself (an int; 0 for none), or drawn uniformly
     from ``[lo, hi]``, so dense examples come with few frames as well as many."""
@@ -173,5 +184,5 @@ def kept_rows(plan: Sequence, src: Sequence[int], dest: Sequence[int]):
 
 
 __all__ = ["stretch", "stretched_times", "draw_int", "global_twin", "keep_evidence",
-           "dialogue_turns", "caption_turn", "CAPTION_QUESTION", "CAPTION_ABSENT", "dense_cap",
-           "kept_rows"]
+           "dialogue_turns", "caption_turn", "captioned", "CAPTION_QUESTION", "CAPTION_ABSENT",
+           "dense_cap", "kept_rows"]

@@ -302,10 +302,20 @@ def _readout_loss(readout, bb, V, objects, window):
                   "shape_accuracy": (logits[:, nc:].argmax(-1) == shapes).float().mean().item()}
 
 
+def _log_record(log, rec: dict, progress: bool) -> None:
+    """One line of a Stage 0 phase's log (flushed: a killed run keeps what it logged), echoed
+    to stdout with ``progress``."""
+    log.write(json.dumps(rec) + "\n")
+    log.flush()
+    if progress:
+        print(json.dumps({"stage0": rec}), flush=True)
+
+
 def pretrain_projector(bb, V, specs, cfg: "PretrainConfig", rng: random.Random, log=None,
-                       progress: bool = False) -> ObjectReadout:
-    """Phase A: ``cfg.projector_steps`` AdamW steps on the projector and an ``ObjectReadout``
-    (discarded afterwards), frames from the bank, a random window per step."""
+                       progress: bool = False) -> torch.nn.Module:
+    """Phase A: ``cfg.projector_steps`` AdamW steps on the projector and the readout named by
+    ``cfg.projector_readout`` (``READOUTS``; discarded afterwards), frames from the bank, a
+    random window per step."""
     objects = [object_coverage(s, tuple(bb.grid)) for s in specs]
     with_objects = [i for i, o in enumerate(objects) if o]
     readout = READOUTS[cfg.projector_readout](bb.model.config.text_config.hidden_size)
@@ -327,11 +337,8 @@ def pretrain_projector(bb, V, specs, cfg: "PretrainConfig", rng: random.Random, 
         opt.step()
         if log is not None and (step % (cfg.log_every * 4) == 0
                                 or step == cfg.projector_steps - 1):
-            rec = {"projector_step": step, "loss": round(loss.item(), 4),
-                   "elapsed_s": round(time.time() - t0, 1)}
-            log.write(json.dumps(rec) + "\n")
-            if progress:
-                print(json.dumps({"stage0": rec}), flush=True)
+            _log_record(log, {"projector_step": step, "loss": round(loss.item(), 4),
+                              "elapsed_s": round(time.time() - t0, 1)}, progress)
     return readout
 
 
@@ -364,11 +371,8 @@ def pretrain_tower(bb, cfg: "PretrainConfig", rng: random.Random, log=None,
             torch.nn.utils.clip_grad_norm_(g["params"], 1.0)
         opt.step()
         if log is not None and (step % cfg.log_every == 0 or step == cfg.tower_steps - 1):
-            rec = {"tower_step": step, "loss": round(loss.item(), 4),
-                   "elapsed_s": round(time.time() - t0, 1)}
-            log.write(json.dumps(rec) + "\n")
-            if progress:
-                print(json.dumps({"stage0": rec}), flush=True)
+            _log_record(log, {"tower_step": step, "loss": round(loss.item(), 4),
+                              "elapsed_s": round(time.time() - t0, 1)}, progress)
     for p in bb.model.parameters():
         p.requires_grad_(False)
     return readout
@@ -565,12 +569,9 @@ def _caption_steps(bb, cfg: PretrainConfig, V, specs, toks, opt, sched, log, pro
         opt.step()
         sched.step()
         if step % cfg.log_every == 0 or step == cfg.steps - 1:
-            rec = {"step": step, "loss": round(loss.item(), 4), "lr": sched.get_last_lr()[0],
-                   "elapsed_s": round(time.time() - t1, 1)}
-            log.write(json.dumps(rec) + "\n")
-            log.flush()
-            if progress:
-                print(json.dumps({"stage0": rec}), flush=True)
+            _log_record(log, {"step": step, "loss": round(loss.item(), 4),
+                              "lr": sched.get_last_lr()[0],
+                              "elapsed_s": round(time.time() - t1, 1)}, progress)
 
 
 __all__ = ["PretrainConfig", "pretrain", "random_frame_spec", "caption", "CaptionTokens",

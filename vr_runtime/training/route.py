@@ -149,7 +149,8 @@ class FrameSupervision(OneHead):
     mean is at chance, from the boundary cells' or the whole frame's mean exact:
     ``studies/results/v7_steps/``), while a color word's attention picks the cells of its color,
     the interior most. A row that has read its frame carries that frame's shape, so a
-    color-gated read of later layers gets the shape with the color."""
+    color-gated read of later layers gets the shape with the color. Measured, it does not bind
+    the dense answers (``studies/results/v7_steps/I_frame``)."""
     layer: int = 0
     head: int = 3
     weight: float = 1.0

@@ -27,8 +27,8 @@ from vr_runtime.backbones.base import deepstack_kwargs
 from vr_runtime.backbones.prompt import CHATML, plan_dest
 from vr_runtime.planning.policies import Windows, get_planner, plan_fitted, relevant_from_logits
 
-from .layouts import (caption_turn, dense_cap, dialogue_turns, draw_int, global_twin,
-                      keep_evidence, kept_rows, stretch, stretched_times)
+from .layouts import (captioned, dense_cap, dialogue_turns, draw_int, global_twin, keep_evidence,
+                      kept_rows, stretch, stretched_times)
 from .route import Laid, attention_inputs, evidence_rows, supervisions, turn_labels
 
 GROUPS = ("vision", "projector", "language", "extractor", "semantic", "image")
@@ -412,9 +412,7 @@ class Trainee(nn.Module):
             plan, src, times = self.layout(pol.detach()[0], fr_all, ex)
             turns = dialogue_turns(plan, ex) if c.dense_plan_dialogue else \
                 [(ex["question"], ex["answer"])]
-            if c.caption_turn_prob and not set(plan) - {0, 1} and \
-                    torch.rand(()).item() < c.caption_turn_prob:   # no draw at 0: as before
-                turns = [t for t in [caption_turn(turns)] if t] or turns
+            turns = captioned(turns, plan, c.caption_turn_prob)
             labels = turn_labels(turns, ex, src) if self.supervision else None
             ce, n, aux = sequence_loss(self, Z, turns, plan, src, times, labels)
             lm_losses.append(ce)
