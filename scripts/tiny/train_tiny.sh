@@ -37,8 +37,9 @@
 #       answers (docs/TRAINING_STUDIES.md, task v6).
 #       v8: v5's stages from a longer Stage 0 (vr_runtime/configs/tiny_stage0b.json: its
 #       captions eight times as long, so the LLM binds a color to its shape before Stage 1;
-#       docs/TRAINING_STUDIES.md, task v8). From scratch only. (Task v7 was a study of the
-#       dense answers with no recipe of its own.)
+#       docs/TRAINING_STUDIES.md, task v8). From scratch only. Not shipped: its dense answers
+#       stayed at 85% (studies/results/v8_steps/retrain/). (Task v7 was a study of the dense
+#       answers with no recipe of its own.)
 #       --task v1: the original task (square, near-lossless H.264, static, 2 targets, 16
 #       frames), 480 training videos and 60 held out.
 #       Everything goes under WORK_DIR: data, checkpoints, logs, the final weights
