@@ -2,9 +2,11 @@
 shape? On the synthetic task's videos (task v1: 16 frames, two targets, small distractors), the
 greedy shape after the question "What shape is the {color} object?" (``qa``) and after a
 caption prompt's color word (``caption``: ``layouts.CAPTION_QUESTION`` answered " {color}",
-what a model trained with ``caption_turn_prob`` learned), each split by whether the two
-targets share their shape, under three full-resolution layouts: every frame (``dense``), only
-the targets' frames (``targets``), and one frame of each target (``one_each``).
+what a model trained with ``caption_turn_prob`` learned) and after the question answered by
+its color word (``echo``: the question, answered " {color}", then the shape; never trained),
+each split by whether the two targets share their shape, under three full-resolution layouts:
+every frame (``dense``), only the targets' frames (``targets``), and one frame of each target
+(``one_each``).
 
     python scripts/studies/binding_layouts_tiny.py --models tiny runs/X/hf [--videos 40] \
         [--out studies/results/v7_steps/binding_layouts.json]
@@ -65,7 +67,9 @@ def probe(model: str, videos: int) -> dict:
                 got = {"qa": greedy(bb, Z, plan, (f"What shape is the {color} object?", shape),
                                     0, qa_ids),
                        "caption": greedy(bb, Z, plan, (CAPTION_QUESTION, " " + color), 1,
-                                         cap_ids)}
+                                         cap_ids),
+                       "echo": greedy(bb, Z, plan, (f"What shape is the {color} object?",
+                                                    " " + color), 1, cap_ids)}
                 for what, k in got.items():
                     cell = res.setdefault(name, {}).setdefault(what, {}).setdefault(kind, [0, 0])
                     cell[0] += int(k == want)
@@ -81,7 +85,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.videos < 1:
         sys.exit(f"--videos: expected >= 1, got {a.videos}")
-    out = {"what": "[right, asked] per layout, reader (qa / caption) and whether the two "
+    out = {"what": "[right, asked] per layout, reader (qa / caption / echo) and whether the two "
                    "targets share their shape", "command": "python " + " ".join(sys.argv),
            "videos": a.videos, "models": {m: probe(m, a.videos) for m in a.models}}
     print(json.dumps(out["models"], indent=1))
