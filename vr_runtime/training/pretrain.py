@@ -249,15 +249,20 @@ def pooled_objects(objects, window: int, grid):
     return torch.tensor(frame), C, torch.tensor(colors), torch.tensor(shapes)
 
 
-class ObjectReadout(torch.nn.Module):
-    """Phase A's probe: color and shape logits from the coverage-weighted mean of an object's
-    projected tokens. A mean over the object's tokens is what one attention head of the LLM
-    reads when a color word attends to that color, and a mean of pooled tokens is a mean of
-    means, so the readout that works here also works at every pooling window."""
+class _Readout(torch.nn.Module):
+    """One linear map from a token (or a mean of tokens) to color and shape logits; the
+    subclasses choose which rows of the tokens it reads (``READOUTS``)."""
 
     def __init__(self, hidden: int):
         super().__init__()
         self.linear = torch.nn.Linear(hidden, len(COLORS) + len(SHAPES))
+
+
+class ObjectReadout(_Readout):
+    """Phase A's probe: color and shape logits from the coverage-weighted mean of an object's
+    projected tokens. A mean over the object's tokens is what one attention head of the LLM
+    reads when a color word attends to that color, and a mean of pooled tokens is a mean of
+    means, so the readout that works here also works at every pooling window."""
 
     def forward(self, Z: torch.Tensor, objects, window: int, grid) -> torch.Tensor:
         """Z [b, n, D] (already pooled with ``window``), objects[i] = ``object_coverage`` of frame
@@ -267,15 +272,11 @@ class ObjectReadout(torch.nn.Module):
         return self.linear(rows), colors, shapes
 
 
-class CellReadout(torch.nn.Module):
+class CellReadout(_Readout):
     """Color and shape logits from each cell an object covers at least half, one cell at a
     time. Why: a color word's attention picks the cells of its color, the interior ones most;
     with this readout those cells name the shape too (``ObjectReadout``'s coverage-weighted mean
     leaves it in the boundary cells). A pooled cell is judged by its pooled coverage."""
-
-    def __init__(self, hidden: int):
-        super().__init__()
-        self.linear = torch.nn.Linear(hidden, len(COLORS) + len(SHAPES))
 
     def forward(self, Z: torch.Tensor, objects, window: int, grid) -> torch.Tensor:
         """Z [b, n, D] (already pooled with ``window``), objects[i] = ``object_coverage`` of frame
