@@ -4,6 +4,7 @@ import random
 import pytest
 import torch
 
+from vr_kernels.reference import pool_frame  # the plain reference of a window's mean
 from vr_runtime.training import pretrain as s0
 from vr_runtime.data.synthetic_videos import COLORS, SHAPES
 
@@ -193,9 +194,9 @@ def test_object_readout_is_the_coverage_weighted_mean_of_pooled_tokens(window, g
     assert colors.tolist() == [1, 4, 0] and shapes.tolist() == [2, 0, 1]
     rows = []
     for f, objs in enumerate(objects):
-        z = _plain_pool(Z[f], grid, window)
+        z = pool_frame(Z[f], (window, window), grid)
         for cov, _, _ in objs:
-            c = _plain_pool(cov[:, None], grid, window)[:, 0]
+            c = pool_frame(cov[:, None], (window, window), grid)[:, 0]
             rows.append((z * c[:, None]).sum(0) / c.sum())
     torch.testing.assert_close(logits, readout.linear(torch.stack(rows)), atol=1e-5, rtol=1e-5)
 
@@ -205,13 +206,6 @@ def _random_objects(n, D):
     objects = [[(torch.rand(n) * (torch.rand(n) > 0.5), 1, 2), (torch.rand(n), 4, 0)],
                [(torch.rand(n), 0, 1)]]
     return torch.randn(2, n, D), objects
-
-
-def _plain_pool(x, grid, window):
-    """Mean over each window's cells that exist (ragged at the edges), row-major."""
-    x = x.reshape(grid[0], grid[1], -1)
-    return torch.stack([x[i:i + window, j:j + window].reshape(-1, x.shape[-1]).mean(0)
-                        for i in range(0, grid[0], window) for j in range(0, grid[1], window)])
 
 
 @pytest.mark.parametrize("window,grid", [(1, (16, 16)), (2, (16, 16)), (4, (16, 16)),
@@ -226,9 +220,9 @@ def test_cell_readout_reads_every_cell_an_object_covers_at_least_half(window, gr
     logits, colors, shapes = readout(Zp, objects, window, grid)
     rows, want_c, want_s = [], [], []
     for f, objs in enumerate(objects):
-        z = _plain_pool(Z[f], grid, window)
+        z = pool_frame(Z[f], (window, window), grid)
         for cov, color, shape in objs:
-            c = _plain_pool(cov[:, None], grid, window)[:, 0]
+            c = pool_frame(cov[:, None], (window, window), grid)[:, 0]
             for cell in range(len(c)):
                 if c[cell] >= 0.5:
                     rows.append(z[cell]), want_c.append(color), want_s.append(shape)
