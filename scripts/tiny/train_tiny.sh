@@ -7,11 +7,10 @@
 # videos to write and encode, about 9 minutes; Stage 0 9; Stages 1-3b 31; the evaluations 5)
 # plus Stage 3c (the wall times are in training_metrics.json).
 #
-#   scripts/tiny/train_tiny.sh [--task v8|v6|v5|v4|v3|v2|v1] [--from-v2 DIR | --from-v3 DIR |
+#   scripts/tiny/train_tiny.sh [--task v9|v8|v6|v5|v4|v3|v2|v1] [--from-v2 DIR | --from-v3 DIR |
 #                              --from-v5 DIR] [WORK_DIR]
-#       (default v5, runs/tiny_v5; v8: runs/tiny_v8; v6: runs/tiny_v6; v4: runs/tiny_v4;
-#       v3: runs/tiny_v3;
-#       v2: runs/tiny_v2; v1: runs/tiny)
+#       (default v5, runs/tiny_v5; v9: runs/tiny_v9; v8: runs/tiny_v8; v6: runs/tiny_v6;
+#       v4: runs/tiny_v4; v3: runs/tiny_v3; v2: runs/tiny_v2; v1: runs/tiny)
 #       v2: the wider task (aspect ratios, lossy codecs and noise, moving targets,
 #       1-3 targets, 8-64 of 16-256 frames, look-alike distractors): 960 training videos with
 #       every factor random, a held-out split of 85 that varies one factor at a time.
@@ -40,10 +39,15 @@
 #       docs/TRAINING_STUDIES.md, task v8). From scratch only. Not shipped: its dense answers
 #       stayed at 85% (studies/results/v8_steps/retrain/). (Task v7 was a study of the dense
 #       answers with no recipe of its own.)
+#       v9: v8, with every shape answer of Stages 3-3f naming its color first ("red circle":
+#       the shape is then read from the color word's own row, the binding Stage 0's captions
+#       train), Stage 3 on dense dialogues with captions from its first step, and captions in
+#       Stages 3e and 3f (vr_runtime/training/tiny_demo.py, STAGE_SETTINGS;
+#       docs/TRAINING_STUDIES.md, task v9). From scratch only.
 #       --task v1: the original task (square, near-lossless H.264, static, 2 targets, 16
 #       frames), 480 training videos and 60 held out.
 #       Everything goes under WORK_DIR: data, checkpoints, logs, the final weights
-#       (WORK_DIR/stage3g/ for v6, stage3f/ for v5 and v8, stage3d/ for v4, stage3c/ for v3,
+#       (WORK_DIR/stage3g/ for v6, stage3f/ for v5, v8 and v9, stage3d/ for v4, stage3c/ for v3,
 #       stage3b/ otherwise: {model,routers}.safetensors) and the curves and metrics
 #       (WORK_DIR/results/training_curves.png, training_metrics.json).
 #       Nothing in the checkout changes.
@@ -51,7 +55,7 @@
 #       the same, then replace the shipped weights (vr_runtime/assets/tiny/{model,routers}
 #       .safetensors) and the committed results (studies/results/training_curves.png,
 #       training_metrics.json), and measure the held-out routing metrics of the new shipped
-#       weights (studies/results/routing_heldout.json; with --task v2 to v8
+#       weights (studies/results/routing_heldout.json; with --task v2 to v9
 #       studies/results/routing_heldout_v2.json, per factor; routing_footage_v2.json on 20
 #       videos
 #       of the combined "footage" setting; routing_heldout.json on task v1's held-out split).
@@ -67,8 +71,8 @@ EXPECT=""
 for arg in "$@"; do
     if [ "$EXPECT" = task ]; then
         case "$arg" in
-            v1|v2|v3|v4|v5|v6|v8) TASK="$arg"; TASK_SET=1 ;;
-            *) echo "train_tiny.sh: error: --task expects v1 to v6 or v8, got '$arg'" >&2
+            v1|v2|v3|v4|v5|v6|v8|v9) TASK="$arg"; TASK_SET=1 ;;
+            *) echo "train_tiny.sh: error: --task expects v1 to v6, v8 or v9, got '$arg'" >&2
                exit 2 ;;
         esac
         EXPECT=""
@@ -84,8 +88,8 @@ for arg in "$@"; do
         --install) INSTALL=1 ;;
         --task) EXPECT=task ;;
         --from-v2|--from-v3|--from-v5) EXPECT="${arg#--}" ;;
-        --task=v[1-68]) TASK="${arg#--task=}"; TASK_SET=1 ;;
-        --task=*) echo "train_tiny.sh: error: --task expects v1 to v6 or v8, got" \
+        --task=v[1-689]) TASK="${arg#--task=}"; TASK_SET=1 ;;
+        --task=*) echo "train_tiny.sh: error: --task expects v1 to v6, v8 or v9, got" \
                        "'${arg#--task=}'" >&2
             exit 2 ;;
         --from-v2=*|--from-v3=*|--from-v5=*) FROM="${arg#*=}"; FROM_FLAG="${arg%%=*}"
@@ -163,6 +167,7 @@ else
     [ "$TASK" = v4 ] && LAST=stage3d
     [ "$TASK" = v5 ] && LAST=stage3f
     [ "$TASK" = v8 ] && LAST=stage3f
+    [ "$TASK" = v9 ] && LAST=stage3f
     [ "$TASK" = v6 ] && LAST=stage3g
     echo "trained weights: $WORK/$LAST/{model,routers}.safetensors; results: $WORK/results" \
          "(the shipped weights are unchanged; rerun with --install to replace them)" >&2

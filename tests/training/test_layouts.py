@@ -8,9 +8,9 @@ import torch
 import vr_kernels
 from vr_kernels import pooled_counts
 from vr_runtime.training.config import ConfigError, load_config
-from vr_runtime.training.layouts import (CAPTION_QUESTION, caption_turn, dense_cap, dialogue_turns,
-                                        global_twin, keep_evidence, kept_rows, stretch,
-                                        stretched_times)
+from vr_runtime.training.layouts import (CAPTION_QUESTION, caption_turn, color_first, colored,
+                                        dense_cap, dialogue_turns, global_twin, keep_evidence,
+                                        kept_rows, stretch, stretched_times)
 from vr_runtime.training.stages import answer_sequence, dialogue_sequence
 from stage_helpers import projector_features, stage3_trainee
 
@@ -272,6 +272,34 @@ def test_stage3_replaces_a_dense_dialogue_by_its_caption(tiny_lm):
     assert tr.tokenizer.decode(ids[n_prompt:-1]).split() == ["red", "circle"]
 
 
+def test_color_first_puts_the_asked_color_before_a_shape():
+    assert color_first(Q, "circle") == "red circle"
+    assert color_first("Which shape has the color green?", "triangle") == "green triangle"
+    assert color_first(Q, "none") == "none"                          # no object: no shape
+    assert color_first("What is the background color?", "gray") == "gray"
+    assert color_first("What shape is the large cyan object?", "square") == "square"   # 2 cyans
+    turns = [(Q, "circle"), (CAPTION_QUESTION, " red circle blue no")]
+    assert colored(turns, False) == turns
+    assert colored(turns, True) == [(Q, "red circle"), turns[1]]     # a caption is left as is
+
+
+def test_stage3_answers_color_first_only_when_asked(tiny_lm):
+    """color_first_answers: one Stage 3 step on a dense dialogue trains " red circle" for the
+    shape question and the background's answer as it was (the LM loss by hand); a caption
+    (caption_turn_prob 1) is the same caption with the option on."""
+    T = 3
+    for caption in (0.0, 1.0):
+        tr = stage3_trainee(tiny_lm, dense_plan_prob=1.0, dense_plan_dialogue=True,
+                            caption_turn_prob=caption, color_first_answers=True,
+                            pool_pack_backend="torch")
+        v = projector_features(tr.model, T, seed=6)
+        out = _dense_dialogue_step(tr, v)
+        turns = [(CAPTION_QUESTION, " red circle")] if caption else \
+            [(Q, "red circle"), ("What is the background color?", "gray")]
+        torch.testing.assert_close(out["l_lm"], _dense_lm_loss(tr, v, turns), rtol=1e-5,
+                                   atol=1e-5)
+
+
 def test_dense_cap_is_the_int_or_a_draw_in_range():
     assert dense_cap(0) == 0 and dense_cap(24) == 24
     g = torch.Generator().manual_seed(1)
@@ -344,3 +372,22 @@ def test_stage3_items_carry_the_questions_about_the_same_frames_only_for_dialogu
     assert ds._turn(exs[0])["labels"].tolist() == [0.0, 1.0]
     assert "labels" not in ds._turn(exs[1])
     assert StageDataset(exs, 3, tiny_lm.tokenizer).siblings is None   # off: nothing gathered
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_held_out_answers_are_scored_in_the_trained_format(on, monkeypatch):
+    """eval_answers compares a generated answer with the example's answer in the format the
+    stage trains: " red circle" is right with color_first_answers and wrong without."""
+    from types import SimpleNamespace
+
+    from vr_runtime.training import evaluate
+    from vr_runtime.training.data import Example
+    said = {Q: "red circle", "What is the background color?": "gray"}
+    monkeypatch.setattr(evaluate, "generate",
+                        lambda tr, ex, v, max_length=None: (said[ex.question], [1], True))
+    tr = SimpleNamespace(cfg=SimpleNamespace(color_first_answers=on, model_max_length=64))
+    exs = [Example("a.mp4", Q, "circle", policy=1),
+           Example("a.mp4", "What is the background color?", "gray", policy=1)]
+    res = evaluate.eval_answers(tr, exs, SimpleNamespace(get=lambda video, frames: None))
+    assert res["answer_accuracy"] == (1.0 if on else 0.5)
+    assert res["samples"][0]["answer"] == ("red circle" if on else "circle")

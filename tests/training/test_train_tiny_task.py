@@ -25,7 +25,8 @@ def test_task_v2_trains_in_its_own_folder_and_installs_per_factor_results(tmp_pa
     for i, (form, task) in enumerate((([], "v5"), (["--task", "v2"], "v2"),
                                       (["--task=v2"], "v2"), (["--task", "v3"], "v3"),
                                       (["--task=v4"], "v4"), (["--task=v5"], "v5"),
-                                      (["--task", "v6"], "v6"), (["--task=v8"], "v8"))):
+                                      (["--task", "v6"], "v6"), (["--task=v8"], "v8"),
+                                      (["--task", "v9"], "v9"))):
         p, calls = run_train_tiny(tmp_path / f"form{i}", *form)
         assert p.returncode == 0, p.stderr
         assert arg(calls[0], "--task") == task and arg(calls[0], "--work") == f"runs/tiny_{task}"
@@ -50,7 +51,7 @@ def test_task_v2_trains_in_its_own_folder_and_installs_per_factor_results(tmp_pa
 
 def test_bad_task_is_one_line_and_exit_2(tmp_path, run_train_tiny):
     for i, args in enumerate((["--task", "v7"], ["--task"], ["--task=x"], ["--task=v0"],
-                              ["--task=v7"], ["--task", "v9"])):
+                              ["--task=v7"], ["--task", "v10"])):
         p, calls = run_train_tiny(tmp_path / str(i), *args)
         assert p.returncode == 2 and calls == []
         assert len(p.stderr.strip().splitlines()) == 1 and "--task" in p.stderr
@@ -257,3 +258,33 @@ def test_task_v8_is_task_v5_from_a_longer_stage0(tmp_path, monkeypatch, run_trai
     p, calls = run_train_tiny(tmp_path / "sh", "--task", "v8", "w")
     assert p.returncode == 0, p.stderr
     assert arg(calls[0], "--task") == "v8" and "stage3f" in p.stderr
+
+
+def test_task_v9_is_task_v8_with_color_first_answers(tmp_path, run_train_tiny):
+    """Task v9: task v8's Stage 0 and stages; every Stage 3 on answers its shapes color first,
+    Stage 3 with dense dialogues and captions from the first step, Stages 3e and 3f with
+    captions in their dense dialogues; Stages 1 and 2 as task v8's."""
+    from vr_runtime.training import tiny_demo
+    from vr_runtime.training.tiny_demo import _stage_config
+    assert tiny_demo.LATER_STAGES["v9"] == tiny_demo.LATER_STAGES["v8"]
+    assert tiny_demo.STAGE0_CONFIGS["v9"] == tiny_demo.STAGE0_CONFIGS["v8"]
+    assert "v9" not in tiny_demo.FROM_TASK
+    data, work = tmp_path / "data", str(tmp_path / "w")
+    data.mkdir()
+    (data / "train_conversations.jsonl").write_text('{"video": "a.mp4"}\n')
+    for stage in (1, 2, 3, "3b", "3c", "3e", "3f"):
+        v8 = _stage_config(stage, str(data), work, "base", "r", "v8").to_dict()
+        v9 = _stage_config(stage, str(data), work, "base", "r", "v9").to_dict()
+        changed = {k for k in v8 if v8[k] != v9[k]}
+        if stage in (1, 2):
+            assert changed == set()
+            continue
+        assert v9["color_first_answers"] and not v8["color_first_answers"]
+        assert (v9["caption_turn_prob"] == 0.5) == (stage in (3, "3e", "3f"))
+        assert (stage == 3) == ("dense_plan_prob" in changed)
+        assert changed <= {"color_first_answers", "caption_turn_prob", "dense_plan_prob",
+                           "dense_plan_frames", "dense_plan_keep_relevant",
+                           "dense_plan_dialogue"}
+    p, calls = run_train_tiny(tmp_path / "sh", "--task", "v9", "w")
+    assert p.returncode == 0, p.stderr
+    assert arg(calls[0], "--task") == "v9" and "stage3f" in p.stderr

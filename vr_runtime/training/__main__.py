@@ -195,13 +195,15 @@ def add_tiny_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--heldout", type=int, default=40)
     s.add_argument("--results", default=None,
                    help="folder for training_curves.png and training_metrics.json (default: WORK)")
-    s.add_argument("--task", default="v1", choices=("v1", "v2", "v3", "v4", "v5", "v6", "v8"),
+    s.add_argument("--task", default="v1", choices=("v1", "v2", "v3", "v4", "v5", "v6", "v8",
+                                                        "v9"),
                    help="the synthetic task to train on (see synth --task; v3 is v2's data and "
                         "stages plus Stage 3c, the dense and long layouts; v4 is v3's plus "
                         "Stage 3d, route supervision over dense dialogues; v5 is v3's plus "
                         "Stages 3e and 3f, Stage 3d's settings on every training video; v6 is "
                         "v5's plus Stage 3g, the same on 1,920 more training videos; v8 is "
-                        "v5's from a longer Stage 0, tiny_stage0b; v7 was a study, no recipe)")
+                        "v5's from a longer Stage 0, tiny_stage0b; v9 is v8's with each shape "
+                        "answer color first, 'red circle'; v7 was a study, no recipe)")
     s.add_argument("--from-model", default=None, metavar="DIR",
                    help="--task v3 to v6: start the task's own stages (v3: 3c; v4: 3d; "
                         "v5: 3e, 3f; v6: 3g) from this finished model of the task before "

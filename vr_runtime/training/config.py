@@ -99,6 +99,8 @@ class TrainConfig:
                                         # the same frames, as follow-up turns (answers trained;
                                         # layouts.dialogue_turns)
     caption_turn_prob: float = 0.0      # tiny-only: a dense dialogue -> caption (layouts.py)
+    color_first_answers: bool = False   # tiny-only: a shape answer says its color first, "red
+                                        # circle" (layouts.color_first)
     route_weight: float = 0.0           # Stage 3 training, tiny-only departure: weight of the
                                         # route loss (training/route.py: head route_head of
                                         # decoder layer route_layer looks from each answer row

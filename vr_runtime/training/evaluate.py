@@ -17,6 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .data import Example
+from .layouts import color_first
 
 
 def _q(trainee, ex: Example):
@@ -107,14 +108,16 @@ def eval_answers(trainee, examples: List[Example], cache, progress=False,
         v = cache.get(ex.video, ex.frames)
         text, plan, fragment = generate(trainee, ex, v, max_length=max_length)
         key = "fragment" if ex.policy else "global"
-        answers[key].add(ex.answer.lower())
-        ok = text.lower() == ex.answer.lower()
+        want = color_first(ex.question, ex.answer) if trainee.cfg.color_first_answers \
+            else ex.answer
+        answers[key].add(want.lower())
+        ok = text.lower() == want.lower()
         right[key][0] += int(ok)
         right[key][1] += 1
         routed[0] += int(fragment == bool(ex.policy))
         routed[1] += 1
         if len(samples) < 6:
-            samples.append({"question": ex.question, "answer": ex.answer, "generated": text,
+            samples.append({"question": ex.question, "answer": want, "generated": text,
                             "plan": [w if isinstance(w, int) else list(w) for w in plan]})
     total_r = sum(r for r, _ in right.values())
     total_n = sum(n for _, n in right.values())

@@ -127,6 +127,16 @@ CAPTION_QUESTION = "What shape is each object?"
 CAPTION_ABSENT = "no"      # Stage 0's caption word for a color with no object (one token)
 
 
+def asked_color(question: str) -> Optional[str]:
+    """The one color ``question`` asks about, or None: none named, or a size word with it ("the
+    large red object": a same-color distractor, so that color has two objects)."""
+    from vr_runtime.data.synthetic_videos import SIZE_WORDS
+    from .route import cue_word
+    color = cue_word(question)
+    words = set(question.lower().replace("?", " ").split())
+    return None if color is None or words & set(SIZE_WORDS) else color
+
+
 def caption_turn(turns) -> Optional[tuple]:
     """(question, caption) that stands in for a dense dialogue: every color its ``turns`` ask
     about, in a random order, each followed by its object's shape or ``no``
@@ -141,13 +151,11 @@ def caption_turn(turns) -> Optional[tuple]:
     closing it: after the answers in text it could copy them from there. A same-color
     distractor's question (a size word: "the large red object") is left out: that color has
     two objects of two shapes."""
-    from vr_runtime.data.synthetic_videos import ABSENT_ANSWER, SHAPES, SIZE_WORDS
-    from .route import cue_word
+    from vr_runtime.data.synthetic_videos import ABSENT_ANSWER, SHAPES
     pairs = {}
     for q, a in turns:
-        color = cue_word(q)
-        words = set(q.lower().replace("?", " ").split())
-        if color is None or words & set(SIZE_WORDS) or a not in (*SHAPES, ABSENT_ANSWER):
+        color = asked_color(q)
+        if color is None or a not in (*SHAPES, ABSENT_ANSWER):
             continue
         pairs[color] = CAPTION_ABSENT if a == ABSENT_ANSWER else a
     if not pairs:
@@ -168,6 +176,27 @@ def captioned(turns, plan: Sequence[int], prob: float) -> list:
     return turns
 
 
+def color_first(question: str, answer: str) -> str:
+    """``answer`` with the asked color's word first (``red circle``) when it is a shape and
+    ``question`` asks about one color (``asked_color``); else ``answer`` itself (``none``
+    included).
+
+    A tiny-only answer format. Among several full-resolution frames the tiny answerer names
+    either target's shape when the shape is the answer's first token: that row must find the
+    color in the question, then the object of that color, two hops it does not learn. It binds
+    when the shape is predicted from the color word's own row, the one hop Stage 0's captions
+    train (``docs/TRAINING_STUDIES.md``, task v8). Echoing the color first puts the shape on
+    that row; an option-text reader still finds the one option in the answer."""
+    from vr_runtime.data.synthetic_videos import SHAPES
+    color = asked_color(question)
+    return f"{color} {answer}" if color is not None and answer in SHAPES else answer
+
+
+def colored(turns, on: bool) -> list:
+    """``turns`` with each answer in ``color_first`` form when ``on``."""
+    return [(q, color_first(q, a)) for q, a in turns] if on else list(turns)
+
+
 def dense_cap(frames, gen: Optional[torch.Generator] = None) -> int:
     """The dense plan's frame cap: ``frames`` itself (an int; 0 for none), or drawn uniformly
     from ``[lo, hi]``, so dense examples come with few frames as well as many."""
@@ -184,5 +213,5 @@ def kept_rows(plan: Sequence, src: Sequence[int], dest: Sequence[int]):
 
 
 __all__ = ["stretch", "stretched_times", "draw_int", "global_twin", "keep_evidence",
-           "dialogue_turns", "caption_turn", "captioned", "CAPTION_QUESTION", "CAPTION_ABSENT",
-           "dense_cap", "kept_rows"]
+           "dialogue_turns", "asked_color", "caption_turn", "captioned", "CAPTION_QUESTION",
+           "CAPTION_ABSENT", "color_first", "colored", "dense_cap", "kept_rows"]

@@ -27,8 +27,8 @@ from vr_runtime.backbones.base import deepstack_kwargs
 from vr_runtime.backbones.prompt import CHATML, plan_dest
 from vr_runtime.planning.policies import Windows, get_planner, plan_fitted, relevant_from_logits
 
-from .layouts import (captioned, dense_cap, dialogue_turns, draw_int, global_twin, keep_evidence,
-                      kept_rows, stretch, stretched_times)
+from .layouts import (captioned, colored, dense_cap, dialogue_turns, draw_int, global_twin,
+                      keep_evidence, kept_rows, stretch, stretched_times)
 from .route import Laid, attention_inputs, evidence_rows, supervisions, turn_labels
 
 GROUPS = ("vision", "projector", "language", "extractor", "semantic", "image")
@@ -412,7 +412,7 @@ class Trainee(nn.Module):
             plan, src, times = self.layout(pol.detach()[0], fr_all, ex)
             turns = dialogue_turns(plan, ex) if c.dense_plan_dialogue else \
                 [(ex["question"], ex["answer"])]
-            turns = captioned(turns, plan, c.caption_turn_prob)
+            turns = colored(captioned(turns, plan, c.caption_turn_prob), c.color_first_answers)
             labels = turn_labels(turns, ex, src) if self.supervision else None
             ce, n, aux = sequence_loss(self, Z, turns, plan, src, times, labels)
             lm_losses.append(ce)

@@ -8,13 +8,15 @@ values) [-> Stage 3c, tasks v3 to v5: Stage 3b continued with dense and long lay
 over dense dialogues, ``tiny_stage3d``] [-> Stages 3e and 3f, tasks v5 and v6: Stage 3d's
 settings on every training video, twice, ``tiny_stage3e``, ``tiny_stage3f``] [-> Stage 3g,
 task v6: the same settings on three times the training videos, ``tiny_stage3g``] (task v8:
-task v5's stages from a longer Stage 0, ``tiny_stage0b``) -> held-out
+task v5's stages from a longer Stage 0, ``tiny_stage0b``; task v9: task v8's with its shape
+answers color first, ``STAGE_SETTINGS``) -> held-out
 metrics JSON + curves PNG -> optionally copy ``model.safetensors`` and
 ``routers.safetensors`` into ``vr_runtime/assets/tiny/``, where the runtime picks them up.
 
 Task v3 is task v2's data and stages plus Stage 3c; task v4 is v3's plus Stage 3d; task v5
 is v3's plus Stages 3e and 3f; task v6 is v5's plus Stage 3g; task v8 is v5's from Stage 0
-``tiny_stage0b`` (from scratch only: every stage sits on Stage 0). ``from_model`` starts from a
+``tiny_stage0b`` (from scratch only: every stage sits on Stage 0); task v9 is v8's with the
+settings of ``STAGE_SETTINGS`` on top of its Stage 3 configs. ``from_model`` starts from a
 finished model of the task before (a directory of ``config.json``, ``model.safetensors``,
 ``tokenizer.json``, ``routers.safetensors``, as the shipped weights of each task were): task
 v3's Stage 3c from a v2 model, task v4's Stage 3d and task v5's Stage 3e from a v3 model, task
@@ -53,13 +55,26 @@ MORE_TRAIN, MORE_SEED, MORE_DATA = 1920, 7, "data_more"
 # The stages each task adds to task v2's (1, 2, 3, 3b); ``from_model`` starts at the first of
 # the task's own (those after the task before's).
 LATER_STAGES = {"v3": ("3c",), "v4": ("3c", "3d"), "v5": ("3c", "3e", "3f"),
-                "v6": ("3c", "3e", "3f", "3g"), "v8": ("3c", "3e", "3f")}
+                "v6": ("3c", "3e", "3f", "3g"), "v8": ("3c", "3e", "3f"),
+                "v9": ("3c", "3e", "3f")}
 # Stage 0's config per task (default ``tiny_stage0``). Task v8 is task v5 from a Stage 0 whose
 # captions run eight times as long: at 800 steps the LLM names the shape of a colour in a frame
 # of two different shapes 73% of the time, and that binding is what the dense answers lack.
 # Trained, Stage 3 wrote over it and the dense answers stayed at 85%, so it is not shipped
 # (docs/TRAINING_STUDIES.md, task v8; task v7 was a study with no recipe of its own).
-STAGE0_CONFIGS = {"v8": "tiny_stage0b"}
+STAGE0_CONFIGS = {"v8": "tiny_stage0b", "v9": "tiny_stage0b"}
+# Settings a task sets on top of a stage's config. Task v9 is task v8 whose shape answers name
+# their color first (" red circle", ``layouts.color_first``): the shape is then predicted from
+# the color word's own row, the one hop Stage 0's captions train, and Stage 3 keeps that
+# binding when it trains dense dialogues with captions from the first step (task v8's probes,
+# studies/results/v8_steps/stage3_dense_caption/); the captions stay in Stages 3e and 3f.
+_CAPTIONS = {"dense_plan_dialogue": True, "caption_turn_prob": 0.5}
+_DENSE_CAPTIONS = {"dense_plan_prob": 0.5, "dense_plan_frames": [6, 10],
+                   "dense_plan_keep_relevant": True, **_CAPTIONS}
+_COLOR_FIRST = {"color_first_answers": True}
+STAGE_SETTINGS = {"v9": {3: {**_DENSE_CAPTIONS, **_COLOR_FIRST}, "3b": _COLOR_FIRST,
+                         "3c": _COLOR_FIRST, "3e": {**_CAPTIONS, **_COLOR_FIRST},
+                         "3f": {**_CAPTIONS, **_COLOR_FIRST}}}
 FROM_TASK = {"v3": "v2", "v4": "v3", "v5": "v3", "v6": "v5"}   # whose model ``from_model`` is
 
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "tiny")
@@ -100,9 +115,9 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
     """``task``: the synthetic task (``synthetic.generate``'s 'v1', the default, or 'v2': the
     factors real footage varies; its lines carry their own frame counts, which every stage
     samples; 'v3': v2 plus Stage 3c; 'v4': v3 plus Stage 3d; 'v5': v3 plus Stages 3e and 3f;
-    'v6': v5 plus Stage 3g; 'v8': v5 from Stage 0 ``tiny_stage0b``). ``from_model``: tasks v3
-    to v6, their own stages from that finished model of the task before (``FROM_TASK``)
-    instead of the stages before them."""
+    'v6': v5 plus Stage 3g; 'v8': v5 from Stage 0 ``tiny_stage0b``; 'v9': v8 with
+    ``STAGE_SETTINGS``). ``from_model``: tasks v3 to v6, their own stages from that finished
+    model of the task before (``FROM_TASK``) instead of the stages before them."""
     if from_model and task not in FROM_TASK:
         raise ValueError(f"from_model: a finished model of the task before, so task "
                          f"{' or '.join(FROM_TASK)} only")
@@ -130,7 +145,9 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
         start = from_model if from_model and stage == stages[0] else None
         cfg = _stage_config(stage, data, work, base, prev, task, start)
         prev = os.path.join(cfg.output_dir, "routers.safetensors")
-        summary["stages"][f"stage{stage}"] = _run_stage(cfg, stage, prev)
+        summary["stages"][f"stage{stage}"] = entry = _run_stage(cfg, stage, prev)
+        if STAGE_SETTINGS.get(task, {}).get(stage):   # on top of the stage's config
+            entry["settings"] = STAGE_SETTINGS[task][stage]
     last = os.path.join(work, f"stage{stages[-1]}")
     summary["final_routers"] = _final_routers(last, data, prev)
     print(json.dumps(summary["final_routers"], indent=2))
@@ -171,6 +188,11 @@ def _stage_config(stage, data: str, work: str, base: str, prev, task: str,
         cfg.train_max_length, cfg.train_budget_fraction = [], list(V2_TRAIN_BUDGET_FRACTION)
     if stage in _BEFORE:   # a continued stage: from the stage before's model (3b: Stage 3's)
         cfg.model = start or os.path.join(work, _BEFORE[stage], "hf")
+    settings = STAGE_SETTINGS.get(task, {}).get(stage, {})
+    for k, v in settings.items():
+        setattr(cfg, k, v)
+    if settings:
+        cfg.validate()
     if stage in FIRST_VIDEOS_STAGES:
         cfg.train_data = first_videos(cfg.train_data, V3_STAGE3C_VIDEOS,
                                       os.path.join(data, "train_conversations_3c.jsonl"))
