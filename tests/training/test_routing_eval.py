@@ -1,4 +1,5 @@
-"""Issue 8's held-out routing metrics: the AUC, the targets, the CLI, and a run on real videos."""
+"""The held-out routing metrics: the AUC, the targets, the answers' match, the CLI, and a run
+on real videos."""
 import random
 
 import pytest
@@ -34,6 +35,18 @@ def test_check_targets_reads_every_metric_and_compares_both_ways():
     assert t["absent_color_mean_frames_marked"]["met"] is False        # <= 0.5
     assert t["semantic_router_heldout_phrasings"]["met"] is True
     assert t["answers_auto"] == {"value": None, "target": ">= 0.85", "met": None}
+
+
+def test_an_answer_is_right_as_it_is_or_after_its_color():
+    from types import SimpleNamespace
+    red = SimpleNamespace(question="What shape is the red object?", answer="circle")
+    assert routing_eval.answered("circle", red) and routing_eval.answered(" Red circle.", red)
+    assert not routing_eval.answered("blue circle", red)      # another object's color
+    assert not routing_eval.answered("red square", red) and not routing_eval.answered("red", red)
+    absent = SimpleNamespace(question=red.question, answer="none")
+    assert routing_eval.answered("none", absent) and not routing_eval.answered("red none", absent)
+    bg = SimpleNamespace(question="What is the background color?", answer="black")
+    assert routing_eval.answered("black", bg) and not routing_eval.answered("red black", bg)
 
 
 def test_routing_eval_on_generated_videos(tmp_path):

@@ -46,8 +46,8 @@ def test_shipped_routers_find_the_demo_evidence():
 def test_demo_answers_with_the_shipped_weights():
     """`videorouter demo`'s settings end to end (decoding the bundled mp4, both routers, the
     budgeted plan, generation): each color keeps its own frames at full resolution and is
-    answered with its shape (red 'circle', blue 'square'); the Global question is pooled
-    uniformly and answered 'black'."""
+    answered with its shape after its color ('red circle', 'blue square'); the Global question
+    is pooled uniformly and answered 'black'."""
     from vr_runtime import VideoRouter
     from vr_runtime.cli import (DEMO_FRAMES, DEMO_MAX_LENGTH, DEMO_MAX_NEW_TOKENS, DEMO_QUESTIONS,
                                 SAMPLE_VIDEO)
@@ -82,7 +82,7 @@ def test_demo_command_shows_both_questions(tmp_path, cli_here, monkeypatch):
     res = cli_here("demo", "--plot", png)
     assert res.returncode == 0, res.stderr
     out = res.stdout
-    assert "What shape is the red object? -> 'circle'; frames at full resolution: 5, 6, 7" in out
-    assert "What shape is the blue object? -> 'square'; frames at full resolution: 11, 12\n" in out
+    assert "What shape is the red object? -> 'red circle'; frames at full resolution: 5, 6, 7" in out
+    assert "What shape is the blue object? -> 'blue square'; frames at full resolution: 11, 12\n" in out
     with Image.open(png) as im:
         assert im.size[1] >= 2 * 300   # two stacked panels

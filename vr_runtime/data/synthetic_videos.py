@@ -648,7 +648,9 @@ def demo_spec() -> VideoSpec:
 DEMO_QUESTIONS = {"fragment": "What shape is the red object?",
                   "fragment_2": "What shape is the blue object?",
                   "global": "What is the background color?"}
-DEMO_ANSWERS = {"fragment": "circle", "fragment_2": "square", "global": "black"}
+# The shipped tiny weights (task v9) name a shape after its color: "red circle"
+# (training/layouts.py, color_first).
+DEMO_ANSWERS = {"fragment": "red circle", "fragment_2": "blue square", "global": "black"}
 
 
 TASKS = ("v1", "v2")
