@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Train the `tiny` preset from scratch on the synthetic evidence task: Stage 0 (tiny-only
 # pretraining, vr_runtime/training/pretrain.py) -> Stages 1, 2, 3, 3b [, 3c [, 3d | 3e, 3f]].
-# The shipped weights are task v5's: task v3's plus Stages 3e and 3f (about 35 minutes on 2 CPU
-# cores, the features of all 960 training videos included; docs/TRAINING_STUDIES.md, task v5).
+# The shipped weights are task v9's (the default): task v8's Stage 0 and stages with every
+# shape answer colour first (about 85 minutes on 2 CPU cores from scratch, the data's writing
+# aside; docs/TRAINING_STUDIES.md, "Shipped tiny weights (task v9)"). Task v5's (shipped
+# before) is task v3's plus Stages 3e and 3f (about 35 minutes on top of task v3's run).
 # Task v3's is task v2's run (about 55 minutes on 2 CPU cores, summed from its parts: 1,045
 # videos to write and encode, about 9 minutes; Stage 0 9; Stages 1-3b 31; the evaluations 5)
 # plus Stage 3c (the wall times are in training_metrics.json).
 #
 #   scripts/tiny/train_tiny.sh [--task v9|v8|v6|v5|v4|v3|v2|v1] [--from-v2 DIR | --from-v3 DIR |
 #                              --from-v5 DIR] [WORK_DIR]
-#       (default v5, runs/tiny_v5; v9: runs/tiny_v9; v8: runs/tiny_v8; v6: runs/tiny_v6;
+#       (default v9, runs/tiny_v9; v8: runs/tiny_v8; v6: runs/tiny_v6; v5: runs/tiny_v5;
 #       v4: runs/tiny_v4; v3: runs/tiny_v3; v2: runs/tiny_v2; v1: runs/tiny)
 #       v2: the wider task (aspect ratios, lossy codecs and noise, moving targets,
 #       1-3 targets, 8-64 of 16-256 frames, look-alike distractors): 960 training videos with
@@ -26,7 +28,7 @@
 #       question about the same full-resolution frames in one sequence). --from-v3 DIR starts
 #       Stage 3d from a finished v3 model (as --from-v2 does for Stage 3c). Not shipped: it
 #       lifts the dense answers but costs long prompts (docs/TRAINING_STUDIES.md, task v4).
-#       v5 (the shipped weights): v3, then Stage 3e (vr_runtime/configs/tiny_stage3e.json:
+#       v5 (shipped before v9): v3, then Stage 3e (vr_runtime/configs/tiny_stage3e.json:
 #       Stage 3d's settings on every training video, not the first 320) and Stage 3f
 #       (tiny_stage3f.json: 3e continued, a second seed). --from-v3 DIR starts Stage 3e from a
 #       finished v3 model; --from-v3 without --task means v5.
@@ -43,7 +45,7 @@
 #       the shape is then read from the color word's own row, the binding Stage 0's captions
 #       train), Stage 3 on dense dialogues with captions from its first step, and captions in
 #       Stages 3e and 3f (vr_runtime/training/tiny_demo.py, STAGE_SETTINGS;
-#       docs/TRAINING_STUDIES.md, task v9). From scratch only.
+#       docs/TRAINING_STUDIES.md, task v9). From scratch only. The shipped weights.
 #       --task v1: the original task (square, near-lossless H.264, static, 2 targets, 16
 #       frames), 480 training videos and 60 held out.
 #       Everything goes under WORK_DIR: data, checkpoints, logs, the final weights
@@ -63,7 +65,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 INSTALL=0
 WORK=""
-TASK=v5
+TASK=v9
 TASK_SET=0
 FROM=""
 FROM_FLAG=""
@@ -123,6 +125,9 @@ fi
 if [ "$FROM_FLAG" = from-v5 ] && [ "$TASK" != v6 ]; then
     echo "train_tiny.sh: error: --from-v5 starts Stage 3g, which only task v6 has" >&2
     exit 2
+fi
+if [ "$FROM_FLAG" = from-v3 ] && [ "$TASK_SET" = 0 ]; then
+    TASK=v5   # a v3 model starts Stage 3e, task v5's own stage
 fi
 if [ "$FROM_FLAG" = from-v3 ] && [ "$TASK" != v4 ] && [ "$TASK" != v5 ]; then
     echo "train_tiny.sh: error: --from-v3 starts Stage 3d or 3e, which only tasks v4 and v5" \

@@ -1,7 +1,7 @@
-"""scripts/tiny/train_tiny.sh --task: v5 (task v3's stages plus Stages 3e and 3f, the shipped
-weights') is the default, v4 v3's stages plus Stage 3d, v3 v2's plus Stage 3c, v2 the wider
-task without Stage 3c, each in its own work folder, and with --install measures routing per
-factor into its own results file; --task v1 keeps the original task's sizes and folder;
+"""scripts/tiny/train_tiny.sh --task: v9 (task v8's with colour-first answers, the shipped
+weights') is the default, v5 task v3's stages plus Stages 3e and 3f, v4 v3's stages plus Stage
+3d, v3 v2's plus Stage 3c, v2 the wider task without Stage 3c, each in its own work folder,
+and with --install measures routing per factor into its own results file; --task v1 keeps the original task's sizes and folder;
 --from-v2 DIR starts Stage 3c from a finished v2 model, --from-v3 DIR Stage 3e (or with --task
 v4, Stage 3d) from a finished v3 model, --from-v5 DIR task v6's Stage 3g from a finished v5
 model.
@@ -22,7 +22,7 @@ def test_task_v1_keeps_its_sizes_and_folder(tmp_path, run_train_tiny):
 
 def test_task_v2_trains_in_its_own_folder_and_installs_per_factor_results(tmp_path,
                                                                           run_train_tiny):
-    for i, (form, task) in enumerate((([], "v5"), (["--task", "v2"], "v2"),
+    for i, (form, task) in enumerate((([], "v9"), (["--task", "v2"], "v2"),
                                       (["--task=v2"], "v2"), (["--task", "v3"], "v3"),
                                       (["--task=v4"], "v4"), (["--task=v5"], "v5"),
                                       (["--task", "v6"], "v6"), (["--task=v8"], "v8"),
