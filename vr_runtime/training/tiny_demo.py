@@ -77,7 +77,13 @@ STAGE_SETTINGS = {"v9": {3: {**_DENSE_CAPTIONS, **_COLOR_FIRST}, "3b": _COLOR_FI
                          "3f": {**_CAPTIONS, **_COLOR_FIRST}}}
 FROM_TASK = {"v3": "v2", "v4": "v3", "v5": "v3", "v6": "v5"}   # whose model ``from_model`` is
 
+
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "tiny")
+
+
+def stage_settings(task: str, stage) -> dict:
+    """What ``task`` sets on top of ``tiny_stage<stage>`` (``STAGE_SETTINGS``; {} for none)."""
+    return STAGE_SETTINGS.get(task, {}).get(stage, {})
 
 
 def prepare_data(data: str, n_train: int, n_heldout: int, seed: int = 0,
@@ -146,8 +152,8 @@ def run_tiny(work: str = "runs/tiny", ship: bool = False, n_train: int = 160,
         cfg = _stage_config(stage, data, work, base, prev, task, start)
         prev = os.path.join(cfg.output_dir, "routers.safetensors")
         summary["stages"][f"stage{stage}"] = entry = _run_stage(cfg, stage, prev)
-        if STAGE_SETTINGS.get(task, {}).get(stage):   # on top of the stage's config
-            entry["settings"] = STAGE_SETTINGS[task][stage]
+        if stage_settings(task, stage):
+            entry["settings"] = stage_settings(task, stage)
     last = os.path.join(work, f"stage{stages[-1]}")
     summary["final_routers"] = _final_routers(last, data, prev)
     print(json.dumps(summary["final_routers"], indent=2))
@@ -188,7 +194,7 @@ def _stage_config(stage, data: str, work: str, base: str, prev, task: str,
         cfg.train_max_length, cfg.train_budget_fraction = [], list(V2_TRAIN_BUDGET_FRACTION)
     if stage in _BEFORE:   # a continued stage: from the stage before's model (3b: Stage 3's)
         cfg.model = start or os.path.join(work, _BEFORE[stage], "hf")
-    settings = STAGE_SETTINGS.get(task, {}).get(stage, {})
+    settings = stage_settings(task, stage)
     for k, v in settings.items():
         setattr(cfg, k, v)
     if settings:
