@@ -4,7 +4,7 @@ answer, and (answer row) on the color word itself. Rendered synthetic videos, ev
 resolution (rule (a)'s reference) and, for comparison, only the target's frames kept.
 
     python scripts/studies/attention_probe_tiny.py [--models tiny runs/tiny/labeller/hf] [--videos 8] \
-        [--out studies/results/labeller_attention_probe.json]
+        [--out studies/results/label_study/labeller_attention_probe.json]
 
 This is the measurement behind ``vr_runtime/training/labeller.py``'s route supervision (training
 README, "The labeller"): the shipped model's color words already find their color among 16
@@ -86,7 +86,7 @@ def main(argv=None):
     ap.add_argument("--models", nargs="+", default=["tiny", "runs/tiny/labeller/hf"])
     ap.add_argument("--videos", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="studies/results/labeller_attention_probe.json")
+    ap.add_argument("--out", default="studies/results/label_study/labeller_attention_probe.json")
     args = ap.parse_args(argv)
     if args.videos < 1:
         sys.exit(f"--videos: expected an int >= 1, got {args.videos}")

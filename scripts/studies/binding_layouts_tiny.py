@@ -1,7 +1,7 @@
 """Does the tiny answerer name the queried color's shape when the video's two targets differ in
-shape? On the synthetic task's videos (task v1: 16 frames, two targets, small distractors), the
-greedy shape after the question "What shape is the {color} object?" (``qa``) and after a
-caption prompt's color word (``caption``: ``layouts.CAPTION_QUESTION`` answered " {color}",
+shape? On the basic synthetic task's videos (``synth --task v1``: 16 frames, two targets,
+small distractors), the greedy shape after the question "What shape is the {color} object?"
+(``qa``) and after a caption prompt's color word (``caption``: ``layouts.CAPTION_QUESTION`` answered " {color}",
 what a model trained with ``caption_turn_prob`` learned) and after the question answered by
 its color word (``echo``: the question, answered " {color}", then the shape; never trained),
 each split by whether the two targets share their shape, under three full-resolution layouts:
@@ -9,7 +9,7 @@ every frame (``dense``), only the targets' frames (``targets``), and one frame o
 (``one_each``).
 
     python scripts/studies/binding_layouts_tiny.py --models tiny runs/X/hf [--videos 40] \
-        [--out studies/results/v7_steps/binding_layouts.json]
+        [--out FILE]
 
 Where the targets share a shape any reader is right; where they differ, a reader that does not
 bind the color to its object is right about half the time.

@@ -5,7 +5,7 @@ the queried target's frames and on the video's *other* target's frames, under th
 rest pooled 4x4), split by whether the greedy first answer token is right.
 
     python scripts/studies/binding_probe_tiny.py --models tiny runs/X/hf [--videos 10] \
-        [--task v1|v2] [--out studies/results/.../binding_probe.json]
+        [--task v1|v2] [--out FILE]
 
 Why: with route supervision the dense row still named the other target's shape in most of its
 wrong answers (``dense_errors.py``). A head that reads both targets' frames alike (own ~ other)
@@ -93,7 +93,8 @@ def main(argv=None):
     ap.add_argument("--videos", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--task", choices=("v1", "v2"), default="v1",
-                    help="v1: the synthetic eval's videos; v2: task v2's base setting, 16 frames")
+                    help="the data task: v1, the basic task (the synthetic eval's videos); "
+                         "v2, the wide task's base setting, 16 frames")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     if args.videos < 1:

@@ -1,6 +1,6 @@
 """Study (tiny only, not shipped): Stage 0's presence captions over clips of several frames.
 
-The dense probes (studies/results/dense_probe3_tiny/) found that the tiny answerer does not bind
+The dense probes (docs/TRAINING_STUDIES.md, recipe v3; their files at commit 507b324) found that the tiny answerer does not bind
 a question's colour to one frame among several: under ``auto`` the Image Router does. Stage 0
 made single-frame binding learnable with *presence captions*, six colour queries a frame
 (training/pretrain.py). This study asks whether the same captions over clips of K full-resolution

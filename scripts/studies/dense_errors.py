@@ -5,7 +5,7 @@ the shape questions split by whether the video's two targets share their shape (
 answers those) or not (only a model that binds the colour to its object beats a coin there).
 
     python scripts/studies/dense_errors.py --data runs/tiny/videomme_syn/videomme \
-        --runs studies/results/dense_route_tiny/stage3d ... --out errors.json [--method dense]
+        --runs studies/results/shipped_v9/steps/eval_quick ... --out errors.json [--method dense]
 
 Each run folder holds ``videorouter eval``'s ``predictions.jsonl``.
 """

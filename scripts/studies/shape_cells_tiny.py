@@ -7,7 +7,7 @@ the cell's token alone, by the cell's ring (its distance in cells from the neare
 not interior), and a frame's vote over its interior cells.
 
     python scripts/studies/shape_cells_tiny.py [--model tiny] [--train 1200] [--test 400] \
-        [--out studies/results/v7_steps/shape_cells.json]
+        [--out studies/results/stage0/shape_cells.json]
 
 Why: a color word's attention picks the tokens of its color, the interior cells most; if those
 carry no shape, a color-gated read returns the color without the shape, and a dense answerer

@@ -4,9 +4,9 @@
 
 trains ``tiny_stage0`` with the given overrides into ``runs/stage0_variants/NAME`` and writes
 its metrics, config, environment and command under NAME in
-``studies/results/stage0_variants.json`` (other entries are kept). These are the measurements
-behind the variant table of the training README's Stage 0 section; the shipped weights use the
-plain ``tiny_stage0`` config.
+``studies/results/stage0/stage0_variants.json`` (other entries are kept). These are the measurements
+behind the variant tables of docs/TRAINING_STUDIES.md (Stage 0, and recipe v8's Stage 0 with
+longer captions, ``tiny_stage0b``, which the shipped v9 weights use).
 """
 import json
 import os
@@ -16,7 +16,7 @@ from vr_runtime.fingerprint import environment
 from vr_runtime.training.config import ConfigError
 from vr_runtime.training.pretrain import PretrainConfig, pretrain
 
-RESULTS = "studies/results/stage0_variants.json"
+RESULTS = "studies/results/stage0/stage0_variants.json"
 
 
 def main(argv):

@@ -8,7 +8,7 @@ vr_runtime.training label-study``) and ``STUDY/study_relevance.jsonl`` (the gene
 of the same synthetic videos, absent-color questions included), trains ``tiny_stage1`` on each
 from Stage 0's model (``TINY/stage0/hf``, as ``scripts/tiny/train_tiny.sh`` does), evaluates both on
 every question of ``TINY/data/heldout_relevance.jsonl`` and writes
-``studies/results/stage1_from_labels.json`` (device, date, versions, command, both metrics).
+``studies/results/label_study/stage1_from_labels.json`` (device, date, versions, command, both metrics).
 """
 import argparse
 import json
@@ -21,7 +21,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--study", default="runs/label_study")
     ap.add_argument("--tiny", default="runs/tiny_v2")
-    ap.add_argument("--out", default="studies/results/stage1_from_labels.json")
+    ap.add_argument("--out", default="studies/results/label_study/stage1_from_labels.json")
     ap.add_argument("--steps", type=int, default=1200)
     args = ap.parse_args(argv)
     if args.steps < 1:

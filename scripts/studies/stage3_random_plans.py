@@ -14,8 +14,9 @@ default runs/tiny) into ``WORK/stage3`` and ``WORK/stage3b``; ``--freeze-project
         --routers WORK/stage3b/routers.safetensors --work runs/label_study_rp \\
         --results OUT.json --videos-count 20 --mode drop --margin 1.0
 
-The models behind ``studies/results/*random_plans*.json``; the shipped weights do not use it
-(docs/TRAINING_STUDIES.md, "Shipped tiny weights").
+The models behind ``studies/results/label_study/label_study_random_plans_frozen_projector.json``
+and the two routing files of docs/TRAINING_STUDIES.md ("The v1 weights"; at commit 89a6471);
+the shipped weights do not use it.
 """
 import argparse
 import json

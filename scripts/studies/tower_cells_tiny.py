@@ -9,7 +9,7 @@ the same objective over a bank the trained tower encoded. Then fresh probes (not
 readout) measure what ``shape_cells_tiny.py`` measures, on its held-out one-object frames.
 
     python scripts/studies/tower_cells_tiny.py [--steps 2000] [--batch 16] \
-        [--projector-steps 3000] [--frames 3000] [--out studies/results/v8_steps/tower_cells.json]
+        [--projector-steps 3000] [--frames 3000] [--out studies/results/stage0/tower_cells.json]
 
 Nothing here is shipped: the weights it trains are dropped when it ends.
 """

@@ -24,7 +24,8 @@ python -m vr_runtime.eval --make-synthetic "$W/videomme_syn" --videos-per-split 
 # words, not letters). bare: the LLM reads the question alone, as in its training (the headline
 # table); mc: lmms-eval's multiple-choice prompt, which the tiny models never saw in training.
 for style in bare mc; do
-    out=studies/results/eval_synthetic_tiny; [ "$style" = mc ] && out=studies/results/eval_synthetic_tiny_mc
+    # (the mc run's committed files left the tree: eval_synthetic_tiny_mc/ at commit 89a6471)
+    out=studies/results/eval_synthetic_tiny; [ "$style" = mc ] && out="$W/eval_synthetic_tiny_mc"
     python -m vr_runtime.eval --benchmark videomme --data "$W/videomme_syn/videomme" \
         --videos "$W/videomme_syn/data" \
         --methods dense,budget,budget-subset,uniform,global,fragment,auto,auto-literal,clip,clip-fill,no-image-router,no-image-router-routed,no-semantic-router,data-ft \

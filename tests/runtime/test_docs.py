@@ -132,7 +132,7 @@ def test_train_tiny_writes_the_checkout_only_with_install(tmp_path, run_train_ti
 
     p, calls = run_train_tiny(tmp_path / "install", "--install", work)
     assert p.returncode == 0, p.stderr
-    assert "--ship" in calls[0] and calls[0][calls[0].index("--results") + 1] == "studies/results"
+    assert "--ship" in calls[0] and calls[0][calls[0].index("--results") + 1] == "studies/results/shipped_v9"
     assert calls[1][:2] == ["-m", "vr_runtime.training"] and "routing-eval" in calls[1]
 
     p, calls = run_train_tiny(tmp_path / "typo", "--instal")

@@ -35,18 +35,19 @@ def test_task_v2_trains_in_its_own_folder_and_installs_per_factor_results(tmp_pa
     p, calls = run_train_tiny(tmp_path / "install", "--install", "--task", "v2", "w")
     assert p.returncode == 0, p.stderr
     assert "--ship" in calls[0] and arg(calls[0], "--work") == "w"
-    assert arg(calls[1], "--out") == "studies/results/routing_heldout_v2.json"
+    assert arg(calls[0], "--results") == "studies/results/shipped_v2"
+    assert arg(calls[1], "--out") == "studies/results/shipped_v2/routing_wide_heldout.json"
     assert arg(calls[1], "--data") == "w/data/heldout_conversations.jsonl"
     # the combined "footage" setting
     assert calls[2][:3] == ["-m", "vr_runtime.training", "synth"] and arg(calls[2], "--task") == "v2"
     assert arg(calls[2], "--footage") == "20" and arg(calls[2], "--out") == "w/data"
     assert arg(calls[3], "--data") == "w/data/footage_conversations.jsonl"
-    assert arg(calls[3], "--out") == "studies/results/routing_footage_v2.json"
-    # and the v1 held-out split, whose results file the v2 weights now own
+    assert arg(calls[3], "--out") == "studies/results/shipped_v2/routing_wide_footage.json"
+    # and the basic task's held-out split, measured with the installed weights
     assert calls[4][:4] == ["-m", "vr_runtime.training", "synth", "--out"]
     assert arg(calls[4], "--out") == "w/data_v1" and arg(calls[4], "--heldout") == "60"
     assert arg(calls[5], "--data") == "w/data_v1/heldout_conversations.jsonl"
-    assert arg(calls[5], "--out") == "studies/results/routing_heldout.json" and len(calls) == 6
+    assert arg(calls[5], "--out") == "studies/results/shipped_v2/routing_basic_heldout.json" and len(calls) == 6
 
 
 def test_bad_task_is_one_line_and_exit_2(tmp_path, run_train_tiny):

@@ -15,14 +15,14 @@ r"""``python -m vr_runtime.training``: data generation, the three stages, the ti
     python -m vr_runtime.training ab-probe --data mc.jsonl --videos DIR --out ab.jsonl \
         [--routers r.safetensors | --relevance flr.jsonl] [--budget 1024]
     python -m vr_runtime.training label-study --work runs/label_study \
-        --results studies/results/label_study.json
+        --results studies/results/label_study/label_study.json
     python -m vr_runtime.training labeller [--config tiny_labeller] [--set key=value ...]
         # tiny-only: the model rule (a) labels the synthetic task with (training/labeller.py)
     python -m vr_runtime.training tiny [--work runs/tiny] [--ship]   # the whole tiny demo
     python -m vr_runtime.training routing-eval --data runs/tiny/data/heldout_conversations.jsonl \
-        --out studies/results/routing_heldout.json      # held-out routing metrics
-        # on task v2 data also per factor value, answers at a quarter of the dense tokens
-    python -m vr_runtime.training curves --runs runs/tiny --out studies/results/training_curves.png
+        --out routing_basic.json                        # held-out routing metrics
+        # on the wide task's data also per factor value, answers at a quarter of the dense tokens
+    python -m vr_runtime.training curves --runs runs/tiny --out runs/tiny/training_curves.png
 """
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ training data:
   others, planned by today's Algorithm 1 (the few at s_1, hundreds at s_0 or dropped) or by a
   long-prompt planner (``planning/long_prompt.py``).
 
-Studies of the dense layout (``studies/results/dense_probe3_tiny/``) add a drawn dense cap
+Studies of the dense layout (docs/TRAINING_STUDIES.md, recipe v3: ``dense_probe3_tiny/`` at
+commit 507b324) add a drawn dense cap
 (``dense_cap``), capped dense plans that keep the event's frames (``keep_evidence``) and dense
 *dialogues*, every question about the same frames in one sequence (``dialogue_turns``), and
 *captions* in their place (``caption_turn``).

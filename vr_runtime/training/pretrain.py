@@ -14,7 +14,7 @@ frames with a ``CellReadout`` (every cell an object covers at least half names i
 shape). Why: in the random tower an interior cell's token says nothing of its object's shape,
 before or after any projector, so a color word's read of its color's cells cannot bind a shape
 (``scripts/studies/shape_cells_tiny.py``). Measured (``scripts/studies/tower_cells_tiny.py``,
-``studies/results/stage0_variants.json``): phase T carries the shape inward, and the LLM then
+``studies/results/stage0/stage0_variants.json``): phase T carries the shape inward, and the LLM then
 binds worse than without it; more caption steps (phase B) are what bind.
 
 Phase A (``projector_steps``): the projector alone, with a linear ``ObjectReadout`` that names an
@@ -38,7 +38,7 @@ measured no better than chance on the two-target task. Frames are pooled with a 
 tier) so the binding holds at every scale the runtime feeds. Trained: LLM and LM head.
 
 Options measured while looking for shape recognition, all off in the shipped config
-(``scripts/studies/stage0_variant.py``, ``studies/results/stage0_variants.json``): ``shape_query_prob``
+(``scripts/studies/stage0_variant.py``, ``studies/results/stage0/stage0_variants.json``): ``shape_query_prob``
 (``shape``-mode captions, "which color is the circle"), ``shape_weight`` (up-weight shape
 answers) and ``train_vision`` (train the tower on fresh frames at ``vision_learning_rate``; no
 phase A then).
@@ -93,7 +93,7 @@ class PretrainConfig:
     # Phase A (before the captions): train the projector alone so that the coverage-weighted
     # mean of an object's projected tokens names its color and shape through a linear readout;
     # phase B then keeps the projector frozen. 0: no phase A, the projector trains in phase B
-    # (the recipe before shapes were learned; measured in studies/results/stage0_variants.json).
+    # (the recipe before shapes were learned; measured in studies/results/stage0/stage0_variants.json).
     projector_steps: int = 3000
     projector_learning_rate: float = 3e-3
     # Phase A's readout: "coverage" (``ObjectReadout``, shipped) or "cells" (``CellReadout``:
@@ -101,7 +101,7 @@ class PretrainConfig:
     projector_readout: str = "coverage"
     # Phase T (before the bank): the tower and the projector train on ``CellReadout`` on fresh
     # frames; 0 (shipped): the tower stays at its random fill, whose interior cells carry no
-    # shape at all (studies/results/v8_steps/shape_cells.json; phase T carries it inward, and
+    # shape at all (studies/results/stage0/shape_cells.json; phase T carries it inward, and
     # the LLM then binds worse: tower_cells.json and stage0_variants.json "tower_cells").
     tower_steps: int = 0
     tower_learning_rate: float = 5e-4

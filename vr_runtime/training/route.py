@@ -87,7 +87,8 @@ class EvidenceSupervision(OneHead):
     and no other target). Why: with the color found, the dense answerer still named the
     video's other target (it read shape without binding it to the color), and among hundreds
     of pooled frames it said ``none``; both looked like the answer row not reading the
-    evidence. Measured, it does not close either gap (``studies/results/binding_tiny``)."""
+    evidence. Measured, it does not close either gap (``binding_tiny/`` at commit 4194068;
+    docs/TRAINING_STUDIES.md)."""
     layer: int = 2
     head: int = 0
     weight: float = 1.0
@@ -113,7 +114,7 @@ class ExclusionSupervision:
     attention off the visual rows of the frames its question is not about (it may read its
     evidence frames and the text). Why: one head trained onto the evidence
     (``EvidenceSupervision``) left the answer row's other heads reading every full-resolution
-    frame, and so the other target's shape (measured: ``studies/results/binding_tiny``)."""
+    frame, and so the other target's shape (measured: ``binding_tiny/`` at commit 4194068)."""
     layers: Tuple[int, ...] = (2, 3)
     weight: float = 1.0
     name = "l_exclusion"
@@ -147,10 +148,10 @@ class FrameSupervision(OneHead):
     distribution), at ``rows`` rows drawn per sequence. Why: an object's shape is in its
     boundary cells and not in its interior ones (a linear readout from the interior cells'
     mean is at chance, from the boundary cells' or the whole frame's mean exact:
-    ``studies/results/v7_steps/``), while a color word's attention picks the cells of its color,
+    ``v7_steps/`` at commit 571181a), while a color word's attention picks the cells of its color,
     the interior most. A row that has read its frame carries that frame's shape, so a
     color-gated read of later layers gets the shape with the color. Measured, it does not bind
-    the dense answers (``studies/results/v7_steps/I_frame``)."""
+    the dense answers (``v7_steps/I_frame`` at 571181a; docs/TRAINING_STUDIES.md, v7)."""
     layer: int = 0
     head: int = 3
     weight: float = 1.0

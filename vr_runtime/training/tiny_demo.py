@@ -67,7 +67,7 @@ STAGE0_CONFIGS = {"v8": "tiny_stage0b", "v9": "tiny_stage0b"}
 # their color first (" red circle", ``layouts.color_first``): the shape is then predicted from
 # the color word's own row, the one hop Stage 0's captions train, and Stage 3 keeps that
 # binding when it trains dense dialogues with captions from the first step (task v8's probes,
-# studies/results/v8_steps/stage3_dense_caption/); the captions stay in Stages 3e and 3f.
+# v8_steps/stage3_dense_caption/ at commit cf1bde8); the captions stay in Stages 3e and 3f.
 _CAPTIONS = {"dense_plan_dialogue": True, "caption_turn_prob": 0.5}
 _DENSE_CAPTIONS = {"dense_plan_prob": 0.5, "dense_plan_frames": [6, 10],
                    "dense_plan_keep_relevant": True, **_CAPTIONS}
