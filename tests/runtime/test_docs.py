@@ -1,7 +1,8 @@
 """Docs that match the code: the contract lives in the repository
 (docs/CONTRACT.md) and nothing points outside it; links between the markdown files resolve;
-the training README opens with a quick start whose commands name real configs and keys; and
-scripts/tiny/train_tiny.sh touches the shipped weights and studies/results only with --install."""
+the training README opens with a quick start whose commands name real configs and keys;
+scripts/tiny/train_tiny.sh touches the shipped weights and studies/results only with --install;
+and docs/answering.md's synopsis and docs/training.md's defaults match the code."""
 import pathlib
 import re
 import subprocess
@@ -166,3 +167,38 @@ def test_benchmarks_page_includes_the_record():
     page = (ROOT / "docs" / "benchmarks.md").read_text()
     assert page.startswith('--8<-- "BENCHMARKS.md"\n')
     assert "pymdownx.snippets" in (ROOT / "mkdocs.yml").read_text()
+
+
+def _ask_parser():
+    """The ``ask`` subcommand's parser as ``videorouter ask --help`` prints it (no subprocess)."""
+    import argparse
+    from vr_runtime.cli import build_parser
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["ask"]
+
+
+def test_answering_synopsis_names_every_ask_flag():
+    """docs/answering.md opens with the synopsis of ``videorouter ask``: every option that
+    ``ask --help`` lists is in it, and it names no option that ``ask`` lacks."""
+    text = (ROOT / "docs" / "answering.md").read_text()
+    synopsis = re.search(r"^```\n(videorouter ask .+?)^```", text, re.S | re.M)
+    assert synopsis, "docs/answering.md: no ``` block opening with 'videorouter ask'"
+    synopsis = synopsis.group(1)
+    flags = {o for a in _ask_parser()._actions for o in a.option_strings
+             if o.startswith("--") and o != "--help"}
+    assert {"--model", "--long-prompt", "--neighbour-window"} <= flags   # the parser was found
+    missing = sorted(f for f in flags if not re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])",
+                                                        synopsis))
+    assert not missing, ("docs/answering.md's synopsis lacks these `videorouter ask` flags: "
+                         + ", ".join(missing))
+    stale = sorted(set(re.findall(r"(?<![\w-])--[a-z][\w-]*", synopsis)) - flags)
+    assert not stale, ("docs/answering.md's synopsis names flags `videorouter ask` does not "
+                       "have: " + ", ".join(stale))
+
+
+def test_training_page_names_train_tiny_default():
+    """docs/training.md says which recipe and folder scripts/tiny/train_tiny.sh defaults to."""
+    script = (ROOT / "scripts" / "tiny" / "train_tiny.sh").read_text()
+    task = re.search(r"^TASK=(v\d+)$", script, re.M).group(1)
+    page = (ROOT / "docs" / "training.md").read_text()
+    assert f"--task {task}`, the default" in page and f"default `runs/tiny_{task}`" in page, task
