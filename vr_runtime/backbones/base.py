@@ -67,6 +67,8 @@ class Backbone(abc.ABC):
     # keeps or drops): 1, or k for a tower that embeds k consecutive frames together (Qwen3-VL's
     # temporal patch of 2). ``units`` groups the decoded frames; every stage after it sees units.
     frames_per_unit: int = 1
+    # Streams of width D side by side in Z (Qwen3-VL: the main one and its DeepStack streams)
+    streams: int = 1
     # the config field holding the placeholder's token id (``vision_tokens.context``)
     placeholder_id_key: ClassVar[str] = "image_token_id"
     # build_prompt / text_tokens take ``times=`` (each unit's time in seconds: a prompt with
@@ -212,6 +214,12 @@ class Backbone(abc.ABC):
                 Z[i:i + z.shape[0]].copy_(z)
                 del v, z
         return Z
+
+    def encode_chunk(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """One chunk of units [b, 3k, H, W] -> Z [b, H*W, D] in a single call of the tower and
+        the projector, no grad: what a compiled vision stage traces (``backbones.encode``)."""
+        (_, v), = self.vision_features(pixel_values, int(pixel_values.shape[0]))
+        return self.project(v.to(next(self.projector().parameters()).dtype))
 
     # ------------------------------------------------------------------ prompt
     def build_prompt(self, question: str, counts: Sequence[int], system: Optional[str] = None):

@@ -261,7 +261,11 @@ class VisualCache:
 # ----------------------------------------------------------------------------- both routers
 class Routers(nn.Module):
     """Shadow stack + Semantic Router + Image Router. ``trained`` is False until weights are
-    loaded (or set by training); the runtime then refuses to let ``auto`` pretend to route."""
+    loaded (or set by training); the runtime then refuses to let ``auto`` pretend to route.
+    ``runner``: a :class:`~vr_runtime.routing.compiled.RouterRunner` that :meth:`frame_logits`
+    hands its frames to (fixed shapes, compiled) when no ``frame_batch`` is asked for."""
+
+    runner = None
 
     def __init__(self, cfg: RouterConfig, text_config, source: Optional[nn.Module] = None,
                  seed: int = 0, positions=None):
@@ -337,6 +341,7 @@ class Routers(nn.Module):
             Z = pool_frames(Z, pool, grid)
         T, N, D = Z.shape
         Lq = q_embeds.shape[0]
+        explicit_batch = frame_batch
         if frame_batch is None:
             frame_batch = max(1, MAX_ROUTER_TOKENS // (N + Lq))
         if not isinstance(frame_batch, int) or frame_batch < 1:
@@ -345,6 +350,8 @@ class Routers(nn.Module):
         if D != q.shape[-1]:   # question rows carry no DeepStack stream: zeros there
             q = torch.cat([q, q.new_zeros(Lq, D - q.shape[-1])], -1)
         tg = pooled_grid(grid, pool)
+        if self.runner is not None and self.runner.tokens == N and explicit_batch is None:
+            return self.runner.logits(Z, q, tg)   # fixed shapes, compiled (routing.compiled)
         out = []
         for i in range(0, T, frame_batch):
             z = Z[i:i + frame_batch]

@@ -13,7 +13,8 @@ import torch
 import vr_kernels
 
 from ..backbones.tiny import ASSETS
-from ..routing.routers import RouterConfig, Routers
+from ..routing.compiled import RouterRunner
+from ..routing.routers import RouterConfig, Routers, pooled_grid
 from ..routing.scorers import FixedRelevance
 
 
@@ -47,6 +48,31 @@ def kernel_warmup(lm, warmup_frames: int) -> dict:
                              max_frames=warmup_frames)
 
 
+def router_runner(routers: Routers, grid, options) -> Optional[RouterRunner]:
+    """The Image Router's fixed-shape runner for ``options`` (``CompileOptions``), at the
+    routers' own ``router_pool``; None when it would run eagerly on the default chunks (the
+    eager path then stays the one every release before ran)."""
+    tg = pooled_grid(grid, routers.config.router_pool)
+    runner = RouterRunner(routers, tg[0] * tg[1], options.router_chunk, options.router)
+    if runner.mode == "off" and options.router_chunk is None:
+        return None
+    return runner
+
+
+def compile_warmup(vr) -> dict:
+    """Compile the compiled stages now, so that no request pays for it: the vision tower on one
+    chunk, the Image Router for a one-bucket question. Seconds per stage (0 when eager)."""
+    out = {"vision": vr.vision.warm_up()}
+    runner = vr.routers.runner
+    if runner is None:
+        out["router"] = {"mode": "off", "chunk": None, "seconds": 0.0}
+    else:
+        tg = pooled_grid(vr.lm.grid, vr.routers.config.router_pool)
+        width = vr.lm.hidden_size * vr.lm.streams
+        out["router"] = runner.warm_up(tg, width)
+    return out
+
+
 def throwaway_answer(vr, num_frames: int = 8, max_new_tokens: int = 2) -> dict:
     """Answer one throw-away question on random frames through every stage a request runs
     (vision, both routers, pool_pack, prefill, decode steps), then forget it (the visual cache
@@ -67,4 +93,5 @@ def throwaway_answer(vr, num_frames: int = 8, max_new_tokens: int = 2) -> dict:
             "max_new_tokens": max_new_tokens}
 
 
-__all__ = ["preset_routers", "routers_for", "kernel_warmup", "throwaway_answer"]
+__all__ = ["preset_routers", "routers_for", "kernel_warmup", "router_runner", "compile_warmup",
+           "throwaway_answer"]

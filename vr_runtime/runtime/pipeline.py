@@ -33,7 +33,8 @@ from typing import List, Optional, Sequence
 import torch
 
 from ..backbones import Backbone, backbone_from_config, load_backbone
-from ..backbones.encode import encode_stream
+from ..backbones.compiled import CompileOptions
+from ..backbones.encode import VisionEncoder, encode_stream
 from ..generate import GreedyDecoder
 from ..planning import request_plan as plans
 from ..planning.latency import LatencyContext, LatencyState, latency_report
@@ -47,7 +48,8 @@ from ..routing.scorers import FrameScores, ScoringInput
 from ..telemetry.timing import StageTimer
 from ..video.frames import Frames
 from .inputs import open_source, request_frames, with_rate
-from .loading import kernel_warmup, preset_routers, routers_for, throwaway_answer
+from .loading import (compile_warmup, kernel_warmup, preset_routers, router_runner, routers_for,
+                      throwaway_answer)
 from .batch import batch_options, generate_batch, prepare_each
 from .cache import VisualCache, visual_prefix
 
@@ -83,7 +85,8 @@ class _Prepared:
 class VideoRouter:
     def __init__(self, lm: Backbone, routers: Optional[Routers] = None,
                  visual_cache_size: int = 1, warmup_frames: int = 256, decoding: str = "auto",
-                 warm_request: Optional[bool] = None, prefix_cache: bool = False):
+                 warm_request: Optional[bool] = None, prefix_cache: bool = False,
+                 compile: Optional[CompileOptions] = None):
         """``decoding``: how tokens after the first are generated (vr_runtime.generate): "auto"
         (the eager dynamic cache; "graph", CUDA graphs over a static KV cache, is opt-in until
         measured on a GPU), "dynamic", "static" or "graph" -- the same greedy tokens in every
@@ -91,13 +94,20 @@ class VideoRouter:
         (:meth:`warm_up_request`); None = on CUDA only. ``prefix_cache``: with
         ``cache_visual``, keep the KV cache of the prompt up to the end of its visual tokens in
         the video's cache entry, and prefill only the rest for a later question with the same
-        plan and prompt up to there. Off by default: a TTFT measured with it is amortised."""
+        plan and prompt up to there. Off by default: a TTFT measured with it is amortised.
+        ``compile``: the vision tower's and the Image Router's fixed chunks and compile modes
+        (:class:`~vr_runtime.backbones.compiled.CompileOptions`; default ``auto``, the
+        device's); a compiled stage is compiled here, at load (``self.compile_warmup``)."""
         self.lm = lm
         self.prefix_cache = bool(prefix_cache)
         self.greedy = GreedyDecoder(lm, decoding)   # checks ``decoding`` before any warm-up
         self.kernel_warmup = kernel_warmup(lm, warmup_frames)   # pool_pack compiled now
         self.routers = routers if routers is not None else Routers.from_backbone(lm)
         self.routers.eval()
+        self.compile = compile or CompileOptions()
+        self.vision = VisionEncoder(lm, self.compile.vision_chunk, self.compile.vision)
+        self.routers.runner = router_runner(self.routers, lm.grid, self.compile)
+        self.compile_warmup = compile_warmup(self)
         self._last_question_emb: Optional[tuple] = None   # (question, Emb(q))
         self.stop_ids = lm.stop_token_ids()
         self.visual_cache = VisualCache(visual_cache_size)
@@ -200,9 +210,10 @@ class VideoRouter:
         cache, Z of every unit is computed once and kept (a later question may keep other
         frames). ``retain``: keep the pixels too (a scorer that reads them)."""
         if state is None:
-            return encode_stream(self.lm, frames, keep, req.chunk_size, timer, retain)
+            return encode_stream(self.lm, frames, keep, req.chunk_size, timer, retain, self.vision)
         if "Z" not in state:
-            state["Z"] = encode_stream(self.lm, frames, None, req.chunk_size, timer, retain)
+            state["Z"] = encode_stream(self.lm, frames, None, req.chunk_size, timer, retain,
+                                       self.vision)
         else:
             timer.add("vision", 0.0)
         return state["Z"] if keep is None else state["Z"][list(keep)]
