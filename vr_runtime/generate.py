@@ -1,17 +1,27 @@
 """Greedy decoding after the prefill, for one request or a batch of them.
 
-Three ways to run the decode steps (``VideoRouter(decoding=...)``), all giving the same tokens:
+Four ways to run the decode steps (``VideoRouter(decoding=...)``), all giving the same tokens:
 
 ``dynamic``  transformers' growing ``DynamicCache``, one eager forward per token (the original
              path; the default on CPU, where there is no launch overhead to remove).
 ``static``   the prefill's keys and values copied into a preallocated ``StaticCache``; every
              decode step then has one fixed shape (``decode_one_token``), run eagerly.
+``compiled`` the static path with ``decode_one_token`` compiled by inductor (fused kernels, no
+             CUDA graphs): any device. At fp32 its tokens are dynamic's (tests, on CPU).
 ``graph``    the static path with ``decode_one_token`` compiled by
-             ``torch.compile(mode="reduce-overhead")``: CUDA graphs replay a whole step in one
-             launch (the gpt-fast pattern), for CUDA, where decoding an 8B model eagerly is
-             bound by the host (about 1,900 kernel launches a token). Opt-in until it has been
-             measured on a GPU (bench/gpu_run.sh): ``auto`` stays ``dynamic`` everywhere,
-             because the first answer of each cache size pays an unmeasured compile.
+             ``torch.compile(mode="reduce-overhead")``: inductor's kernels, then CUDA graphs
+             replay a whole step in one launch (the gpt-fast pattern), for CUDA, where decoding
+             an 8B model eagerly is bound by the host (about 1,900 kernel launches a token).
+             Opt-in until it has been measured on a GPU (bench/gpu_run.sh): ``auto`` stays
+             ``dynamic`` everywhere (:data:`AUTO_DECODING`).
+
+The compile of a step is paid once per static-cache size and process: :meth:`GreedyDecoder.
+warm_up` pays it at load for the largest cache the runtime expects (a smaller request reuses that
+cache, and so its graph), and inductor's caches on disk (:func:`use_compile_cache`) let a second
+process skip most of it. dynamo's plain ``cudagraphs`` backend is not offered: it functionalises
+the static cache's in-place write, so every step returns each layer's whole key and value cache
+and copies it back (graph outputs 13 for a 4-layer model: the token and 12 caches), which made it
+slower than eager on an H200 (23.2 against 19.2 ms a token, 2026-11-28).
 
 The prefill itself is the same in every mode (a dynamic cache: sdpa keeps its causal flash path;
 a prefill into the static cache would attend over the whole preallocated length with a mask).
@@ -30,6 +40,9 @@ request decoded alone.
 from __future__ import annotations
 
 import copy
+import os
+import pathlib
+import time
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -37,20 +50,49 @@ import torch
 
 from .backbones.base import output_cache
 
-DECODING_MODES = ("auto", "dynamic", "static", "graph")
+DECODING_MODES = ("auto", "dynamic", "static", "compiled", "graph")
+# ``auto`` per device type: dynamic until a GPU run of bench/gpu_run.sh measures graph decoding's
+# warm start and tokens at the real shape (docs/gpu-run.md); its results set this.
+AUTO_DECODING = {"cpu": "dynamic", "cuda": "dynamic"}
+# Static-cache slots compiled at load by default: the CLI's default context and new tokens
+# (12,288 + 64), rounded up to the cache's bucket by the decoder.
+DEFAULT_WARM_SLOTS = 12288 + 64
 
 
 def resolve_decoding(mode: str, device: torch.device) -> str:
-    """``auto`` -> ``dynamic`` (graph mode is opt-in until measured on a GPU: see the module
-    docstring); other modes are checked."""
+    """``auto`` -> the device's :data:`AUTO_DECODING` (graph mode is opt-in until measured on
+    a GPU: see the module docstring); other modes are checked."""
     if mode not in DECODING_MODES:
         raise ValueError(f"decoding: expected one of {', '.join(DECODING_MODES)}, got {mode!r}")
     if mode == "auto":
-        return "dynamic"
+        return AUTO_DECODING.get(torch.device(device).type, "dynamic")
     if mode == "graph" and torch.device(device).type != "cuda":
         raise ValueError("decoding 'graph': CUDA graphs need a CUDA device; use 'static' or "
                          "'dynamic' on " + torch.device(device).type)
     return mode
+
+
+def use_compile_cache(path=None) -> pathlib.Path:
+    """Keep torch.compile's caches (inductor's compiled graphs and kernels, AOTAutograd's
+    graphs, Triton's binaries) in ``path`` (default ``$XDG_CACHE_HOME/videorouter/compile``,
+    ``~/.cache`` without it), so that a later process on this machine finds the compiled decode
+    step and the compiled stages there instead of compiling again. A directory already named by
+    ``TORCHINDUCTOR_CACHE_DIR`` or ``TRITON_CACHE_DIR`` is kept. Call before the first compile."""
+    if path is None:
+        base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
+        path = pathlib.Path(base) / "videorouter" / "compile"
+    path = pathlib.Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"compile cache {str(path)!r}: cannot create it ({e.strerror}); name a "
+                         f"writable directory") from None
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(path / "inductor"))
+    os.environ.setdefault("TRITON_CACHE_DIR", str(path / "triton"))
+    import torch._inductor.config as inductor_config
+    inductor_config.fx_graph_cache = True          # both on by default in torch >= 2.5;
+    inductor_config.autotune_local_cache = True    # said here so a user's config cannot drop them
+    return pathlib.Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 
 
 def decode_one_token(lm, token: torch.Tensor, cache, position_ids: torch.Tensor,
@@ -162,12 +204,10 @@ class PrefixCache:
 class GreedyDecoder:
     """Prefill + greedy decoding over a backbone ``lm`` in one of :data:`DECODING_MODES`."""
 
-    def __init__(self, lm, mode: str = "auto", bucket: int = 1024,
-                 graph_backend: str = "inductor"):
+    def __init__(self, lm, mode: str = "auto", bucket: int = 1024):
         """``bucket``: the static cache's length is ``prompt + max_new_tokens`` rounded up to a
-        multiple (one captured graph per size). ``graph_backend`` (mode "graph"): "inductor"
-        (``torch.compile(mode="reduce-overhead")``: fused kernels, then CUDA graphs) or
-        "cudagraphs" (the eager kernels recorded into CUDA graphs: a much shorter compile)."""
+        multiple (one compiled step per size; a request that fits the cache already there
+        reuses it)."""
         self.lm = lm
         self.mode = resolve_decoding(mode, lm.device)
         if self.mode != "dynamic" and not getattr(lm, "static_kv_cache", True):
@@ -176,11 +216,7 @@ class GreedyDecoder:
                              f"use 'dynamic' (or 'auto')")
         if not isinstance(bucket, int) or bucket < 1:
             raise ValueError(f"bucket: expected an int >= 1, got {bucket!r}")
-        if graph_backend not in ("inductor", "cudagraphs"):
-            raise ValueError(f"graph_backend: expected 'inductor' or 'cudagraphs', got "
-                             f"{graph_backend!r}")
         self.bucket = bucket
-        self.graph_backend = graph_backend
         self._cache = None          # the reused StaticCache
         self._cache_key = None      # (batch, max_cache_len)
         self._step = None           # compiled decode_one_token (graph mode)
@@ -206,17 +242,35 @@ class GreedyDecoder:
         return self._cache
 
     def _step_fn(self):
-        if self.mode != "graph":
+        if self.mode not in ("compiled", "graph"):
             return decode_one_token
         if self._step is None:
             # reduce-overhead: CUDA graphs over the whole step; dynamic=False: one graph per
             # cache size and batch (the cache is reused, so its addresses stay fixed).
-            if self.graph_backend == "cudagraphs":
-                self._step = torch.compile(decode_one_token, backend="cudagraphs", dynamic=False)
-            else:
-                self._step = torch.compile(decode_one_token, mode="reduce-overhead",
-                                           dynamic=False)
+            kw = {"mode": "reduce-overhead"} if self.mode == "graph" else {}
+            self._step = torch.compile(decode_one_token, dynamic=False, **kw)
         return self._step
+
+    @torch.inference_mode()
+    def warm_up(self, slots: int = DEFAULT_WARM_SLOTS, steps: int = 3) -> dict:
+        """Compile (and in graph mode capture) the decode step now, for a static cache of at
+        least ``slots`` slots, batch 1, on a short random prompt: a later request whose prompt
+        and new tokens fit reuses that cache and its compiled step. The seconds it took (0 in
+        the eager modes, which compile nothing)."""
+        if self.mode not in ("compiled", "graph"):
+            return {"mode": self.mode, "seconds": 0.0}
+        if not isinstance(slots, int) or slots <= 8 + steps:
+            raise ValueError(f"slots: expected an int > {8 + steps}, got {slots!r}")
+        t0 = time.perf_counter()
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(1, 8, self.lm.hidden_size, generator=g).to(self.lm.device, self.lm.dtype)
+        # the prompt's length plus the steps ask for the whole cache: it is made at ``slots``
+        self._generate([x], [slots - 8], [None], stop_ids=set(), timer=None,
+                       on_token=None, max_steps=steps)
+        if torch.device(self.lm.device).type == "cuda":
+            torch.cuda.synchronize(self.lm.device)
+        return {"mode": self.mode, "slots": self._cache_key[1] if self._cache_key else None,
+                "seconds": round(time.perf_counter() - t0, 3)}
 
     # ------------------------------------------------------------------ the loop
     @torch.inference_mode()
@@ -248,10 +302,11 @@ class GreedyDecoder:
         except torch.OutOfMemoryError:
             raise
         except Exception as e:  # noqa: BLE001 -- any capture failure; redone eagerly below
-            if self.mode != "graph":
+            if self.mode not in ("compiled", "graph"):
                 raise
             import warnings
-            self.fallback = (f"CUDA-graph decoding failed ({type(e).__name__}: "
+            what = "CUDA-graph" if self.mode == "graph" else "compiled"
+            self.fallback = (f"{what} decoding failed ({type(e).__name__}: "
                              f"{str(e).splitlines()[0][:200] if str(e) else ''}); decoding "
                              f"with the static cache, eagerly")
             warnings.warn(self.fallback, RuntimeWarning, stacklevel=2)
@@ -261,7 +316,7 @@ class GreedyDecoder:
                                   on_token, lengths, prefix)
 
     def _generate(self, embeds, max_new_tokens, position_ids, stop_ids, timer, on_token=None,
-                  lengths=None, prefix=None):
+                  lengths=None, prefix=None, max_steps=None):
         """One try of :meth:`generate`: the prefill (:func:`prefill`), then the decode steps."""
         from .telemetry.timing import StageTimer
         lm = self.lm
@@ -274,12 +329,15 @@ class GreedyDecoder:
             nxt, cache = prefill(lm, x, pos, lengths, prefix)
             del x
         with timer.stage("generate"):
-            gens = self._decode(nxt, cache, lengths, nxt_pos, max_new_tokens, stop_ids, on_token)
+            gens = self._decode(nxt, cache, lengths, nxt_pos, max_new_tokens, stop_ids, on_token,
+                                max_steps)
         return gens
 
-    def _decode(self, nxt, cache, lengths, nxt_pos, max_new_tokens, stop_ids, on_token):
+    def _decode(self, nxt, cache, lengths, nxt_pos, max_new_tokens, stop_ids, on_token,
+                max_steps=None):
         """Greedy steps from the prefill's first tokens ``nxt`` [B] and its ``cache`` until
-        every row stops (a stop id, or its ``max_new_tokens``) -> the new ids of each row."""
+        every row stops (a stop id, or its ``max_new_tokens``) -> the new ids of each row.
+        ``max_steps`` (warm-up): stop after that many steps whatever the rows' limits."""
         lm = self.lm
         B, L = len(lengths), max(lengths)
         limit = max(max_new_tokens)
@@ -305,6 +363,8 @@ class GreedyDecoder:
             nxt = step(lm, token, cache, step_pos, m).clone()
             step_pos += 1
             slot += 1
+            if max_steps is not None and slot - L >= max_steps:
+                break
         del cache
         return gens
 
@@ -364,5 +424,5 @@ class GreedyDecoder:
         return pos.expand(shape).contiguous()
 
 
-__all__ = ["DECODING_MODES", "GreedyDecoder", "PrefixCache", "decode_one_token", "prefill",
+__all__ = ["AUTO_DECODING", "DECODING_MODES", "DEFAULT_WARM_SLOTS", "use_compile_cache", "GreedyDecoder", "PrefixCache", "decode_one_token", "prefill",
            "generate", "resolve_decoding"]

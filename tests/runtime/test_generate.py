@@ -248,8 +248,48 @@ def test_graph_failure_falls_back_to_static(vr, prompts, monkeypatch):
     assert dec.fallback.startswith("CUDA-graph decoding failed (RuntimeError: backend compiler")
 
 
+def test_compiled_decoding_equals_the_reference(vr, prompts):
+    """The static path's step compiled by inductor (CPU, fp32): the reference's tokens, for
+    each prompt and for the batch; compiled once at load (warm_up) for a cache every later
+    request fits, so no request compiles again."""
+    dec = GreedyDecoder(vr.lm, "compiled", bucket=256)
+    info = dec.warm_up(slots=512)
+    assert info["mode"] == "compiled" and info["slots"] == 512 and info["seconds"] > 0
+    step, key = dec._step, dec._cache_key
+    for p, n in zip(prompts, (2, 5, 7)):
+        want, _ = reference(vr.lm, p.embeds, p.position_ids, n)
+        assert dec.generate([p.embeds], [n], [p.position_ids], set())[0] == want
+        assert dec._step is step and dec._cache_key == key   # the warmed cache and step, reused
+    limits = [5, 2, 4]
+    want = [reference(vr.lm, p.embeds, p.position_ids, n)[0] for p, n in zip(prompts, limits)]
+    got = dec.generate([p.embeds for p in prompts], limits, [p.position_ids for p in prompts],
+                       set())
+    assert got == want
+
+
+def test_warm_up_compiles_nothing_in_eager_modes(vr):
+    assert GreedyDecoder(vr.lm, "static").warm_up() == {"mode": "static", "seconds": 0.0}
+    with pytest.raises(ValueError, match="slots: expected an int > 11"):
+        GreedyDecoder(vr.lm, "compiled").warm_up(slots=4)
+
+
+def test_compile_cache(tmp_path, monkeypatch):
+    from vr_runtime.generate import use_compile_cache
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    assert use_compile_cache(tmp_path / "c") == tmp_path / "c" / "inductor"
+    import os
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "c" / "triton")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert use_compile_cache(tmp_path / "d") == tmp_path / "mine"   # the user's is kept
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="compile cache .*: cannot create it"):
+        use_compile_cache(tmp_path / "file" / "sub")
+
+
 def test_decoding_option():
     assert resolve_decoding("auto", torch.device("cpu")) == "dynamic"
+    assert resolve_decoding("compiled", torch.device("cpu")) == "compiled"
     assert resolve_decoding("auto", torch.device("cuda")) == "dynamic"   # graph: opt-in
     assert resolve_decoding("static", torch.device("cpu")) == "static"
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):

@@ -44,11 +44,15 @@ AUTO: Dict[str, str] = {"cpu": "off", "cuda": "off"}
 @dataclass(frozen=True)
 class CompileOptions:
     """How the runtime runs its two per-frame stages (``VideoRouter(compile=...)``): each a
-    :data:`COMPILE_CHOICES` mode and a fixed chunk (None: the stage's default)."""
+    :data:`COMPILE_CHOICES` mode and a fixed chunk (None: the stage's default); and the cache
+    size a compiled decode step is made for at load."""
     vision: str = "auto"
     vision_chunk: Optional[int] = None     # units a tower call
     router: str = "auto"
     router_chunk: Optional[int] = None     # frames a shadow-stack call
+    # Static KV-cache slots the decode step is compiled for at load (decoding "compiled" or
+    # "graph"; None: vr_runtime.generate.DEFAULT_WARM_SLOTS). Requests that fit reuse it.
+    decode_slots: Optional[int] = None
 
 
 def resolve_compile(mode: str, device, what: str) -> str:

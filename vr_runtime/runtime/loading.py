@@ -13,6 +13,7 @@ import torch
 import vr_kernels
 
 from ..backbones.tiny import ASSETS
+from ..generate import DEFAULT_WARM_SLOTS
 from ..routing.compiled import RouterRunner
 from ..routing.routers import RouterConfig, Routers, pooled_grid
 from ..routing.scorers import FixedRelevance
@@ -61,8 +62,10 @@ def router_runner(routers: Routers, grid, options) -> Optional[RouterRunner]:
 
 def compile_warmup(vr) -> dict:
     """Compile the compiled stages now, so that no request pays for it: the vision tower on one
-    chunk, the Image Router for a one-bucket question. Seconds per stage (0 when eager)."""
-    out = {"vision": vr.vision.warm_up()}
+    chunk, the Image Router for a one-bucket question, the decode step for the largest cache
+    expected. Seconds per stage (0 when eager)."""
+    slots = vr.compile.decode_slots or DEFAULT_WARM_SLOTS
+    out = {"decode": vr.greedy.warm_up(slots), "vision": vr.vision.warm_up()}
     runner = vr.routers.runner
     if runner is None:
         out["router"] = {"mode": "off", "chunk": None, "seconds": 0.0}

@@ -89,8 +89,9 @@ class VideoRouter:
                  compile: Optional[CompileOptions] = None):
         """``decoding``: how tokens after the first are generated (vr_runtime.generate): "auto"
         (the eager dynamic cache; "graph", CUDA graphs over a static KV cache, is opt-in until
-        measured on a GPU), "dynamic", "static" or "graph" -- the same greedy tokens in every
-        mode. ``warm_request``: answer one throw-away request at load
+        measured on a GPU), "dynamic", "static", "compiled" or "graph" -- the same greedy
+        tokens in every mode (compiled ones to floating-point reordering); a compiled step is
+        compiled at load. ``warm_request``: answer one throw-away request at load
         (:meth:`warm_up_request`); None = on CUDA only. ``prefix_cache``: with
         ``cache_visual``, keep the KV cache of the prompt up to the end of its visual tokens in
         the video's cache entry, and prefill only the rest for a later question with the same
@@ -101,11 +102,11 @@ class VideoRouter:
         self.lm = lm
         self.prefix_cache = bool(prefix_cache)
         self.greedy = GreedyDecoder(lm, decoding)   # checks ``decoding`` before any warm-up
+        self.compile = compile or CompileOptions()
+        self.vision = VisionEncoder(lm, self.compile.vision_chunk, self.compile.vision)
         self.kernel_warmup = kernel_warmup(lm, warmup_frames)   # pool_pack compiled now
         self.routers = routers if routers is not None else Routers.from_backbone(lm)
         self.routers.eval()
-        self.compile = compile or CompileOptions()
-        self.vision = VisionEncoder(lm, self.compile.vision_chunk, self.compile.vision)
         self.routers.runner = router_runner(self.routers, lm.grid, self.compile)
         self.compile_warmup = compile_warmup(self)
         self._last_question_emb: Optional[tuple] = None   # (question, Emb(q))
