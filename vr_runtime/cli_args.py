@@ -263,3 +263,40 @@ def add_scorer_args(p) -> None:
     p.add_argument("--scorer-model", default=None, metavar="DIR",
                    help="the scorer's model directory, for scorers that load one (clip, "
                         "clip-fill: a local CLIPModel or SiglipModel directory)")
+
+
+# Load-time speed options of ask and serve (written out here: --help must not import torch;
+# tests/runtime/test_cli.py checks them against vr_runtime.generate and backbones.compiled).
+DECODING_CHOICES = ("auto", "dynamic", "static", "compiled", "graph")
+COMPILE_CHOICES = ("auto", "off", "inductor", "max-autotune", "cudagraphs")
+
+
+def add_speed_args(p) -> None:
+    """``--decoding``, ``--vision-compile``, ``--router-compile`` and ``--compile-cache``: how
+    the model's stages run (the same answers; docs/options.md). Compiled stages are compiled at
+    load, before the first request."""
+    p.add_argument("--decoding", choices=DECODING_CHOICES, default="auto",
+                   help="decode steps after the first token: dynamic (eager, growing cache), "
+                        "static (eager, preallocated cache), compiled (static, inductor), graph "
+                        "(compiled + CUDA graphs; CUDA only); auto: the device's measured "
+                        "default (default: auto)")
+    for stage, what in (("vision", "the vision tower and projector, on fixed chunks of frames"),
+                        ("router", "the Image Router's shadow stack, on fixed chunks of frames "
+                                   "and question lengths")):
+        p.add_argument(f"--{stage}-compile", choices=COMPILE_CHOICES, default="auto",
+                       help=f"run {what}: off (eager), inductor, max-autotune, cudagraphs "
+                            f"(inductor + CUDA graphs; CUDA only); auto: the device's measured "
+                            f"default (default: auto)")
+    p.add_argument("--compile-cache", default=None, metavar="DIR",
+                   help="keep torch.compile's caches in DIR, so that a later process starts "
+                        "warm (default: ~/.cache/videorouter/compile, used only when a stage "
+                        "is compiled)")
+
+
+def speed_options(args) -> dict:
+    """``VideoRouter`` keywords of the speed flags (a command without them: the defaults)."""
+    from .backbones.compiled import CompileOptions
+    return {"decoding": getattr(args, "decoding", "auto"),
+            "compile": CompileOptions(vision=getattr(args, "vision_compile", "auto"),
+                                      router=getattr(args, "router_compile", "auto"),
+                                      cache_dir=getattr(args, "compile_cache", None))}

@@ -53,6 +53,8 @@ class CompileOptions:
     # Static KV-cache slots the decode step is compiled for at load (decoding "compiled" or
     # "graph"; None: vr_runtime.generate.DEFAULT_WARM_SLOTS). Requests that fit reuse it.
     decode_slots: Optional[int] = None
+    # torch.compile's caches, when anything compiles (None: vr_runtime.generate's default)
+    cache_dir: Optional[str] = None
 
 
 def resolve_compile(mode: str, device, what: str) -> str:

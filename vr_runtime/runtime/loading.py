@@ -13,7 +13,7 @@ import torch
 import vr_kernels
 
 from ..backbones.tiny import ASSETS
-from ..generate import DEFAULT_WARM_SLOTS
+from ..generate import DEFAULT_WARM_SLOTS, use_compile_cache
 from ..routing.compiled import RouterRunner
 from ..routing.routers import RouterConfig, Routers, pooled_grid
 from ..routing.scorers import FixedRelevance
@@ -65,6 +65,9 @@ def compile_warmup(vr) -> dict:
     chunk, the Image Router for a one-bucket question, the decode step for the largest cache
     expected. Seconds per stage (0 when eager)."""
     slots = vr.compile.decode_slots or DEFAULT_WARM_SLOTS
+    if vr.greedy.mode in ("compiled", "graph") or not vr.vision.eager or \
+            (vr.routers.runner is not None and vr.routers.runner.mode != "off"):
+        use_compile_cache(vr.compile.cache_dir)   # a later process finds what compiles now
     out = {"decode": vr.greedy.warm_up(slots), "vision": vr.vision.warm_up()}
     runner = vr.routers.runner
     if runner is None:
