@@ -84,6 +84,12 @@ class EngineConfig:
     # Frames of a request decoded off the model's lock, before its turn (resized uint8: 0.6 MB
     # a frame at 448x448); the rest stream on its turn, overlapping the vision tower
     prefetch_frames: int = 256
+    # How the model's stages run (ask's --decoding, --vision-compile, --router-compile,
+    # --compile-cache); a compiled stage is compiled at load, before the first request.
+    decoding: str = "auto"
+    vision_compile: str = "auto"
+    router_compile: str = "auto"
+    compile_cache: Optional[str] = None
 
 
 # Retry-After (seconds) on a 429 (busy) or a 503 (shutting down): long enough for a restarted
@@ -136,8 +142,12 @@ class Engine:
         from ..backbones.devices import device_dtype
         from ..runtime import VideoRouter
         device, dtype = device_dtype(config.device, config.dtype)
+        from ..backbones.compiled import CompileOptions
+        compile = CompileOptions(vision=config.vision_compile, router=config.router_compile,
+                                 cache_dir=config.compile_cache)
         vr = VideoRouter.from_pretrained(config.model, routers=config.routers, device=device,
-                                         dtype=dtype, visual_cache_size=max(1, config.visual_cache))
+                                         dtype=dtype, visual_cache_size=max(1, config.visual_cache),
+                                         decoding=config.decoding, compile=compile)
         from ..routing.scorers import build_scorer
         scorer = build_scorer(config.scorer, config.scorer_model, device=device, dtype=dtype,
                               cache_visual=config.visual_cache > 0)
