@@ -24,7 +24,7 @@ FLOORS = (
     ("vr_runtime.video", "vr_runtime.backbones"),
     ("vr_runtime.data",),
     ("vr_runtime.routing", "vr_runtime.planning", "vr_runtime.reconstruct", "vr_runtime.generate"),
-    ("vr_runtime.request", "vr_runtime.report", "vr_runtime.fingerprint"),
+    ("vr_runtime.request", "vr_runtime.report", "vr_runtime.fingerprint", "vr_runtime.html"),
     ("vr_runtime.runtime",),
     ("vr_runtime.cli_args", "vr_runtime.cli_io"),
     ("vr_runtime.eval", "vr_runtime.serve"),

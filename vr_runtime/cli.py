@@ -179,7 +179,7 @@ def add_demo_parser(sub) -> argparse.ArgumentParser:
     add_answer_args(demo, flags=("--policy",), overrides={"--policy": dict(
         help="as for ask; 'fragment' shows the Image Router's frame scores even when the "
              "routers are untrained (default: auto)")})
-    _add_output_args(demo)
+    _add_output_args(demo, demo=True)
     # What ask's flags would say: the bundled clip and the tiny model on the CPU. The demo's
     # small context is there to make the budget bite; dense shows what it would cost without.
     demo.set_defaults(video=str(SAMPLE_VIDEO), model="tiny", routers=None, frames=DEMO_FRAMES,
@@ -188,27 +188,34 @@ def add_demo_parser(sub) -> argparse.ArgumentParser:
     return demo
 
 
-def _add_output_args(p) -> None:
+def _add_output_args(p, demo: bool = False) -> None:
     p.add_argument("--json", action="store_true",
                    help='print one JSON object {"text": ..., "report": {...}} and nothing else')
     p.add_argument("--plot", metavar="FILE.png", default=None,
                    help="write a PNG of tokens per frame over time with relevance scores")
+    p.add_argument("--html", metavar="DIR" if demo else "FILE.html", default=None,
+                   help="write a page per question and an index page (index.html) into DIR"
+                   if demo else "write a self-contained HTML page that opens offline: the "
+                   "answer, every sampled frame's thumbnail on the timeline with its score, "
+                   "window and tokens, the budget, the stage timings and the notes")
 
 
 # ----------------------------------------------------------------------------- running
 
-def run_ask(args) -> dict:
+def run_ask(args, thumbnails=None) -> dict:
     """Check, load, answer. Returns {"text": str (the generated answer), "report": dict}."""
-    return run_questions(args, [args.question])[0]
+    return run_questions(args, [args.question], thumbnails)[0]
 
 
-def run_questions(args, questions) -> list:
+def run_questions(args, questions, thumbnails=None) -> list:
     """``run_ask`` for several questions about one video: the model is loaded and the video
-    decoded once (the demo's two questions); one {"text", "report"} per question."""
+    decoded once (the demo's two questions); one {"text", "report"} per question.
+    ``thumbnails``: a ThumbnailSink (vr_runtime.video.thumbnails) the decoded frames also go
+    to, for the pages of --html."""
     check_inputs(args, questions[0])
     from .backbones.devices import device_dtype
     device, dtype = device_dtype(args.device, args.dtype)
-    source = _open_video(args, device, dtype)   # a bad file fails before the model loads
+    source = _open_video(args, device, dtype, thumbnails)   # a bad file fails before the load
     vr = _load_model(args, device, dtype)
     from .routing.scorers import DEFAULT_SCORER, build_scorer
     scorer = build_scorer(getattr(args, "scorer", DEFAULT_SCORER),
@@ -227,6 +234,9 @@ def check_inputs(args, question: str) -> None:
         raise UsageError("QUESTION is empty; ask something about the video")
     if args.plot is not None:
         check_plot_path(args.plot)
+    if getattr(args, "html", None) is not None:
+        from .html import check_html_dir, check_html_file
+        (check_html_dir if args.command == "demo" else check_html_file)(args.html)
     from .backbones import check_model_arg
     from .planning.policies import check_policy
     from .routing.routers import check_router_file
@@ -249,10 +259,11 @@ def check_plot_path(plot: str) -> None:
         raise UsageError(f"--plot {plot!r}: directory {str(parent)!r} does not exist")
 
 
-def _open_video(args, device, dtype):
+def _open_video(args, device, dtype, thumbnails=None):
     """Open and check the video now (its index, the sampled frames, the memory check): a
     missing, corrupt or unsupported file fails in a second, before the model loads. Its frames
-    are decoded later, streamed through the vision tower (vr_runtime.video.frames)."""
+    are decoded later, streamed through the vision tower (vr_runtime.video.frames), and with
+    ``thumbnails`` shrunk into it on the way."""
     from .backbones import frame_spec_for
     from .video import decoders
     from .video.frames import open_frames
@@ -266,6 +277,8 @@ def _open_video(args, device, dtype):
                          decode_workers=getattr(args, "decode_workers", None),
                          fps=getattr(args, "fps", None), min_frames=getattr(args, "min_frames", 4),
                          max_frames=getattr(args, "max_frames", 768))
+    from .video.thumbnails import watch
+    watch(source, thumbnails)   # before the first frame decodes
     # Decode the first frames on the cores the model load leaves idle (its imports run on
     # one): they wait as resized uint8, at most PREFETCH_FRAMES of them (0.6 MB each at 448).
     source.prefetch(PREFETCH_FRAMES, wait=False)
@@ -445,9 +458,13 @@ def main(argv: Optional[list] = None) -> int:
         # stderr instead.
         redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
         with redirect:
-            outs = [run_ask(args)] if args.command == "ask" else run_questions(args, questions)
+            thumbs = _thumbnail_sink(args)
+            outs = [run_ask(args, thumbs)] if args.command == "ask" else \
+                run_questions(args, questions, thumbs)
             if args.plot:
                 _write_plot(args.plot, questions, outs)
+            if args.html:
+                _write_html(args, questions, outs, thumbs)
     except KeyboardInterrupt:  # main() called in-process, without the handler
         sys.stderr.write(f"{PROG}: interrupted\n")
         return EXIT_INTERRUPTED
@@ -480,6 +497,24 @@ def _write_plot(path: str, questions, outs) -> None:
             tmp.unlink()
 
 
+def _thumbnail_sink(args):
+    """Where --html's thumbnails go: the frames the answers decode, shrunk on the decoding
+    workers (None without --html: nothing is made)."""
+    if not args.html:
+        return None
+    from .video.thumbnails import ThumbnailStore
+    return ThumbnailStore(max_bytes=None).sink()
+
+
+def _write_html(args, questions, outs, thumbs) -> None:
+    """ask: the one page at --html; demo: a page per question and the index in --html DIR."""
+    from .html import write_answer, write_demo
+    if args.command == "demo":
+        write_demo(args.html, questions, outs, thumbs)
+    else:
+        write_answer(args.html, questions[0], outs[0], thumbs)
+
+
 def _print_outputs(args, questions, outs) -> None:
     """The answers for people: each question's table, then (the demo) one line per question."""
     try:
@@ -492,6 +527,9 @@ def _print_outputs(args, questions, outs) -> None:
                                                 for q, o in zip(questions, outs)) + "\n")
         if args.plot:
             sys.stdout.write(f"plot: {args.plot}\n")
+        if args.html:
+            page = os.path.join(args.html, "index.html") if args.command == "demo" else args.html
+            sys.stdout.write(f"html: {page}\n")
     except BrokenPipeError:
         _broken_pipe()
     _write_stdout("")

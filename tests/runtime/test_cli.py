@@ -228,7 +228,7 @@ def test_debug_shows_traceback(bad_files):
 
 def test_internal_error_is_one_line(monkeypatch, capsys, tmp_path):
     """A bug (not a user error) still prints one line, with the debug hint, and exit status 1."""
-    def boom(args):
+    def boom(args, *rest):
         raise RuntimeError("something\nbroke")
     monkeypatch.setattr(cli, "run_ask", boom)
     for k in ("TRANSFORMERS_VERBOSITY", "TRANSFORMERS_NO_ADVISORY_WARNINGS",

@@ -144,6 +144,11 @@ def _add_run_args(p) -> None:
     """Where the results go and how the run shows and batches its work."""
     p.add_argument("--out", default="eval_out", metavar="DIR")
     p.add_argument("--title", default="", help="title of the markdown table and the plot")
+    p.add_argument("--html", default=None, metavar="FILE.html",
+                   help="also write a self-contained page of the predictions, filterable by "
+                        "method, budget and correctness, each with the window its method gave "
+                        "every sampled frame (a rerun into the same --out rewrites it without "
+                        "answering again)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--batch-size", type=int, default=1, metavar="N",
                    help="prefill and decode up to N questions of one video, method and budget "
@@ -162,6 +167,9 @@ def _config(a, argv: List[str]):
         raise BenchmarkError(f"--batch-size: expected >= 1, got {a.batch_size}")
     if a.max_new_tokens < 1:
         raise BenchmarkError(f"--max-new-tokens: expected >= 1, got {a.max_new_tokens}")
+    if a.html is not None:
+        from ..html import check_html_file
+        check_html_file(a.html)     # before the run, not after its hours
     from ..backbones import resolve_model   # torch
     for flag in ("model", "data_ft_model"):   # a preset, a directory or a cached Hub id
         v = getattr(a, flag)
@@ -198,6 +206,17 @@ def _config(a, argv: List[str]):
                       batch_size=a.batch_size, scorer=a.scorer, scorer_model=a.scorer_model,
                       seek=a.seek, time_window=a.time_window,
                       command=" ".join(["videorouter eval"] + [shlex.quote(x) for x in argv]))
+
+
+def _write_html(a, results: dict) -> None:
+    """``--html``: every prediction of the run's predictions.jsonl (failed ones included) and
+    the results table's rows, on one page."""
+    import json
+    from ..html import write_eval
+    path = os.path.join(a.out, "predictions.jsonl")
+    with open(path, encoding="utf-8") as f:
+        preds = [json.loads(line) for line in f if line.strip()]
+    write_eval(a.html, preds, results["rows"], a.title)
 
 
 def parser_note(meta: dict) -> Optional[str]:
@@ -252,6 +271,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                                  f"(see results.json: meta.skipped_questions)\n")
             sys.stdout.write(f"\nwrote {a.out}/predictions.jsonl, results.json, results.md, "
                              f"results.csv, accuracy_vs_tokens.png\n")
+            if a.html is not None:
+                _write_html(a, results)
+                sys.stdout.write(f"wrote {a.html}\n")
             note = parser_note(results["meta"])
             if note:
                 sys.stderr.write(note + "\n")

@@ -250,7 +250,9 @@ class Evaluator:
                 "video": pathlib.Path(q.video).name, "frames_used": len(r["frame_indices"]),
                 "frames_kept": r.get("frames_kept"),
                 "no_relevant_frame": bool(r.get("no_relevant_frame")),
-                "visual_cache": r.get("visual_cache")}
+                "visual_cache": r.get("visual_cache"),
+                # each sampled frame's window, as the report has them (eval --html draws them)
+                "windows": r.get("windows")}
 
 
 def _dist(device: str):

@@ -5,6 +5,8 @@
     GET  /health                200 while the process serves (503 while draining); queue
                                 counters, API requests by status
     GET  /metrics               Prometheus metrics (vr_runtime.serve.observe)
+    GET  /ui, GET /ui/media     a page that asks and shows the timeline (vr_runtime.serve.ui;
+                                off with --no-ui)
 
 :func:`create_app` builds it around an :class:`~vr_runtime.serve.engine.Engine` (one model per
 process): the routes are module-level functions on :data:`router` that read the engine, the limits,
@@ -25,7 +27,7 @@ Operators: an access log line per API request at ``--log-level info``, ``GET /me
 On SIGTERM the server drains (command.py, Engine.drain).
 """
 import asyncio
-import hmac
+import dataclasses
 import json
 import logging
 import os
@@ -40,11 +42,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..cli_io import jsonable
+from ..video.thumbnails import ThumbnailStore
 from .engine import RETRY_AFTER_S, Engine, worker_id
-from .errors import APIError, error_body, from_exception
+from .errors import APIError, error_body, from_exception, key_error
 from .observe import REPORT_KEY, Observer
 from .schema import (Limits, chunk, completion, finish_reason, new_id, parse_request,
                      to_settings, usage)
+from .ui import router as ui_router
 
 log = logging.getLogger("videorouter.serve")
 
@@ -171,14 +175,6 @@ class BodyLimit:
             log.warning("request failed: %s", from_exception(e).message)
 
 
-def key_error(auth: str, api_key: str) -> None:
-    """Raise the 401 unless ``auth`` (the Authorization header) carries ``api_key``."""
-    scheme, _, token = auth.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
-                                                             api_key.encode()):
-        raise APIError(401, "missing or wrong API key; send 'Authorization: Bearer <key>'")
-
-
 async def _send_error(send, err: APIError):
     body = _dumps(err.body())
     extra = [(k.lower().encode(), str(v).encode()) for k, v in err.headers.items()]
@@ -195,13 +191,15 @@ router = APIRouter()
 def create_app(engine: Union[Engine, Callable[[], Engine]], limits: Limits = Limits(),
                api_key: Optional[str] = None, max_body_bytes: int = 100 * 2**20,
                served_model_name: Optional[str] = None,
-               max_inflight_bytes: Optional[int] = 512 * 2**20):
+               max_inflight_bytes: Optional[int] = 512 * 2**20, ui: bool = True):
     """The app around ``engine`` (an Engine, or a function that returns the process's engine,
-    called on first use: how a Ray Serve replica shares the one it loaded).
+    called on first use: how a Ray Serve replica shares the one it loaded). ``ui``: serve the
+    page ``GET /ui`` and its listing ``GET /ui/media`` (vr_runtime.serve.ui; ``--no-ui``).
 
     The routes (:data:`router`) read what they serve from ``app.state``: ``get_engine``,
-    ``limits``, ``api_key``, ``served_model_name`` and ``observer``. Returns the ASGI app to
-    serve: the FastAPI app inside :class:`BodyLimit`, inside the
+    ``limits``, ``api_key``, ``served_model_name``, ``max_body_bytes``, ``thumbnails`` (the
+    thumbnails requests made, for later requests on the same file) and ``observer``. Returns
+    the ASGI app to serve: the FastAPI app inside :class:`BodyLimit`, inside the
     :class:`~vr_runtime.serve.observe.Observer`."""
     app = FastAPI(title="VideoRouter", docs_url=None, redoc_url=None, openapi_url=None)
     state = app.state
@@ -209,9 +207,13 @@ def create_app(engine: Union[Engine, Callable[[], Engine]], limits: Limits = Lim
     state.limits = limits
     state.api_key = api_key
     state.served_model_name = served_model_name
+    state.max_body_bytes = int(max_body_bytes)
+    state.thumbnails = ThumbnailStore()
     for exc_class, handler in EXCEPTION_HANDLERS:
         app.add_exception_handler(exc_class, handler)
     app.include_router(router)
+    if ui:
+        app.include_router(ui_router)
     state.observer = Observer(BodyLimit(app, max_body_bytes, api_key, max_inflight_bytes),
                               lambda: state.get_engine().stats())
     return state.observer
@@ -309,8 +311,12 @@ async def models(request: Request):
 async def chat_completions(request: Request):
     _check_key(request)
     limits: Limits = request.app.state.limits
-    settings = to_settings(parse_request(await _json_body(request)), limits,
-                           [_model_name(request)])
+    req = parse_request(await _json_body(request))
+    settings = to_settings(req, limits, [_model_name(request)])
+    if req.videorouter_thumbnails:
+        # The frames this request decodes anyway become thumbnails on the decoding workers
+        # (serve.prefetch); a later request on the same file finds them in the store.
+        settings = dataclasses.replace(settings, thumbnails=request.app.state.thumbnails.sink())
     eng = _engine(request)
     gone = asyncio.Event()
     watcher = asyncio.ensure_future(_watch_client(request, gone))
@@ -321,8 +327,22 @@ async def chat_completions(request: Request):
     finally:
         watcher.cancel()
     request.scope.setdefault("state", {})[REPORT_KEY] = ans.report   # tokens, timings
-    return _json_response(completion(new_id(), _model_name(request), ans.text, ans.report,
-                                     settings.max_new_tokens))
+    body = completion(new_id(), _model_name(request), ans.text, ans.report,
+                      settings.max_new_tokens)
+    return _json_response({**body, **thumbnails_field(settings, ans.report)})
+
+
+def thumbnails_field(settings, report: dict) -> dict:
+    """``{"videorouter_thumbnails": [data URL or null per sampled frame]}`` for a request that
+    asked for them (``videorouter_thumbnails: true``), else nothing: the default response is
+    unchanged."""
+    if settings.thumbnails is None:
+        return {}
+    indices = report.get("frame_indices") or []
+    urls = settings.thumbnails.data_urls(indices)
+    if all(u is not None for u in urls):
+        settings.thumbnails.remember(indices)
+    return {"videorouter_thumbnails": urls}
 
 
 async def _json_body(request: Request):
@@ -436,7 +456,7 @@ async def _events(cid, name, tokenizer, pending, ids, task, settings, scope):
     if rest:
         yield content(rest)
     yield event(chunk(cid, created, name, {}, finish_reason(report, settings.max_new_tokens),
-                      videorouter=report))
+                      videorouter=report, **thumbnails_field(settings, report)))
     if settings.include_usage:
         yield event(chunk(cid, created, name, None, usage=usage(report)))
     yield b"data: [DONE]\n\n"

@@ -54,6 +54,9 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--visual-cache", type=_non_negative_int, default=4, metavar="N",
                    help="videos whose decoded frames, Z and Image Router state are kept for "
                         "the next request on them (default: 4; 0 turns reuse off)")
+    p.add_argument("--no-ui", action="store_true",
+                   help="do not serve GET /ui, the page that asks a video and shows what the "
+                        "router kept (vr_runtime.serve.ui; on by default)")
     p.add_argument("--allow-remote-media", action="store_true",
                    help="also accept http(s):// video URLs (downloaded under --max-video-mb)")
     p.add_argument("--log-level", choices=("error", "warning", "info", "debug"),
@@ -168,7 +171,8 @@ def configs(args):
     app_kw = dict(limits=limits, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
                   max_body_bytes=int(args.max_body_mb * 2**20),
                   served_model_name=args.served_model_name,
-                  max_inflight_bytes=int(getattr(args, "max_inflight_mb", 512.0) * 2**20))
+                  max_inflight_bytes=int(getattr(args, "max_inflight_mb", 512.0) * 2**20),
+                  ui=not getattr(args, "no_ui", False))
     return engine, media, limits, app_kw
 
 

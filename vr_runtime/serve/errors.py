@@ -8,6 +8,7 @@ prints after ``videorouter: error:`` (``vr_runtime.cli``'s own helpers make it),
 """
 from __future__ import annotations
 
+import hmac
 from typing import Optional
 
 from ..cli_io import message as cli_message, one_line, user_errors
@@ -84,3 +85,11 @@ def from_exception(e: BaseException, replace: Optional[dict] = None) -> APIError
     if isinstance(e, user_errors()):
         return APIError(500, text)
     return APIError(500, f"internal error: {type(e).__name__}: {text}")
+
+
+def key_error(auth: str, api_key: str) -> None:
+    """Raise the 401 unless ``auth`` (the Authorization header) carries ``api_key``."""
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
+                                                             api_key.encode()):
+        raise APIError(401, "missing or wrong API key; send 'Authorization: Bearer <key>'")

@@ -45,6 +45,9 @@ _DATA_URL = re.compile(r"^data:(?P<mime>[^;,]*)((?:;[^;,]*)*);base64,", re.IGNOR
 _SUFFIX = {"video/mp4": ".mp4", "video/webm": ".webm", "video/x-matroska": ".mkv",
            "video/quicktime": ".mov", "video/x-msvideo": ".avi", "video/mpeg": ".mpg"}
 DATA_LABEL = "video_url (data: URL)"
+# What the /ui listing shows of the media directory (any file may still be asked for by URL).
+VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts",
+                  ".mts", ".m2ts", ".flv", ".wmv", ".3gp", ".ogv", ".gif")
 
 
 @dataclass(frozen=True)
@@ -262,6 +265,31 @@ class MediaStore:
             if self._pins[name] <= 0:
                 del self._pins[name]
             self._evict()
+
+    def listing(self, limit: int = 1000) -> tuple:
+        """(videos, truncated): the video files under the media directory that a request's
+        ``file://`` URL may name, each ``{"name": path relative to it, "url": its file:// URL}``,
+        sorted, at most ``limit``. Confined exactly as a request is: every URL goes through the
+        check a request's URL does (:meth:`_local`), so a symlink out of the directory is left
+        out; only regular files are listed (checked with ``stat``: nothing is opened)."""
+        videos = []
+        for folder, dirs, files in os.walk(self.root, followlinks=False):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            for name in sorted(files):
+                if name.startswith(".") or not name.lower().endswith(VIDEO_SUFFIXES):
+                    continue
+                url = pathlib.Path(folder, name).as_uri()
+                try:
+                    real = self._local(url)
+                except APIError:
+                    continue
+                if not os.path.isfile(real):
+                    continue
+                if len(videos) >= limit:
+                    return videos, True
+                videos.append({"name": os.path.relpath(os.path.join(folder, name), self.root),
+                               "url": url})
+        return videos, False
 
     def stored_count(self) -> int:
         with self._lock:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 
+from ..video.thumbnails import watch
 from .errors import APIError, Skipped, from_exception
 from .media import MediaStore, Video
 from .schema import Settings
@@ -31,11 +32,20 @@ class Prefetch:
             return "the request was given up (timeout, client gone or shutdown)" \
                 if cancel.is_set() else None
         video = self.media.resolve(s.video_url)
+        if s.thumbnails is not None and video.file is not None:
+            # The file's identity and the sampling (as the visual cache's key has them): a
+            # request answered from the cache finds the thumbnails an earlier decode left.
+            s.thumbnails.bind((video.file.real_path, video.file.identity),
+                              (s.num_frames, s.time_window, s.seek, s.fps))
         try:
             cached = getattr(self.vr, "has_frames", None)   # (absent on test doubles)
             if self.config.visual_cache > 0 and cached and s.fps is None and \
-                    cached(video.path, s.num_frames, s.time_window, "auto", s.seek):
+                    cached(video.path, s.num_frames, s.time_window, "auto", s.seek) and \
+                    (s.thumbnails is None or s.thumbnails.complete()):
                 return video
+            # (Thumbnails asked for on a video cached by a request that asked for none: its
+            # frames are decoded here, off the model's lock, for them; the answer still
+            # reuses the cached work.)
             while not self._clip_slots.acquire(timeout=0.05):   # bounds clips held in memory
                 if should_stop():
                     raise Skipped(504, "the request was given up while waiting to decode")
@@ -51,6 +61,9 @@ class Prefetch:
                                    limits=self.media.config.limits(),
                                    time_window=s.time_window, seek=s.seek, fps=s.fps,
                                    **s.rate_bounds)
+                # Thumbnails (when asked for) are made on the decoding workers from these very
+                # frames: no second decode.
+                watch(clip, s.thumbnails)
                 clip.prefetch(self.config.prefetch_frames, should_stop)
             except BaseException:
                 self._clip_slots.release()

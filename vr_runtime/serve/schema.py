@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
@@ -97,6 +97,9 @@ class ChatRequest(_Strict):
     time_window: Union[List[Any], str, None] = None   # [start_s, end_s] or "START,END"
     mm_processor_kwargs: Optional[Dict[str, Any]] = None
     media_io_kwargs: Optional[Dict[str, Any]] = None
+    # Beyond OpenAI's schema, opt-in: the answer carries a JPEG thumbnail of each sampled frame,
+    # made from the frames the request decodes (docs/serving.md; what /ui asks for).
+    videorouter_thumbnails: Optional[bool] = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,9 @@ class Settings:
     seek: str = "exact"          # "exact" or "keyframe" (vr_runtime.video.decoders.SEEKS)
     time_window: Optional[tuple] = None   # (start_s, end_s): sample only this part
     fps: Optional[float] = None  # sample by rate: fps frames a second, 4 to num_frames
+    # Where the request's decoded frames leave their thumbnails (a ThumbnailSink, set by the app
+    # when the request asks for them); not a setting of the answer, so batches ignore it.
+    thumbnails: Any = field(default=None, compare=False)
 
     @property
     def rate_bounds(self) -> dict:

@@ -117,6 +117,15 @@ class FileSource(FrameSource):
 
     _prefetch: Optional[FrameStream] = None
     _t_prefetch: Optional[float] = None      # when the prefetch started (decode_s counts it)
+    #: ``on_frame(source_index, frame)``, called on the decoding workers with each resized
+    #: uint8 [S, S, 3] frame (vr_runtime.video.thumbnails); set it before the first read
+    on_frame = None
+
+    @property
+    def display_aspect(self) -> float:
+        """Width / height of the video as shown (the frames the tower reads are square)."""
+        w, h = self.plan.info.display_size
+        return w / h if w > 0 and h > 0 else 1.0
 
     def stream(self, ranks: Sequence[int], job_frames: int = 16,
                window: Optional[int] = None) -> FrameStream:
@@ -125,7 +134,7 @@ class FileSource(FrameSource):
         scale = scaled_size(p.info.width, p.info.height, p.size)
         return FrameStream(p.info, [p.indices[r] for r in ranks], scale, p.size, p.decoder,
                            p.seek, p.workers, job_frames=job_frames, window=window,
-                           should_stop=p.should_stop)
+                           should_stop=p.should_stop, on_frame=self.on_frame)
 
     def prefetch(self, frames: int, should_stop=None, wait: bool = True) -> "FileSource":
         """Decode the first ``frames`` sampled frames now, before the caller's turn on the

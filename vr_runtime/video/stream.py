@@ -96,13 +96,17 @@ class FrameStream:
 
     Iterate :meth:`take` over ranks 0, 1, ... in order (each once), then :meth:`close`; or use
     it as a context manager. ``should_stop()``: the caller's deadline, asked between packets
-    (a reason string stops the stream with a ``VideoError``)."""
+    (a reason string stops the stream with a ``VideoError``). ``on_frame(index, frame)``: called
+    on the worker with each resized frame and its source frame index, before it is handed
+    over (the pages' thumbnails, made from this decode rather than a second one)."""
 
     def __init__(self, info: VideoIndex, indices: Sequence[int], scale, size: int,
                  decoder: str = "auto", seek: str = "exact", workers: int = 1,
                  job_frames: int = 16, window: Optional[int] = None,
-                 should_stop: Optional[Callable[[], Optional[str]]] = None):
+                 should_stop: Optional[Callable[[], Optional[str]]] = None,
+                 on_frame: Optional[Callable[[int, np.ndarray], None]] = None):
         self.info, self.indices = info, [int(i) for i in indices]
+        self.on_frame = on_frame
         self.scale, self.size, self.seek = scale, int(size), seek
         self.jobs = gop_jobs(info, self.indices, max(1, int(job_frames)))
         self.workers = max(1, min(int(workers), len(self.jobs) or 1))
@@ -171,7 +175,10 @@ class FrameStream:
         first = job[0]
 
         def on_frame(i: int, frame: np.ndarray) -> None:
-            self._put(first + i, resize_frame(frame, self.size))
+            resized = resize_frame(frame, self.size)
+            if self.on_frame is not None:
+                self.on_frame(self.indices[first + i], resized)
+            self._put(first + i, resized)
 
         used = decode_frames(self.info, [self.indices[r] for r in job], self.scale, on_frame,
                              self.decoder, workers=1, seek=self.seek)
