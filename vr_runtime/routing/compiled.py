@@ -29,11 +29,15 @@ QUESTION_BUCKET = 32
 # Rows a call, counted as frames x (frame tokens + one bucket of question): 8K rows, as the
 # eager path's MAX_ROUTER_TOKENS, fill a GPU while keeping the 8B MLP intermediates near 1 GB.
 ROWS_PER_CALL = 8192
+# ... and at most this many frames a call: every call runs a whole chunk, so a short video's
+# padding costs at most 32 frames' work (pool 2 would otherwise take 85 frames a call).
+MAX_CHUNK_FRAMES = 32
 
 
 class RouterRunner:
     """Fixed-shape frame logits of ``routers`` for frames of ``tokens`` rows each (the grid
-    after ``router_pool``): ``chunk`` frames a call (None: as many as fit :data:`ROWS_PER_CALL`),
+    after ``router_pool``): ``chunk`` frames a call (None: as many as fit :data:`ROWS_PER_CALL`,
+    at most :data:`MAX_CHUNK_FRAMES`),
     compiled with ``compile`` (``auto``: the device's default)."""
 
     def __init__(self, routers, tokens: int, chunk: Optional[int] = None, compile: str = "auto",
@@ -45,7 +49,7 @@ class RouterRunner:
         self.tokens = int(tokens)
         self.bucket = question_bucket
         self.chunk = check_chunk(chunk, "router_chunk") or \
-            max(1, ROWS_PER_CALL // (self.tokens + question_bucket))
+            max(1, min(MAX_CHUNK_FRAMES, ROWS_PER_CALL // (self.tokens + question_bucket)))
         self._run = FixedChunks(self._frames, self.chunk, self.mode)
 
     def _frames(self, z: torch.Tensor, q: torch.Tensor, pos: Optional[torch.Tensor],
@@ -89,4 +93,4 @@ class RouterRunner:
         return qp, pos, mask
 
 
-__all__ = ["QUESTION_BUCKET", "ROWS_PER_CALL", "RouterRunner"]
+__all__ = ["MAX_CHUNK_FRAMES", "QUESTION_BUCKET", "ROWS_PER_CALL", "RouterRunner"]

@@ -1,0 +1,45 @@
+"""bench/scripts/bench_fast_path.py's CPU dry run (eager modes only, so nothing compiles): every
+section runs and writes its results (per-stage ms a frame, TTFT rows with the ratio to Dense,
+profile tables), and bad arguments are one argparse line."""
+import json
+import pathlib
+import sys
+
+import pytest
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
+sys.path[:0] = [str(BENCH / "scripts"), str(BENCH)]
+
+
+def test_cpu_dry_run(tmp_path):
+    import bench_fast_path
+    out = tmp_path / "fp.json"
+    assert bench_fast_path.main(["--cpu", "--frames", "3", "--ttft-frames", "3",
+                                 "--dense-max-frames", "3", "--chunks", "2", "--runs", "1",
+                                 "--warmup", "0", "--vision-modes", "off",
+                                 "--router-modes", "off", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["label"].startswith("CPU dry run") and doc["environment"]["torch"]
+    assert [r["variant"] for r in doc["vision"]] == ["today (eager, chunks of 16)", "off, chunk 2"]
+    assert {r["pool"] for r in doc["router"]} == {1, 2}
+    for r in doc["vision"] + doc["router"]:
+        assert not r.get("error") and r["ms_per_frame"] > 0
+    ttft = {(r["settings"], r["policy"]): r for r in doc["ttft"]}
+    assert set(ttft) == {(s, p) for s in ("today", "tuned") for p in ("videorouter", "dense")}
+    row = ttft["today", "videorouter"]
+    assert row["ttft_s"] > 0 and row["ratio_to_dense"] > 0 and row["visual_tokens"] > 0
+    assert 0 < row["floor_ratio_tokens"] < 1
+    for name in doc["profiles"].values():
+        assert "Name" in (tmp_path / name).read_text()
+    assert "TTFT" in out.with_suffix(".md").read_text()
+
+
+@pytest.mark.parametrize("argv,msg", [(["--sections", "decode"], "--sections"),
+                                      (["--vision-modes", "fast"], "modes"),
+                                      (["--router-modes", "cudagraphs"], "cudagraphs needs CUDA"),
+                                      (["--tuned", "off,16"], "--tuned")])
+def test_bad_arguments(argv, msg, capsys):
+    import bench_fast_path
+    with pytest.raises(SystemExit):
+        bench_fast_path.parse(["--cpu"] + argv)
+    assert msg in capsys.readouterr().err
