@@ -61,6 +61,8 @@ PARSERS: Dict[str, Callable] = {
     "bench_decode.py": _call("parse"),
     "bench_pool_pack.py": _main_until("run_processes", "cpu_vs_compile", "has_cuda"),
     "bench_video.py": _call("parse_any"),
+    "bench_fast_path.py": _call("parse"),
+    "bench_train.py": _call("parse"),
 }
 
 

@@ -2,14 +2,27 @@
 # The GPU rows of BENCHMARKS.md's goals table in one call of the device tool, sized for a
 # session's 15 minutes of device time (docs/gpu-run.md says how to run it and what comes back).
 #
-#   bash bench/gpu_run.sh [--dry-run] [main|extra]
+#   bash bench/gpu_run.sh [--dry-run] [tune|main|extra]
+#
+# tune (run it first; ~9 min on an H200, one device call): the fast path's options against
+# today's path, InternVL3-8B shape, random weights, bf16:
+#   fast         bench_fast_path.py: vision tower and Image Router ms a frame per compile mode
+#                and chunk (pool 1 and 2), the sdpa kernels the tower runs, TTFT at 64 and 1,024
+#                frames today vs tuned (Dense at 64), peak memory, profiler tables
+#   decode_cold  bench_decode.py dynamic and graph, the compile of the graph step from an empty
+#                compile cache (its seconds: compile_s)
+#   decode_warm  the same graph step in a second process from that cache: the warm start
+#   train_2b     bench_train.py Stage 3 at the InternVL3-2B shape, fused pool_pack vs reference
+#   train_8b     Stage 3 (last 4 LLM layers trained) and Stages 1-2 at the 8B shape
+#   tests        pytest -m gpu of the compiled paths (CUDA graphs vs eager)
+#   video        NVDEC through torchcodec, FFmpeg from PyAV's bundle (scripts/gpu/ffmpeg_from_pyav.sh)
 #
 # main (default; stage caps sum to ~6 min on one H100), in order of value, InternVL3-8B shape,
 # random weights, bf16, 64 frames, budget 12,288 unless said:
 #   e2e      bench_e2e.py Dense and VideoRouter (s=2,4): TTFT, the ratio, router share, memory
 #   kernels  bench_pool_pack.py at the paper shape, kernel and same-bytes device copy, 3 processes
-#   decode   bench_decode.py: ms a new token, batch 1, dynamic and plain CUDA graphs (inductor's
-#            compile of the 8B decoder takes ~35 s: it runs in extra)
+#   decode   bench_decode.py: ms a new token, batch 1, dynamic and static (graph decoding, with
+#            its ~35-s compile of the 8B decoder, runs in tune and extra)
 #   batch    bench_e2e.py --sweep batch: 4 videos against 1 (one batched prefill)
 #   frames   bench_e2e.py --sweep frames at 256 frames: the TTFT ratio there (--context raised)
 #   tests    pytest -m gpu of the new paths (graph decoding, batched pool_pack, prefix cache,
@@ -42,11 +55,14 @@ PART=main
 for a in "$@"; do
     case "$a" in
     --dry-run) DRY=1 ;;
-    main|extra) PART=$a ;;
-    *) echo "gpu_run.sh: unknown argument '$a': expected [--dry-run] [main|extra]" >&2; exit 2 ;;
+    main|extra|tune) PART=$a ;;
+    *) echo "gpu_run.sh: unknown argument '$a': expected [--dry-run] [tune|main|extra]" >&2
+       exit 2 ;;
     esac
 done
 if [ "$PART" = main ]; then TGZ=gpu_rows.tgz; SUMMARY=summary.md; BUDGET=${GPU_RUN_BUDGET_S:-390}
+elif [ "$PART" = tune ]; then TGZ=gpu_tune.tgz; SUMMARY=summary_tune.md
+    BUDGET=${GPU_RUN_BUDGET_S:-530}
 else TGZ=gpu_extra.tgz; SUMMARY=summary_extra.md; BUDGET=${GPU_RUN_BUDGET_S:-280}; fi
 if [ -n "${OUT:-}" ]; then
     DEST="$OUT"
@@ -62,6 +78,13 @@ START=$SECONDS
 if [ "$DRY" = 0 ] && [ -d .whl ] && ! python3 -c "import av" 2>/dev/null; then
     python3 -m pip install -q --no-deps --no-index .whl/*.whl >"$WORK/logs/wheels.log" 2>&1 \
         || echo "gpu_run.sh: installing .whl/ failed (logs/wheels.log)" >&2
+fi
+
+# torchcodec's FFmpeg: PyAV's bundled libraries under their sonames, where the system has none
+if [ "$DRY" = 0 ] && ! ldconfig -p 2>/dev/null | grep -q "libavcodec\.so\." \
+        && python3 -c "import av" 2>/dev/null; then
+    FFMPEG_ENV=$(bash scripts/gpu/ffmpeg_from_pyav.sh "$WORK/ffmpeg" 2>>"$WORK/logs/wheels.log") \
+        && eval "$FFMPEG_ENV"
 fi
 
 # What ran where: device, versions, the command (the results README is written from it).
@@ -98,7 +121,8 @@ finish() {   # the summary and the archive, as they stand now
     python3 bench/report/gpu_summary.py "$WORK" "$PART" >"$DEST/$SUMMARY.tmp" 2>>"$WORK/logs/summary.log" \
         && mv "$DEST/$SUMMARY.tmp" "$DEST/$SUMMARY"
     cp "$DEST/$SUMMARY" "$WORK/$SUMMARY" 2>/dev/null
-    tar czf "$DEST/$TGZ.tmp" -C "$WORK" --exclude="$TGZ" --exclude="$TGZ.tmp" . \
+    tar czf "$DEST/$TGZ.tmp" -C "$WORK" --exclude="$TGZ" --exclude="$TGZ.tmp" \
+        --exclude=./compile_cache --exclude=./ffmpeg . \
         && mv "$DEST/$TGZ.tmp" "$DEST/$TGZ"
 }
 
@@ -134,11 +158,27 @@ stage() {
 
 W="$WORK"
 E2E=(python3 bench/scripts/bench_e2e.py --no-plot)
-if [ "$PART" = main ]; then
+if [ "$PART" = tune ]; then
+    stage fast 250 python3 bench/scripts/bench_fast_path.py --runs 3 --warmup 1 \
+        --out "$W/fast_path_gpu_8b.json"
+    stage decode_cold 90 python3 bench/scripts/bench_decode.py --modes dynamic,graph \
+        --batch-sizes 1 --runs 2 --warmup 1 --compile-cache "$W/compile_cache" \
+        --out "$W/decode_cold_gpu_8b.json"
+    stage decode_warm 40 python3 bench/scripts/bench_decode.py --modes graph --batch-sizes 1 \
+        --runs 2 --warmup 1 --compile-cache "$W/compile_cache" --out "$W/decode_warm_gpu_8b.json"
+    stage train_2b 60 python3 bench/scripts/bench_train.py --shape 2b --steps 3 --warmup 1 \
+        --out "$W/train_gpu_2b.json"
+    stage train_8b 70 python3 bench/scripts/bench_train.py --shape 8b --stages 3,1,2 --steps 3 \
+        --warmup 1 --out "$W/train_gpu_8b.json"
+    stage tests 60 python3 -m pytest -m gpu -v -p no:cacheprovider \
+        tests/backbones/test_compiled.py tests/routing/test_compiled_router.py
+    stage video 35 python3 bench/scripts/bench_video.py nvdec --frames 64,2048 \
+        --out "$W/video_nvdec_gpu.json"
+elif [ "$PART" = main ]; then
     stage e2e 60 "${E2E[@]}" --runs 3 --warmup 1 --policies dense,vr24 --out "$W/e2e_gpu_8b"
     stage kernels 45 python3 bench/scripts/bench_pool_pack.py --no-sweep --no-compile --processes 3 \
         --warm-ms 200 --methods kernel,copy --out "$W/pool_pack_gpu_8b.json"
-    stage decode 45 python3 bench/scripts/bench_decode.py --modes dynamic,graph-cudagraphs \
+    stage decode 45 python3 bench/scripts/bench_decode.py --modes dynamic,static \
         --batch-sizes 1 --runs 2 --warmup 1 --out "$W/decode_gpu_8b.json"
     stage batch 50 "${E2E[@]}" --runs 1 --warmup 1 --sweep batch --batch-sizes 1,4 \
         --policies vr24 --out "$W/e2e_gpu_8b_batch"

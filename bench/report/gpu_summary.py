@@ -1,7 +1,7 @@
 """The summary of a bench/gpu_run.sh run as it stands: the goals table from whatever results
 files exist so far, then one line a stage (its status, seconds and cap).
 
-    python3 bench/report/gpu_summary.py WORK [main|extra]      # markdown on stdout
+    python3 bench/report/gpu_summary.py WORK [tune|main|extra]      # markdown on stdout
 
 Run after every stage, so a run stopped part-way still says what it measured. A row whose file
 is missing says which stage would have filled it. Standard library only: it must work in any
@@ -103,6 +103,91 @@ READERS: Dict[str, Tuple[Callable, str]] = {   # key: (reader, the stage that fi
 }
 
 
+# The tune part (bench_fast_path.py, bench_decode.py cold and warm, bench_train.py): each row's
+# goal, then what the run measured, today's path beside the tuned one.
+TUNE_GOALS: List[Tuple[str, str, str]] = [   # (key, row, goal)
+    ("vision", "vision tower, ms a frame", "<= 1.1 (floor 0.91)"),
+    ("router1", "router, ms a frame, pool 1", "<= 0.8 (floor 0.68)"),
+    ("router2", "router, ms a frame, pool 2", "<= 0.3 (floor 0.22)"),
+    ("ttft64", "TTFT at 64 frames", "<= 0.30 s"),
+    ("ratio64", "TTFT VideoRouter / Dense, 64 frames", "<= 0.58x"),
+    ("ttft1024", "TTFT at 1,024 frames", "<= 2.0 s"),
+    ("memory", "peak memory VideoRouter / Dense, 64 frames", "<= 1.0x"),
+    ("decode", "decode per token, batch 1 (graph)", "<= 5.0 ms"),
+    ("warm", "graph decoding's compile: cold / warm start", "warm <= 5 s"),
+    ("train", "Stage 3 step, fused / reference (2B, 8B)", "no slower, no larger"),
+]
+
+
+def _best(rows, **where) -> Optional[dict]:
+    ok = [r for r in rows or [] if r.get("ms_per_frame") is not None and not r.get("error")
+          and all(r.get(k) == v for k, v in where.items())]
+    return min(ok, key=lambda r: r["ms_per_frame"]) if ok else None
+
+
+def _today_best(rows, **where) -> Optional[str]:
+    today = _best([r for r in rows or [] if r["variant"].startswith("today")], **where)
+    best = _best([r for r in rows or [] if not r["variant"].startswith("today")], **where)
+    if today is None:
+        return None
+    text = f"today {today['ms_per_frame']:.2f}"
+    return text + (f"; best {best['ms_per_frame']:.2f} ({best['variant']})" if best else "")
+
+
+def _ttft(doc, settings, policy, frames) -> Optional[dict]:
+    for r in (doc or {}).get("ttft", []):
+        if (r.get("settings"), r.get("policy"), r.get("frames")) == (settings, policy, frames) \
+                and r.get("ttft_s") is not None:
+            return r
+    return None
+
+
+def _tune(work: str, key: str) -> Optional[str]:
+    fp = _load(work, "fast_path_gpu_8b.json")
+    if key == "vision":
+        return _today_best((fp or {}).get("vision"))
+    if key in ("router1", "router2"):
+        return _today_best((fp or {}).get("router"), pool=int(key[-1]))
+    if key in ("ttft64", "ttft1024", "ratio64", "memory"):
+        T = 1024 if key == "ttft1024" else 64
+        got = {s: _ttft(fp, s, "videorouter", T) for s in ("today", "tuned")}
+        dense = {s: _ttft(fp, s, "dense", T) for s in ("today", "tuned")}
+        if key == "memory":
+            pairs = [(s, got[s], dense[s]) for s in got if got[s] and dense[s]
+                     and got[s].get("peak_total_gb") and dense[s].get("peak_total_gb")]
+            return "; ".join(f"{s} {v['peak_total_gb'] / d['peak_total_gb']:.2f}x"
+                             for s, v, d in pairs) or None
+        if key == "ratio64":
+            return "; ".join(f"{s} {r['ratio_to_dense']:.2f}x (tokens {r['floor_ratio_tokens']:.2f}x)"
+                             for s, r in got.items() if r and r.get("ratio_to_dense")) or None
+        return "; ".join(f"{s} {r['ttft_s']:.3f} s" for s, r in got.items() if r) or None
+    if key in ("decode", "warm"):
+        cold = _load(work, "decode_cold_gpu_8b.json") or {}
+        warm = _load(work, "decode_warm_gpu_8b.json") or {}
+        rows = {(d, r["mode"]): r for d, doc in (("cold", cold), ("warm", warm))
+                for r in doc.get("rows", []) if r.get("batch") == 1 and not r.get("error")}
+        if key == "decode":
+            return ", ".join(f"{m} {r['ms_per_token']:.2f} ms" for (d, m), r in rows.items()
+                             if d == "cold") or None
+        c, w = rows.get(("cold", "graph")), rows.get(("warm", "graph"))
+        return f"{c['compile_s']:.1f} s / {w['compile_s']:.1f} s" if c and w else None
+    parts = []
+    for shape in ("2b", "8b"):
+        doc = _load(work, f"train_gpu_{shape}.json") or {}
+        r = {x["backend"]: x for x in doc.get("rows", []) if x.get("stage") == 3
+             and not x.get("error")}
+        if "kernel" in r and "reference" in r:
+            k, ref = r["kernel"], r["reference"]
+            parts.append(f"{shape} {k['step_s'] / ref['step_s']:.2f}x time, "
+                         f"{(k.get('peak_step_gb') or 0) / max(ref.get('peak_step_gb') or 1e-9, 1e-9):.2f}x memory")
+    return "; ".join(parts) or None
+
+
+TUNE_STAGES = {"vision": "fast", "router1": "fast", "router2": "fast", "ttft64": "fast",
+               "ratio64": "fast", "ttft1024": "fast", "memory": "fast", "decode": "decode_cold",
+               "warm": "decode_warm", "train": "train_2b"}
+
+
 def _stages(work: str) -> List[List[str]]:
     rows = []
     try:
@@ -164,6 +249,15 @@ def summary(work: str, part: str = "main") -> str:
             except (KeyError, TypeError, ZeroDivisionError) as e:   # a file of another shape
                 got = f"unreadable ({type(e).__name__})"
             lines.append(f"| {name} | {goal} | {got or 'pending (stage ' + stage + ')'} | {then} |")
+        lines.append("")
+    if part == "tune":
+        lines += ["| row | goal | measured now |", "|---|---|---|"]
+        for key, name, goal in TUNE_GOALS:
+            try:
+                got = _tune(work, key)
+            except (KeyError, TypeError, ZeroDivisionError) as e:   # a file of another shape
+                got = f"unreadable ({type(e).__name__})"
+            lines.append(f"| {name} | {goal} | {got or 'pending (stage ' + TUNE_STAGES[key] + ')'} |")
         lines.append("")
     lines += ["| stage | status | seconds | cap |", "|---|---|---|---|"]
     lines += [f"| {' | '.join((r + ['', '', ''])[:4])} |" for r in _stages(work)]

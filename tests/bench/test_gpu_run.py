@@ -1,6 +1,7 @@
 """bench/gpu_run.sh, the prepared GPU command, dry-run on CPU: every stage's command line is
 parsed by its own script, the archive and the summary are made, and a bad flag fails here
 instead of in the first minute of device time."""
+import json
 import os
 import pathlib
 import re
@@ -17,6 +18,7 @@ sys.path[:0] = [str(ROOT / "bench" / "scripts"), str(ROOT / "bench")]
 import check_args  # noqa: E402
 from report import gpu_summary  # noqa: E402
 
+TUNE = ["fast", "decode_cold", "decode_warm", "train_2b", "train_8b", "tests", "video"]
 MAIN = ["e2e", "kernels", "decode", "batch", "frames", "tests", "video"]
 EXTRA = ["frames_1024", "decode_inductor", "cold_tiny", "cold_8b"]
 
@@ -30,13 +32,12 @@ def _dry(tmp_path, *args, script=SCRIPT):
 
 
 def _stages(text):
-    """(name, cap) of each ``stage`` line of the script, main part then extra part."""
+    """(name, cap) of each ``stage`` line of the script: the tune, main and extra parts."""
     body = text.replace("\\\n", " ")
-    cut = body.index("stage frames_1024")   # the extra part's first stage
-    main, extra = body[:cut], body[cut - 4:]
+    a, b = body.index("stage e2e "), body.index("stage frames_1024")   # main's, extra's first
     pick = re.compile(r"^\s*stage (\w+) (\d+) ", re.M)
-    return ([(n, int(c)) for n, c in pick.findall(main)],
-            [(n, int(c)) for n, c in pick.findall(extra)])
+    return tuple([(n, int(c)) for n, c in pick.findall(part)]
+                 for part in (body[:a - 4], body[a - 4:b - 4], body[b - 4:]))
 
 
 def test_dry_run_checks_every_stage_and_leaves_one_archive_and_the_summary(tmp_path):
@@ -87,14 +88,61 @@ def test_the_prepared_commands_parse_as_on_the_gpu():
 
 
 def test_stages_in_order_of_value_and_caps_within_the_budgets():
-    main, extra = _stages(SCRIPT.read_text())
+    tune, main, extra = _stages(SCRIPT.read_text())
     assert [n for n, _ in main] == MAIN and [n for n, _ in extra] == EXTRA
+    assert [n for n, _ in tune] == TUNE
     assert sum(c for _, c in main) <= 390 and sum(c for _, c in extra) <= 280
+    # tune: one device call of at most 9 minutes; its budget skips what would not fit
+    assert sum(c for n, c in tune if n not in ("tests", "video")) <= 530
+
+
+def test_tune_dry_run_checks_every_stage(tmp_path):
+    r, out = _dry(tmp_path, "tune")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_tune.tgz", "summary_tune.md"]
+    summary = (out / "summary_tune.md").read_text()
+    for name in TUNE:
+        assert re.search(rf"^\| {name} \| .*dry-run: arguments ok", summary, re.M), name
+    assert "| vision tower, ms a frame | <= 1.1 (floor 0.91) | pending (stage fast) |" in summary
+
+
+def test_tune_summary_reads_its_files(tmp_path):
+    """The tune rows from files shaped as the tune part writes them."""
+    vision = [dict(variant="today (eager, chunks of 16)", ms_per_frame=1.79),
+              dict(variant="cudagraphs, chunk 32", ms_per_frame=1.02),
+              dict(variant="inductor, chunk 16", error="RuntimeError: x")]
+    router = [dict(variant="today (eager), pool 1", pool=1, ms_per_frame=1.01),
+              dict(variant="cudagraphs, pool 1", pool=1, ms_per_frame=0.75)]
+    ttft = [dict(settings=s, policy=p, frames=f, ttft_s=t, ratio_to_dense=x,
+                 floor_ratio_tokens=0.46, peak_total_gb=m)
+            for s, p, f, t, x, m in [("today", "videorouter", 64, 0.4, 0.66, 19.5),
+                                     ("today", "dense", 64, 0.61, None, 19.4),
+                                     ("tuned", "videorouter", 64, 0.29, 0.55, 19.0),
+                                     ("tuned", "dense", 64, 0.53, None, 19.4),
+                                     ("tuned", "videorouter", 1024, 1.9, None, 20.0)]]
+    (tmp_path / "fast_path_gpu_8b.json").write_text(
+        json.dumps(dict(vision=vision, router=router, ttft=ttft)))
+    dec = lambda c: dict(rows=[dict(mode="graph", batch=1, ms_per_token=4.8, compile_s=c)])
+    (tmp_path / "decode_cold_gpu_8b.json").write_text(json.dumps(dec(35.0)))
+    (tmp_path / "decode_warm_gpu_8b.json").write_text(json.dumps(dec(4.2)))
+    (tmp_path / "train_gpu_2b.json").write_text(json.dumps(dict(rows=[
+        dict(stage=3, backend="kernel", step_s=0.9, peak_step_gb=10.0),
+        dict(stage=3, backend="reference", step_s=1.0, peak_step_gb=12.5)])))
+    text = gpu_summary.summary(str(tmp_path), "tune")
+    for row, got in [("vision tower", "today 1.79; best 1.02 (cudagraphs, chunk 32)"),
+                     ("router, ms a frame, pool 1", "today 1.01; best 0.75"),
+                     ("router, ms a frame, pool 2", "pending (stage fast)"),
+                     ("TTFT at 64", "today 0.400 s; tuned 0.290 s"),
+                     ("TTFT VideoRouter / Dense", "tuned 0.55x (tokens 0.46x)"),
+                     ("TTFT at 1,024", "tuned 1.900 s"), ("peak memory", "tuned 0.98x"),
+                     ("decode per token", "graph 4.80 ms"), ("graph decoding's compile", "35.0 s / 4.2 s"),
+                     ("Stage 3 step", "2b 0.90x time, 0.80x memory")]:
+        assert re.search(rf"^\| {re.escape(row)}.*\| .*{re.escape(got)}", text, re.M), (row, text)
 
 
 def test_unknown_argument_is_one_line():
     r = subprocess.run(["bash", str(SCRIPT), "nope"], capture_output=True, text=True)
-    assert r.returncode == 2 and "expected [--dry-run] [main|extra]" in r.stderr
+    assert r.returncode == 2 and "expected [--dry-run] [tune|main|extra]" in r.stderr
 
 
 def test_summary_reads_the_results_files(tmp_path):

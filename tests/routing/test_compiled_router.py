@@ -92,3 +92,24 @@ def test_bad_chunk():
     lm, r = make("tiny")
     with pytest.raises(ValueError, match="router_chunk: expected an int >= 1"):
         runner_for(lm, r, -1, "off")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["tiny", "tiny-qwen3-vl"])
+def test_cudagraphs_equal_eager_cuda(name):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    lm, r = make(name)
+    lm = load_backbone(name, device="cuda", dtype=torch.float32)
+    r = r.to_model(lm.device, lm.dtype)
+    r.positions = lm.router_position_ids
+    runner = runner_for(lm, r, 3, "cudagraphs")
+    runner.warm_up(pooled_grid(lm.grid, 1), lm.hidden_size * lm.streams)
+    for seed, T in ((1, 7), (2, 2)):
+        Z, qe = z_and_q(lm, T, QUESTIONS[seed - 1], seed)
+        Z = Z.cuda()
+        with torch.inference_mode():
+            r.runner = None
+            ref = r.frame_logits(Z, qe, grid=lm.grid)
+            r.runner = runner
+            got = r.frame_logits(Z, qe, grid=lm.grid)
+        assert rel_err(got, ref) < 1e-4, (name, T)
