@@ -32,7 +32,8 @@ import sys
 import threading
 from typing import Optional
 
-from .cli_args import MAX_FRAME_PIXELS, Parser, add_answer_args, answer_options, model_help
+from .cli_args import (MAX_FRAME_PIXELS, Parser, add_answer_args, add_speed_args, answer_options,
+                       model_help, speed_options)
 from .cli_io import PROG, UsageError, fail_with, jsonable, quiet_libraries, stderr_is_tty
 from .serve.command import add_serve_parser   # standard library only until serve runs
 
@@ -161,6 +162,7 @@ def add_ask_parser(sub) -> argparse.ArgumentParser:
     ask.add_argument("--routers", default=None, metavar="PATH",
                      help="router weights (.safetensors) trained for this model")
     add_answer_args(ask)
+    add_speed_args(ask)
     _add_output_args(ask)
     return ask
 
@@ -293,8 +295,9 @@ def _open_video(args, device, dtype, thumbnails=None):
 def _load_model(args, device, dtype):
     """The VideoRouter."""
     from .runtime import VideoRouter
+    speed = speed_options(args, device)
     return VideoRouter.from_pretrained(args.model, routers=args.routers, device=device,
-                                       dtype=dtype)
+                                       dtype=dtype, **speed)
 
 
 def _answer_question(vr, args, opts, question: str, clip) -> dict:

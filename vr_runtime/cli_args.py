@@ -293,9 +293,14 @@ def add_speed_args(p) -> None:
                         "is compiled)")
 
 
-def speed_options(args) -> dict:
-    """``VideoRouter`` keywords of the speed flags (a command without them: the defaults)."""
-    from .backbones.compiled import CompileOptions
+def speed_options(args, device) -> dict:
+    """``VideoRouter`` keywords of the speed flags (a command without them: the defaults),
+    checked against ``device`` before the model loads (CUDA graphs on a CPU: one line)."""
+    from .backbones.compiled import CompileOptions, resolve_compile
+    from .generate import resolve_decoding
+    resolve_decoding(getattr(args, "decoding", "auto"), device)
+    for stage in ("vision", "router"):
+        resolve_compile(getattr(args, f"{stage}_compile", "auto"), device, f"--{stage}-compile")
     return {"decoding": getattr(args, "decoding", "auto"),
             "compile": CompileOptions(vision=getattr(args, "vision_compile", "auto"),
                                       router=getattr(args, "router_compile", "auto"),

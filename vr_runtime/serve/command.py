@@ -20,8 +20,8 @@ import signal
 import socket
 import sys
 
-from ..cli_args import (MAX_FRAME_PIXELS, Parser, add_answer_args, arg_type, model_help,
-                        positive_int)
+from ..cli_args import (MAX_FRAME_PIXELS, Parser, add_answer_args, add_speed_args, arg_type,
+                        model_help, positive_int)
 from ..cli_io import PROG, UsageError, fail_with, stderr_is_tty
 from ..planning.scales import SCALES_HELP
 
@@ -51,6 +51,7 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     _add_server_args(p)
     _add_limit_args(p)
     add_answer_args(p, flags=SERVE_ANSWER_FLAGS, overrides=_serve_answer_overrides())
+    add_speed_args(p)
     p.add_argument("--visual-cache", type=_non_negative_int, default=4, metavar="N",
                    help="videos whose decoded frames, Z and Image Router state are kept for "
                         "the next request on them (default: 4; 0 turns reuse off)")
@@ -145,6 +146,23 @@ _non_negative_int = arg_type(int, lambda v: v >= 0, "an integer >= 0")
 _positive_float = arg_type(float, lambda v: 0 < v < float("inf"), "a number > 0")
 
 
+def warmup_line(vr) -> str:
+    """What loading compiled and warmed, in one line: each stage's mode and seconds, so that an
+    operator sees that no first request will pay a compile."""
+    c = vr.compile_warmup
+    parts = [f"decoding {vr.greedy.mode}" + (f" (compiled in {c['decode']['seconds']:.1f} s)"
+                                            if c["decode"]["seconds"] else "")]
+    for stage in ("vision", "router"):
+        w = c[stage]
+        how = [f"chunk {w['chunk']}"] if w["chunk"] else []
+        how += [f"compiled in {w['seconds']:.1f} s"] if w["mode"] != "off" else []
+        parts.append(f"{stage} {w['mode']}" + (f" ({', '.join(how)})" if how else ""))
+    req = vr.request_warmup
+    parts.append(f"warm-up request {req['seconds']:.1f} s" if "seconds" in req else
+                 "no warm-up request")
+    return "loaded: " + ", ".join(parts)
+
+
 def configs(args):
     """(EngineConfig, MediaConfig, Limits, app kwargs) from the parsed arguments; also used by
     the Ray Serve builder, so both servers read settings the same way."""
@@ -156,7 +174,11 @@ def configs(args):
                           max_queue=args.max_queue, timeout_s=args.timeout,
                           max_batch=getattr(args, "max_batch", 1),
                           scorer=getattr(args, "scorer", "image-router"),
-                          scorer_model=getattr(args, "scorer_model", None))
+                          scorer_model=getattr(args, "scorer_model", None),
+                          decoding=getattr(args, "decoding", "auto"),
+                          vision_compile=getattr(args, "vision_compile", "auto"),
+                          router_compile=getattr(args, "router_compile", "auto"),
+                          compile_cache=getattr(args, "compile_cache", None))
     media = MediaConfig(media_dir=pathlib.Path(args.media_dir),
                         max_video_bytes=int(args.max_video_mb * 2**20),
                         max_video_seconds=args.max_video_seconds,
@@ -244,6 +266,7 @@ def run_serve(args) -> int:
     note = "" if app_kw["api_key"] else " (no API key)"
     if args.host not in ("127.0.0.1", "localhost", "::1") and not app_kw["api_key"]:
         note = " -- WARNING: reachable from other machines without an API key"
+    sys.stderr.write(f"videorouter serve: {warmup_line(engine.vr)}\n")
     sys.stderr.write(f"videorouter serve: http://{shown}:{port}/v1 model {engine.name!r}, media "
                      f"dir {str(media.root)!r}{note}\n")
     sys.stderr.flush()
