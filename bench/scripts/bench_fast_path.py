@@ -19,6 +19,8 @@ short keeps what it measured):
             peak memory (the allocator's, per answer, and the process's weights)
   profile   torch profiler tables (top 25 kernels by CUDA time) of one tuned VideoRouter answer
             at 64 frames and of 8 eager decode steps, written beside the results
+  floors    (not in the default run; no GPU, nothing built) the TTFT floors of VideoRouter at
+            router_pool 1 and 2 and of Dense from the cost model's FLOPs and bytes: model figures
 
 Floors (InternVL3-8B shape, bf16, H200 at 790 TFLOP/s and 4.8 TB/s): the tower 0.72 TFLOP a
 frame -> 0.91 ms; the router 1.86 GFLOP a token over 256 + q tokens -> 0.68 ms (pool 2: 64 + q,
@@ -27,6 +29,11 @@ frame -> 0.91 ms; the router 1.86 GFLOP a token over 256 + q tokens -> 0.68 ms (
 Usage (GPU, the InternVL3-8B shape, random weights)::
 
     PYTHONPATH=.:bench python bench/scripts/bench_fast_path.py --out $OUT/fast_path_gpu_8b.json
+
+The floors alone (model figures, CPU, seconds)::
+
+    python bench/scripts/bench_fast_path.py --cpu --shape 8b --sections floors \\
+        --out bench/results/fast_path_floors_model.json
 
 CPU dry run (tiny preset; figures say nothing about a GPU)::
 
@@ -97,9 +104,12 @@ def parse(argv=None):
     a.shape = a.shape or ("tiny" if a.cpu else "8b")
     if a.shape not in ("tiny", "2b", "8b"):
         ap.error(f"--shape: expected tiny, 2b or 8b, got {a.shape!r}")
-    bad = set(a.sections) - {"vision", "router", "ttft", "profile"}
+    bad = set(a.sections) - {"vision", "router", "ttft", "profile", "floors"}
     if bad:
-        ap.error(f"--sections: unknown {sorted(bad)}; expected vision, router, ttft, profile")
+        ap.error(f"--sections: unknown {sorted(bad)}; expected vision, router, ttft, profile, "
+                 f"floors")
+    if "floors" in a.sections and a.shape == "tiny":
+        ap.error("--sections floors: model figures of a real shape; give --shape 2b or 8b")
     from vr_runtime.backbones.compiled import COMPILE_MODES
     default = ["off", "inductor"] + ([] if a.cpu else ["cudagraphs"])
     a.vision_modes = a.vision_modes or default
@@ -301,6 +311,7 @@ def ttft_section(args, device, dtype, tuned: dict) -> List[dict]:
         del vr
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    floors(args, rows)
     for T in args.ttft_frames:   # the ratio, within one settings, in this run
         for name in settings:
             vr_row = next((r for r in rows if r["settings"] == name and r["frames"] == T
@@ -310,6 +321,62 @@ def ttft_section(args, device, dtype, tuned: dict) -> List[dict]:
             if vr_row and dense:
                 vr_row["ratio_to_dense"] = vr_row["ttft_s"] / dense["ttft_s"]
                 vr_row["floor_ratio_tokens"] = vr_row["prompt_tokens"] / dense["prompt_tokens"]
+    return rows
+
+
+def floors(args, rows) -> None:
+    """Each TTFT row's floor from its FLOPs and bytes (planning.cost_model.stage_costs: the
+    tower, the router, pool_pack and the prefill at the row's token counts) at 790 TFLOP/s and
+    4.8 TB/s, the H200's bf16 and memory rates; and, for VideoRouter, the floor's ratio to
+    Dense's at the same frames: what no tuning of both can beat."""
+    if args.shape == "tiny":
+        return
+    from vr_runtime.planning.cost_model import DeviceSpec, load_shape, stage_costs
+    shape = load_shape(str(CONFIGS / f"internvl3_{args.shape}.json"))
+    dev = DeviceSpec("H200 peak", 790e12, 4.8e12)
+    for r in rows:
+        if "visual_tokens" not in r:
+            continue
+        costs = stage_costs(shape, r["visual_tokens"], r["prompt_tokens"] - r["visual_tokens"],
+                            r["frames"], dev, routers=r["policy"] != "dense",
+                            router_pool=r["router_pool"])
+        r["flops"] = {k: c["flops"] for k, c in costs.items()}
+        r["floor_s"] = sum(max(c["flops"] / dev.flops, c["bytes"] / dev.bandwidth)
+                           for c in costs.values())
+    for r in rows:
+        dense = next((d for d in rows if d["policy"] == "dense" and d["frames"] == r["frames"]
+                      and d.get("floor_s") and d.get("settings") == r.get("settings")), None)
+        if r["policy"] == "videorouter" and r.get("floor_s") and dense:
+            r["floor_ratio_to_dense"] = r["floor_s"] / dense["floor_s"]
+
+
+def floor_rows(args) -> List[dict]:
+    """The floors section: model figures, no model built. VideoRouter (pool 1 and 2) and Dense
+    at each of ``--ttft-frames``, their token counts from the planner (7/16 of the frames
+    relevant, budget 12,288) and the tiny tokenizer's prompt text, costed by :func:`floors`."""
+    from vr_kernels import pooled_counts
+    from vr_runtime.backbones.prompt import text_tokens
+    from vr_runtime.backbones.tiny import load_tiny_tokenizer
+    from vr_runtime.planning.budget import plan_fragment
+    tok, grid = load_tiny_tokenizer(), (16, 16)
+    rows = []
+    for T in args.ttft_frames:
+        k = T * 7 // 16
+        picked = {round(i * (T - 1) / max(k - 1, 1)) for i in range(k)}
+        plan = plan_fragment([t in picked for t in range(T)], BUDGET, grid)
+        kept = [t for t, w in enumerate(plan) if w]
+        text = text_tokens(tok, QUESTION, T, kept=kept)
+        vis = sum(pooled_counts(plan, grid))
+        for pool in (1, 2):
+            rows.append(dict(policy="videorouter", frames=T, router_pool=pool, visual_tokens=vis,
+                             prompt_tokens=vis + text))
+        if T <= args.dense_max_frames:
+            dense_text = text_tokens(tok, QUESTION, T)
+            rows.append(dict(policy="dense", frames=T, router_pool=1, visual_tokens=T * 256,
+                             prompt_tokens=T * 256 + dense_text))
+    floors(args, rows)
+    for r in rows:   # floors() pairs each VideoRouter row with Dense at its frames
+        r["floor_s"] = round(r["floor_s"], 4)
     return rows
 
 
@@ -372,6 +439,10 @@ def main(argv=None) -> int:
         out.with_suffix(".md").write_text(markdown(doc))
 
     vision_rows, router_rows = [], []
+    if "floors" in args.sections:   # model figures: nothing is built or run
+        doc["floors"] = floor_rows(args)
+        doc["label"] = "model figures (FLOPs and bytes at the H200's peak rates), not measured"
+        save("floors")
     if "vision" in args.sections:
         vr = build(args, device, dtype)
         doc["vision"] = vision_rows = vision_section(args, vr, device)
@@ -400,6 +471,13 @@ def markdown(doc) -> str:
     lines = [f"### Fast path A/B: {env['device']} | {doc['settings']['shape']} shape, "
              f"{doc['settings']['dtype']}", "", f"*{doc['label']}.* `{env['command']}`; torch "
              f"{env['torch']}; {env['date_utc']}.", ""]
+    if doc.get("floors"):
+        lines += ["Floors (model: each stage at the larger of FLOPs / 790 TFLOP/s and bytes / 4.8 TB/s):", "",
+                  common.markdown_table(doc["floors"], ["policy", "frames", "router_pool",
+                                                        "visual_tokens", "prompt_tokens",
+                                                        "floor_s", "floor_ratio_to_dense"],
+                                        ["Policy", "Frames", "Router pool", "Visual tokens",
+                                         "Prompt tokens", "Floor s", "Floor / Dense"]), ""]
     if doc.get("vision"):
         lines += ["Vision tower + projector, ms a frame:", "",
                   common.markdown_table(doc["vision"], ["variant", "ms_per_frame", "compile_s",
@@ -416,10 +494,13 @@ def markdown(doc) -> str:
     if doc.get("ttft"):
         lines += [f"TTFT (tuned: {doc.get('tuned')}):", "",
                   common.markdown_table(doc["ttft"], ["settings", "policy", "frames", "ttft_s",
-                                                      "ratio_to_dense", "floor_ratio_tokens",
-                                                      "peak_total_gb", "error"],
-                                        ["Settings", "Policy", "Frames", "TTFT s",
-                                         "/ Dense", "Tokens / Dense", "Peak GB", "Error"]), ""]
+                                                      "floor_s", "ratio_to_dense",
+                                                      "floor_ratio_to_dense",
+                                                      "floor_ratio_tokens", "peak_total_gb",
+                                                      "error"],
+                                        ["Settings", "Policy", "Frames", "TTFT s", "Floor s",
+                                         "/ Dense", "Floor / Dense", "Tokens / Dense",
+                                         "Peak GB", "Error"]), ""]
     return "\n".join(lines)
 
 

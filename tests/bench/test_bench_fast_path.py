@@ -37,9 +37,28 @@ def test_cpu_dry_run(tmp_path):
 @pytest.mark.parametrize("argv,msg", [(["--sections", "decode"], "--sections"),
                                       (["--vision-modes", "fast"], "modes"),
                                       (["--router-modes", "cudagraphs"], "cudagraphs needs CUDA"),
-                                      (["--tuned", "off,16"], "--tuned")])
+                                      (["--tuned", "off,16"], "--tuned"),
+                                      (["--sections", "floors"], "give --shape 2b or 8b")])
 def test_bad_arguments(argv, msg, capsys):
     import bench_fast_path
     with pytest.raises(SystemExit):
         bench_fast_path.parse(["--cpu"] + argv)
     assert msg in capsys.readouterr().err
+
+
+def test_floors_are_model_figures(tmp_path):
+    """The floors section builds nothing: VideoRouter's floor under Dense's at 64 frames, lower
+    at router_pool 2 (fewer router FLOPs), and no Dense row past --dense-max-frames."""
+    import bench_fast_path
+    out = tmp_path / "floors.json"
+    assert bench_fast_path.main(["--cpu", "--shape", "8b", "--sections", "floors",
+                                 "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["label"].startswith("model figures")
+    rows = {(r["policy"], r["frames"], r["router_pool"]): r for r in doc["floors"]}
+    assert set(rows) == {("videorouter", 64, 1), ("videorouter", 64, 2), ("dense", 64, 1),
+                         ("videorouter", 1024, 1), ("videorouter", 1024, 2)}
+    one, two = rows["videorouter", 64, 1], rows["videorouter", 64, 2]
+    assert two["floor_ratio_to_dense"] < one["floor_ratio_to_dense"] < 1
+    assert one["flops"]["router"] > 2 * two["flops"]["router"] > 0
+    assert rows["dense", 64, 1]["visual_tokens"] == 64 * 256
