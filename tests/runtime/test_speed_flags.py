@@ -48,7 +48,7 @@ def test_ask_takes_them(cli_here):
 
 def test_serve_reports_what_loading_compiled():
     from vr_runtime.runtime import VideoRouter
-    from vr_runtime.serve.command import warmup_line
+    from vr_runtime.runtime.loading import warmup_line
     vr = VideoRouter.from_pretrained("tiny", warmup_frames=0, warm_request=False,
                                      compile=CompileOptions(vision="off", vision_chunk=4))
     line = warmup_line(vr)

@@ -79,6 +79,23 @@ def compile_warmup(vr) -> dict:
     return out
 
 
+def warmup_line(vr) -> str:
+    """What loading compiled and warmed, in one line: each stage's mode and seconds, so that an
+    operator sees that no first request will pay a compile."""
+    c = vr.compile_warmup
+    parts = [f"decoding {vr.greedy.mode}" + (f" (compiled in {c['decode']['seconds']:.1f} s)"
+                                            if c["decode"]["seconds"] else "")]
+    for stage in ("vision", "router"):
+        w = c[stage]
+        how = [f"chunk {w['chunk']}"] if w["chunk"] else []
+        how += [f"compiled in {w['seconds']:.1f} s"] if w["mode"] != "off" else []
+        parts.append(f"{stage} {w['mode']}" + (f" ({', '.join(how)})" if how else ""))
+    req = vr.request_warmup
+    parts.append(f"warm-up request {req['seconds']:.1f} s" if "seconds" in req else
+                 "no warm-up request")
+    return "loaded: " + ", ".join(parts)
+
+
 def throwaway_answer(vr, num_frames: int = 8, max_new_tokens: int = 2) -> dict:
     """Answer one throw-away question on random frames through every stage a request runs
     (vision, both routers, pool_pack, prefill, decode steps), then forget it (the visual cache
@@ -100,4 +117,4 @@ def throwaway_answer(vr, num_frames: int = 8, max_new_tokens: int = 2) -> dict:
 
 
 __all__ = ["preset_routers", "routers_for", "kernel_warmup", "router_runner", "compile_warmup",
-           "throwaway_answer"]
+           "throwaway_answer", "warmup_line"]

@@ -146,23 +146,6 @@ _non_negative_int = arg_type(int, lambda v: v >= 0, "an integer >= 0")
 _positive_float = arg_type(float, lambda v: 0 < v < float("inf"), "a number > 0")
 
 
-def warmup_line(vr) -> str:
-    """What loading compiled and warmed, in one line: each stage's mode and seconds, so that an
-    operator sees that no first request will pay a compile."""
-    c = vr.compile_warmup
-    parts = [f"decoding {vr.greedy.mode}" + (f" (compiled in {c['decode']['seconds']:.1f} s)"
-                                            if c["decode"]["seconds"] else "")]
-    for stage in ("vision", "router"):
-        w = c[stage]
-        how = [f"chunk {w['chunk']}"] if w["chunk"] else []
-        how += [f"compiled in {w['seconds']:.1f} s"] if w["mode"] != "off" else []
-        parts.append(f"{stage} {w['mode']}" + (f" ({', '.join(how)})" if how else ""))
-    req = vr.request_warmup
-    parts.append(f"warm-up request {req['seconds']:.1f} s" if "seconds" in req else
-                 "no warm-up request")
-    return "loaded: " + ", ".join(parts)
-
-
 def configs(args):
     """(EngineConfig, MediaConfig, Limits, app kwargs) from the parsed arguments; also used by
     the Ray Serve builder, so both servers read settings the same way."""
@@ -266,6 +249,7 @@ def run_serve(args) -> int:
     note = "" if app_kw["api_key"] else " (no API key)"
     if args.host not in ("127.0.0.1", "localhost", "::1") and not app_kw["api_key"]:
         note = " -- WARNING: reachable from other machines without an API key"
+    from ..runtime.loading import warmup_line
     sys.stderr.write(f"videorouter serve: {warmup_line(engine.vr)}\n")
     sys.stderr.write(f"videorouter serve: http://{shown}:{port}/v1 model {engine.name!r}, media "
                      f"dir {str(media.root)!r}{note}\n")
