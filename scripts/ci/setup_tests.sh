@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything the CPU test suite needs, on a fresh Debian/Ubuntu machine with Python 3.10+:
 #   * Debian's ffmpeg: the video corpus tests make their files with it and compare against its
-#     decode (installed with apt-get when missing; needs root or sudo);
+#     decode; and Debian's chromium and chromium-driver: the HTML pages' browser tests drive them
+#     (each installed with apt-get when missing; needs root or sudo);
 #   * PyTorch 2.13.0's CPU build first, so nothing later pulls a CUDA build. PyPI's torch for
 #     Linux is the CUDA build (several GB of cuda-toolkit, cuDNN and NCCL wheels); the CPU build
 #     (2.13.0+cpu) comes from PyTorch's CPU wheel index, as PyTorch's install page gives it.
@@ -35,12 +36,19 @@ step() {  # step DESCRIPTION COMMAND...: one line, pip's output in the log
     fi
 }
 
-if ! command -v ffmpeg >/dev/null || ! command -v ffprobe >/dev/null; then
+# Debian's packages, each only when missing, in one apt-get update: ffmpeg and ffprobe for the
+# video tests; Chromium and its chromedriver for the HTML pages' browser tests (tests/html/, driven
+# by selenium from the test extra; without them those tests skip with one line).
+APT=()
+{ command -v ffmpeg && command -v ffprobe; } >/dev/null || APT+=(ffmpeg)
+{ command -v chromedriver && { command -v chromium || command -v chromium-browser; }; } \
+    >/dev/null || APT+=(chromium chromium-driver)
+if [ ${#APT[@]} -gt 0 ]; then
     SUDO=""
     [ "$(id -u)" -ne 0 ] && SUDO="sudo"
     export DEBIAN_FRONTEND=noninteractive
-    step "ffmpeg (Debian's, for the video tests)" \
-        bash -c "$SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends ffmpeg"
+    step "Debian's ${APT[*]} (the video tests, the pages' browser tests)" \
+        bash -c "$SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends ${APT[*]}"
 fi
 
 cpu_torch() {  # is the CPU build of torch 2.13.0 what python3 imports?

@@ -110,11 +110,12 @@ def _media(tmp_path_factory):
     return root
 
 
-def _server(vr, media, **app_kw):
+def _server(vr, media, media_kw=None, **app_kw):
     from vr_runtime.serve.app import create_app
     from vr_runtime.serve.engine import Engine, EngineConfig
     from vr_runtime.serve.media import MediaConfig, MediaStore
-    engine = Engine(vr, MediaStore(MediaConfig(media_dir=media)), EngineConfig())
+    engine = Engine(vr, MediaStore(MediaConfig(media_dir=media, **(media_kw or {}))),
+                    EngineConfig())
     return LiveServer(create_app(engine, **app_kw))
 
 
@@ -197,6 +198,32 @@ def test_ui_keeps_hostile_questions_and_names_as_text(browser, ui):
         f"{ui.url}/ui", f"{ui.url}/ui/media", f"{ui.url}/v1/chat/completions")]
 
 
+def test_ui_uploads_a_video_within_the_limits(browser, ui, vr, tmp_path_factory):
+    """An uploaded file goes as a data: URL in the request body; one over --max-video-mb is
+    refused on the page before anything is sent."""
+    from selenium.webdriver.common.by import By
+    upload = tmp_path_factory.mktemp("upload") / "mine.mp4"
+    shutil.copy(SAMPLE, upload)
+    open_page(browser, f"{ui.url}/ui")
+    wait_for(browser, "return document.querySelectorAll('#video option').length > 1")
+    browser.find_element(By.ID, "upload").send_keys(str(upload))
+    ask_in_page(browser, "What shape is the blue object?", "sample.mp4")
+    want = api_answer(ui, "What shape is the blue object?", (ui.media / "sample.mp4").as_uri())
+    assert page_windows(browser) == labels(want["videorouter"])
+    assert_thumbnails_are_the_frames(page_thumbnails(browser), SAMPLE,
+                                     want["videorouter"]["frame_indices"], 8)
+    assert console_errors(browser) == []
+    with _server(vr, ui.media, media_kw={"max_video_bytes": 10_000}) as small:
+        open_page(browser, f"{small.url}/ui")
+        wait_for(browser, "return document.querySelectorAll('#video option').length > 1")
+        browser.find_element(By.ID, "upload").send_keys(str(upload))
+        browser.find_element(By.ID, "question").send_keys("What is it?")
+        browser.find_element(By.ID, "submit").click()
+        wait_for(browser, "return document.getElementById('status').className.includes('error')")
+        assert "--max-video-mb" in browser.find_element(By.ID, "status").text
+        assert not [u for u in requested_urls(browser) if "/v1/" in u]
+
+
 def test_ui_with_a_key(browser, vr, tmp_path_factory):
     from selenium.webdriver.common.by import By
     with _server(vr, _media(tmp_path_factory), api_key="sekret") as server:
@@ -218,6 +245,7 @@ def test_ui_with_a_key(browser, vr, tmp_path_factory):
 
 
 def test_eval_page_filters(browser, tmp_path):
+    """Filters on made-up predictions (tests/eval/test_eval_html.py opens a real run's page)."""
     from vr_runtime.html import write_eval
     preds = []
     for method in ("auto", "uniform"):
@@ -253,7 +281,4 @@ def test_eval_page_filters(browser, tmp_path):
     assert shown() == 1
     assert browser.execute_script("return document.querySelector('h1').textContent") == \
         "<b>run</b>"
-    Select(browser.find_element(By.ID, "f-correct")).select_by_visible_text("all")
-    Select(browser.find_element(By.ID, "f-method")).select_by_visible_text("all")
-    screenshot(browser, "eval-page", tmp_path)
     assert os.path.getsize(page) < 100_000

@@ -1,6 +1,6 @@
-"""Thumbnails from the frames a request decodes anyway (vr_runtime.video.thumbnails): made on the
-decoding workers, equal (within JPEG's error) to the decoded frames shrunk, sized to keep a page
-small, and never a second decode."""
+"""Thumbnails from the frames a request decodes anyway (vr_runtime.video.thumbnails): handed over
+by the decoding workers, encoded when the page asks, equal (within JPEG's error) to the decoded
+frames shrunk, sized to keep a page small, and never a second decode."""
 import io
 import pathlib
 
@@ -64,9 +64,27 @@ def test_a_sample_is_complete_once_every_thumbnail_it_showed_is_held():
     assert sink.complete()
     other = store.sink().bind("file", (16, None, "exact", None))   # another sampling
     assert not other.complete()
+    another = store.sink("another file")
     for i in range(10, 20):      # the store's bound drops frame 0's thumbnail
-        store.sink("another file").put(i, frame)
+        another.put(i, frame)
+    another.flush()
     assert not sink.complete()
+
+
+def test_frames_wait_unencoded_until_the_page_asks_up_to_a_bound(monkeypatch):
+    """put() only keeps the decoder's array (nothing spent before the first token); past
+    HOLD_FRAMES kept at once a frame is encoded as it comes, so a long video's frames are not
+    all held."""
+    from vr_runtime.video import thumbnails
+    monkeypatch.setattr(thumbnails, "HOLD_FRAMES", 3)
+    store = ThumbnailStore(None)
+    sink = store.sink("f")
+    frame = np.full((448, 448, 3), 30, np.uint8)
+    for i in range(5):
+        sink.put(i, frame)
+    assert len(store) == 2 and len(sink._pending) == 3       # frames 3 and 4 encoded at once
+    assert all(j is not None for j in sink.jpegs(range(5)))   # the rest encoded when asked
+    assert len(store) == 5 and not sink._pending
 
 
 def test_a_detailed_frame_keeps_to_its_share_of_the_page():

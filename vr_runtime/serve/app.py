@@ -329,13 +329,14 @@ async def chat_completions(request: Request):
     request.scope.setdefault("state", {})[REPORT_KEY] = ans.report   # tokens, timings
     body = completion(new_id(), _model_name(request), ans.text, ans.report,
                       settings.max_new_tokens)
-    return _json_response({**body, **thumbnails_field(settings, ans.report)})
+    extra = await run_in_threadpool(thumbnails_field, settings, ans.report)
+    return _json_response({**body, **extra})
 
 
 def thumbnails_field(settings, report: dict) -> dict:
     """``{"videorouter_thumbnails": [data URL or null per sampled frame]}`` for a request that
     asked for them (``videorouter_thumbnails: true``), else nothing: the default response is
-    unchanged."""
+    unchanged. Encodes the frames the request kept (after its answer: off the event loop)."""
     if settings.thumbnails is None:
         return {}
     indices = report.get("frame_indices") or []
@@ -455,8 +456,9 @@ async def _events(cid, name, tokenizer, pending, ids, task, settings, scope):
     rest = detok.rest(ans.text)
     if rest:
         yield content(rest)
+    extra = await run_in_threadpool(thumbnails_field, settings, report)
     yield event(chunk(cid, created, name, {}, finish_reason(report, settings.max_new_tokens),
-                      videorouter=report, **thumbnails_field(settings, report)))
+                      videorouter=report, **extra))
     if settings.include_usage:
         yield event(chunk(cid, created, name, None, usage=usage(report)))
     yield b"data: [DONE]\n\n"

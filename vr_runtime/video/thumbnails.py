@@ -4,8 +4,11 @@ Why here: the HTML pages (``ask --html``, ``demo --html``, ``serve``'s ``/ui``) 
 frame beside its score and window. Decoding the video a second time for them would double the
 request's decoding work; instead a :class:`FileSource` (vr_runtime.video.frames) hands every
 frame its decoding workers resize for the vision tower to ``on_frame(source_index, frame)``,
-and :meth:`ThumbnailSink.put` shrinks it and encodes it there, on the worker, off the model's
-thread. Nothing is decoded for a thumbnail alone.
+and :meth:`ThumbnailSink.put` keeps a reference to that array (no copy, no work). The
+thumbnails are shrunk and encoded when the page asks for them, after the answer, so nothing is
+spent on them before the first token; past :data:`HOLD_FRAMES` frames held at once (a long
+video) a frame is encoded at once on its worker instead, so at most that many decoded frames are
+kept alive. Nothing is decoded for a thumbnail alone.
 
 Size: the side is chosen from the number of sampled frames so that a page stays small (the
 demo's 16 frames at 192 px; 256 frames at 128 px), and a frame whose JPEG is over its share of
@@ -28,7 +31,7 @@ import numpy as np
 from PIL import Image
 
 __all__ = ["ThumbnailStore", "ThumbnailSink", "thumbnail_side", "thumbnail", "encode_jpeg",
-           "data_url", "watch", "PAGE_BYTES"]
+           "data_url", "watch", "PAGE_BYTES", "HOLD_FRAMES"]
 
 # All of a page's thumbnails together, as JPEG bytes (base64 adds a third): the 3 MB page goal at
 # 256 frames, with room for the page's own markup and script.
@@ -36,6 +39,9 @@ PAGE_BYTES = 2 * 2**20
 QUALITY, LOW_QUALITY = 75, 40
 _SIDES = ((64, 192), (128, 160), (256, 128))   # (up to this many frames, longest side in px)
 _SMALLEST_SIDE = 96
+# Decoded frames a sink keeps until the page asks (0.6 MB each at 448x448: the 256 frames a
+# server decodes ahead of a request's turn anyway); frames beyond are encoded as they come.
+HOLD_FRAMES = 256
 _BILINEAR = getattr(getattr(Image, "Resampling", Image), "BILINEAR")
 JPEG_PREFIX = "data:image/jpeg;base64,"
 
@@ -141,6 +147,8 @@ class ThumbnailSink:
         self.side = thumbnail_side(1)
         self.aspect = 1.0
         self.budget = PAGE_BYTES
+        self._lock = threading.Lock()
+        self._pending: dict = {}     # source frame index -> its decoded frame, not yet encoded
 
     def bind(self, file_key: Hashable, sample: Hashable = None) -> "ThumbnailSink":
         """The file (its identity) and how its frames are sampled (the settings that choose
@@ -166,16 +174,32 @@ class ThumbnailSink:
         return self
 
     def put(self, index: int, frame: np.ndarray) -> None:
-        """The decoded frame of source frame ``index`` (uint8 [H, W, 3]): shrunk and encoded
-        now, on the caller's (decoding) thread."""
+        """The decoded frame of source frame ``index`` (uint8 [H, W, 3], never written to
+        afterwards): kept for :meth:`flush`, or, past :data:`HOLD_FRAMES`, encoded now on the
+        caller's (decoding) thread."""
+        with self._lock:
+            if len(self._pending) < HOLD_FRAMES or int(index) in self._pending:
+                self._pending[int(index)] = frame
+                return
+        self._encode(int(index), frame)
+
+    def _encode(self, index: int, frame: np.ndarray) -> None:
         small = thumbnail(frame, self.side, self.aspect)
         jpeg = encode_jpeg(small)
         if len(jpeg) > self.budget:     # a detailed frame: its share of the page, not more
             jpeg = encode_jpeg(small, LOW_QUALITY)
-        self.store.put((self.file_key, int(index)), jpeg)
+        self.store.put((self.file_key, index), jpeg)
+
+    def flush(self) -> None:
+        """Encode the frames kept so far into the store (and let go of them)."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for index, frame in sorted(pending.items()):
+            self._encode(index, frame)
 
     def jpegs(self, indices: Sequence[int]) -> List[Optional[bytes]]:
         """The JPEG of each source frame index (None where no decode of it was seen)."""
+        self.flush()
         return [self.store.get((self.file_key, int(i))) for i in indices]
 
     def data_urls(self, indices: Sequence[int]) -> List[Optional[str]]:

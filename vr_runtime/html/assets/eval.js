@@ -17,7 +17,7 @@
       typeof r[c] === "number" ? VR.fmt(r[c], c === "accuracy" || c === "visual_tokens_mean" ? 1 : undefined) : String(r[c] === null || r[c] === undefined ? "-" : r[c])))));
   }
   rowsSection.append(rt);
-  app.append(rowsSection);
+  if ((data.rows || []).length) app.append(rowsSection);
 
   const values = (k) => [...new Set(preds.map((p) => p[k]))].sort((a, b) => (a === null) - (b === null) || (a < b ? -1 : a > b ? 1 : 0));
   function select(id, label, options) {

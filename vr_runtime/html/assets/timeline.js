@@ -274,10 +274,13 @@ const VR = (() => {
     const axisY = spans.length * rowH + 14;
     svg.append(sv("line", {x1: L, y1: axisY - 6, x2: W - R, y2: axisY - 6, stroke: "#8a939d"}));
     svg.append(sv("text", {x: L, y: axisY + 8}, "0 s"));
-    svg.append(sv("text", {x: W - R, y: axisY + 8, "text-anchor": "end"}, fmt(end, 3) + " s"));
+    if (typeof t.first_token !== "number" || x(t.first_token) < W * 0.7 || end > t.first_token * 1.3) {
+      svg.append(sv("text", {x: W - R, y: axisY + 8, "text-anchor": "end"}, fmt(end, 3) + " s"));
+    }
     if (typeof t.first_token === "number") {
-      svg.append(sv("line", {x1: x(t.first_token), y1: 0, x2: x(t.first_token), y2: axisY - 6, stroke: "#111", "stroke-dasharray": "3 3"}));
-      svg.append(sv("text", {x: x(t.first_token) + 3, y: axisY + 8}, "first token " + fmt(t.first_token, 3) + " s"));
+      const fx = x(t.first_token), right = fx > W * 0.7;
+      svg.append(sv("line", {x1: fx, y1: 0, x2: fx, y2: axisY - 6, stroke: "#111", "stroke-dasharray": "3 3"}));
+      svg.append(sv("text", {x: right ? fx - 4 : fx + 4, y: axisY + 8, "text-anchor": right ? "end" : "start"}, "first token " + fmt(t.first_token, 3) + " s"));
     }
     s.append(svg);
     const keys = ["frames", "frames_wait", "vision", "router", "compress", "prefill", "ttft", "first_token", "generate"];

@@ -127,7 +127,7 @@
     const file = upload.files && upload.files[0];
     if (file) {
       const cap = (limits.max_video_mb || Infinity) * 1048576;
-      if (file.size > cap) { say(file.name + " is " + (file.size / 1048576).toFixed(1) + " MiB, over the server's " + limits.max_video_mb + " MiB (--max-video-mb)", true); return; }
+      if (file.size > cap) { say(file.name + " is " + (file.size / 1048576).toPrecision(3) + " MiB, over the server's " + Number(limits.max_video_mb).toPrecision(3) + " MiB (--max-video-mb); pick a smaller file", true); return; }
       url = await readUpload(file);
     }
     if (!url || !/^(file|data):/.test(url)) { say("Pick a video from the list, or upload one.", true); return; }
