@@ -159,16 +159,16 @@ stage() {
 W="$WORK"
 E2E=(python3 bench/scripts/bench_e2e.py --no-plot)
 if [ "$PART" = tune ]; then
-    stage fast 250 python3 bench/scripts/bench_fast_path.py --runs 3 --warmup 1 \
+    stage fast 300 python3 bench/scripts/bench_fast_path.py --runs 3 --warmup 1 \
         --out "$W/fast_path_gpu_8b.json"
-    stage decode_cold 90 python3 bench/scripts/bench_decode.py --modes dynamic,graph \
+    stage decode_cold 80 python3 bench/scripts/bench_decode.py --modes dynamic,graph \
         --batch-sizes 1 --runs 2 --warmup 1 --compile-cache "$W/compile_cache" \
         --out "$W/decode_cold_gpu_8b.json"
     stage decode_warm 40 python3 bench/scripts/bench_decode.py --modes graph --batch-sizes 1 \
         --runs 2 --warmup 1 --compile-cache "$W/compile_cache" --out "$W/decode_warm_gpu_8b.json"
-    stage train_2b 60 python3 bench/scripts/bench_train.py --shape 2b --steps 3 --warmup 1 \
+    stage train_2b 50 python3 bench/scripts/bench_train.py --shape 2b --steps 3 --warmup 1 \
         --out "$W/train_gpu_2b.json"
-    stage train_8b 70 python3 bench/scripts/bench_train.py --shape 8b --stages 3,1,2 --steps 3 \
+    stage train_8b 60 python3 bench/scripts/bench_train.py --shape 8b --stages 3,1,2 --steps 3 \
         --warmup 1 --out "$W/train_gpu_8b.json"
     stage tests 60 python3 -m pytest -m gpu -v -p no:cacheprovider \
         tests/backbones/test_compiled.py tests/routing/test_compiled_router.py

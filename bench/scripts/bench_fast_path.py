@@ -7,8 +7,9 @@ Sections, in order of value (each one's results are written as soon as it ends, 
 short keeps what it measured):
 
   vision    ms a frame of the tower + projector over ``--frames`` frames: today's path (the
-            request's chunks of 16, eager) and ``VisionEncoder(chunk, mode)`` for every
-            ``--vision-modes`` x ``--chunks``; the attention kernels the tower's sdpa runs
+            request's chunks of 16, eager), the eager fixed chunks ``--chunks`` (the sweep that
+            picks the size), and ``VisionEncoder(chunk, mode)`` for the compiled
+            ``--vision-modes`` at ``--compile-chunks``; the attention kernels the tower's sdpa runs
             (flash, cuDNN, memory-efficient or math), read from a profile of one chunk
   router    ms a frame of the Image Router (shadow stack + head over [Z_t; q]) at router_pool
             1 and 2: today's eager chunks and ``RouterRunner(mode)`` for every
@@ -85,8 +86,11 @@ def parse(argv=None):
                          "on CUDA; off,inductor on CPU)")
     ap.add_argument("--router-modes", type=_list(str, "--router-modes"), default=None,
                     help="compile modes of the router section (default: as --vision-modes)")
-    ap.add_argument("--chunks", type=_list(int, "--chunks"), default=[16, 32],
-                    help="fixed chunks (units a tower call) of the vision section")
+    ap.add_argument("--chunks", type=_list(int, "--chunks"), default=[8, 16, 32, 64],
+                    help="fixed chunks (units a tower call) the vision section sweeps eagerly")
+    ap.add_argument("--compile-chunks", type=_list(int, "--compile-chunks"), default=[32],
+                    help="chunks the vision section compiles (each chunk size is a compile of "
+                         "its own, about a minute at the 8B shape)")
     ap.add_argument("--ttft-frames", type=_list(int, "--ttft-frames"), default=[64, 1024])
     ap.add_argument("--dense-max-frames", type=int, default=64,
                     help="Dense runs only at frame counts up to this (1,024 frames dense are "
@@ -130,23 +134,30 @@ def parse(argv=None):
     for name in ("frames", "runs"):
         if getattr(a, name) < 1:
             ap.error(f"--{name}: expected an int >= 1")
-    if min(a.chunks + a.ttft_frames) < 1 or a.warmup < 0:
-        ap.error("--chunks and --ttft-frames >= 1, --warmup >= 0, please")
+    if min(a.chunks + a.compile_chunks + a.ttft_frames) < 1 or a.warmup < 0:
+        ap.error("--chunks, --compile-chunks and --ttft-frames >= 1, --warmup >= 0, please")
     return a
 
 
 # ----------------------------------------------------------------------------- set-up
 
-def build(args, device, dtype, pool: int = 1, compile=None):
-    """A VideoRouter on the shape's random weights (tiny: the preset), routers at ``pool``."""
-    from vr_runtime.routing.routers import RouterConfig
-    from vr_runtime.runtime import VideoRouter
-    kw = dict(device=device, dtype=dtype, router_config=RouterConfig(router_pool=pool),
-              warm_request=False, compile=compile)
+def build_lm(args, device, dtype):
+    """The backbone, built once (an 8B random-weight model takes ~25 s on an H200): every
+    section's VideoRouter shares it (:func:`build`)."""
+    from vr_runtime.backbones import backbone_from_config, load_backbone
     if args.shape == "tiny":
-        return VideoRouter.from_pretrained("tiny", routers=None, **kw)
+        return load_backbone("tiny", device=device, dtype=dtype)
     cfg = json.loads((CONFIGS / f"internvl3_{args.shape}.json").read_text())
-    return VideoRouter.from_config(cfg, seed=0, **kw)
+    return backbone_from_config(cfg, device=device, dtype=dtype, seed=0)
+
+
+def build(lm, pool: int = 1, compile=None):
+    """A VideoRouter over ``lm`` with new routers at ``pool`` (the shadow stack copied from the
+    LLM's first 4 layers) and ``compile``; a compiled stage is compiled here, as at load."""
+    from vr_runtime.routing.routers import RouterConfig, Routers
+    from vr_runtime.runtime import VideoRouter
+    routers = Routers.from_backbone(lm, RouterConfig(router_pool=pool))
+    return VideoRouter(lm, routers, warm_request=False, compile=compile)
 
 
 def timed(fn, device, args) -> Dict[str, float]:
@@ -171,7 +182,7 @@ def vision_section(args, vr, device) -> List[dict]:
         rows.append(dict(variant="today (eager, chunks of 16)", mode="off", chunk=16,
                          ms_per_frame=1e3 * t["median_s"] / T, **t))
         for mode in args.vision_modes:
-            for chunk in args.chunks:
+            for chunk in (args.chunks if mode == "off" else args.compile_chunks):
                 row = dict(variant=f"{mode}, chunk {chunk}", mode=mode, chunk=chunk)
                 try:
                     enc = VisionEncoder(lm, chunk, mode)
@@ -199,13 +210,13 @@ def attention_kernels(vr, device) -> List[str]:
     return sorted(n for n in names if any(a in n.lower() for a in ATTENTION))
 
 
-def router_section(args, device, dtype) -> List[dict]:
+def router_section(args, lm, device, dtype) -> List[dict]:
     from vr_runtime.routing.compiled import RouterRunner
     from vr_runtime.routing.routers import embed_question, pooled_grid
     rows = []
     for pool in (1, 2):
-        vr = build(args, device, dtype, pool)
-        lm, r, T = vr.lm, vr.routers, args.frames
+        vr = build(lm, pool)
+        r, T = vr.routers, args.frames
         H, W = lm.grid
         g = torch.Generator().manual_seed(1)
         Z = torch.randn(T, H * W, lm.hidden_size * lm.streams, generator=g).to(device, dtype)
@@ -230,7 +241,7 @@ def router_section(args, device, dtype) -> List[dict]:
                 rows.append(row)
                 print(json.dumps({k: row.get(k) for k in ("variant", "ms_per_frame",
                                                            "compile_s", "error")}), flush=True)
-        del vr, lm, r, Z
+        del vr, r, Z
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rows
@@ -275,7 +286,7 @@ def answer_once(vr, T, policy, device):
     return rep
 
 
-def ttft_section(args, device, dtype, tuned: dict) -> List[dict]:
+def ttft_section(args, lm, device, tuned: dict) -> List[dict]:
     from vr_runtime.backbones.compiled import CompileOptions
     rows = []
     settings = {"today": (CompileOptions(vision="off", router="off"), 1),
@@ -283,7 +294,7 @@ def ttft_section(args, device, dtype, tuned: dict) -> List[dict]:
                                          router=tuned["router"]), tuned["pool"])}
     for name, (opts, pool) in settings.items():
         t0 = time.perf_counter()
-        vr = build(args, device, dtype, pool, opts)
+        vr = build(lm, pool, opts)
         load_s = time.perf_counter() - t0
         for T in args.ttft_frames:
             for policy in ("videorouter", "dense"):
@@ -385,13 +396,13 @@ def floor_rows(args) -> List[dict]:
     return rows
 
 
-def profile_section(args, device, dtype, tuned: dict, stem: pathlib.Path) -> Dict[str, str]:
+def profile_section(args, lm, device, dtype, tuned: dict, stem: pathlib.Path) -> Dict[str, str]:
     """Top-25 kernel tables of one tuned answer at 64 frames and of 8 eager decode steps."""
     from torch.profiler import ProfilerActivity, profile
     from vr_runtime.backbones.compiled import CompileOptions
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-    vr = build(args, device, dtype, tuned["pool"],
+    vr = build(lm, tuned["pool"],
                CompileOptions(vision=tuned["vision"], vision_chunk=tuned["chunk"],
                               router=tuned["router"]))
     T = min(64, args.ttft_frames[0])
@@ -448,22 +459,26 @@ def main(argv=None) -> int:
         doc["floors"] = floor_rows(args)
         doc["label"] = "model figures (FLOPs and bytes at the H200's peak rates), not measured"
         save("floors")
+    lm = build_lm(args, device, dtype) if set(args.sections) - {"floors"} else None
+    if lm is not None:
+        doc["section_s"]["build"] = round(time.perf_counter() - clock[0], 1)
+        clock[0] = time.perf_counter()
     if "vision" in args.sections:
-        vr = build(args, device, dtype)
+        vr = build(lm)
         doc["vision"] = vision_rows = vision_section(args, vr, device)
         doc["attention_kernels"] = attention_kernels(vr, device)
         del vr
         save("vision")
     if "router" in args.sections:
-        doc["router"] = router_rows = router_section(args, device, dtype)
+        doc["router"] = router_rows = router_section(args, lm, device, dtype)
         save("router")
     tuned = args.tuned or pick_tuned(vision_rows, router_rows)
     doc["tuned"] = tuned
     if "ttft" in args.sections:
-        doc["ttft"] = ttft_section(args, device, dtype, tuned)
+        doc["ttft"] = ttft_section(args, lm, device, tuned)
         save("ttft")
     if "profile" in args.sections:
-        doc["profiles"] = profile_section(args, device, dtype, tuned, out.with_suffix(""))
+        doc["profiles"] = profile_section(args, lm, device, dtype, tuned, out.with_suffix(""))
         save("profile")
     save()
     print(markdown(doc))

@@ -15,7 +15,8 @@ def test_cpu_dry_run(tmp_path):
     import bench_fast_path
     out = tmp_path / "fp.json"
     assert bench_fast_path.main(["--cpu", "--frames", "3", "--ttft-frames", "3",
-                                 "--dense-max-frames", "3", "--chunks", "2", "--runs", "1",
+                                 "--dense-max-frames", "3", "--chunks", "2", "--compile-chunks", "2",
+                                 "--runs", "1",
                                  "--warmup", "0", "--vision-modes", "off",
                                  "--router-modes", "off", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
