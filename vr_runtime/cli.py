@@ -508,8 +508,9 @@ def _write_plot(path: str, questions, outs) -> None:
 
 
 def _thumbnail_sink(args):
-    """Where --html's thumbnails go: the frames the answers decode, shrunk on the decoding
-    workers (None without --html: nothing is made)."""
+    """Where --html's thumbnails go: the frames the answers decode, handed over by the
+    decoding workers and shrunk when the page is written (None without --html: nothing is
+    kept)."""
     if not args.html:
         return None
     from .video.thumbnails import ThumbnailStore

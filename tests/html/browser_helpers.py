@@ -99,7 +99,9 @@ def screenshot(driver, name: str, folder: pathlib.Path) -> pathlib.Path:
     keep = os.environ.get(SCREENSHOT_ENV)
     folder = pathlib.Path(keep) if keep else folder
     folder.mkdir(parents=True, exist_ok=True)
-    height = driver.execute_script("return document.documentElement.scrollHeight")
+    height = driver.execute_script(   # the page's content, not the empty window below it
+        "const m = document.querySelector('main'); return Math.ceil(m ? "
+        "m.getBoundingClientRect().bottom + window.scrollY : document.body.scrollHeight)")
     shot = driver.execute_cdp_cmd("Page.captureScreenshot", {
         "format": "png", "captureBeyondViewport": True,
         "clip": {"x": 0, "y": 0, "width": 1200, "height": min(int(height), 4000), "scale": 1}})

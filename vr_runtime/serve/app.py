@@ -314,8 +314,9 @@ async def chat_completions(request: Request):
     req = parse_request(await _json_body(request))
     settings = to_settings(req, limits, [_model_name(request)])
     if req.videorouter_thumbnails:
-        # The frames this request decodes anyway become thumbnails on the decoding workers
-        # (serve.prefetch); a later request on the same file finds them in the store.
+        # The frames this request decodes anyway become its thumbnails (handed over by the
+        # decoding workers, serve.prefetch; encoded after the answer); a later request on the
+        # same file finds them in the store.
         settings = dataclasses.replace(settings, thumbnails=request.app.state.thumbnails.sink())
     eng = _engine(request)
     gone = asyncio.Event()

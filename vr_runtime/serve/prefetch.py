@@ -61,8 +61,8 @@ class Prefetch:
                                    limits=self.media.config.limits(),
                                    time_window=s.time_window, seek=s.seek, fps=s.fps,
                                    **s.rate_bounds)
-                # Thumbnails (when asked for) are made on the decoding workers from these very
-                # frames: no second decode.
+                # Thumbnails (when asked for) are made from these very frames, which the
+                # decoding workers hand over: no second decode.
                 watch(clip, s.thumbnails)
                 clip.prefetch(self.config.prefetch_frames, should_stop)
             except BaseException:
