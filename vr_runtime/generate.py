@@ -76,8 +76,11 @@ def use_compile_cache(path=None) -> pathlib.Path:
     """Keep torch.compile's caches (inductor's compiled graphs and kernels, AOTAutograd's
     graphs, Triton's binaries) in ``path`` (default ``$XDG_CACHE_HOME/videorouter/compile``,
     ``~/.cache`` without it), so that a later process on this machine finds the compiled decode
-    step and the compiled stages there instead of compiling again. A directory already named by
-    ``TORCHINDUCTOR_CACHE_DIR`` or ``TRITON_CACHE_DIR`` is kept. Call before the first compile."""
+    step and the compiled stages there instead of compiling again. Without ``path``, a
+    directory the user named in ``TORCHINDUCTOR_CACHE_DIR`` or ``TRITON_CACHE_DIR`` is kept.
+    Call before the first compile (inductor reads its directory at each use)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    explicit = path is not None
     if path is None:
         base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
         path = pathlib.Path(base) / "videorouter" / "compile"
@@ -87,8 +90,13 @@ def use_compile_cache(path=None) -> pathlib.Path:
     except OSError as e:
         raise ValueError(f"compile cache {str(path)!r}: cannot create it ({e.strerror}); name a "
                          f"writable directory") from None
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(path / "inductor"))
-    os.environ.setdefault("TRITON_CACHE_DIR", str(path / "triton"))
+    # Importing inductor's config (transformers does, while a model loads) names its default,
+    # a temporary folder, in the environment: that one is not the user's choice.
+    ours = os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, default_cache_dir())
+    if explicit or ours:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path / "inductor")
+    if explicit or "TRITON_CACHE_DIR" not in os.environ:
+        os.environ["TRITON_CACHE_DIR"] = str(path / "triton")
     import torch._inductor.config as inductor_config
     inductor_config.fx_graph_cache = True          # both on by default in torch >= 2.5;
     inductor_config.autotune_local_cache = True    # said here so a user's config cannot drop them

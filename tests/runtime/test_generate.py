@@ -281,7 +281,15 @@ def test_compile_cache(tmp_path, monkeypatch):
     import os
     assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "c" / "triton")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
-    assert use_compile_cache(tmp_path / "d") == tmp_path / "mine"   # the user's is kept
+    assert use_compile_cache(tmp_path / "d") == tmp_path / "d" / "inductor"   # asked for: used
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert use_compile_cache() == tmp_path / "mine"          # the user's, without a path: kept
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())   # inductor's own
+    assert use_compile_cache() == tmp_path / "home" / ".cache" / "videorouter" / "compile" / \
+        "inductor"
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="compile cache .*: cannot create it"):
         use_compile_cache(tmp_path / "file" / "sub")
