@@ -140,3 +140,16 @@ def test_write_demo_makes_an_index_and_a_page_per_question(tmp_path):
     assert index["pages"][0]["windows"] == ["4"] * 5 + ["1"] * 3 + ["4"] * 8
     assert data_block(pages[1].read_text())["back"] == "index.html"
     assert not list((tmp_path / "demo").glob("*.tmp"))
+
+
+def test_the_commands_refuse_a_bad_html_path_in_one_line(tmp_path):
+    """Before any model loads: exit status 2 and one line naming the flag and what to fix."""
+    from browser_helpers import run_cli
+    from vr_runtime.cli import SAMPLE_VIDEO
+    status, out, err = run_cli(["ask", SAMPLE_VIDEO, "What?", "--html",
+                                tmp_path / "missing" / "a.html"])
+    assert status == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("videorouter: error: --html ") and "does not exist" in err
+    (tmp_path / "file").write_text("x")
+    status, _, err = run_cli(["demo", "--html", tmp_path / "file"])
+    assert status == 2 and err.count("\n") == 1 and "is a file" in err

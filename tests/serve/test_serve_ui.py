@@ -72,6 +72,9 @@ def test_the_listing_is_confined_as_file_urls_are(client, media):
     # left out; the link that stays inside is listed
     assert names == ["link-in.mp4", "sample.mp4", 'sub/odd "name" <x>.mp4']
     assert body["truncated"] is False and body["max_video_mb"] == 64.0
+    # the listing takes no path: whatever a client adds, it lists the media directory only
+    assert client.get("/ui/media", params={"path": "/etc", "dir": ".."}).json() == body
+    assert client.get("/ui/media/../../etc/passwd").status_code == 404
     for v in body["videos"]:     # every URL listed is one a request may send
         r = client.post("/v1/chat/completions", json=video_body(v["url"], Q, **SET))
         assert r.status_code == 200, (v, r.text)
