@@ -234,6 +234,15 @@ def _extras(work: str) -> List[str]:
     return out
 
 
+def _measured(work: str, key: str, reader: Callable, stage: str) -> str:
+    """A goal row's measured cell: the reader's figure, or the stage that would fill it."""
+    try:
+        got = reader(work, key)
+    except (KeyError, TypeError, ZeroDivisionError) as e:   # a file of another shape
+        got = f"unreadable ({type(e).__name__})"
+    return got or f"pending (stage {stage})"
+
+
 def summary(work: str, part: str = "main") -> str:
     env = _load(work, "environment.json") or {}
     lines = [f"# GPU run ({part}): {env.get('device', '?')}", "",
@@ -242,23 +251,12 @@ def summary(work: str, part: str = "main") -> str:
                       if k in env), ""]
     if part == "main":
         lines += ["| row | goal | measured now | H100 2026-11-24 |", "|---|---|---|---|"]
-        for key, name, goal, then in GOALS:
-            reader, stage = READERS[key]
-            try:
-                got = reader(work, key)
-            except (KeyError, TypeError, ZeroDivisionError) as e:   # a file of another shape
-                got = f"unreadable ({type(e).__name__})"
-            lines.append(f"| {name} | {goal} | {got or 'pending (stage ' + stage + ')'} | {then} |")
-        lines.append("")
+        lines += [f"| {name} | {goal} | {_measured(work, key, *READERS[key])} | {then} |"
+                  for key, name, goal, then in GOALS] + [""]
     if part == "tune":
         lines += ["| row | goal | measured now |", "|---|---|---|"]
-        for key, name, goal in TUNE_GOALS:
-            try:
-                got = _tune(work, key)
-            except (KeyError, TypeError, ZeroDivisionError) as e:   # a file of another shape
-                got = f"unreadable ({type(e).__name__})"
-            lines.append(f"| {name} | {goal} | {got or 'pending (stage ' + TUNE_STAGES[key] + ')'} |")
-        lines.append("")
+        lines += [f"| {name} | {goal} | {_measured(work, key, _tune, TUNE_STAGES[key])} |"
+                  for key, name, goal in TUNE_GOALS] + [""]
     lines += ["| stage | status | seconds | cap |", "|---|---|---|---|"]
     lines += [f"| {' | '.join((r + ['', '', ''])[:4])} |" for r in _stages(work)]
     extra = _extras(work)
