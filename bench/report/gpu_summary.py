@@ -150,10 +150,10 @@ def _tune(work: str, key: str) -> Optional[str]:
         return _today_best((fp or {}).get("router"), pool=int(key[-1]))
     if key in ("ttft64", "ttft1024", "ratio64", "memory"):
         T = 1024 if key == "ttft1024" else 64
-        got = {s: _ttft(fp, s, "videorouter", T) for s in ("today", "tuned")}
+        got = {s: _ttft(fp, s, "videorouter", T) for s in ("today", "tuned", "tuned-pool2")}
         dense = {s: _ttft(fp, s, "dense", T) for s in ("today", "tuned")}
         if key == "memory":
-            pairs = [(s, got[s], dense[s]) for s in got if got[s] and dense[s]
+            pairs = [(s, got[s], dense[s]) for s in got if got[s] and dense.get(s)
                      and got[s].get("peak_total_gb") and dense[s].get("peak_total_gb")]
             return "; ".join(f"{s} {v['peak_total_gb'] / d['peak_total_gb']:.2f}x"
                              for s, v, d in pairs) or None

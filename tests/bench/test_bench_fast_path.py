@@ -26,7 +26,10 @@ def test_cpu_dry_run(tmp_path):
     for r in doc["vision"] + doc["router"]:
         assert not r.get("error") and r["ms_per_frame"] > 0
     ttft = {(r["settings"], r["policy"]): r for r in doc["ttft"]}
-    assert set(ttft) == {(s, p) for s in ("today", "tuned") for p in ("videorouter", "dense")}
+    assert set(ttft) == {(s, p) for s in ("today", "tuned") for p in ("videorouter", "dense")} \
+        | {("tuned-pool2", "videorouter")}
+    assert ttft["tuned-pool2", "videorouter"]["router_pool"] == 2
+    assert ttft["tuned-pool2", "videorouter"]["ratio_to_dense"] > 0
     row = ttft["today", "videorouter"]
     assert row["ttft_s"] > 0 and row["ratio_to_dense"] > 0 and row["visual_tokens"] > 0
     assert 0 < row["floor_ratio_tokens"] < 1
