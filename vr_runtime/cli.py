@@ -298,11 +298,9 @@ def _load_model(args, device, dtype):
     speed = speed_options(args, device)
     vr = VideoRouter.from_pretrained(args.model, routers=args.routers, device=device,
                                      dtype=dtype, **speed)
-    compiled = any(w.get("seconds") and w.get("mode", "off") not in ("off", "dynamic", "static")
-                   for w in vr.compile_warmup.values())
-    if compiled and stderr_is_tty() and not getattr(args, "json", False):
+    from .runtime.loading import compiled_stages, warmup_line
+    if compiled_stages(vr) and stderr_is_tty() and not getattr(args, "json", False):
         # the compile is paid here, at load: say so, as serve does at start-up
-        from .runtime.loading import warmup_line
         print(f"{PROG}: {warmup_line(vr)}", file=sys.stderr, flush=True)
     return vr
 

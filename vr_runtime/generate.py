@@ -249,8 +249,13 @@ class GreedyDecoder:
             self._cache.reset()
         return self._cache
 
+    @property
+    def compiles(self) -> bool:
+        """The decode step is compiled (modes "compiled" and "graph")."""
+        return self.mode in ("compiled", "graph")
+
     def _step_fn(self):
-        if self.mode not in ("compiled", "graph"):
+        if not self.compiles:
             return decode_one_token
         if self._step is None:
             # reduce-overhead: CUDA graphs over the whole step; dynamic=False: one graph per
@@ -265,7 +270,7 @@ class GreedyDecoder:
         least ``slots`` slots, batch 1, on a short random prompt: a later request whose prompt
         and new tokens fit reuses that cache and its compiled step. The seconds it took (0 in
         the eager modes, which compile nothing)."""
-        if self.mode not in ("compiled", "graph"):
+        if not self.compiles:
             return {"mode": self.mode, "seconds": 0.0}
         if not isinstance(slots, int) or slots <= 8 + steps:
             raise ValueError(f"slots: expected an int > {8 + steps}, got {slots!r}")
@@ -310,7 +315,7 @@ class GreedyDecoder:
         except torch.OutOfMemoryError:
             raise
         except Exception as e:  # noqa: BLE001 -- any capture failure; redone eagerly below
-            if self.mode not in ("compiled", "graph"):
+            if not self.compiles:
                 raise
             import warnings
             what = "CUDA-graph" if self.mode == "graph" else "compiled"
@@ -432,5 +437,5 @@ class GreedyDecoder:
         return pos.expand(shape).contiguous()
 
 
-__all__ = ["AUTO_DECODING", "DECODING_MODES", "DEFAULT_WARM_SLOTS", "use_compile_cache", "GreedyDecoder", "PrefixCache", "decode_one_token", "prefill",
-           "generate", "resolve_decoding"]
+__all__ = ["AUTO_DECODING", "DECODING_MODES", "DEFAULT_WARM_SLOTS", "GreedyDecoder", "PrefixCache",
+           "decode_one_token", "generate", "prefill", "resolve_decoding", "use_compile_cache"]

@@ -57,10 +57,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]   # the package and the harness, run as a file
 
 import common  # noqa: E402
+from models.e2e_model import relevance_pattern  # noqa: E402  (bench_e2e's: the same frames)
 
 CONFIGS = ROOT / "vr_runtime" / "configs"
 QUESTION = "What does the person put into the red box after the phone rings?"
 BUDGET = 12288
+RELEVANT_FRAC = 7 / 16   # 28 of 64 frames relevant, spread evenly: bench_e2e's default
 FLOORS_MS = {"vision": 0.91, "router_pool1": 0.68, "router_pool2": 0.22}   # H200, bf16
 ATTENTION = ("flash", "cudnn", "efficient", "fmha", "attention", "sdpa", "softmax")
 
@@ -271,9 +273,7 @@ def answer_once(vr, T, policy, device):
         kw.update(policy="dense", allow_over_length=True,
                   max_length=T * vr.lm.grid[0] * vr.lm.grid[1] + text + 101)
     else:
-        k = T * 7 // 16   # spread evenly over the video
-        picked = {round(i * (T - 1) / max(k - 1, 1)) for i in range(k)}
-        rel = [t in picked for t in range(T)]
+        rel = relevance_pattern(T, RELEVANT_FRAC, "spread")
         kw.update(policy="fragment", budget=BUDGET,
                   scorer=FixedRelevance(rel, run_routers=True))
     if device.type == "cuda":
@@ -383,9 +383,7 @@ def floor_rows(args) -> List[dict]:
     tok, grid = load_tiny_tokenizer(), (16, 16)
     rows = []
     for T in args.ttft_frames:
-        k = T * 7 // 16
-        picked = {round(i * (T - 1) / max(k - 1, 1)) for i in range(k)}
-        plan = plan_fragment([t in picked for t in range(T)], BUDGET, grid)
+        plan = plan_fragment(relevance_pattern(T, RELEVANT_FRAC, "spread"), BUDGET, grid)
         kept = [t for t, w in enumerate(plan) if w]
         text = text_tokens(tok, QUESTION, T, kept=kept)
         vis = sum(pooled_counts(plan, grid))

@@ -31,6 +31,15 @@ def z_and_q(lm, T, question, seed):
     return Z, embed_question(lm.model, lm.tokenizer, question)
 
 
+def eager_and_runner(lm, r, runner, Z, qe):
+    """(eager frame logits, the runner's) of the same frames and question."""
+    with torch.inference_mode():
+        r.runner = None
+        ref = r.frame_logits(Z, qe, grid=lm.grid)
+        r.runner = runner
+        return ref, r.frame_logits(Z, qe, grid=lm.grid)
+
+
 def runner_for(lm, r, chunk, mode):
     tg = pooled_grid(lm.grid, r.config.router_pool)
     return RouterRunner(r, tg[0] * tg[1], chunk, mode)
@@ -47,11 +56,7 @@ def test_fixed_shapes_equal_eager(name, pool):
     for seed, (T, q) in enumerate(((7, QUESTIONS[0]), (3, QUESTIONS[1]))):
         Z, qe = z_and_q(lm, T, q, seed)
         assert qe.shape[0] % QUESTION_BUCKET   # the question is padded
-        with torch.inference_mode():
-            r.runner = None
-            ref = r.frame_logits(Z, qe, grid=lm.grid)
-            r.runner = runner_for(lm, r, 3, "off")
-            got = r.frame_logits(Z, qe, grid=lm.grid)
+        ref, got = eager_and_runner(lm, r, runner_for(lm, r, 3, "off"), Z, qe)
         assert got.shape == (T,)
         assert rel_err(got, ref) < 1e-5, (name, pool, T)
         assert float(ref.std()) > 1e-4
@@ -65,11 +70,7 @@ def test_compiled_equals_eager(name):
     assert runner.warm_up(tg, lm.hidden_size * lm.streams)["seconds"] > 0
     for seed, T in ((11, 5), (12, 2)):
         Z, qe = z_and_q(lm, T, QUESTIONS[0], seed)
-        with torch.inference_mode():
-            r.runner = None
-            ref = r.frame_logits(Z, qe, grid=lm.grid)
-            r.runner = runner
-            got = r.frame_logits(Z, qe, grid=lm.grid)
+        ref, got = eager_and_runner(lm, r, runner, Z, qe)
         assert rel_err(got, ref) < 1e-5, (name, T)
 
 
@@ -106,10 +107,5 @@ def test_cudagraphs_equal_eager_cuda(name):
     runner.warm_up(pooled_grid(lm.grid, 1), lm.hidden_size * lm.streams)
     for seed, T in ((1, 7), (2, 2)):
         Z, qe = z_and_q(lm, T, QUESTIONS[seed - 1], seed)
-        Z = Z.cuda()
-        with torch.inference_mode():
-            r.runner = None
-            ref = r.frame_logits(Z, qe, grid=lm.grid)
-            r.runner = runner
-            got = r.frame_logits(Z, qe, grid=lm.grid)
+        ref, got = eager_and_runner(lm, r, runner, Z.cuda(), qe)
         assert rel_err(got, ref) < 1e-4, (name, T)

@@ -51,6 +51,8 @@ def test_serve_reports_what_loading_compiled():
     from vr_runtime.runtime.loading import warmup_line
     vr = VideoRouter.from_pretrained("tiny", warmup_frames=0, warm_request=False,
                                      compile=CompileOptions(vision="off", vision_chunk=4))
+    from vr_runtime.runtime.loading import compiled_stages
+    assert compiled_stages(vr) == []   # a fixed chunk, eager: nothing compiles
     line = warmup_line(vr)
     assert line.startswith("loaded: decoding dynamic, vision off (chunk 4), router off")
     assert line.endswith("no warm-up request")

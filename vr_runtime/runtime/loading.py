@@ -60,13 +60,20 @@ def router_runner(routers: Routers, grid, options) -> Optional[RouterRunner]:
     return runner
 
 
+def compiled_stages(vr) -> list:
+    """The stages of ``vr`` that torch.compile runs: "decode", "vision", "router"."""
+    runner = vr.routers.runner
+    return [name for name, on in (("decode", vr.greedy.compiles),
+                                  ("vision", vr.vision.mode != "off"),
+                                  ("router", runner is not None and runner.mode != "off")) if on]
+
+
 def compile_warmup(vr) -> dict:
     """Compile the compiled stages now, so that no request pays for it: the vision tower on one
     chunk, the Image Router for a one-bucket question, the decode step for the largest cache
     expected. Seconds per stage (0 when eager)."""
     slots = vr.compile.decode_slots or DEFAULT_WARM_SLOTS
-    if vr.greedy.mode in ("compiled", "graph") or not vr.vision.eager or \
-            (vr.routers.runner is not None and vr.routers.runner.mode != "off"):
+    if compiled_stages(vr):
         use_compile_cache(vr.compile.cache_dir)   # a later process finds what compiles now
     out = {"decode": vr.greedy.warm_up(slots), "vision": vr.vision.warm_up()}
     runner = vr.routers.runner
@@ -116,5 +123,5 @@ def throwaway_answer(vr, num_frames: int = 8, max_new_tokens: int = 2) -> dict:
             "max_new_tokens": max_new_tokens}
 
 
-__all__ = ["preset_routers", "routers_for", "kernel_warmup", "router_runner", "compile_warmup",
-           "throwaway_answer", "warmup_line"]
+__all__ = ["preset_routers", "routers_for", "kernel_warmup", "router_runner", "compiled_stages",
+           "compile_warmup", "throwaway_answer", "warmup_line"]
