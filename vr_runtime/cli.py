@@ -33,7 +33,7 @@ import threading
 from typing import Optional
 
 from .cli_args import (MAX_FRAME_PIXELS, Parser, add_answer_args, add_speed_args, answer_options,
-                       model_help, speed_options)
+                       model_help, sampling_of, speed_options)
 from .cli_io import PROG, UsageError, fail_with, jsonable, quiet_libraries, stderr_is_tty
 from .serve.command import add_serve_parser   # standard library only until serve runs
 
@@ -271,14 +271,9 @@ def _open_video(args, device, dtype, thumbnails=None):
     from .video.frames import open_frames
     decoders.set_limits(max_frame_pixels=getattr(args, "max_frame_pixels", MAX_FRAME_PIXELS))
     spec = frame_spec_for(args.model)   # from config.json: no model needed to check the video
-    source = open_frames(args.video, num_frames=args.frames, size=spec.size[0], mean=spec.mean,
-                         std=spec.std, decoder=getattr(args, "decoder", "auto"),
+    source = open_frames(args.video, sampling_of(args), spec,
                          memory_limit=_memory_for_video(args, device),
-                         time_window=getattr(args, "time_window", None),
-                         seek=getattr(args, "seek", "exact"),
-                         decode_workers=getattr(args, "decode_workers", None),
-                         fps=getattr(args, "fps", None), min_frames=getattr(args, "min_frames", 4),
-                         max_frames=getattr(args, "max_frames", 768))
+                         decode_workers=getattr(args, "decode_workers", None))
     from .video.thumbnails import watch
     watch(source, thumbnails)   # before the first frame decodes
     # Decode the first frames on the cores the model load leaves idle (its imports run on

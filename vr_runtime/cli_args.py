@@ -11,11 +11,13 @@ names, read when a parser is built: ``--help`` and a bad flag import no torch.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import textwrap
 
 from .cli_io import fail
 from .planning.scales import SCALES_HELP
+from .video.sampling import MAX_FRAMES, MIN_FRAMES, NUM_FRAMES, Sampling
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -137,10 +139,10 @@ positive_seconds = arg_type(float, lambda v: 0 < v < float("inf"), "a number of 
 # and may change a default or a help text (``overrides``).
 ANSWER_FLAGS = {
     "--frames": lambda: dict(
-        type=positive_int("--frames"), default=64, metavar="N",
+        type=positive_int("--frames"), default=NUM_FRAMES, metavar="N",
         help="frames to sample: the middle frame of each of N equal segments of the video (the "
              "paper's sampling, used for every backbone; --fps samples by rate instead) "
-             "(default: 64)"),
+             f"(default: {NUM_FRAMES})"),
     "--fps": lambda: dict(
         type=arg_type(float, lambda v: 0 < v < float("inf"), "frames a second > 0", "--fps"),
         default=None, metavar="F",
@@ -148,11 +150,11 @@ ANSWER_FLAGS = {
              "and Qwen3-VL's sampling; their processors use 2), between --min-frames and "
              "--max-frames (default: off, the paper's --frames segment sampling)"),
     "--min-frames": lambda: dict(
-        type=positive_int("--min-frames"), default=4, metavar="N",
-        help="with --fps: sample at least N frames (default: 4)"),
+        type=positive_int("--min-frames"), default=MIN_FRAMES, metavar="N",
+        help=f"with --fps: sample at least N frames (default: {MIN_FRAMES})"),
     "--max-frames": lambda: dict(
-        type=positive_int("--max-frames"), default=768, metavar="N",
-        help="with --fps: sample at most N frames (default: 768)"),
+        type=positive_int("--max-frames"), default=MAX_FRAMES, metavar="N",
+        help=f"with --fps: sample at most N frames (default: {MAX_FRAMES})"),
     "--max-length": lambda: dict(
         type=positive_int("--max-length"), default=12288,
         help="context length L_max in tokens (default: 12288)"),
@@ -229,6 +231,15 @@ def add_answer_args(p, flags=tuple(ANSWER_FLAGS), overrides=None) -> None:
         p.add_argument(flag, **{**ANSWER_FLAGS[flag](), **overrides.get(flag, {})})
 
 
+def sampling_of(args) -> Sampling:
+    """Which frames parsed ask/demo arguments read (a flag the command lacks: the default)."""
+    d = Sampling()
+    return Sampling(args.frames, getattr(args, "time_window", None), getattr(args, "fps", None),
+                    getattr(args, "min_frames", d.min_frames),
+                    getattr(args, "max_frames", d.max_frames),
+                    getattr(args, "decoder", d.decoder), getattr(args, "seek", d.seek))
+
+
 def answer_options(args, **extra):
     """The :class:`~vr_runtime.request.AnswerOptions` of parsed ask/demo arguments (a flag the
     command lacks takes AnswerOptions' default; no --scales, the paper's); ``extra``: fields set
@@ -236,16 +247,10 @@ def answer_options(args, **extra):
     from its visual budget."""
     from .planning.scales import parse_scales
     from .request import AnswerOptions
-    return AnswerOptions(num_frames=args.frames, max_length=args.max_length,
+    return AnswerOptions(**dataclasses.asdict(sampling_of(args)), max_length=args.max_length,
                          scales=getattr(args, "scales", None) or parse_scales(None),
                          max_new_tokens=args.max_new_tokens, policy=args.policy,
                          ttft_budget_s=getattr(args, "ttft_budget", None) or None,
-                         time_window=getattr(args, "time_window", None),
-                         fps=getattr(args, "fps", None),
-                         min_frames=getattr(args, "min_frames", 4),
-                         max_frames=getattr(args, "max_frames", 768),
-                         seek=getattr(args, "seek", "exact"),
-                         decoder=getattr(args, "decoder", "auto"),
                          allow_over_length=bool(getattr(args, "allow_over_length", False)),
                          long_prompt=getattr(args, "long_prompt", None),
                          neighbour_window=getattr(args, "neighbour_window", None),

@@ -197,6 +197,15 @@ def _take(ids: Sequence[int], gens: List[List[int]], done: List[bool], max_new_t
 
 
 @dataclass
+class _Prompts:
+    """The prompts of one :meth:`GreedyDecoder.generate` call, as it takes them."""
+    embeds: Sequence[torch.Tensor]
+    max_new_tokens: Sequence[int]
+    position_ids: Sequence[Optional[torch.Tensor]]
+    lengths: Optional[Sequence[int]] = None
+
+
+@dataclass
 class PrefixCache:
     """The KV cache of a prompt's first ``length`` rows, shared by later prompts that begin with
     the same rows (``VideoRouter(prefix_cache=True)``: the visual prefix of questions on one
@@ -278,8 +287,8 @@ class GreedyDecoder:
         g = torch.Generator().manual_seed(0)
         x = torch.randn(1, 8, self.lm.hidden_size, generator=g).to(self.lm.device, self.lm.dtype)
         # the prompt's length plus the steps ask for the whole cache: it is made at ``slots``
-        self._generate([x], [slots - 8], [None], stop_ids=set(), timer=None,
-                       on_token=None, max_steps=steps)
+        self._generate(_Prompts([x], [slots - 8], [None]), stop_ids=set(), timer=None,
+                       max_steps=steps)
         if torch.device(self.lm.device).type == "cuda":
             torch.cuda.synchronize(self.lm.device)
         return {"mode": self.mode, "slots": self._cache_key[1] if self._cache_key else None,
@@ -309,9 +318,9 @@ class GreedyDecoder:
 
         ``on_token(row, id)``, if given, is called with each new id as it is decided (streaming;
         the stop id is not passed). A redone request calls it again from its first token."""
+        prompts = _Prompts(embeds, max_new_tokens, position_ids, lengths)
         try:
-            return self._generate(embeds, max_new_tokens, position_ids, stop_ids, timer,
-                                  on_token, lengths, prefix)
+            return self._generate(prompts, stop_ids, timer, on_token, prefix)
         except torch.OutOfMemoryError:
             raise
         except Exception as e:  # noqa: BLE001 -- any capture failure; redone eagerly below
@@ -325,16 +334,17 @@ class GreedyDecoder:
             warnings.warn(self.fallback, RuntimeWarning, stacklevel=2)
             self.mode = "static"
             self.release()
-            return self._generate(embeds, max_new_tokens, position_ids, stop_ids, timer,
-                                  on_token, lengths, prefix)
+            return self._generate(prompts, stop_ids, timer, on_token, prefix)
 
-    def _generate(self, embeds, max_new_tokens, position_ids, stop_ids, timer, on_token=None,
-                  lengths=None, prefix=None, max_steps=None):
+    def _generate(self, prompts: "_Prompts", stop_ids, timer, on_token=None, prefix=None,
+                  max_steps=None):
         """One try of :meth:`generate`: the prefill (:func:`prefill`), then the decode steps."""
         from .telemetry.timing import StageTimer
         lm = self.lm
-        packed = lengths is not None   # one right-padded [B, L, D] tensor, not a list
-        lengths = _prompt_lengths(embeds, max_new_tokens, position_ids, lengths)
+        embeds, max_new_tokens, position_ids = (prompts.embeds, prompts.max_new_tokens,
+                                                prompts.position_ids)
+        packed = prompts.lengths is not None   # one right-padded [B, L, D] tensor, not a list
+        lengths = _prompt_lengths(embeds, max_new_tokens, position_ids, prompts.lengths)
         timer = timer or StageTimer(lm.device)
         nxt_pos = [lm.next_position(p, n) for p, n in zip(position_ids, lengths)]
         with timer.stage("prefill"):

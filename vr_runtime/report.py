@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 from vr_kernels import pooled_counts
 from vr_kernels.windows import normalize_window, window_tokens
@@ -29,18 +29,19 @@ def json_window(w):
     return nw[0] if nw[0] == nw[1] else [nw[0], nw[1]]
 
 
-def build_report(lm, routers, req, frames, decision, scores, fitted, prompt_tokens: int,
-                 generated: int, timer, notes: List[str], visual_cache: Optional[str]) -> dict:
-    """The report of one answer on backbone ``lm`` with ``routers``. ``req``:
-    request.Request, ``frames``: runtime.Frames, ``decision``: PolicyDecision, ``scores``:
-    FrameScores or None, ``fitted``: policies.FittedPlan."""
+def build_report(lm, routers, p, generated: int) -> dict:
+    """The report of one answer on backbone ``lm`` with ``routers``: ``p`` is the request's
+    ``runtime.Prepared`` (its request, frames, policy decision, scores, fitted plan, prompt
+    ids, timer and notes), ``generated`` the new tokens' count."""
+    req, frames, decision, scores, fitted = p.req, p.frames, p.decision, p.scores, p.fitted
+    timer, prompt_tokens, visual_cache = p.timer, p.ids.numel(), p.visual_cache
     counts = pooled_counts(fitted.plan, lm.grid)
     return {**_model_fields(lm, routers, req, decision, scores),
             **_frame_fields(frames, scores, visual_cache, fitted.plan, counts, req),
             **_token_fields(lm.grid, fitted, counts, req, prompt_tokens, generated),
             "timings_s": _timings(frames, timer),
             **_memory_fields(lm, routers, timer),
-            "notes": notes}
+            "notes": p.notes}
 
 
 def _model_fields(lm, routers, req, decision, scores) -> dict:

@@ -22,6 +22,7 @@ from .planning import scales as scale_rules
 from .planning.policies import (SEMANTIC_CLASSES, Windows, get_planner, is_budgeted,
                                 policy_names)
 from .routing.scorers import CachedImageRouterScorer, FixedRelevance, FrameScorer, ImageRouterScorer
+from .video.sampling import MAX_FRAMES, MIN_FRAMES, NUM_FRAMES, Sampling
 
 
 def _check_int(name: str, v, lo: int) -> None:
@@ -34,7 +35,7 @@ class AnswerOptions:
     """How to answer (see ``VideoRouter.answer``). Defaults are the paper's settings; each
     field is documented where it is declared."""
     #: Frames sampled uniformly from the video (or its ``time_window``).
-    num_frames: int = 64
+    num_frames: int = NUM_FRAMES
     #: L_max: the prompt plus the new tokens must fit it (the visual budget is derived from it).
     max_length: int = 12288
     #: The most tokens generated (greedy).
@@ -49,9 +50,9 @@ class AnswerOptions:
     #: None: the paper's ``num_frames`` segment sampling.
     fps: Optional[float] = None
     #: The fewest frames ``fps`` sampling takes (Qwen's processors: 4).
-    min_frames: int = 4
+    min_frames: int = MIN_FRAMES
     #: The most frames ``fps`` sampling takes (Qwen's processors: 768).
-    max_frames: int = 768
+    max_frames: int = MAX_FRAMES
     #: Fixed Image Router decisions, one bool per sampled frame (a :class:`FixedRelevance`).
     relevant: Optional[Sequence[bool]] = None
     #: A :class:`~vr_runtime.routing.scorers.FrameScorer` that decides the relevant frames.
@@ -210,6 +211,12 @@ class AnswerOptions:
         cls = CachedImageRouterScorer if self.cache_visual else ImageRouterScorer
         return cls(frame_batch=self.frame_batch, router_pool=self.router_pool)
 
+    @property
+    def sampling(self) -> Sampling:
+        """Which frames of a video file to read, and how (the video package's terms)."""
+        return Sampling(self.num_frames, self.time_window, self.fps, self.min_frames,
+                        self.max_frames, self.decoder, self.seek)
+
     @classmethod
     def field_names(cls) -> tuple:
         return tuple(f.name for f in fields(cls))
@@ -279,6 +286,10 @@ class Request:
         if name != "options" and name in AnswerOptions.field_names():
             return getattr(self.options, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def sampling(self) -> Sampling:
+        return self.options.sampling
 
     @property
     def routed_question(self) -> str:

@@ -35,7 +35,8 @@ def test_qwen_decodes_with_its_own_normalisation(qwen_vr):
     from vr_runtime.video.load import load_video
     spec = frame_spec_for("tiny-qwen2.5-vl")
     assert spec == qwen_vr.lm.frame_spec and spec.mean != frame_spec_for("tiny").mean
-    frames = qwen_vr._load_frames(str(SAMPLE), 4, None)
+    from vr_runtime.telemetry.timing import StageTimer
+    frames = qwen_vr.load_frames(qwen_vr.request(str(SAMPLE), Q, num_frames=4), StageTimer("cpu"))
     ref = load_video(str(SAMPLE), num_frames=4, mean=spec.mean, std=spec.std).pixel_values
     inet = load_video(str(SAMPLE), num_frames=4).pixel_values
     assert torch.equal(frames.all_pixels(), ref) and not torch.allclose(ref, inet)

@@ -144,8 +144,9 @@ def assert_thumbnails_are_the_frames(thumbs, video, frame_indices, num_frames, t
     import numpy as np
     from PIL import Image
     from vr_runtime.video.frames import open_frames
+    from vr_runtime.video.sampling import Sampling
     from vr_runtime.video.thumbnails import thumbnail
-    src = open_frames(str(video), num_frames=num_frames)
+    src = open_frames(str(video), Sampling(num_frames))
     ranks = [src.indices.index(int(i)) for i in frame_indices]
     with src.stream(sorted(ranks)) as s:
         frames = {r: s.take(k) for k, r in enumerate(sorted(ranks))}

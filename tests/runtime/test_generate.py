@@ -36,7 +36,7 @@ def make_prompts(vr):
     out = []
     for T, q, budget in zip((3, 4, 2), QUESTIONS, (300, 420, 200)):
         v = torch.randn(T, 3, 448, 448, generator=g)
-        out.append(vr._prepare(vr.request(v, q, num_frames=T, max_new_tokens=8,
+        out.append(vr.prepare(vr.request(v, q, num_frames=T, max_new_tokens=8,
                                           policy="uniform", budget=budget)))
     assert len({p.embeds.shape[1] for p in out}) == 3
     return out
@@ -155,7 +155,7 @@ def test_one_pool_pack_for_the_batch(vr, monkeypatch):
     opts = [dict(policy="fragment", relevant=[True, False, False, True]),
             dict(policy="global"), dict(policy="uniform")]
     kw = dict(max_new_tokens=5, budget=300)
-    alone = [vr._prepare(vr.request(v, q, num_frames=v.shape[0], **kw, **o))
+    alone = [vr.prepare(vr.request(v, q, num_frames=v.shape[0], **kw, **o))
              for v, q, o in zip(videos, QUESTIONS, opts)]
     texts = [vr.answer(v, q, num_frames=v.shape[0], **kw, **o).text
              for v, q, o in zip(videos, QUESTIONS, opts)]
@@ -187,9 +187,9 @@ def test_one_pool_pack_for_the_batch_cuda(name):
     opts = [dict(policy="fragment", relevant=[True, False, False, True]),
             dict(policy="global"), dict(policy="uniform")]
     kw = dict(max_new_tokens=5, budget=300)
-    alone = [v._prepare(v.request(x, q, num_frames=x.shape[0], **kw, **o))
+    alone = [v.prepare(v.request(x, q, num_frames=x.shape[0], **kw, **o))
              for x, q, o in zip(videos, QUESTIONS, opts)]
-    done = [v._prepare(v.request(x, q, num_frames=x.shape[0], **kw, **o), pack=False)
+    done = [v.prepare(v.request(x, q, num_frames=x.shape[0], **kw, **o), pack=False)
             for x, q, o in zip(videos, QUESTIONS, opts)]
     from vr_runtime.runtime.batch import pack_batch
     x, lengths = pack_batch(v.lm, done)
@@ -375,7 +375,7 @@ def test_graph_decoding_equals_eager_cuda(name):
                      decoding="graph")
     assert vr.greedy.mode == "graph"
     g = torch.Generator().manual_seed(5)
-    ps = [vr._prepare(vr.request(torch.randn(T, 3, 448, 448, generator=g), q, num_frames=T,
+    ps = [vr.prepare(vr.request(torch.randn(T, 3, 448, 448, generator=g), q, num_frames=T,
                                  max_new_tokens=8, policy="uniform", budget=b))
           for T, q, b in zip((3, 4, 2), QUESTIONS, (300, 420, 200))]
     eager = GreedyDecoder(vr.lm, "dynamic")

@@ -22,13 +22,13 @@ def test_warm_request_runs_every_stage_and_changes_no_answer(tiny_lm, monkeypatc
     before = _ask(cold, video)
 
     stages = []
-    real_prepare = VideoRouter._prepare
+    real_prepare = VideoRouter.prepare
 
     def spy(self, req):
         p = real_prepare(self, req)
         stages.append(sorted(p.timer.times))
         return p
-    monkeypatch.setattr(VideoRouter, "_prepare", spy)
+    monkeypatch.setattr(VideoRouter, "prepare", spy)
     warm = VideoRouter(tiny_lm, routers=cold.routers, warmup_frames=0, warm_request=True)
     monkeypatch.undo()
     # the throw-away request ran vision and the routers (FixedRelevance(run_routers=True))

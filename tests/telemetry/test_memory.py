@@ -67,7 +67,7 @@ def test_kept_frames_are_encoded_chunk_by_chunk(tiny_vr, frames, monkeypatch):
     pv = frames(7, seed=4)
     keep = [0, 2, 3, 5, 6]
     req = tiny_vr.request(pv, Q, num_frames=7, chunk_size=2, policy="global")
-    f = tiny_vr._load_frames(pv, 7, None)
+    f = tiny_vr.load_frames(req, StageTimer("cpu"))
     seen = []
     real = tiny_vr.lm.encode_frames
     monkeypatch.setattr(tiny_vr.lm, "encode_frames",
@@ -86,11 +86,11 @@ def test_kept_rows_are_not_copied_out_of_z(tiny_vr, frames):
     from vr_runtime.reconstruct import reconstruct_embeds
     pv = frames(6, seed=5)
     tiny_vr.clear_visual_cache()
-    p = tiny_vr._prepare(tiny_vr.request(pv, Q, num_frames=6, policy="budget", budget=512,
+    p = tiny_vr.prepare(tiny_vr.request(pv, Q, num_frames=6, policy="budget", budget=512,
                                          cache_visual=True))
     keep = kept_frames(p.fitted.plan, tiny_vr.lm.grid)
     assert 0 < len(keep) < 6
-    Z = tiny_vr.visual_cache.entries()[0]["Z"]
+    Z = tiny_vr.visual_cache.entries()[0].Z
     assert Z.shape[0] == 6
     want = reconstruct_embeds(tiny_vr.lm.model, p.ids, Z[keep], [p.fitted.plan[t] for t in keep],
                               tiny_vr.lm.image_token_id, tiny_vr.lm.grid)

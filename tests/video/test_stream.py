@@ -13,6 +13,7 @@ from vr_runtime.video import decoders as D
 from vr_runtime.video.frames import FileSource, TensorSource, open_frames
 from vr_runtime.video.load import (IMAGENET_MEAN, IMAGENET_STD, load_video, open_video,
                                    preprocess_frames)
+from vr_runtime.video.sampling import FrameSpec, Sampling
 from vr_runtime.video.stream import FrameStream, gop_jobs
 
 
@@ -53,7 +54,8 @@ def test_frames_are_the_pil_paths_byte_for_byte(clips, name, workers):
     ref = _reference(path, n, size)
     clip = load_video(path, num_frames=n, size=size, decode_workers=workers, decoder="pyav")
     assert torch.equal(clip.pixel_values, ref)
-    src = open_frames(path, num_frames=n, size=size, decode_workers=workers, decoder="pyav")
+    src = open_frames(path, Sampling(n, decoder="pyav"), FrameSpec.square(size),
+                      decode_workers=workers)
     for chunk in (1, 5, 16):   # odd chunks: the chunking changes nothing
         got = torch.cat(list(src.chunks(range(n), chunk)))
         assert torch.equal(got, ref), (name, workers, chunk)
@@ -61,7 +63,7 @@ def test_frames_are_the_pil_paths_byte_for_byte(clips, name, workers):
 
 def test_repeated_and_partial_positions(clips):
     path, size = clips["16:9"], 32
-    src = open_frames(path, num_frames=9, size=size, decoder="pyav")
+    src = open_frames(path, Sampling(9, decoder="pyav"), FrameSpec.square(size))
     ref = load_video(path, num_frames=9, size=size).pixel_values
     pos = [1, 1, 4, 7, 8, 8]         # a kept subset; a padded unit repeats its last frame
     got = torch.cat(list(src.chunks(pos, 4)))
@@ -91,8 +93,7 @@ def test_jobs_keep_a_gop_whole(clips):
 def test_the_window_bounds_the_frames_held(clips):
     info = open_video(clips["16:9"])
     idx = list(range(40))
-    scale = D.scaled_size(info.width, info.height, 32)
-    s = FrameStream(info, idx, scale, 32, "pyav", workers=2, job_frames=4, window=6)
+    s = FrameStream(info, idx, 32, "pyav", workers=2, job_frames=4, window=6)
     try:
         for r in range(len(idx)):
             s.take(r)
@@ -101,7 +102,7 @@ def test_the_window_bounds_the_frames_held(clips):
     finally:
         s.close()
     assert 1 <= s.held_peak <= 6 and s.wall_s is not None
-    with FrameStream(info, idx[:4], scale, 32, "pyav") as s2:
+    with FrameStream(info, idx[:4], 32, "pyav") as s2:
         with pytest.raises(ValueError, match="out of order"):
             s2.take(2)
 
@@ -112,7 +113,8 @@ def _workers_alive():
 
 def test_a_failing_worker_stops_the_stream_and_names_the_file(clips, monkeypatch):
     path = clips["4:3"]
-    src = open_frames(path, num_frames=30, size=32, decode_workers=2, decoder="pyav")
+    src = open_frames(path, Sampling(30, decoder="pyav"), FrameSpec.square(32),
+                      decode_workers=2)
     real = D.decode_frames
     calls = []
 
@@ -129,7 +131,8 @@ def test_a_failing_worker_stops_the_stream_and_names_the_file(clips, monkeypatch
 
 
 def test_closing_mid_way_joins_every_worker(clips):
-    src = open_frames(clips["10bit"], num_frames=40, size=32, decode_workers=2, decoder="pyav")
+    src = open_frames(clips["10bit"], Sampling(40, decoder="pyav"), FrameSpec.square(32),
+                      decode_workers=2)
     gen = src.chunks(range(40), 4)
     next(gen)
     gen.close()                      # the consumer stops early (an error, a Ctrl-C)
@@ -139,31 +142,31 @@ def test_closing_mid_way_joins_every_worker(clips):
 def test_the_stream_memory_check_is_one_line(clips, monkeypatch):
     monkeypatch.setenv("VIDEOROUTER_MEMORY_LIMIT", "1M")
     with pytest.raises(VideoError, match="window of frames"):
-        open_frames(clips["16:9"], num_frames=2048)
+        open_frames(clips["16:9"], Sampling(2048))
     monkeypatch.setenv("VIDEOROUTER_MEMORY_LIMIT", "2G")
     # the frame count does not grow what a stream needs (the clip is never held)
-    assert isinstance(open_frames(clips["16:9"], num_frames=100_000), FileSource)
+    assert isinstance(open_frames(clips["16:9"], Sampling(100_000)), FileSource)
 
 
 def test_rate_sampling(clips):
     path = clips["16:9"]             # 40 frames at 10 fps: 4 s
-    src = open_frames(path, fps=2.0)
+    src = open_frames(path, Sampling(fps=2.0))
     assert len(src) == 8 and src.indices[0] == 0 and src.indices[-1] == 39
     assert "2 fps" in src.note
-    assert len(open_frames(path, fps=0.1)) == 4                  # min_frames
-    assert len(open_frames(path, fps=10, max_frames=5)) == 5     # max_frames
-    w = open_frames(path, fps=4, time_window=(1.0, 3.0))
+    assert len(open_frames(path, Sampling(fps=0.1))) == 4                  # min_frames
+    assert len(open_frames(path, Sampling(fps=10, max_frames=5))) == 5     # max_frames
+    w = open_frames(path, Sampling(time_window=(1.0, 3.0), fps=4))
     assert len(w) == 8 and all(1.0 - 1e-6 <= t <= 3.0 for t in w.times_s)
     with pytest.raises(VideoError, match="fps"):
-        open_frames(path, fps=-1.0)
+        open_frames(path, Sampling(fps=-1.0))
     with pytest.raises(VideoError, match="min_frames"):
-        open_frames(path, fps=1.0, min_frames=9, max_frames=3)
+        open_frames(path, Sampling(fps=1.0, min_frames=9, max_frames=3))
 
 
 def test_mean_and_std_reach_the_stream(clips):
     path = clips["16:9"]
-    a = open_frames(path, num_frames=3, size=24)
-    b = open_frames(path, num_frames=3, size=24, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
+    a = open_frames(path, Sampling(3), FrameSpec.square(24))
+    b = open_frames(path, Sampling(3), FrameSpec.square(24, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)))
     x = torch.cat(list(a.chunks(range(3), 3)))
     y = torch.cat(list(b.chunks(range(3), 3)))
     m, s = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
@@ -177,7 +180,7 @@ def test_prefetched_frames_are_the_same_frames(clips):
     its deadline is one VideoError with nothing left running."""
     path, size = clips["9:16"], 40
     ref = load_video(path, num_frames=20, size=size).pixel_values
-    src = open_frames(path, num_frames=20, size=size, decode_workers=2)
+    src = open_frames(path, Sampling(20), FrameSpec.square(size), decode_workers=2)
     src.prefetch(6)
     assert src._prefetch.held_peak <= 6
     assert torch.equal(torch.cat(list(src.chunks(range(20), 7))), ref)
@@ -185,7 +188,7 @@ def test_prefetched_frames_are_the_same_frames(clips):
     pos = [0, 3, 3, 9, 15, 19]
     assert torch.equal(torch.cat(list(src.chunks(pos, 4))), ref[pos])
     with pytest.raises(VideoError, match="given up"):
-        open_frames(path, num_frames=20, size=size).prefetch(20, lambda: "given up")
+        open_frames(path, Sampling(20), FrameSpec.square(size)).prefetch(20, lambda: "given up")
     assert not _workers_alive()
 
 
@@ -195,7 +198,7 @@ def test_the_source_names_the_decoder_that_delivered(clips, prefetch):
     as the loader's clip says, whether they came from a prefetch or the stream."""
     path, size = clips["4:3"], 32
     want = load_video(path, num_frames=11, size=size).decoder
-    src = open_frames(path, num_frames=11, size=size, decode_workers=2)
+    src = open_frames(path, Sampling(11), FrameSpec.square(size), decode_workers=2)
     assert src.decoder == "auto"
     if prefetch:
         src.prefetch(prefetch)

@@ -10,6 +10,7 @@ from PIL import Image
 
 from vr_runtime.video import stream
 from vr_runtime.video.frames import open_frames
+from vr_runtime.video.sampling import Sampling
 from vr_runtime.video.thumbnails import (PAGE_BYTES, ThumbnailStore, data_url, thumbnail,
                                          thumbnail_side, watch)
 
@@ -109,13 +110,13 @@ def test_thumbnails_are_the_decoded_frames_and_no_second_decode(monkeypatch):
         return real(info, indices, *a, **kw)
     monkeypatch.setattr(stream, "decode_frames", counting)
 
-    plain = open_frames(str(SAMPLE), num_frames=16)
+    plain = open_frames(str(SAMPLE), Sampling(16))
     for _ in plain.chunks(range(16), 8):
         pass
     decoded = sorted(i for c in calls for i in c)
     calls.clear()
 
-    src = open_frames(str(SAMPLE), num_frames=16)
+    src = open_frames(str(SAMPLE), Sampling(16))
     sink = ThumbnailStore(None).sink("sample")
     watch(src, sink)
     pixels = [x for x in src.chunks(range(16), 8)]
@@ -141,14 +142,14 @@ def test_watch_leaves_a_tensor_source_alone():
     src = TensorSource(torch.zeros(2, 3, 8, 8))
     watch(src, ThumbnailStore(None).sink())
     assert getattr(src, "on_frame", None) is None
-    watch(open_frames(str(SAMPLE), num_frames=4), None)   # no sink: nothing to do
+    watch(open_frames(str(SAMPLE), Sampling(4)), None)   # no sink: nothing to do
 
 
 def test_a_failing_thumbnail_fails_the_decode_loudly():
     """A sink that raises is a bug, not something to drop silently: the stream reports it as
     a decoding failure naming the file."""
     from vr_runtime.errors import VideoError
-    src = open_frames(str(SAMPLE), num_frames=4)
+    src = open_frames(str(SAMPLE), Sampling(4))
 
     def broken(index, frame):
         raise RuntimeError("thumbnail bug")

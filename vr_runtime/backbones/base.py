@@ -33,17 +33,9 @@ from typing import ClassVar, Iterator, Optional, Sequence, Tuple
 import torch
 
 from ..errors import ModelFilesError
+from ..video.sampling import FrameSpec   # how a frame becomes input: the video's to say
 from .prompt import VisionTokens, build_video_prompt, text_tokens  # the prompt owns its framing
 from .tiny import init_weights_
-
-
-@dataclass(frozen=True)
-class FrameSpec:
-    """How a decoded RGB frame becomes model input: resized to ``size`` (H, W), scaled to [0, 1]
-    and normalised with ``mean`` / ``std`` per channel."""
-    size: Tuple[int, int]
-    mean: Tuple[float, float, float]
-    std: Tuple[float, float, float]
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ from ..planning.scales import parse_scales
 from ..request import AnswerOptions
 from ..routing.scorers import CLIPScorer, TokenMatchedScorer
 from ..runtime import VideoRouter
+from ..video.sampling import MAX_FRAMES, MIN_FRAMES, NUM_FRAMES
 
 _TRUE = ("1", "true", "yes")
 
@@ -39,12 +40,12 @@ class VideoRouterLMM(lmms):
     is_simple = False
 
     def __init__(self, pretrained: str = "tiny", routers: Optional[str] = None,
-                 policy: str = "auto", max_length=12288, num_frames=64, budget=None,
+                 policy: str = "auto", max_length=12288, num_frames=NUM_FRAMES, budget=None,
                  clip: Optional[str] = None, device: Optional[str] = None,
                  dtype: Optional[str] = None, max_new_tokens=None, batch_size=1,
                  visual_tokens_log: Optional[str] = None, scales=None, clip_mode: str = "matched",
                  allow_over_length=False, seek: str = "exact", time_window=None,
-                 fps=None, max_frames=768, min_frames=4, **kwargs) -> None:
+                 fps=None, max_frames=MAX_FRAMES, min_frames=MIN_FRAMES, **kwargs) -> None:
         super().__init__()
         if kwargs:
             eval_logger.warning(f"videorouter: ignoring unknown model_args {sorted(kwargs)}")

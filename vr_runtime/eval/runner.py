@@ -42,6 +42,7 @@ from ..data.atomic import write_files_atomically
 from ..errors import VideoError
 from ..fingerprint import weights_fingerprint
 from ..planning.scales import label as scales_label
+from ..video.sampling import Sampling
 from .benchmarks import Benchmark, BenchmarkError, Question, load_benchmark
 from .methods import Method, parse_methods
 from .prompting import PromptConfig, extract_answer, mc_prompt
@@ -480,9 +481,8 @@ class _VideoQueue:
         self.index += 1
         v, F = self.order[self.index]
         try:
-            return video_frames.open_frames(v, num_frames=F, size=self.spec.size[0],
-                                            mean=self.spec.mean, std=self.spec.std,
-                                            seek=self.seek, time_window=self.time_window), None
+            sampling = Sampling(F, self.time_window, seek=self.seek)
+            return video_frames.open_frames(v, sampling, self.spec), None
         except Exception as e:  # noqa: BLE001 - one bad video must not stop the run
             return None, self.failed(e)
 

@@ -400,17 +400,15 @@ POOL_PACK_TORCH_OPS = {False: ("aten::embedding_bag",), True: ("aten::embedding_
 
 def stage_costs(shape: Shape, visual_tokens: int, text_tokens: int, num_frames: int, device: DeviceSpec,
                 kept_frames: Optional[int] = None, router_layers: int = 4, router_pool: int = 1,
-                question_tokens: Optional[int] = None, routers: bool = True,
-                pack_into_out: bool = True) -> Dict[str, dict]:
-    """Per stage ``{"flops", "bytes", "seconds", "ops"}`` for one request. ``pack_into_out``:
-    compress writes into the prompt's embeddings (``pool_pack(..., out=, dest=)``, as the
-    runtime does) rather than returning a new tensor."""
+                question_tokens: Optional[int] = None, routers: bool = True) -> Dict[str, dict]:
+    """Per stage ``{"flops", "bytes", "seconds", "ops"}`` for one request. Compress writes
+    into the prompt's embeddings (``pool_pack(..., out=, dest=)``), as the runtime does."""
     kept = num_frames if kept_frames is None else kept_frames
     q = question_tokens if question_tokens is not None else max(1, min(text_tokens, 64))
     out: Dict[str, _Stage] = {
         "vision": _vision_stage(shape, num_frames, device),
         "router": _router_stage(shape, num_frames, q, router_layers, router_pool, device, routers),
-        "compress": _compress_stage(shape, kept, visual_tokens, device, pack_into_out),
+        "compress": _compress_stage(shape, kept, visual_tokens, device),
         "prefill": _prefill_stage(shape, visual_tokens + text_tokens, device),
     }
     return {k: dict(flops=v.flops, bytes=v.bytes, seconds=v.seconds, ops=v.ops) for k, v in out.items()}
@@ -476,9 +474,9 @@ def _router_stage(s: Shape, T: int, q: int, router_layers: int, router_pool: int
     return rt
 
 
-def _compress_stage(s: Shape, kept: int, visual_tokens: int, device: DeviceSpec,
-                    pack_into_out: bool) -> _Stage:
-    """``pool_pack`` over the ``kept`` frames' tokens into ``visual_tokens`` rows."""
+def _compress_stage(s: Shape, kept: int, visual_tokens: int, device: DeviceSpec) -> _Stage:
+    """``pool_pack`` over the ``kept`` frames' tokens into ``visual_tokens`` rows of the
+    prompt's embeddings."""
     cp = _Stage(device)
     # The embedding_bag: its input was written by the vision stage and the router's working set
     # (layers, activations) has evicted it since, so it streams from memory. pack_call_s
@@ -487,12 +485,12 @@ def _compress_stage(s: Shape, kept: int, visual_tokens: int, device: DeviceSpec,
     bag = pool_pack_bytes(kept_tokens, visual_tokens, s.d, device.dtype_bytes, into_out=False)
     cp.stream(bag, ops=1)
     cp.seconds += max(0.0, device.pack_call_s - device.op_overhead_s)   # its dispatch counted once
-    if pack_into_out:                   # index_copy_ into the prompt's embeddings
-        nb = pool_pack_bytes(kept_tokens, visual_tokens, s.d, device.dtype_bytes, into_out=True) - bag
-        cp.bytes += nb
-        cp.seconds += max(nb / device.bandwidth, visual_tokens * device.index_copy_row_s
-                          + visual_tokens * s.d * device.index_copy_element_s) + device.op_overhead_s
-        cp.ops += 1
+    # then index_copy_ into the prompt's embeddings
+    nb = pool_pack_bytes(kept_tokens, visual_tokens, s.d, device.dtype_bytes, into_out=True) - bag
+    cp.bytes += nb
+    cp.seconds += max(nb / device.bandwidth, visual_tokens * device.index_copy_row_s
+                      + visual_tokens * s.d * device.index_copy_element_s) + device.op_overhead_s
+    cp.ops += 1
     return cp
 
 
@@ -509,8 +507,7 @@ def _prefill_stage(s: Shape, L: int, device: DeviceSpec) -> _Stage:
 def predict_ttft(config: Union[str, dict, Shape], visual_tokens: int, text_tokens: int, num_frames: int,
                  device: Union[str, DeviceSpec] = "h100", **kw) -> dict:
     """Predicted TTFT and its stages for one request (see :func:`stage_costs` for ``kw``:
-    ``kept_frames``, ``router_layers``, ``router_pool``, ``question_tokens``, ``routers``,
-    ``pack_into_out``)."""
+    ``kept_frames``, ``router_layers``, ``router_pool``, ``question_tokens``, ``routers``)."""
     shape = config if isinstance(config, Shape) else load_shape(config)
     dev = DEVICES[device] if isinstance(device, str) else device
     st = stage_costs(shape, visual_tokens, text_tokens, num_frames, dev, **kw)

@@ -10,8 +10,9 @@ from typing import List, Sequence
 from ..reconstruct import reconstruct_embeds_batch
 from ..request import AnswerOptions
 from ..telemetry.timing import StageTimer
-from ..video import frames as video_frames
+from .prepared import Prepared
 from ..video.frames import FileSource
+from .inputs import open_source
 
 
 def batch_options(videos: list, questions, options, kwargs: dict):
@@ -39,39 +40,31 @@ def prepare_each(vr, videos: list, qs: list, opts: list, batch_prefill: bool) ->
     whole answer). Every video file is opened (checked, indexed, sampled) before the first is
     answered, so a bad file fails the batch before any model work; each one's frames then
     stream through the tower in its turn."""
-    spec = vr.lm.frame_spec
-
-    def opened(v, o):
-        if isinstance(v, (str, pathlib.Path)) and o.fps is None:
-            return video_frames.open_frames(
-                str(v), num_frames=o.num_frames, time_window=o.time_window, size=spec.size[0],
-                mean=spec.mean, std=spec.std, decoder=o.decoder, seek=o.seek)
-        return v
-
-    sources = [opened(v, o) for v, o in zip(videos, opts)]
+    sources = [open_source(vr.lm, v, o.sampling)
+               if isinstance(v, (str, pathlib.Path)) and o.fps is None else v
+               for v, o in zip(videos, opts)]
     done: list = []
     for src, q, o in zip(sources, qs, opts):
         if isinstance(src, FileSource) and o.fps is None:   # its window applied when opened
             o = dataclasses.replace(o, time_window=None)
-        done.append(vr._prepare(vr.request(src, q, o), pack=False) if batch_prefill
+        done.append(vr.prepare(vr.request(src, q, o), pack=False) if batch_prefill
                     else vr.answer(src, q, o))
     return done
 
 
-def pack_batch(lm, done: Sequence):
+def pack_batch(lm, done: Sequence[Prepared]):
     """One ``pool_pack`` for the whole batch: every request's kept frames pooled into one
     right-padded [B, L, D] inputs_embeds -> (embeds, lengths). Each request's Z is dropped as
     soon as it is packed."""
-    Zs = [p.packing[0] for p in done]
-    plans = [p.packing[1] for p in done]
-    starts = [p.packing[2] for p in done]
+    packs = [p.packing for p in done]
     for p in done:
         p.packing = None
-    return reconstruct_embeds_batch(lm.model, [p.ids for p in done], Zs, plans,
-                                    lm.image_token_id, lm.grid, starts)
+    return reconstruct_embeds_batch(lm.model, [p.ids for p in done], [k.Z for k in packs],
+                                    [k.z_plan for k in packs], lm.image_token_id, lm.grid,
+                                    [k.starts for k in packs])
 
 
-def generate_batch(vr, done: List) -> list:
+def generate_batch(vr, done: List[Prepared]) -> list:
     """One pool_pack, one prefill and the decode steps of the prepared requests together; each
     report's compress, prefill and generate times are the batch's."""
     timer = StageTimer(vr.lm.device)
@@ -89,7 +82,7 @@ def generate_batch(vr, done: List) -> list:
             p.notes.append(f"packed (one pool_pack), prefilled and decoded in one batch of "
                            f"{len(done)} requests: compress's pooling, prefill and generate "
                            f"are the batch's times")
-    return [vr._finish(p, g, len(done)) for p, g in zip(done, gens)]
+    return [vr.finish(p, g, len(done)) for p, g in zip(done, gens)]
 
 
 __all__ = ["batch_options", "prepare_each", "pack_batch", "generate_batch"]

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import collections
 import pathlib
-from typing import Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -39,8 +40,49 @@ def video_key(video, num_frames, time_window, decoder="auto", seek="exact") -> t
     return ("clip", id(video))
 
 
+@dataclass
+class PrefixEntry:
+    """The visual prefix a video's entry keeps: the plan (JSON windows), the prompt's ids and
+    positions up to the last visual token, and their KV cache."""
+    plan: list
+    ids: torch.Tensor
+    pos: Optional[torch.Tensor]
+    kv: PrefixCache
+
+    def matches(self, plan: list, ids: torch.Tensor, pos: Optional[torch.Tensor]) -> bool:
+        if self.plan != plan or not torch.equal(self.ids, ids):
+            return False
+        if self.pos is None or pos is None:
+            return self.pos is None and pos is None
+        return torch.equal(self.pos, pos)
+
+
+@dataclass
+class PrefixUse:
+    """A request's use of its video's visual prefix: the cache and whether it was reused."""
+    cache: PrefixCache
+    status: str                      # "hit" | "miss"
+
+    @property
+    def hit(self) -> bool:
+        return self.status == "hit"
+
+
+@dataclass
+class VisualEntry:
+    """The question-independent state of one video, kept for its next question."""
+    key: tuple
+    obj: Any = None                  # the tensor or clip itself (a path: None)
+    hit: bool = False                # the last lookup found the entry already there
+    frames: Any = None               # video.frames.Frames, as opened
+    Z: Optional[torch.Tensor] = None  # every unit's vision features
+    prefix: Optional[PrefixEntry] = None
+    #: scorers' own state over Z (routing.scorers: the Image Router's shadow stack), by key
+    scorer_state: dict = field(default_factory=dict)
+
+
 class VisualCache:
-    """Per-video state dicts, least recently used first out."""
+    """Per-video :class:`VisualEntry`, least recently used first out."""
 
     def __init__(self, size: int = 1):
         self.size = int(size)
@@ -53,7 +95,7 @@ class VisualCache:
         return len(self._entries)
 
     def entries(self) -> list:
-        """The held state dicts, least recently used first."""
+        """The held entries, least recently used first."""
         return list(self._entries.values())
 
     def has_z(self, video, num_frames: int, time_window=None, decoder="auto",
@@ -61,46 +103,43 @@ class VisualCache:
         """Whether Z of ``video`` (a path) at these settings is held, so that answering it
         decodes nothing. A read only; safe from another thread."""
         st = self._entries.get(video_key(video, num_frames, time_window, decoder, seek))
-        return st is not None and "Z" in st
+        return st is not None and st.Z is not None
 
-    def state(self, req) -> Optional[dict]:
-        """The request's entry (``{}``-like on a miss: ``hit`` False), or None without
+    def state(self, req) -> Optional[VisualEntry]:
+        """The request's entry (a new, empty one on a miss: ``hit`` False), or None without
         ``cache_visual``."""
         if not req.cache_visual:
             return None
         key = video_key(req.video, req.num_frames, req.time_window, req.decoder, req.seek)
         obj = None if key[0] == "path" else req.video
         st = self._entries.get(key)
-        if st is not None and st["obj"] is obj:
+        if st is not None and st.obj is obj:
             self._entries.move_to_end(key)
-            st["hit"] = True
+            st.hit = True
             return st
-        st = {"key": key, "obj": obj, "hit": False}
+        st = VisualEntry(key, obj)
         self._entries[key] = st
         while len(self._entries) > max(self.size, 1):
             self._entries.popitem(last=False)
         return st
 
 
-def visual_prefix(state: dict, plan: Sequence, ids: torch.Tensor, pos, image_token_id: int):
-    """(PrefixCache, "hit" | "miss") for a prompt of this video (``state``: its cache entry),
-    or None when the prompt has no visual token. The prefix runs to the last visual token; it
-    is shared only when an earlier question had the same plan and exactly the same ids (system
-    prompt, frame labels, placeholders) and positions up to there -- the same Z then gives the
-    same embeddings. One entry a video: another plan replaces it."""
+def visual_prefix(state: VisualEntry, plan: Sequence, ids: torch.Tensor, pos,
+                  image_token_id: int) -> Optional[PrefixUse]:
+    """The prefix of a prompt of this video (``state``: its cache entry), or None when the
+    prompt has no visual token. The prefix runs to the last visual token; it is shared only
+    when an earlier question had the same plan and exactly the same ids (system prompt, frame
+    labels, placeholders) and positions up to there -- the same Z then gives the same
+    embeddings. One entry a video: another plan replaces it."""
     rows = (ids == image_token_id).nonzero()
     if not len(rows) or int(rows[-1]) + 1 >= ids.numel():
         return None
     P = int(rows[-1]) + 1
     key_plan = [json_window(w) for w in plan]
     head, head_pos = ids[:P], None if pos is None else pos[..., :P]
-    old = state.get("prefix")
-    if (old is not None and old["plan"] == key_plan and torch.equal(old["ids"], head)
-            and ((old["pos"] is None and head_pos is None) or
-                 (old["pos"] is not None and head_pos is not None
-                  and torch.equal(old["pos"], head_pos)))):
-        return old["kv"], "hit"
-    entry = {"plan": key_plan, "ids": head.clone(),
-             "pos": None if head_pos is None else head_pos.clone(), "kv": PrefixCache(P)}
-    state["prefix"] = entry
-    return entry["kv"], "miss"
+    old = state.prefix
+    if old is not None and old.matches(key_plan, head, head_pos):
+        return PrefixUse(old.kv, "hit")
+    state.prefix = PrefixEntry(key_plan, head.clone(),
+                               None if head_pos is None else head_pos.clone(), PrefixCache(P))
+    return PrefixUse(state.prefix.kv, "miss")

@@ -18,30 +18,26 @@ from ..request import Request
 from ..telemetry.timing import StageTimer
 from ..video import frames as video_frames   # looked up per call: tests swap its functions
 from ..video.frames import FileSource, Frames, FrameSource, TensorSource
+from ..video.sampling import Sampling
+from .cache import VisualEntry
 
 
-def open_source(lm, video, num_frames, time_window, decoder="auto",
-                seek="exact") -> FrameSource:
-    """A FrameSource of a path (opened: checked, indexed, sampled at ``lm``'s frame spec), a
-    FileSource, a [T,3,H,W] tensor, a VideoClip or a Future of one."""
+def open_source(lm, video, sampling: Sampling) -> FrameSource:
+    """A FrameSource of a video input for backbone ``lm``: a path (opened: checked, indexed,
+    sampled as ``sampling`` says, at ``lm``'s frame spec), a FileSource, a [T,3,H,W] tensor, a
+    VideoClip or a Future of one. The one place a video is opened for a backbone."""
     if isinstance(video, torch.Tensor):
-        if time_window is not None:
+        if sampling.time_window is not None:
             raise ValueError("time_window: only applies to a video file, not to a frame tensor")
         return TensorSource(video)
     if isinstance(video, FrameSource):
         return video
-    spec = lm.frame_spec
     if isinstance(video, (str, pathlib.Path)):
-        return video_frames.open_frames(
-            str(video), num_frames=num_frames, time_window=time_window, size=spec.size[0],
-            mean=spec.mean, std=spec.std, decoder=decoder, seek=seek)
+        return video_frames.open_frames(str(video), sampling, lm.frame_spec)
     if isinstance(video, cf.Future):  # from vr_runtime.video.load.prefetch_video
         video = video.result()
     if hasattr(video, "pixel_values") and hasattr(video, "frame_indices"):
-        return TensorSource(video.pixel_values, video.frame_indices, video.timestamps_s,
-                            getattr(video, "note", None), getattr(video, "decoder", None),
-                            getattr(video, "codec", None), getattr(video, "seek", None),
-                            getattr(video, "decode_s", None))
+        return TensorSource.of_clip(video)
     raise VideoError(f"video: expected a path, a VideoClip, a Future of one or a "
                      f"[T,3,H,W] tensor, got {type(video).__name__}")
 
@@ -54,11 +50,7 @@ def with_rate(lm, req: Request) -> Request:
         return req
     source = req.video
     if isinstance(source, (str, pathlib.Path)):
-        spec = lm.frame_spec
-        source = video_frames.open_frames(
-            str(source), time_window=req.time_window, size=spec.size[0], mean=spec.mean,
-            std=spec.std, decoder=req.decoder, seek=req.seek, fps=req.fps,
-            min_frames=req.min_frames, max_frames=req.max_frames)
+        source = open_source(lm, source, req.sampling)
     elif not isinstance(source, FileSource):   # (a FileSource: opened by rate already)
         raise ValueError("fps: samples a video file by rate; give a path (frames given as "
                          "a tensor or a clip are already sampled)")
@@ -67,17 +59,17 @@ def with_rate(lm, req: Request) -> Request:
     return Request.build(source, req.question, opts, lm=lm)
 
 
-def request_frames(lm, req: Request, timer: StageTimer, state: Optional[dict] = None) -> Frames:
+def request_frames(lm, req: Request, timer: StageTimer,
+                   state: Optional[VisualEntry] = None) -> Frames:
     """The request's frames, opened (timed as "frames"; nothing is decoded before the vision
     stage streams it), or the video cache's (``state``: its entry, which then keeps them); as
     routing units."""
-    if state is not None and "frames" in state:
-        f = state["frames"]
+    if state is not None and state.frames is not None:
+        f = state.frames
         return dataclasses.replace(f, notes=list(f.notes), decode_s=None, open_s=0.0)
     t0 = time.perf_counter()
     with timer.stage("frames"):
-        source = open_source(lm, req.video, req.num_frames, req.time_window, req.decoder,
-                             req.seek)
+        source = open_source(lm, req.video, req.sampling)
     if tuple(source.size) != tuple(lm.frame_spec.size):
         raise ValueError(f"video: frames are {tuple(source.size)}, the model expects "
                          f"{tuple(lm.frame_spec.size)}")
@@ -89,7 +81,7 @@ def request_frames(lm, req: Request, timer: StageTimer, state: Optional[dict] = 
                      f"num_frames={req.num_frames} was not applied")
     frames = Frames.of(source, lm.units, notes, time.perf_counter() - t0)
     if state is not None:
-        state["frames"] = frames
+        state.frames = frames
     return frames
 
 

@@ -47,39 +47,18 @@ from ..routing.routers import RouterConfig, Routers, embed_question
 from ..routing.scorers import FrameScores, ScoringInput
 from ..telemetry.timing import StageTimer
 from ..video.frames import Frames
-from .inputs import open_source, request_frames, with_rate
+from .inputs import request_frames, with_rate
 from .loading import (compile_warmup, kernel_warmup, preset_routers, router_runner, routers_for,
                       throwaway_answer)
 from .batch import batch_options, generate_batch, prepare_each
-from .cache import VisualCache, visual_prefix
+from .cache import VisualCache, VisualEntry, visual_prefix
+from .prepared import Packing, Prepared
 
 
 @dataclass
 class Answer:
     text: str
     report: dict = field(default_factory=dict)
-
-
-@dataclass
-class _Prepared:
-    """One request after every stage before the prefill (``answer`` / ``answer_batch``)."""
-    req: Request
-    timer: StageTimer
-    frames: Frames
-    decision: PolicyDecision
-    planner: object
-    scores: Optional[FrameScores]
-    fitted: FittedPlan
-    ids: torch.Tensor
-    embeds: Optional[torch.Tensor]
-    position_ids: Optional[torch.Tensor]
-    notes: list
-    hit: bool
-    # answer_batch: (Z of the kept frames, their windows, first rows) until the one pool_pack
-    # of the whole batch; None after it (no Z outlives the packing)
-    packing: Optional[tuple] = None
-    # prefix_cache: (PrefixCache of the visual prefix, "hit" | "miss")
-    prefix: Optional[tuple] = None
 
 
 class VideoRouter:
@@ -193,40 +172,36 @@ class VideoRouter:
         return Request.build(video, question, options, lm=self.lm)
 
     def load_frames(self, req: Request, timer: StageTimer,
-                    state: Optional[dict] = None) -> Frames:
+                    state: Optional[VisualEntry] = None) -> Frames:
         """The request's frames, opened (timed as "frames"; nothing is decoded before the
         vision stage streams it), or the video cache's (``state``); as routing units."""
         return request_frames(self.lm, req, timer, state)
 
-    def _load_frames(self, video, num_frames, time_window, decoder="auto",
-                     seek="exact") -> Frames:
-        """The units of a video input (opened, not decoded: see :meth:`load_frames`)."""
-        return Frames.of(open_source(self.lm, video, num_frames, time_window, decoder, seek),
-                         self.lm.units)
-
     # ------------------------------------------------------------------ vision and scores
-    def encode(self, frames: Frames, req: Request, timer: StageTimer, state: Optional[dict],
-               keep: Optional[Sequence[int]] = None, retain: bool = False) -> torch.Tensor:
+    def encode(self, frames: Frames, req: Request, timer: StageTimer,
+               state: Optional[VisualEntry], keep: Optional[Sequence[int]] = None,
+               retain: bool = False) -> torch.Tensor:
         """Z of the ``keep`` units (all when None), streamed (backbones.encode). With a video
         cache, Z of every unit is computed once and kept (a later question may keep other
         frames). ``retain``: keep the pixels too (a scorer that reads them)."""
         if state is None:
             return encode_stream(self.lm, frames, keep, req.chunk_size, timer, retain, self.vision)
-        if "Z" not in state:
-            state["Z"] = encode_stream(self.lm, frames, None, req.chunk_size, timer, retain,
-                                       self.vision)
+        if state.Z is None:
+            state.Z = encode_stream(self.lm, frames, None, req.chunk_size, timer, retain,
+                                    self.vision)
         else:
             timer.add("vision", 0.0)
-        return state["Z"] if keep is None else state["Z"][list(keep)]
+        return state.Z if keep is None else state.Z[list(keep)]
 
     def score_frames(self, req: Request, frames: Frames, Z, timer: StageTimer,
-                     state: Optional[dict], budget: int) -> FrameScores:
+                     state: Optional[VisualEntry], budget: int) -> FrameScores:
         pixels = None
         if req.scorer.needs_pixels:   # every unit's pixels, kept by the vision stage or now
             t0 = time.perf_counter()
             pixels = frames.all_pixels(req.chunk_size)
             timer.add("frames_wait", time.perf_counter() - t0)
-        inp = ScoringInput(req.routed_question, pixels, Z, budget, req.windows, state,
+        inp = ScoringInput(req.routed_question, pixels, Z, budget, req.windows,
+                           None if state is None else state.scorer_state,
                            routers=self.routers, grid=self.lm.grid,
                            frame_spec=self.lm.frame_spec, embed=self.question_embeddings,
                            num_frames=frames.T)
@@ -244,10 +219,10 @@ class VideoRouter:
         ``answer(video, q, num_frames=16, policy="global")``. ``on_token``: called with each
         generated id as it is decided (streaming; the answer is the same)."""
         req = self.request(video, question, options, **kwargs)             # request
-        p = self._prepare(req)          # frames, policy, vision, score, plan, compress
+        p = self.prepare(req)           # frames, policy, vision, score, plan, compress
         gen = self.generate(p.embeds, req.max_new_tokens, p.timer, p.position_ids,
-                            on_token, prefix=p.prefix and p.prefix[0])     # prefill, generate
-        return self._finish(p, gen)                                        # report
+                            on_token, prefix=p.prefix and p.prefix.cache)  # prefill, generate
+        return self.finish(p, gen)                                         # report
 
     @torch.inference_mode()
     def generate(self, embeds: torch.Tensor, max_new_tokens: int,
@@ -262,98 +237,97 @@ class VideoRouter:
         return self.greedy.generate([embeds], [max_new_tokens], [position_ids], self.stop_ids,
                                     timer, each, prefix=prefix)[0]
 
-    def _prepare(self, req: Request, pack: bool = True) -> _Prepared:
+    def prepare(self, req: Request, pack: bool = True) -> Prepared:
         """Every stage of :meth:`answer` before the prefill. ``pack=False`` (answer_batch):
-        the prompt is built but its frames are not pooled yet (``packing``)."""
+        the prompt is built but its frames are not pooled yet (``Prepared.packing``)."""
         req = with_rate(self.lm, req)
         T_req = int(req.video.shape[0]) if isinstance(req.video, torch.Tensor) else req.num_frames
         plans.check_budget(self.lm, req, T_req)    # a hopeless budget fails before decoding
         timer = StageTimer(self.lm.device, resident=True)   # CPU: this request's resident peak
         state = self.visual_cache.state(req)
-        hit = bool(state and state["hit"])
         frames = self.load_frames(req, timer, state)                                 # frames
-        notes = list(frames.notes) + ([
-            "visual cache hit: the frames' Z and the Image Router's question-independent state "
-            "were reused from an earlier question"] if hit else [])
         decision = decide_policy(req, self.routers, self.question_embeddings, timer)  # policy
-        notes += decision.notes
-        planner = get_planner(decision.policy)
-        scores, Z = None, None
-        if planner.needs_relevance:   # vision first when the scorer reads Z, then score
+        p = Prepared(req, timer, frames, decision, get_planner(decision.policy),
+                     list(frames.notes), hit=bool(state and state.hit))
+        if p.hit:
+            p.notes.append("visual cache hit: the frames' Z and the Image Router's "
+                           "question-independent state were reused from an earlier question")
+        p.notes += decision.notes
+        Z = None
+        if p.planner.needs_relevance:   # vision first when the scorer reads Z, then score
             Z = self.encode(frames, req, timer, state, retain=req.scorer.needs_pixels) \
                 if req.scorer.needs_z else None                                     # vision
-            scores = self.score_frames(req, frames, Z, timer, state,
-                                       plans.scoring_budget(self.lm, req, frames.T))  # score
-            notes += scores.notes
-        fitted = self._plan(req, decision, planner, frames, scores, notes)           # plan
-        keep = kept_frames(fitted.plan, self.lm.grid)
+            p.scores = self.score_frames(req, frames, Z, timer, state,
+                                         plans.scoring_budget(self.lm, req, frames.T))  # score
+            p.notes += p.scores.notes
+        p.fitted = self._plan(p)                                                     # plan
+        keep = kept_frames(p.fitted.plan, self.lm.grid)
         if Z is None:   # plan-first policies decode and encode only the frames they keep
             Z = self.encode(frames, req, timer, state, None if state is not None else keep)
-        return self._compress(req, timer, frames, decision, planner, scores, fitted, keep, Z,
-                              notes, hit, state, pack)                             # compress
+        self._compress(p, Z, keep, state, pack)                                    # compress
+        return p
 
-    def _plan(self, req, decision, planner, frames, scores, notes) -> FittedPlan:
+    def _plan(self, p: Prepared) -> FittedPlan:
         """The plan stage and its notes (what was dropped, and why)."""
-        relevant = scores.relevant if scores else None
-        fitted = plans.plan_request(self.lm, req, decision.policy, frames.T, relevant,
-                                    frames.times_s, self.latency_context)
-        plans.check_length(self.lm, req, decision.policy, planner, frames.T, fitted)
-        if scores is not None and not any(scores.relevant) and planner.when_none_relevant:
-            notes.append("no frame was relevant: " + planner.when_none_relevant)
-        notes += fitted.notes
-        dropped = dropped_note(fitted.plan, self.lm.grid, fitted.budget, decision.policy,
-                               relevant)
+        req, policy, planner = p.req, p.decision.policy, p.planner
+        relevant = p.scores.relevant if p.scores else None
+        fitted = plans.plan_request(self.lm, req, policy, p.frames.T, relevant,
+                                    p.frames.times_s, self.latency_context)
+        plans.check_length(self.lm, req, policy, planner, p.frames.T, fitted)
+        if p.scores is not None and not any(p.scores.relevant) and planner.when_none_relevant:
+            p.notes.append("no frame was relevant: " + planner.when_none_relevant)
+        p.notes += fitted.notes
+        dropped = dropped_note(fitted.plan, self.lm.grid, fitted.budget, policy, relevant)
         if dropped and planner.budgeted:
-            notes.append(dropped)
+            p.notes.append(dropped)
         return fitted
 
-    def _compress(self, req, timer, frames, decision, planner, scores, fitted, keep, Z, notes,
-                  hit, state, pack) -> _Prepared:
+    def _compress(self, p: Prepared, Z: torch.Tensor, keep: List[int],
+                  state: Optional[VisualEntry], pack: bool) -> None:
         """The prompt and its embeddings (or, for a batch, what its one pool_pack needs)."""
-        T = frames.T
+        req, plan = p.req, p.fitted.plan
         # Z holds every frame (a relevance policy's, or the video cache's) or only the kept
         # ones; pool_pack skips a frame whose window is 0, so no kept row is copied out of Z
-        z_plan = list(fitted.plan) if Z.shape[0] == T else [fitted.plan[t] for t in keep]
-        packing = None
+        z_plan = list(plan) if Z.shape[0] == p.frames.T else [plan[t] for t in keep]
         if pack:
-            ids, embeds, pos = compress(self.lm, req, fitted.plan, Z, keep, timer,
-                                        frames.times_s, z_plan)
+            p.ids, p.embeds, p.position_ids = compress(self.lm, req, plan, Z, keep, p.timer,
+                                                       p.frames.times_s, z_plan)
         else:
-            with timer.stage("compress"):
-                ids, starts, _, pos = build_prompt(self.lm, req, fitted.plan, keep,
-                                                   frames.times_s)
-            embeds, packing = None, (Z, z_plan, starts)
+            with p.timer.stage("compress"):
+                p.ids, starts, _, p.position_ids = build_prompt(self.lm, req, plan, keep,
+                                                                p.frames.times_s)
+            p.packing = Packing(Z, z_plan, starts)
         del Z   # the pooled rows are in embeds (or the batch's packing): Z is not kept here
-        if not planner.budgeted and ids.numel() + req.max_new_tokens > req.max_length:
-            notes.append(f"{decision.policy} has no budget: its prompt of {ids.numel()} tokens "
-                         f"plus {req.max_new_tokens} new tokens exceeds max_length "
-                         f"{req.max_length}")
-        prefix = visual_prefix(state, fitted.plan, ids, pos, self.lm.image_token_id) \
-            if self.prefix_cache and state is not None and pack else None
-        if prefix is not None and prefix[1] == "hit":
-            notes.append(f"visual prefix cache hit: the KV cache of the prompt's first "
-                         f"{prefix[0].length} tokens (up to the end of the visual tokens) was "
-                         f"reused from an earlier question; prefill ran on the rest")
-        return _Prepared(req, timer, frames, decision, planner, scores, fitted, ids, embeds, pos,
-                         notes, hit, packing, prefix)
+        if not p.planner.budgeted and p.ids.numel() + req.max_new_tokens > req.max_length:
+            p.notes.append(f"{p.decision.policy} has no budget: its prompt of {p.ids.numel()} "
+                           f"tokens plus {req.max_new_tokens} new tokens exceeds max_length "
+                           f"{req.max_length}")
+        if self.prefix_cache and state is not None and pack:
+            p.prefix = visual_prefix(state, plan, p.ids, p.position_ids,
+                                     self.lm.image_token_id)
+        if p.prefix is not None and p.prefix.hit:
+            p.notes.append(f"visual prefix cache hit: the KV cache of the prompt's first "
+                           f"{p.prefix.cache.length} tokens (up to the end of the visual "
+                           f"tokens) was reused from an earlier question; prefill ran on the "
+                           f"rest")
 
-    def _finish(self, p: _Prepared, gen: List[int], batch: int = 1) -> Answer:
-        """The answer's text and report from the generated ids."""
-        req, T = p.req, p.frames.T
+    def finish(self, p: Prepared, gen: List[int], batch: int = 1) -> Answer:
+        """The report stage: the answer's text and report from the generated ids (``batch``:
+        how many requests were decoded together)."""
+        req = p.req
         p.embeds = None
         text = self.lm.tokenizer.decode(gen, skip_special_tokens=True).strip()
         extra = None
         if req.ttft_budget_s is not None:
             # a reused prefix's prefill is not the model's prefill: not observed
-            extra = latency_report(self.latency_context, req, p.planner, T, p.fitted, p.timer,
-                                   observe=batch == 1 and not (p.prefix and p.prefix[1] == "hit"))
-        report = build_report(self.lm, self.routers, req, p.frames, p.decision, p.scores,
-                              p.fitted, p.ids.numel(), len(gen), p.timer, p.notes,
-                              ("hit" if p.hit else "miss") if req.cache_visual else None)
+            reused = p.prefix is not None and p.prefix.hit
+            extra = latency_report(self.latency_context, req, p.planner, p.frames.T, p.fitted,
+                                   p.timer, observe=batch == 1 and not reused)
+        report = build_report(self.lm, self.routers, p, len(gen))
         report["decoding"] = self.greedy.mode
         if self.prefix_cache:
             report["prefix_cache"] = None if p.prefix is None else \
-                {"status": p.prefix[1], "tokens": p.prefix[0].length}
+                {"status": p.prefix.status, "tokens": p.prefix.cache.length}
         if self.greedy.fallback and self.greedy.fallback not in report["notes"]:
             report["notes"].append(self.greedy.fallback)
         if extra:
@@ -380,4 +354,4 @@ class VideoRouter:
         return generate_batch(self, done)
 
 
-__all__ = ["VideoRouter", "Answer", "PolicyDecision"]
+__all__ = ["VideoRouter", "Answer", "Prepared", "PolicyDecision"]

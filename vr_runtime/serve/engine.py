@@ -56,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import copy
+import dataclasses
 import os
 import socket
 import threading
@@ -368,11 +369,10 @@ class Engine:
         """The request's :class:`~vr_runtime.request.AnswerOptions` (those of ``videorouter
         ask``, plus the server's visual cache)."""
         from ..request import AnswerOptions
-        return AnswerOptions(num_frames=s.num_frames, max_length=s.max_length,
+        return AnswerOptions(**dataclasses.asdict(s.sampling), max_length=s.max_length,
                              max_new_tokens=s.max_new_tokens, policy=s.policy, system=s.system,
                              cache_visual=self.config.visual_cache > 0, scorer=self.scorer,
-                             seek=s.seek, time_window=s.time_window, scales=s.scales,
-                             fps=s.fps, **s.rate_bounds)
+                             scales=s.scales)
 
     # ------------------------------------------------------------------ one process, one model
     def run_sync(self, fn: Callable):

@@ -50,17 +50,13 @@ class Prefetch:
                 if should_stop():
                     raise Skipped(504, "the request was given up while waiting to decode")
             try:
-                spec = self.vr.lm.frame_spec
                 from ..video.frames import open_frames
                 # Checked, indexed and sampled here, and its first prefetch_frames frames
                 # decoded; the rest (a long video) stream on the model's turn, through the
                 # vision tower a chunk at a time: bounded memory per request however many
                 # frames. Decoding stops once the request is given up.
-                clip = open_frames(video.path, num_frames=s.num_frames, size=spec.size[0],
-                                   mean=spec.mean, std=spec.std, should_stop=should_stop,
-                                   limits=self.media.config.limits(),
-                                   time_window=s.time_window, seek=s.seek, fps=s.fps,
-                                   **s.rate_bounds)
+                clip = open_frames(video.path, s.sampling, self.vr.lm.frame_spec,
+                                   should_stop=should_stop, limits=self.media.config.limits())
                 # Thumbnails (when asked for) are made from these very frames, which the
                 # decoding workers hand over: no second decode.
                 watch(clip, s.thumbnails)

@@ -22,6 +22,7 @@ from typing_extensions import Annotated
 
 from ..errors import did_you_mean
 from ..planning.scales import ScalesError, parse_scales
+from ..video.sampling import MIN_FRAMES, NUM_FRAMES, Sampling
 from .errors import APIError
 
 # The per-request settings a client may give at the top level or under mm_processor_kwargs
@@ -117,22 +118,23 @@ class Settings:
     scales: Any = (2, 1, 4)      # (s_g, s_1, s_0) or "auto"
     seek: str = "exact"          # "exact" or "keyframe" (vr_runtime.video.decoders.SEEKS)
     time_window: Optional[tuple] = None   # (start_s, end_s): sample only this part
-    fps: Optional[float] = None  # sample by rate: fps frames a second, 4 to num_frames
+    fps: Optional[float] = None  # sample by rate: fps frames a second, up to num_frames
     # Where the request's decoded frames leave their thumbnails (a ThumbnailSink, set by the app
     # when the request asks for them); not a setting of the answer, so batches ignore it.
     thumbnails: Any = field(default=None, compare=False)
 
     @property
-    def rate_bounds(self) -> dict:
-        """``min_frames`` and ``max_frames`` of ``fps`` sampling: Qwen's 4 (fewer when
-        ``num_frames`` is), up to ``num_frames``."""
-        return {"min_frames": min(4, self.num_frames), "max_frames": self.num_frames}
+    def sampling(self) -> Sampling:
+        """The frames this request reads; by rate, between Qwen's fewest (fewer when
+        ``num_frames`` is) and ``num_frames``."""
+        return Sampling(self.num_frames, self.time_window, self.fps,
+                        min(MIN_FRAMES, self.num_frames), self.num_frames, seek=self.seek)
 
 
 @dataclass(frozen=True)
 class Limits:
     """The server's defaults (those of ``videorouter ask``) and caps."""
-    num_frames: int = 64
+    num_frames: int = NUM_FRAMES
     max_length: int = 12288
     max_new_tokens: int = 64
     policy: str = "auto"

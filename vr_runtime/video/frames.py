@@ -16,8 +16,8 @@ from typing import Iterator, List, Optional, Sequence
 
 import torch
 
-from .decoders import scaled_size
-from .load import _norm, _Plan, _prepare, available_memory
+from .load import _Access, _norm, _Plan, _prepare, available_memory
+from .sampling import FrameSpec, Sampling
 from .stream import FrameStream, normalise
 
 __all__ = ["FrameSource", "TensorSource", "FileSource", "open_frames", "Frames", "unit_groups"]
@@ -64,8 +64,8 @@ class TensorSource(FrameSource):
     """Frames given as a normalised ``[T, 3, H, W]`` tensor (or a decoded clip's); ``channels``:
     3 a frame, or 3k for routing units of k frames (``Frames.pixel_values``)."""
 
-    def __init__(self, pixel_values: torch.Tensor, indices=None, times_s=None, note=None,
-                 decoder=None, codec=None, seek=None, decode_s=None, channels: int = 3):
+    def __init__(self, pixel_values: torch.Tensor, indices=None, times_s=None,
+                 channels: int = 3):
         if pixel_values.ndim != 4 or pixel_values.shape[1] != channels:
             raise ValueError(f"video: a tensor must be [T, {channels}, H, W] frames, got "
                              f"{tuple(pixel_values.shape)}")
@@ -73,9 +73,17 @@ class TensorSource(FrameSource):
         T = int(pixel_values.shape[0])
         self.indices = list(range(T)) if indices is None else [int(i) for i in indices]
         self.times_s = None if times_s is None else [float(t) for t in times_s]
-        self.note, self.decoder, self.codec, self.seek = note, decoder, codec, seek
         self.size = tuple(pixel_values.shape[-2:])
-        self.decode_s = decode_s
+
+    @classmethod
+    def of_clip(cls, clip) -> "TensorSource":
+        """A decoded clip's frames (a :class:`~vr_runtime.video.load.VideoClip`, or anything
+        with its ``pixel_values``, ``frame_indices`` and ``timestamps_s``), with what it says
+        of its decoding."""
+        src = cls(clip.pixel_values, clip.frame_indices, clip.timestamps_s)
+        for name in ("note", "decoder", "codec", "seek", "decode_s"):
+            setattr(src, name, getattr(clip, name, None))
+        return src
 
     def chunks(self, positions, chunk, device=None):
         pos = _check_positions(positions, len(self.indices))
@@ -131,8 +139,7 @@ class FileSource(FrameSource):
                window: Optional[int] = None) -> FrameStream:
         """A :class:`FrameStream` of the sampled frames at ``ranks`` (increasing, distinct)."""
         p = self.plan
-        scale = scaled_size(p.info.width, p.info.height, p.size)
-        return FrameStream(p.info, [p.indices[r] for r in ranks], scale, p.size, p.decoder,
+        return FrameStream(p.info, [p.indices[r] for r in ranks], p.size, p.decoder,
                            p.seek, p.workers, job_frames=job_frames, window=window,
                            should_stop=p.should_stop, on_frame=self.on_frame)
 
@@ -232,20 +239,16 @@ class FileSource(FrameSource):
             f.close()
 
 
-def open_frames(path, num_frames: int = 64, time_window=None, size: int = 448, *,
-                decoder: str = "auto", mean=None, std=None, memory_limit: Optional[int] = None,
-                should_stop=None, limits=None, seek: str = "exact",
-                decode_workers: Optional[int] = None, fps: Optional[float] = None,
-                min_frames: int = 4, max_frames: int = 768) -> FileSource:
-    """Check, index and sample ``path`` (every check of
-    :func:`~vr_runtime.video.load.load_video`, which raises ``VideoError`` at once for a bad
-    file or arguments) -> a :class:`FileSource` that decodes nothing until it is read.
-    ``fps``: sample by rate (``min_frames`` to ``max_frames`` frames; ``num_frames`` unused)."""
-    from .load import IMAGENET_MEAN, IMAGENET_STD
-    plan = _prepare(path, num_frames, time_window, size, decoder,
-                    IMAGENET_MEAN if mean is None else mean, IMAGENET_STD if std is None else std,
-                    memory_limit, should_stop, limits, seek, decode_workers, streaming=True,
-                    rate=None if fps is None else (fps, min_frames, max_frames))
+def open_frames(path, sampling: Optional[Sampling] = None, spec: Optional[FrameSpec] = None,
+                *, memory_limit: Optional[int] = None, should_stop=None, limits=None,
+                decode_workers: Optional[int] = None) -> FileSource:
+    """Check, index and sample ``path`` as ``sampling`` asks (default: the paper's 64 frames)
+    for a model that takes frames as ``spec`` says (a backbone's ``frame_spec``; default
+    InternVL's 448x448 ImageNet-normalised frames) -> a :class:`FileSource` that decodes
+    nothing until it is read. Every check of :func:`~vr_runtime.video.load.load_video` runs
+    here: a bad file or argument raises ``VideoError`` at once."""
+    plan = _prepare(path, sampling or Sampling(), spec or FrameSpec.square(),
+                    _Access(memory_limit, should_stop, limits, decode_workers, streaming=True))
     return FileSource(plan)
 
 

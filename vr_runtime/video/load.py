@@ -25,6 +25,7 @@ Bad inputs raise :class:`~vr_runtime.errors.VideoError` with one clear message.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import inspect
 import math
 import os
 import re
@@ -43,14 +44,14 @@ from ..errors import VideoError
 from .decoders import (Limits, VideoIndex, cancel_scope, decode_frames, keyframe_indices,
                        resolve_decoder, resolve_seek, resolve_workers, scaled_size)
 from .probe import _duration, _reason, probe
+from .sampling import (IMAGENET_MEAN, IMAGENET_STD, MAX_FRAMES, MIN_FRAMES, NUM_FRAMES, FrameSpec,
+                       Sampling)
 from .stream import FrameStream, normalise, resize_frame
 
 __all__ = ["VideoClip", "VideoFile", "load_video", "sample_indices", "sample_window",
            "prefetch_video", "open_video", "preprocess_frames", "estimate_memory", "available_memory",
            "IMAGENET_MEAN", "IMAGENET_STD"]
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 # Frames resized per step: bounds the uint8 staging memory and gives the progress bar steps.
 CHUNK = 8
@@ -147,8 +148,8 @@ def sample_window(pts_s: Sequence[float], num_frames: int, time_window: Tuple[fl
     return [min(max(i, first), last) for i in out]
 
 
-def rate_frames(duration_s: float, fps: float, min_frames: int = 4,
-                max_frames: int = 768) -> int:
+def rate_frames(duration_s: float, fps: float, min_frames: int = MIN_FRAMES,
+                max_frames: int = MAX_FRAMES) -> int:
     """Frames to sample at ``fps`` frames a second from ``duration_s`` seconds, clamped to
     [``min_frames``, ``max_frames``] (Qwen2.5-VL/Qwen3-VL's ``fps`` sampling: their processors'
     defaults are 2 fps, 4 to 768 frames)."""
@@ -553,27 +554,49 @@ def _plan(info, num_frames: int, time_window, seek: str = "exact",
     return indices, note, num_frames
 
 
-def _prepare(path, num_frames, time_window, size, decoder, mean, std, memory_limit,
-             should_stop=None, limits=None, seek="exact", decode_workers=None,
-             streaming: bool = False, rate: Optional[tuple] = None) -> _Plan:
+@dataclass(frozen=True)
+class _Access:
+    """How a file may be read, besides what is sampled: the memory the frames may use, the
+    caller's deadline, the probe's limits, the decoding threads, and whether the frames are
+    streamed (a bounded window held) rather than decoded into one clip."""
+    memory_limit: Optional[int] = None
+    should_stop: Optional[object] = None
+    limits: Optional["Limits"] = None
+    decode_workers: Optional[int] = None
+    streaming: bool = False
+
+
+def _prepare(path, sampling: Sampling, spec: FrameSpec, access: _Access = _Access()) -> _Plan:
     """The cheap part: argument checks, probing/indexing, the sampling plan and the memory
     check (before anything large is allocated)."""
-    _check_count(num_frames, "num_frames")
+    size, mean, std = spec.size[0], spec.mean, spec.std
+    _check_count(sampling.num_frames, "num_frames")
     _check_count(size, "size")
     _norm(mean, "mean")
     if not bool((_norm(std, "std") > 0).all()):
         raise VideoError(f"std must be > 0, got {tuple(std)}")
-    decoder = resolve_decoder(decoder)
-    seek = resolve_seek(seek)
-    workers = resolve_workers(decode_workers)
+    decoder = resolve_decoder(sampling.decoder)
+    seek = resolve_seek(sampling.seek)
+    workers = resolve_workers(access.decode_workers)
     path = os.fspath(path)
-    with cancel_scope(should_stop):
-        info = open_video(path, limits=limits)
-    indices, note, num_frames = _plan(info, num_frames, time_window, seek, rate)
-    workers = _check_memory(path, info, len(indices), size, memory_limit, workers, streaming)
+    with cancel_scope(access.should_stop):
+        info = open_video(path, limits=access.limits)
+    indices, note, num_frames = _plan(info, sampling.num_frames, sampling.time_window, seek,
+                                      sampling.rate)
+    workers = _check_memory(path, info, len(indices), size, access.memory_limit, workers,
+                            access.streaming)
     return _Plan(info, path, indices, num_frames, size, note, decoder, mean, std,
-                 tuple(time_window) if time_window is not None else None, should_stop,
-                 seek, workers, None if rate is None else tuple(rate))
+                 sampling.window, access.should_stop, seek, workers, sampling.rate)
+
+
+def _load_plan(args: dict) -> _Plan:
+    """The plan of a :func:`load_video` call, from its arguments by name."""
+    return _prepare(args["path"],
+                    Sampling(args["num_frames"], args["time_window"], decoder=args["decoder"],
+                             seek=args["seek"]),
+                    FrameSpec.square(args["size"], args["mean"], args["std"]),
+                    _Access(args["memory_limit"], args["should_stop"], args["limits"],
+                            args["decode_workers"]))
 
 
 def _progress_bar(n: int):
@@ -588,12 +611,11 @@ def _finish(plan: _Plan, progress: bool, t0: float) -> VideoClip:
     ``CHUNK`` at a time into one float32 clip."""
     info = plan.info
     n = len(plan.indices)
-    scale = scaled_size(info.width, info.height, plan.size)
     mean, std = _norm(plan.mean, "mean"), _norm(plan.std, "std")
     out = torch.empty(n, 3, plan.size, plan.size, dtype=torch.float32)
     bar = _progress_bar(n) if progress and n > CHUNK else None
     try:
-        with FrameStream(info, plan.indices, scale, plan.size, plan.decoder, plan.seek,
+        with FrameStream(info, plan.indices, plan.size, plan.decoder, plan.seek,
                          plan.workers, job_frames=STREAM_JOB,
                          should_stop=plan.should_stop) as stream:
             for i in range(0, n, CHUNK):
@@ -625,7 +647,7 @@ def _clip(plan: _Plan, pixel_values: torch.Tensor, used: str, t0: float) -> Vide
                      decode_workers=plan.workers)
 
 
-def load_video(path, num_frames: int = 64, time_window: Optional[Tuple[float, float]] = None,
+def load_video(path, num_frames: int = NUM_FRAMES, time_window: Optional[Tuple[float, float]] = None,
                size: int = 448, progress: bool = False, *, decoder: str = "auto",
                mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
                memory_limit: Optional[int] = None, should_stop=None,
@@ -648,8 +670,7 @@ def load_video(path, num_frames: int = 64, time_window: Optional[Tuple[float, fl
     decoders, each on its own share of the GOPs (default: the cores this process may use,
     cgroup quota included; fewer when memory would not hold them all)."""
     t0 = time.perf_counter()
-    plan = _prepare(path, num_frames, time_window, size, decoder, mean, std, memory_limit,
-                    should_stop, limits, seek, decode_workers)
+    plan = _load_plan(locals())   # every argument, by name (prefetch_video binds the same)
     return _finish(plan, progress, t0)
 
 
@@ -682,12 +703,9 @@ def _submit(fn, *args) -> "cf.Future":
     return future
 
 
-def prefetch_video(path, num_frames: int = 64, time_window: Optional[Tuple[float, float]] = None,
-                   size: int = 448, progress: bool = False, *, decoder: str = "auto",
-                   mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
-                   memory_limit: Optional[int] = None, seek: str = "exact",
-                   decode_workers: Optional[int] = None) -> "cf.Future[VideoClip]":
-    """Start :func:`load_video` on a background thread and return its Future.
+def prefetch_video(path, *args, **kwargs) -> "cf.Future[VideoClip]":
+    """Start :func:`load_video` (the same arguments) on a background thread and return its
+    Future.
 
     The cheap checks run here, synchronously, so a missing, empty or non-video file, an
     undecodable codec, a bad window, a request that does not fit in memory, or a file damaged
@@ -695,8 +713,9 @@ def prefetch_video(path, num_frames: int = 64, time_window: Optional[Tuple[float
     loading a model); the decoding and resizing, which release the GIL in FFmpeg and PIL,
     overlap whatever the caller does next."""
     t0 = time.perf_counter()
-    plan = _prepare(path, num_frames, time_window, size, decoder, mean, std, memory_limit,
-                    seek=seek, decode_workers=decode_workers)
+    call = inspect.signature(load_video).bind(path, *args, **kwargs)   # load_video's arguments
+    call.apply_defaults()
+    plan = _load_plan(call.arguments)
     # A damaged file usually fails on its last frames: find out now, not after loading. With
     # "auto", PyAV checks (one seek; decord would re-index the whole file first), and a
     # decord-only failure later still falls back to PyAV.
@@ -704,4 +723,4 @@ def prefetch_video(path, num_frames: int = 64, time_window: Optional[Tuple[float
     scale = scaled_size(plan.info.width, plan.info.height, min(plan.size, 64))
     decode_frames(plan.info, [last], scale, lambda i, f: None,
                     "pyav" if plan.decoder == "auto" else plan.decoder, seek=plan.seek)
-    return _submit(_finish, plan, progress, t0)
+    return _submit(_finish, plan, call.arguments["progress"], t0)

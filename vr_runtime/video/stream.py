@@ -36,7 +36,7 @@ import torch
 from PIL import Image
 
 from ..errors import VideoError
-from .decoders import cancel_scope, decode_frames
+from .decoders import cancel_scope, decode_frames, scaled_size
 from .probe import VideoIndex
 
 __all__ = ["FrameStream", "resize_frame", "normalise", "gop_jobs"]
@@ -92,7 +92,8 @@ class _Stopped(Exception):
 
 class FrameStream:
     """The frames at ``indices`` of ``info`` (increasing, distinct), decoded by ``decoder``,
-    scaled to ``scale`` = (width, height) by the decoder and resized to ``size`` x ``size``.
+    scaled by the decoder to the frame's aspect (``scaled_size``) and resized to ``size`` x
+    ``size``.
 
     Iterate :meth:`take` over ranks 0, 1, ... in order (each once), then :meth:`close`; or use
     it as a context manager. ``should_stop()``: the caller's deadline, asked between packets
@@ -100,14 +101,16 @@ class FrameStream:
     on the worker with each resized frame and its source frame index, before it is handed
     over (the pages' thumbnails, made from this decode rather than a second one)."""
 
-    def __init__(self, info: VideoIndex, indices: Sequence[int], scale, size: int,
+    def __init__(self, info: VideoIndex, indices: Sequence[int], size: int,
                  decoder: str = "auto", seek: str = "exact", workers: int = 1,
                  job_frames: int = 16, window: Optional[int] = None,
                  should_stop: Optional[Callable[[], Optional[str]]] = None,
                  on_frame: Optional[Callable[[int, np.ndarray], None]] = None):
         self.info, self.indices = info, [int(i) for i in indices]
         self.on_frame = on_frame
-        self.scale, self.size, self.seek = scale, int(size), seek
+        # the decoder scales to the frame's aspect first (video.decoders.scaled_size)
+        self.scale = scaled_size(info.width, info.height, int(size))
+        self.size, self.seek = int(size), seek
         self.jobs = gop_jobs(info, self.indices, max(1, int(job_frames)))
         self.workers = max(1, min(int(workers), len(self.jobs) or 1))
         # One job: the decoder chosen for the file (decord where "auto" would take it); several:
