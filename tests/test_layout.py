@@ -16,7 +16,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Lowest floor first. A module may import its own floor and any floor below it, never one
 # above: the pipeline's stages sit on the shared pieces (errors, telemetry, video, backbones,
 # data), the request on the stages, the runtime on the request, and the front doors (cli_args
-# and cli_io, eval, serve, training, the CLI) on the runtime.
+# and cli_io, eval, serve, training, the CLI) on the runtime. The tiny model's curriculum
+# (vr_tiny) is a package beside vr_runtime on the top floor: it imports vr_runtime, never the
+# other way round.
 FLOORS = (
     ("vr_kernels",),
     ("vr_runtime", "vr_runtime.errors"),
@@ -30,6 +32,7 @@ FLOORS = (
     ("vr_runtime.eval", "vr_runtime.serve"),
     ("vr_runtime.training",),
     ("vr_runtime.cli",),
+    ("vr_tiny",),
 )
 MAX_TOP_LEVEL_MODULES = 12
 LONG, TOO_LONG, MAX_LONG = 60, 80, 5
@@ -37,9 +40,12 @@ MAX_CLASS_LINES = 300
 ISSUE_REF = re.compile(r"(?<![a-z])issues?[ _#-]*\d+", re.IGNORECASE)
 
 
+PACKAGES = ("vr_runtime", "vr_kernels", "vr_tiny")
+
+
 def _module_files():
     files = {}
-    for pkg in ("vr_runtime", "vr_kernels"):
+    for pkg in PACKAGES:
         for p in (ROOT / pkg).rglob("*.py"):
             parts = p.relative_to(ROOT).with_suffix("").parts
             files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
@@ -265,7 +271,7 @@ def test_the_issue_pattern():
 
 
 def test_no_issue_numbers_in_code_bench_or_scripts():
-    tracked = subprocess.run(["git", "ls-files", "vr_runtime", "vr_kernels", "bench", "scripts"],
+    tracked = subprocess.run(["git", "ls-files", *PACKAGES, "bench", "scripts"],
                              cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     hits = []
     for name in tracked:
@@ -282,7 +288,7 @@ def test_tests_mirror_the_packages():
     packages = sorted(p.parent.name for p in (ROOT / "vr_runtime").glob("*/__init__.py"))
     missing = [p for p in packages if not (ROOT / "tests" / p).is_dir()]
     assert not missing, f"no tests/<package> folder for {missing}"
-    assert (ROOT / "tests" / "kernels").is_dir()
+    assert (ROOT / "tests" / "kernels").is_dir() and (ROOT / "tests" / "tiny").is_dir()
 
 
 MAX_SHIMS = 2
@@ -316,7 +322,7 @@ def test_the_shim_check_sees_a_shim(tmp_path):
 def test_at_most_two_deprecation_shims():
     """Pre-1.0, no downstream user to protect: old names are removed, not kept (CHANGELOG.md
     lists them)."""
-    files = [p for pkg in ("vr_runtime", "vr_kernels") for p in (ROOT / pkg).rglob("*.py")]
+    files = [p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")]
     found = shims(files)
     assert len(found) <= MAX_SHIMS, found
     assert not (ROOT / "vr_runtime" / "_aliases.py").exists()

@@ -6,7 +6,7 @@ resolution (rule (a)'s reference) and, for comparison, only the target's frames 
     python scripts/studies/attention_probe_tiny.py [--models tiny runs/tiny/labeller/hf] [--videos 8] \
         [--out studies/results/label_study/labeller_attention_probe.json]
 
-This is the measurement behind ``vr_runtime/training/labeller.py``'s route supervision (training
+This is the measurement behind ``vr_tiny/labeller.py``'s route supervision (training
 README, "The labeller"): the shipped model's color words already find their color among 16
 frames, its answer row does not.
 """
@@ -22,7 +22,7 @@ import torch
 def target_rows(spec, color, plan, dest, n, coverage=0.5):
     """Rows of the sequence that are the queried color's object (cell coverage > ``coverage``)."""
     from vr_runtime.data import synthetic_videos
-    from vr_runtime.training.pretrain import object_coverage
+    from vr_tiny.pretrain import object_coverage
     mask = torch.zeros(n)
     for t, w in enumerate(plan):
         if not w:
@@ -41,8 +41,8 @@ def probe(model: str, videos: int, seed: int) -> dict:
     import vr_kernels
     from vr_runtime.backbones import load_backbone
     from vr_runtime.data import synthetic_videos
-    from vr_runtime.training.labeller import video_features
-    from vr_runtime.training.route import RouteSupervision
+    from vr_tiny.labeller import video_features
+    from vr_tiny.route import RouteSupervision
     from vr_runtime.training.stages import answer_sequence
     bb = load_backbone(model, attn_implementation="eager")
     rng = random.Random(f"attention-probe-{seed}")
@@ -93,7 +93,7 @@ def main(argv=None):
     for m in args.models:
         if m != "tiny" and not os.path.isdir(m):
             sys.exit(f"--models: {m!r} is not a directory (train it: python -m "
-                     f"vr_runtime.training labeller)")
+                     f"vr_tiny labeller)")
     from vr_runtime.data.atomic import write_atomic
     from vr_runtime.fingerprint import environment
     res = {"what": "mean attention weight per head (list: heads 0..3) of each decoder layer on the "

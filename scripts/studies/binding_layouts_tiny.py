@@ -49,8 +49,8 @@ def greedy(bb, Z, plan, turn, n_extra: int, choices):
 def probe(model: str, videos: int) -> dict:
     from vr_runtime.backbones import load_backbone
     from vr_runtime.data import synthetic_videos as sv
-    from vr_runtime.training.labeller import video_features
-    from vr_runtime.training.layouts import CAPTION_QUESTION
+    from vr_tiny.labeller import video_features
+    from vr_tiny.layouts import CAPTION_QUESTION
     bb = load_backbone(model)
     tok, rng = bb.tokenizer, random.Random("binding-layouts")
     first = lambda w: tok(w, add_special_tokens=False)["input_ids"][0]   # noqa: E731

@@ -44,8 +44,8 @@ def probe(model: str, videos: int, seed: int, task: str) -> dict:
     from vr_kernels import pooled_counts
     from vr_runtime.backbones import load_backbone
     from vr_runtime.data import synthetic_videos as sv
-    from vr_runtime.training.labeller import video_features
-    from vr_runtime.training.route import RouteSupervision
+    from vr_tiny.labeller import video_features
+    from vr_tiny.route import RouteSupervision
     from vr_runtime.training.stages import answer_sequence
     bb = load_backbone(model, attn_implementation="eager")
     tok, rng = bb.tokenizer, random.Random(f"binding-probe-{seed}-{task}")

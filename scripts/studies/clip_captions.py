@@ -32,7 +32,7 @@ import vr_kernels
 from vr_runtime.backbones.internvl3 import InternVL3Backbone
 from vr_runtime.backbones.prompt import plan_dest
 from vr_runtime.training.loop import save_llm
-from vr_runtime.training.pretrain import (CaptionTokens, PretrainConfig, _loss, caption,
+from vr_tiny.pretrain import (CaptionTokens, PretrainConfig, _loss, caption,
                                           render_bank)
 
 QUESTION = "Name the shape of each color."

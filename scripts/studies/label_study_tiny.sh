@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rule (a) on the synthetic task, end to end: the paper's frame labels (rule (a), Appendix A) built by
 # the tiny model, compared with the generator's labels, then Stage 1 trained from them.
-#   1. the labeller (python -m vr_runtime.training labeller, config tiny_labeller): the shipped
+#   1. the labeller (python -m vr_tiny labeller, config tiny_labeller): the shipped
 #      tiny model fine-tuned on fresh rendered videos to answer from whatever frames it is shown
 #      (random plans that drop frames), as the pretrained VLM the paper labels with does;
 #   2. label-study: rule (a) at the paper's reference (every frame at full resolution, ablation
@@ -22,14 +22,14 @@ for path in "$TINY/stage0/hf" "$TINY/data/train_conversations.jsonl"; do
         exit 2
     fi
 done
-python -m vr_runtime.training labeller --config tiny_labeller --no-progress \
+python -m vr_tiny labeller --config tiny_labeller --no-progress \
     --set "output_dir=$TINY/labeller" --results studies/results/label_study/labeller_tiny.json
-python -m vr_runtime.training label-study --model "$TINY/labeller/hf" --work "$STUDY" \
+python -m vr_tiny label-study --model "$TINY/labeller/hf" --work "$STUDY" \
     --results studies/results/label_study/label_study.json --videos-count 80 --mode drop --margin 1.0
 python scripts/studies/stage1_from_labels.py --study "$STUDY" --tiny "$TINY"
 # The same with --rule minimal-set: the validated greedy sets alone, without single-frame
 # necessity (whose single-frame drops add false positives; see the training README).
-python -m vr_runtime.training label-study --model "$TINY/labeller/hf" --work "$STUDY-minimal-set" \
+python -m vr_tiny label-study --model "$TINY/labeller/hf" --work "$STUDY-minimal-set" \
     --results studies/results/label_study/label_study_minimal_set.json --videos-count 80 --mode drop \
     --margin 1.0 --rule minimal-set
 python scripts/studies/stage1_from_labels.py --study "$STUDY-minimal-set" --tiny "$TINY" \

@@ -73,7 +73,7 @@ RESULTS="${ARGS[1]:-studies/results/router_pool}"
 DATA="$WORK/data"
 unset TRITON_INTERPRET   # CPU training uses the vectorised PyTorch pool_pack, not the interpreter
 
-python -m vr_runtime.training synth --task v2 --out "$DATA" --train "$TRAIN" --heldout 85 \
+python -m vr_tiny synth --task v2 --out "$DATA" --train "$TRAIN" --heldout 85 \
     --footage 20
 
 # Stage 1's settings besides the pool: tiny_stage1.json's own (1,200 steps of 4 unless --steps,
@@ -81,7 +81,7 @@ python -m vr_runtime.training synth --task v2 --out "$DATA" --train "$TRAIN" --h
 STAGE1=(train_data="$DATA/train_relevance.jsonl" eval_data="$DATA/heldout_relevance.jsonl"
         model=tiny 'report_to=[]')
 if [ ! -f "$WORK/cache_fill/metrics.json" ]; then
-    python -m vr_runtime.training stage --config tiny_stage1 --no-progress --set "${STAGE1[@]}" \
+    python -m vr_tiny stage --config tiny_stage1 --no-progress --set "${STAGE1[@]}" \
         output_dir="$WORK/cache_fill" max_steps=1
 fi
 STEPS_SET=(${STEPS:+max_steps=$STEPS})   # the pools' Stage 1 only
@@ -98,7 +98,7 @@ run_stage() {
     local t0
     mkdir -p "$dir"
     t0=$(date +%s.%N)
-    python -m vr_runtime.training stage --no-progress "$@"
+    python -m vr_tiny stage --no-progress "$@"
     python -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 1))" \
         "$t0" "$(date +%s.%N)" > "$dir/wall_s.txt"
 }
@@ -117,7 +117,7 @@ done
 for R in 1 2; do
     for P in 1 2; do
         if [ ! -f "$WORK/ab/pool${P}_$R/metrics.json" ]; then
-            python -m vr_runtime.training stage --config tiny_stage1 --no-progress --set \
+            python -m vr_tiny stage --config tiny_stage1 --no-progress --set \
                 "${STAGE1[@]}" router_pool="$P" max_steps=40 logging_steps=10 eval_limit=1 \
                 output_dir="$WORK/ab/pool${P}_$R"
         fi
@@ -158,7 +158,7 @@ for P in 1 2; do
     mkdir -p "$OUT"
     for SPLIT in heldout footage; do
         if [ ! -f "$WORK/pool$P/routing_wide_$SPLIT.json" ]; then
-            python -m vr_runtime.training routing-eval --data "$DATA/${SPLIT}_conversations.jsonl" \
+            python -m vr_tiny routing-eval --data "$DATA/${SPLIT}_conversations.jsonl" \
                 --routers "$WORK/pool$P/stage2/routers.safetensors" \
                 --out "$WORK/pool$P/routing_wide_$SPLIT.json"
         fi

@@ -38,7 +38,7 @@ def frames(n: int, seed: int):
 def means(bb, specs, V, projected: bool = True):
     """{kind: [n, D] means of the projected tokens (or, ``projected`` False, of the tower's
     features ``V`` of ``specs`` before the projector)}, shape targets [n]."""
-    from vr_runtime.training.pretrain import object_coverage
+    from vr_tiny.pretrain import object_coverage
     Z = bb.project(V) if projected else V
     rows = {k: [] for k in ("interior", "boundary", "coverage", "frame")}
     y = []
@@ -93,7 +93,7 @@ def rings(interior: torch.Tensor, grid=(16, 16)) -> torch.Tensor:
 
 def cells(specs, Z):
     """Every interior cell's token [N, D], its object's shape [N], ring [N] and frame [N]."""
-    from vr_runtime.training.pretrain import object_coverage
+    from vr_tiny.pretrain import object_coverage
     xs, ys, rs, fs = [], [], [], []
     for f, (z, s) in enumerate(zip(Z, specs)):
         cov, _, shape = object_coverage(s)[0]
@@ -141,7 +141,7 @@ def main(argv=None):
         sys.exit(f"--train/--test: expected >= 30 frames each, got {a.train}/{a.test}")
     from vr_runtime.backbones import load_backbone
     bb = load_backbone(a.model)
-    from vr_runtime.training.pretrain import frame_features
+    from vr_tiny.pretrain import frame_features
     tr, te = frames(a.train, 0), frames(a.test, 1)
     with torch.no_grad():       # the tower once per split; both readouts use its features
         vtr, vte = frame_features(bb, tr).float(), frame_features(bb, te).float()

@@ -38,7 +38,7 @@ def accuracy(model: str, frame_pairs, seed: int = 0) -> dict:
     """Shape named after each present color: right, and the other frame's shape instead."""
     from vr_runtime.backbones import load_backbone
     from vr_runtime.data.synthetic_videos import VideoSpec
-    from vr_runtime.training.pretrain import CaptionTokens, caption, frame_features
+    from vr_tiny.pretrain import CaptionTokens, caption, frame_features
     bb = load_backbone(model, dtype=torch.float32)
     bb.model.eval()
     toks, rng = CaptionTokens(bb.tokenizer), random.Random(seed)

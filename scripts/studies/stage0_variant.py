@@ -14,7 +14,7 @@ import sys
 
 from vr_runtime.fingerprint import environment
 from vr_runtime.training.config import ConfigError
-from vr_runtime.training.pretrain import PretrainConfig, pretrain
+from vr_tiny.pretrain import PretrainConfig, pretrain
 
 RESULTS = "studies/results/stage0/stage0_variants.json"
 

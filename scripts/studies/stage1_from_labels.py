@@ -4,7 +4,7 @@ generator's, on the same videos, both evaluated on the generator's held-out labe
     python scripts/studies/stage1_from_labels.py [--study runs/label_study] [--tiny runs/tiny_v2]
 
 Reads ``STUDY/counterfactual_relevance.jsonl`` ((a)'s labels, written by ``python -m
-vr_runtime.training label-study``) and ``STUDY/study_relevance.jsonl`` (the generator's labels
+vr_tiny label-study``) and ``STUDY/study_relevance.jsonl`` (the generator's labels
 of the same synthetic videos, absent-color questions included), trains ``tiny_stage1`` on each
 from Stage 0's model (``TINY/stage0/hf``, as ``scripts/tiny/train_tiny.sh`` does), evaluates both on
 every question of ``TINY/data/heldout_relevance.jsonl`` and writes
@@ -32,8 +32,9 @@ def main(argv=None):
     heldout = os.path.join(args.tiny, "data", "heldout_relevance.jsonl")
     for path in (*sources.values(), model, heldout):
         if not os.path.exists(path):
-            sys.exit(f"{path}: not found; run `python -m vr_runtime.training label-study --work "
+            sys.exit(f"{path}: not found; run `python -m vr_tiny label-study --work "
                      f"{args.study}` and scripts/tiny/train_tiny.sh first")
+    import vr_tiny  # noqa: F401  (the tiny configs' names)
     from vr_runtime.fingerprint import environment
     from vr_runtime.training.config import load_config
     from vr_runtime.training.loop import train

@@ -8,9 +8,9 @@ Stage 0 model and Stage 2 routers of a finished ``scripts/tiny/train_tiny.sh`` r
 default runs/tiny) into ``WORK/stage3`` and ``WORK/stage3b``; ``--freeze-projector`` also sets
 ``freeze_mlp``. Evaluate the result as the training README does::
 
-    python -m vr_runtime.training routing-eval --data runs/tiny/data/heldout_conversations.jsonl \\
+    python -m vr_tiny routing-eval --data runs/tiny/data/heldout_conversations.jsonl \\
         --model WORK/stage3b/hf --routers WORK/stage3b/routers.safetensors --out OUT.json
-    python -m vr_runtime.training label-study --model WORK/stage3b/hf \\
+    python -m vr_tiny label-study --model WORK/stage3b/hf \\
         --routers WORK/stage3b/routers.safetensors --work runs/label_study_rp \\
         --results OUT.json --videos-count 20 --mode drop --margin 1.0
 
@@ -37,15 +37,16 @@ def main(argv=None):
     for path in (base, prev, data):
         if not os.path.exists(path):
             sys.exit(f"{path}: not found; run scripts/tiny/train_tiny.sh first")
+    import vr_tiny  # noqa: F401  (the tiny configs and their "tiny" section)
     from vr_runtime.training.config import ConfigError, load_config
     from vr_runtime.training.loop import train
     try:   # every argument before any training
-        load_config("tiny_stage3", random_plan_prob=args.prob)
+        load_config("tiny_stage3", **{"tiny.random_plan_prob": args.prob})
     except ConfigError as e:
         sys.exit(f"--prob: {e}")
     for stage in (3, "3b"):
         model = base if stage == 3 else os.path.join(args.work, "stage3", "hf")
-        cfg = load_config(f"tiny_stage{stage}", random_plan_prob=args.prob,
+        cfg = load_config(f"tiny_stage{stage}", **{"tiny.random_plan_prob": args.prob},
                           freeze_mlp=args.freeze_projector, model=model, routers=prev,
                           train_data=os.path.join(data, "train_conversations.jsonl"),
                           eval_data=os.path.join(data, "heldout_conversations.jsonl"),

@@ -31,7 +31,7 @@ def train(bb, a, log_path: str):
     """Phase T (``tower_steps``), then phase A with the per-cell readout on a bank of
     ``a.frames`` frames encoded by the trained tower (``projector_steps``): Stage 0's own
     functions with these settings. Returns {phase: seconds}."""
-    from vr_runtime.training.pretrain import (PretrainConfig, pretrain_projector, pretrain_tower,
+    from vr_tiny.pretrain import (PretrainConfig, pretrain_projector, pretrain_tower,
                                               render_bank)
     cfg = PretrainConfig.load("tiny_stage0", tower_steps=a.steps, tower_batch_size=a.batch,
                               tower_learning_rate=a.tower_lr, projector_readout="cells",
@@ -56,7 +56,7 @@ def train(bb, a, log_path: str):
 @torch.no_grad()
 def probes(bb, n_train: int, n_test: int) -> dict:
     """``shape_cells_tiny``'s readouts (means and single interior cells) with fresh probes."""
-    from vr_runtime.training.pretrain import frame_features
+    from vr_tiny.pretrain import frame_features
     tr, te = cells_study.frames(n_train, 0), cells_study.frames(n_test, 1)
     vtr, vte = frame_features(bb, tr).float(), frame_features(bb, te).float()
     ptr, pte = bb.project(vtr), bb.project(vte)

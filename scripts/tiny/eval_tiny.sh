@@ -2,7 +2,7 @@
 # The tiny analogue of the paper's controlled comparison (studies/results/eval_synthetic_tiny/):
 # every method at two fixed visual budgets on a synthetic Video-MME-layout benchmark, CPU.
 #   1. the Data FT control: Stage 3's recipe with uniform pooling, no routing
-#      (vr_runtime/configs/tiny_data_ft.json, from the backbone Stage 3 started from)
+#      (vr_tiny/configs/tiny_data_ft.json, from the backbone Stage 3 started from)
 #   2. a tiny *random* CLIP (no pretrained CLIP can be fetched here: the clip row checks the
 #      plumbing, not CLIP's relevance)
 #   3. the benchmark and the evaluation (resumable: rerun to continue)
@@ -11,10 +11,10 @@ cd "$(dirname "$0")/../.."
 W=${WORK:-runs/tiny}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 [ -f "$W/data/train_conversations.jsonl" ] || \
-    python -m vr_runtime.training synth --out "$W/data" --train 160 --heldout 40
+    python -m vr_tiny synth --out "$W/data" --train 160 --heldout 40
 [ -f "$W/base/hf/config.json" ] || python scripts/tiny/tiny_base.py "$W/base/hf"
 [ -f "$W/data_ft/hf/config.json" ] || \
-    python -m vr_runtime.training stage --config tiny_data_ft --no-progress \
+    python -m vr_tiny stage --config tiny_data_ft --no-progress \
         --set model="$W/base/hf" output_dir="$W/data_ft" \
         train_data="$W/data/train_conversations.jsonl" eval_data="$W/data/heldout_conversations.jsonl"
 [ -f "$W/clip_random/config.json" ] || \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Train the `tiny` preset from scratch on the synthetic evidence task: Stage 0 (tiny-only
-# pretraining, vr_runtime/training/pretrain.py) -> Stages 1, 2, 3, 3b [, 3c [, 3d | 3e, 3f]].
+# pretraining, vr_tiny/pretrain.py) -> Stages 1, 2, 3, 3b [, 3c [, 3d | 3e, 3f]].
 # --task vN picks the recipe vN (v1 to v9: the stages, configs and data sizes; "the vN weights"
 # are what it trains). The shipped weights are recipe v9's (the default): recipe v8's Stage 0
 # and stages with every shape answer colour first (about 85 minutes on 2 CPU cores from
@@ -19,19 +19,19 @@
 #       v2: the wide task (aspect ratios, lossy codecs and noise, moving targets,
 #       1-3 targets, 8-64 of 16-256 frames, look-alike distractors): 960 training videos with
 #       every factor random, a held-out split of 85 that varies one factor at a time.
-#       v3: v2, then Stage 3c (vr_runtime/configs/tiny_stage3c.json): Stage 3b continued with
+#       v3: v2, then Stage 3c (vr_tiny/configs/tiny_stage3c.json): Stage 3b continued with
 #       dense layouts (every frame at full resolution) and long ones (the examples stretched
-#       to 128-2,048 frames, planned as long videos are; vr_runtime/training/layouts.py), on
+#       to 128-2,048 frames, planned as long videos are; vr_tiny/layouts.py), on
 #       the first 320 training videos. --from-v2 DIR starts Stage 3c from a finished v2 model
 #       (DIR holds config.json, model.safetensors, tokenizer.json and routers.safetensors, as
 #       vr_runtime/assets/tiny/ did for the v2 weights) instead of training Stages 0-3b.
-#       v4: v3, then Stage 3d (vr_runtime/configs/tiny_stage3d.json): Stage 3c continued for
-#       400 steps with route supervision (vr_runtime/training/route.py: one head trained to
+#       v4: v3, then Stage 3d (vr_tiny/configs/tiny_stage3d.json): Stage 3c continued for
+#       400 steps with route supervision (vr_tiny/route.py: one head trained to
 #       look from each answer at the question's color word) over dense dialogues (every
 #       question about the same full-resolution frames in one sequence). --from-v3 DIR starts
 #       Stage 3d from a finished v3 model (as --from-v2 does for Stage 3c). Not shipped: it
 #       lifts the dense answers but costs long prompts (docs/TRAINING_STUDIES.md, recipe v4).
-#       v5 (shipped before v9): v3, then Stage 3e (vr_runtime/configs/tiny_stage3e.json:
+#       v5 (shipped before v9): v3, then Stage 3e (vr_tiny/configs/tiny_stage3e.json:
 #       Stage 3d's settings on every training video, not the first 320) and Stage 3f
 #       (tiny_stage3f.json: 3e continued, a second seed). --from-v3 DIR starts Stage 3e from a
 #       finished v3 model; --from-v3 without --task means v5.
@@ -39,14 +39,14 @@
 #       960 and 1,920 more drawn with another seed into WORK_DIR/data_more). --from-v5 DIR
 #       starts Stage 3g from a finished v5 model. Not shipped: one question more on the dense
 #       answers (docs/TRAINING_STUDIES.md, recipe v6).
-#       v8: v5's stages from a longer Stage 0 (vr_runtime/configs/tiny_stage0b.json: its
+#       v8: v5's stages from a longer Stage 0 (vr_tiny/configs/tiny_stage0b.json: its
 #       captions eight times as long, so the LLM binds a color to its shape before Stage 1;
 #       docs/TRAINING_STUDIES.md, recipe v8). From scratch only. Not shipped: its dense answers
 #       stayed at 85%. (v7 was a study of the dense answers with no recipe of its own.)
 #       v9: v8, with every shape answer of Stages 3-3f naming its color first ("red circle":
 #       the shape is then read from the color word's own row, the binding Stage 0's captions
 #       train), Stage 3 on dense dialogues with captions from its first step, and captions in
-#       Stages 3e and 3f (vr_runtime/training/tiny_demo.py, STAGE_SETTINGS;
+#       Stages 3e and 3f (vr_tiny/recipe.py, STAGE_SETTINGS;
 #       docs/TRAINING_STUDIES.md, recipe v9). From scratch only. The shipped weights.
 #       v1: the basic task (square, near-lossless H.264, static, 2 targets, 16 frames), 480
 #       training videos and 60 held out.
@@ -149,26 +149,26 @@ else
 fi
 unset TRITON_INTERPRET   # CPU training uses the vectorised PyTorch pool_pack, not the interpreter
 if [ "$INSTALL" = 1 ]; then
-    python -m vr_runtime.training tiny --work "$WORK" --ship "${SIZES[@]}" \
+    python -m vr_tiny tiny --work "$WORK" --ship "${SIZES[@]}" \
         --results "$SHIPPED"
-    python -m vr_runtime.training routing-eval --data "$WORK/data/heldout_conversations.jsonl" \
+    python -m vr_tiny routing-eval --data "$WORK/data/heldout_conversations.jsonl" \
         --out "$ROUTING"
     if [ "$TASK" != v1 ]; then
         # the combined "footage" setting (every factor off its base at once)
-        python -m vr_runtime.training synth --task v2 --out "$WORK/data" --train 0 --heldout 0 \
+        python -m vr_tiny synth --task v2 --out "$WORK/data" --train 0 --heldout 0 \
             --footage 20
-        python -m vr_runtime.training routing-eval \
+        python -m vr_tiny routing-eval \
             --data "$WORK/data/footage_conversations.jsonl" \
             --out "$SHIPPED/routing_wide_footage.json"
         # and on the basic task's held-out split (the demo clip's kind: square, near-lossless,
         # static), so its figures stay those of the shipped weights
-        python -m vr_runtime.training synth --out "$WORK/data_v1" --train 0 --heldout 60
-        python -m vr_runtime.training routing-eval \
+        python -m vr_tiny synth --out "$WORK/data_v1" --train 0 --heldout 60
+        python -m vr_tiny routing-eval \
             --data "$WORK/data_v1/heldout_conversations.jsonl" \
             --out "$SHIPPED/routing_basic_heldout.json"
     fi
 else
-    python -m vr_runtime.training tiny --work "$WORK" "${SIZES[@]}" \
+    python -m vr_tiny tiny --work "$WORK" "${SIZES[@]}" \
         --results "$WORK/results"
     LAST=stage3b
     [ "$TASK" = v3 ] && LAST=stage3c

@@ -9,7 +9,7 @@ from vr_runtime.backbones.trained_frames import trained_frames, trained_frames_f
 
 
 def test_the_tiny_presets_figure_is_its_training_length():
-    cfgs = resources.files("vr_runtime") / "configs"
+    cfgs = resources.files("vr_tiny") / "configs"      # the tiny model's training configs
     lengths = {json.loads((cfgs / f"tiny_stage{s}.json").read_text())["num_frames"]
                for s in ("1", "2", "3", "3b")}
     assert lengths == {trained_frames("tiny")} == {16}

@@ -51,19 +51,19 @@ def test_heldout_phrasings_never_reach_a_training_split(tmp_path):
     train_words = set().union(*(words(t) for t in train))
     for t in held:   # only the combination is new, never a word
         assert words(t) <= train_words, t
-    paths = syn.generate(str(tmp_path), 6, seed=2, split="train")
+    paths = syn.write_dataset(str(tmp_path), 6, seed=2, split="train")
     lines = [json.loads(x) for x in open(paths["policy"])]
     fills = {t.format(color=c) for t in syn.FRAGMENT_PHRASINGS["heldout"] for c in syn.COLORS}
     fills |= set(syn.GLOBAL_PHRASINGS["heldout"])
     assert all(x["phrasing"] == "train" and x["question"] not in fills for x in lines)
-    held_paths = syn.generate(str(tmp_path), 6, seed=2, split="heldout")
+    held_paths = syn.write_dataset(str(tmp_path), 6, seed=2, split="heldout")
     phr = {json.loads(x)["phrasing"] for x in open(held_paths["policy"])}
     assert phr == {"train", "heldout"}
 
 
 def test_videos_decode_with_the_labelled_content(tmp_path):
-    paths = syn.generate(str(tmp_path), 2, seed=1, num_frames=12, split="train")
-    paths2 = syn.generate(str(tmp_path / "again"), 2, seed=1, num_frames=12, split="train")
+    paths = syn.write_dataset(str(tmp_path), 2, seed=1, num_frames=12, split="train")
+    paths2 = syn.write_dataset(str(tmp_path / "again"), 2, seed=1, num_frames=12, split="train")
     assert open(paths["relevance"]).read() == open(paths2["relevance"]).read()
     rel = read_jsonl(paths["relevance"], "relevance")
     assert len(read_jsonl(paths["policy"], "policy")) == 2 * 4   # 4 questions per video
@@ -119,11 +119,12 @@ def test_paper_configs_hold_the_table(stage):
     groups = {1: ["extractor", "image"], 2: ["semantic"],
               3: ["projector", "language", "extractor", "semantic", "image"]}
     assert c.trainable_groups == groups[stage]
+    import vr_tiny  # noqa: F401  (the tiny configs' names)
     tiny = load_config(f"tiny_stage{stage}")
     # the tiny Stage 1 freezes the shadow stack (a documented departure, see its _comment)
     tiny_groups = {**groups, 1: ["image"]}
     assert tiny.trainable_groups == tiny_groups[stage] and "TINY" in json.loads(
-        (ROOT / f"vr_runtime/configs/tiny_stage{stage}.json").read_text())["_comment"]
+        (ROOT / f"vr_tiny/configs/tiny_stage{stage}.json").read_text())["_comment"]
 
 
 def test_config_errors(tmp_path):
@@ -148,7 +149,7 @@ def test_distributed_configs_parse():
 
 
 def test_synth_cli_skips_an_empty_split_and_rejects_bad_counts(tmp_path, capsys):
-    from vr_runtime.training.__main__ import main
+    from vr_tiny.__main__ import main
     assert main(["synth", "--out", str(tmp_path), "--train", "1", "--heldout", "0",
                  "--frames", "12"]) == 0
     assert (tmp_path / "train_relevance.jsonl").is_file()

@@ -221,7 +221,7 @@ def test_bad_factors_are_refused():
     with pytest.raises(ValueError, match="factors"):
         syn.sample_spec_v2(random.Random(0), {"aspect": "1:1"})
     with pytest.raises(ValueError, match="task"):
-        syn.generate("/nonexistent", 1, task="v3")
+        syn.write_dataset("/nonexistent", 1, task="v3")
 
 
 def test_heldout_split_varies_one_factor_at_a_time_and_lines_record_factors(tmp_path,
@@ -241,7 +241,7 @@ def test_heldout_split_varies_one_factor_at_a_time_and_lines_record_factors(tmp_
     for varies, f in settings[1:]:
         assert [k for k in f if f[k] != syn.BASE[k]] == [varies]
     n = len(settings)
-    paths = syn.generate(str(tmp_path), n, seed=1, split="heldout", task="v2")
+    paths = syn.write_dataset(str(tmp_path), n, seed=1, split="heldout", task="v2")
     lines = [json.loads(x) for x in open(paths["conversations"])]
     seen = {}
     for x in lines:
@@ -257,20 +257,20 @@ def test_heldout_split_varies_one_factor_at_a_time_and_lines_record_factors(tmp_
     assert {e.frames for e in ex} == {8, 16, 32, 64}
     assert all(e.num_frames == len(e.frame_labels) for e in ex)
     # the training split draws every factor at random
-    tr = syn.generate(str(tmp_path), 12, seed=1, split="train", task="v2")
+    tr = syn.write_dataset(str(tmp_path), 12, seed=1, split="train", task="v2")
     tl = [json.loads(x) for x in open(tr["policy"])]
     assert all("varies" not in x for x in tl)
     assert len({json.dumps(x["factors"], sort_keys=True) for x in tl}) > 6
     # determinism: the same seed writes the same lines
     first = written[:n]
-    again = syn.generate(str(tmp_path / "again"), n, seed=1, split="heldout", task="v2")
+    again = syn.write_dataset(str(tmp_path / "again"), n, seed=1, split="heldout", task="v2")
     assert open(again["conversations"]).read() == open(paths["conversations"]).read()
     assert written[-n:] == first
 
 
 def test_footage_split_is_the_combined_setting_and_synth_writes_it(tmp_path, monkeypatch):
     assert [k for k in syn.FOOTAGE if syn.FOOTAGE[k] == syn.BASE[k]] == ["distractors"]
-    from vr_runtime.training.__main__ import main
+    from vr_tiny.__main__ import main
     assert main(["synth", "--out", str(tmp_path / "v1"), "--train", "0", "--heldout", "0",
                  "--footage", "2"]) == 2                       # task v1 has no footage split
     assert main(["synth", "--task", "v2", "--out", str(tmp_path), "--train", "0",
@@ -285,7 +285,7 @@ def test_footage_split_is_the_combined_setting_and_synth_writes_it(tmp_path, mon
             st = c.streams.video[0]
             assert (st.codec_context.name, st.width, st.height, st.frames) == ("vp9", 640, 360, 64)
     # routing-eval's per-factor rows: none (every factor varies at once), the overall row only
-    from vr_runtime.training.routing_eval import factor_groups
+    from vr_tiny.routing_eval import factor_groups
     assert all(factor_groups(x) == [] for x in lines)
 
 

@@ -1,28 +1,7 @@
-import copy
 import os
 
-import pytest
 import torch
 
+from lm_fixtures import _base_lm, tiny_data, tiny_lm  # noqa: F401  (fixtures, found by name)
+
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-
-
-@pytest.fixture(scope="session")
-def tiny_data(tmp_path_factory):
-    """Three 12-frame synthetic videos with all three JSONL files."""
-    from vr_runtime.data.synthetic_videos import generate
-    root = tmp_path_factory.mktemp("syn")
-    paths = generate(str(root), 3, seed=7, num_frames=12, split="train")
-    return {"root": str(root), **paths}
-
-
-@pytest.fixture(scope="session")
-def _base_lm():
-    from vr_runtime.backbones import load_backbone
-    return load_backbone("tiny", device="cpu", dtype=torch.float32)
-
-
-@pytest.fixture
-def tiny_lm(_base_lm):
-    """A fresh copy of the tiny model for each test (training mutates it)."""
-    return copy.deepcopy(_base_lm)

@@ -1,7 +1,9 @@
 """Small stage configs for the training tests (shared by the tests and the DDP worker).
 
 A plain module, not conftest: `from conftest import ...` resolves to whichever conftest.py
-pytest imported first, which breaks when several test folders run together."""
+pytest imported first, which breaks when several test folders run together. The configs are the
+tiny model's (``vr_tiny/configs``; importing ``vr_tiny`` makes their names known)."""
+import vr_tiny  # noqa: F401
 
 
 def stage_config(stage, data, out, **kw):
@@ -16,15 +18,14 @@ def stage_config(stage, data, out, **kw):
 
 
 def stage3_trainee(lm, **over):
-    """A Stage 3 Trainee on ``lm`` with small seeded routers, plans from the labels and no
-    random plans (``over``: config overrides)."""
+    """A Stage 3 Trainee on ``lm`` with small seeded routers and plans from the labels
+    (``over``: config overrides)."""
     from vr_runtime.routing.routers import RouterConfig, Routers
     from vr_runtime.training.config import load_config
     from vr_runtime.training.stages import Trainee
     routers = Routers.from_backbone(lm, RouterConfig(router_dim=32, num_heads=4, router_pool=2),
                                     seed=1)
-    cfg = load_config("tiny_stage3", routers=None, plan_from="labels",
-                      **{"random_plan_prob": 0.0, **over})
+    cfg = load_config("tiny_stage3", routers=None, plan_from="labels", **over)
     return Trainee(lm, routers, cfg)
 
 

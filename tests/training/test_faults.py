@@ -22,6 +22,9 @@ from vr_runtime.training.__main__ import main as training_main
 from vr_runtime.training.loop import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the config file itself: the paper's command knows the tiny configs' names only once vr_tiny
+# is imported, which a fresh interpreter has not done
+TINY_STAGE2 = os.path.join(ROOT, "vr_tiny", "configs", "tiny_stage2.json")
 
 
 def run(cfg, lm, **kw):
@@ -239,7 +242,7 @@ def test_sigkill_at_a_random_point_then_resume_latest(tiny_data, tiny_lm, tmp_pa
     steps, out = 30, tmp_path / "run"
     kill_at, delay = rng.randint(1, steps - 10), rng.uniform(0, 0.05)
     sets = overrides(tiny_data, out, 2, max_steps=steps, save_steps=rng.choice([1, 2, 3]))
-    cmd = [sys.executable, "-m", "vr_runtime.training", "stage", "--config", "tiny_stage2",
+    cmd = [sys.executable, "-m", "vr_runtime.training", "stage", "--config", TINY_STAGE2,
            "--no-progress", "--resume", "latest", "--set", *sets]
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,

@@ -1,7 +1,6 @@
 """Stage 3 training plans match what the runtime decides at inference: a random L_max from
 ``train_max_length`` (tight budgets drop frames exactly as Algorithm 1 does) and, with
-``false_positive_prob``, one irrelevant frame promoted to relevant; with ``random_plan_prob``, a
-plan that says nothing about the question."""
+``false_positive_prob``, one irrelevant frame promoted to relevant."""
 import pytest
 import torch
 
@@ -82,37 +81,3 @@ def test_plan_policy_uniform_is_the_data_ft_control(tiny_lm):
     else:
         raise AssertionError("plan_policy='fragment' (needs frame scores) must be refused")
     assert load_config("tiny_data_ft").plan_policy == "uniform"
-
-
-def test_random_plans_are_uniform_or_mixed_and_leave_the_labels(tiny_lm):
-    torch.manual_seed(0)
-    tr = _trainee(tiny_lm, train_max_length=[1000, 1000], random_plan_prob=1.0,
-                  random_plan_windows=[1, 2, 4])
-    ex = _ex([3, 4])
-    before = ex["labels"].clone()
-    kinds = set()
-    for _ in range(40):
-        plan, fragment = tr.training_plan(torch.tensor([0.0, 1.0]), torch.zeros(T), ex)
-        assert fragment is None and len(plan) == T and set(plan) <= {1, 2, 4}
-        kinds.add("uniform" if len(set(plan)) == 1 else "mixed")
-        # train_max_length does not apply (all 16 frames at full resolution is 4,096 tokens)
-    assert kinds == {"uniform", "mixed"}
-    assert torch.equal(ex["labels"], before)
-
-
-def test_random_plan_that_does_not_fit_falls_back_to_the_usual_plan(tiny_lm):
-    rel = [3, 4]
-    tr = _trainee(tiny_lm, train_max_length=[], model_max_length=1400, random_plan_prob=1.0,
-                  random_plan_windows=[1])          # 16 x 256 tokens never fit 1,400
-    usual = _trainee(tiny_lm, train_max_length=[], model_max_length=1400)
-    args = (torch.tensor([0.0, 1.0]), torch.zeros(T), _ex(rel))
-    assert tr.training_plan(*args) == usual.training_plan(*args)
-
-
-@pytest.mark.parametrize("over,msg", [({"random_plan_prob": 1.5}, "random_plan_prob"),
-                                      ({"random_plan_windows": []}, "random_plan_windows"),
-                                      ({"random_plan_windows": [0, 2]}, "random_plan_windows")])
-def test_random_plan_options_are_checked(over, msg):
-    from vr_runtime.training.config import ConfigError
-    with pytest.raises(ConfigError, match=msg):
-        load_config("tiny_stage3", **over)

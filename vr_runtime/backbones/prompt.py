@@ -37,9 +37,6 @@ class VisionTokens:
 IMG_START, IMG_END, IMG_CONTEXT = "<img>", "</img>", "<IMG_CONTEXT>"
 INTERNVL_TOKENS = VisionTokens(IMG_START, IMG_END, IMG_CONTEXT)
 
-CHATML = "<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
-
-
 def _check_question(question: str, tokens: VisionTokens = INTERNVL_TOKENS) -> str:
     if not isinstance(question, str) or not question.strip():
         raise ValueError("question: empty; ask a non-empty question about the video")
@@ -54,16 +51,25 @@ def render_chat(tokenizer, content: str, system: Optional[str] = None) -> str:
     """The chat-templated text of one user turn plus the assistant prefix."""
     messages = ([{"role": "system", "content": system}] if system else []) + \
         [{"role": "user", "content": content}]
+    return render_messages(tokenizer, messages)
+
+
+def render_messages(tokenizer, messages, add_generation_prompt: bool = True) -> str:
+    """The chat-templated text of ``messages`` ([{"role", "content"}, ...]), with the
+    assistant prefix after them when ``add_generation_prompt``; ChatML for a tokenizer without
+    a template."""
     if getattr(tokenizer, "chat_template", None):
         try:
-            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return tokenizer.apply_chat_template(messages, tokenize=False,
+                                                 add_generation_prompt=add_generation_prompt)
         except Exception:
             # Some multimodal templates only accept the list-of-parts content form.
             parts = [{"role": m["role"], "content": [{"type": "text", "text": m["content"]}]}
                      for m in messages]
-            return tokenizer.apply_chat_template(parts, tokenize=False, add_generation_prompt=True)
-    sys_txt = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
-    return sys_txt + CHATML.format(content=content)
+            return tokenizer.apply_chat_template(parts, tokenize=False,
+                                                 add_generation_prompt=add_generation_prompt)
+    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
 
 def video_content(question: str, kept: Sequence[int], tokens: VisionTokens = INTERNVL_TOKENS) -> str:
@@ -117,6 +123,6 @@ def plan_dest(counts: Sequence[int], frame_starts: Sequence[int]) -> List[int]:
     return dest
 
 
-__all__ = ["build_video_prompt", "text_tokens", "render_chat", "video_content", "plan_dest",
-           "CHATML",
+__all__ = ["build_video_prompt", "text_tokens", "render_chat", "render_messages", "video_content",
+           "plan_dest",
            "IMG_START", "IMG_END", "IMG_CONTEXT", "INTERNVL_TOKENS"]

@@ -9,7 +9,8 @@ The ``tiny`` InternVL3 preset keeps everything that matters for the VideoRouter 
 real size -- 448x448 input, patch 14, pixel shuffle 0.5, so the same 16x16 = 256-token grid per
 frame -- and shrinks only widths and depths: a 2-layer ViT (hidden 64) and a 4-layer Qwen2
 decoder (hidden 128). Its weights are ``assets/tiny/model.safetensors`` when present (trained by
-``vr_runtime.training``), otherwise the deterministic fill.
+the tiny curriculum, ``vr_tiny``: ``scripts/tiny/train_tiny.sh``), otherwise the deterministic
+fill.
 """
 from __future__ import annotations
 
@@ -108,7 +109,7 @@ def load_safetensors_into(model: torch.nn.Module, path) -> None:
     misfit = copy_state_strict(model, state)
     if misfit:
         raise ModelFilesError(f"{path}: weights do not fit the tiny model ({misfit}); "
-                              f"regenerate them with vr_runtime.training")
+                              f"retrain them with scripts/tiny/train_tiny.sh --install")
 
 
 def num_params(model: torch.nn.Module) -> int:

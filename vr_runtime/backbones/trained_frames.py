@@ -7,7 +7,7 @@ Where the figure comes from, first found:
 1. ``config.json``'s ``trained_frames`` (an int; a checkpoint fine-tuned on longer videos says
    so there);
 2. the preset's own figure (:data:`PRESET_TRAINED_FRAMES`): the shipped ``tiny`` weights were
-   trained on 16-frame videos (``num_frames`` 16 in every ``configs/tiny_stage*.json``);
+   trained on 16-frame videos (``num_frames`` 16 in every ``vr_tiny/configs/tiny_stage*.json``);
 3. the family's published figure (:data:`FAMILY_TRAINED_FRAMES`): InternVL3 and InternVL3.5
    were trained on at most 64 frames a video, the paper's sampled count;
 4. None: not known (the planners then use their own default, 64).

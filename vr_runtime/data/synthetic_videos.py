@@ -14,7 +14,7 @@ and small distractors of other colors in 3-6 other frames; at least one color is
 Question wording comes from a template grammar with a held-out split (below). Everything is
 deterministic given the seed.
 
-That is task v1, the default. Task v2 (``generate(task="v2")``) widens it to what real
+That is task v1, the default. Task v2 (``write_dataset(task="v2")``) widens it to what real
 footage varies, one recorded value of each factor a video (``FACTORS``; ``sample_spec_v2``):
 aspect ratio (written at 448x336, 640x360, 360x640 and squeezed to the square model input by the
 loader), codec (H.264, VP9, AV1 at a high CRF) and sensor noise, moving and resizing objects,
@@ -744,9 +744,9 @@ def _add_lines(q: dict, ex_id: str, name: str, extra: dict, rel: list, pol: list
     conv.append(line)
 
 
-def generate(out_dir: str, num_videos: int, seed: int = 0, num_frames: int = 16,
-             size: int = 448, fps: float = 2.0, split: str = "train",
-             phrasing: Optional[str] = None, task: str = "v1") -> Dict[str, str]:
+def write_dataset(out_dir: str, num_videos: int, seed: int = 0, num_frames: int = 16,
+                  size: int = 448, fps: float = 2.0, split: str = "train",
+                  phrasing: Optional[str] = None, task: str = "v1") -> Dict[str, str]:
     """Write ``num_videos`` videos and the three JSONL files; returns their paths.
 
     Files: ``{split}_relevance.jsonl`` (Fragment questions, absent colors included; Stage 1),

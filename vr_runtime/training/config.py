@@ -1,11 +1,12 @@
 """Stage configurations: the paper's hyper-parameter table as JSON files.
 
-``vr_runtime/configs/train_stage{1,2,3}.json`` hold the paper's values (the defaults);
-``vr_runtime/configs/tiny_stage{1,2,3}.json`` are the *tiny synthetic demo* settings
-(larger learning rate, more epochs, smaller batches) used to train the shipped tiny weights.
-The freezing flags are spelled as in the paper's table; two more make the remaining groups
+``vr_runtime/configs/train_stage{1,2,3}.json`` hold the paper's values (the defaults). The
+freezing flags are spelled as in the paper's table; two more make the remaining groups
 explicit: ``freeze_mlp`` (the vision->LLM projector) and ``freeze_feature_extractor`` (the
 router shadow stack E_1:4, trained in Stage 1, frozen in Stage 2).
+
+A curriculum beyond the paper's keeps its options in a section of its own, named by its
+extension (``"tiny": {...}``; ``curriculum.py``), checked here with the paper's keys.
 """
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ import os
 import pathlib
 import typing
 from dataclasses import dataclass, field
-from typing import List, Optional, Union
+from typing import Any, Dict, List, Optional
 
-# Every shipped config, the paper's (train_stage*.json) and the tiny demo's (tiny_*.json), lives
-# in vr_runtime/configs beside the model and launcher configs.
+from .curriculum import EXTENSIONS
+
+# The paper's configs (train_stage*.json) live in vr_runtime/configs beside the model and
+# launcher configs.
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
-PAPER_DIR = TINY_DIR = CONFIG_DIR   # the names of the two folders they were in before
 
 
 class ConfigError(ValueError):
@@ -77,64 +79,6 @@ class TrainConfig:
     false_positive_prob: float = 0.0    # Stage 3 training, Fragment plans: probability of
                                         # marking one random irrelevant frame relevant (the
                                         # router's typical error at inference)
-    random_plan_prob: float = 0.0       # Stage 3 training, tiny-only departure: probability
-                                        # that an example's plan is random (one window from
-                                        # random_plan_windows for every frame, or one per
-                                        # frame) instead of the routers' / labels' plan, so the
-                                        # answer cannot be read off the plan's layout (the
-                                        # tiny model learned "uniform plan -> none")
-    random_plan_windows: List[int] = field(default_factory=lambda: [1, 2, 4])
-    dense_plan_prob: float = 0.0        # Stage 3 training, tiny-only departure: probability
-                                        # that an example's plan is dense (every frame at s_1,
-                                        # or as many as model_max_length holds spread in time)
-    dense_plan_frames: Union[int, List[int]] = 0
-                                        # at most this many dense frames, spread in time (0: as
-                                        # many as model_max_length holds); [lo, hi]: the cap
-                                        # drawn uniformly for each example
-    dense_plan_keep_relevant: bool = False
-                                        # the dense plan keeps the labelled relevant frames
-                                        # (the rest spread in time), so a capped dense example
-                                        # still shows its answer (layouts.keep_evidence)
-    dense_plan_dialogue: bool = False   # a dense example also asks every other question about
-                                        # the same frames, as follow-up turns (answers trained;
-                                        # layouts.dialogue_turns)
-    caption_turn_prob: float = 0.0      # tiny-only: a dense dialogue -> caption (layouts.py)
-    color_first_answers: bool = False   # tiny-only: a shape answer says its color first, "red
-                                        # circle" (layouts.color_first)
-    route_weight: float = 0.0           # Stage 3 training, tiny-only departure: weight of the
-                                        # route loss (training/route.py: head route_head of
-                                        # decoder layer route_layer looks from each answer row
-                                        # at the question's color word); 0: off
-    route_layer: int = 1
-    route_head: int = 0
-    frame_weight: float = 0.0           # tiny-only: route.FrameSupervision's weight; 0: off
-    frame_layer: int = 0                # its layer, head and rows drawn per sequence
-    frame_head: int = 3
-    frame_rows: int = 64
-    evidence_weight: float = 0.0        # tiny-only departure: weight of the evidence loss
-                                        # (training/route.py: head evidence_head of decoder
-                                        # layer evidence_layer looks from each answer row at
-                                        # the frames its question is about); 0: off
-    evidence_layer: int = 2
-    evidence_head: int = 0
-    exclusion_weight: float = 0.0       # tiny-only departure: weight of the exclusion loss
-                                        # (training/route.py: every head of exclusion_layers
-                                        # keeps the answer row off the frames its question is
-                                        # not about); 0: off
-    exclusion_layers: List[int] = field(default_factory=lambda: [2, 3])
-    freeze_embeddings: bool = False     # tiny-only: with the language model trained, keep its
-                                        # input embeddings frozen; with the projector frozen as
-                                        # well, the routers read exactly the inputs they did
-    long_plan_prob: float = 0.0         # ... that it is stretched to a long sampled count and
-                                        # planned as inference plans long videos
-                                        # (training/layouts.py)
-    long_plan_frames: List[int] = field(default_factory=lambda: [128, 2048])
-                                        # [lo, hi]: the stretched count, drawn uniformly
-    long_plan_budget: List[int] = field(default_factory=lambda: [1024, 6144])
-                                        # [lo, hi]: the long plan's visual budget, drawn uniformly
-    long_plan_planners: List[str] = field(default_factory=lambda: ["fragment"])
-                                        # Fragment planners drawn uniformly for long plans (a
-                                        # Global example gets each one's Global twin)
     eval_max_lengths: List[int] = field(default_factory=list)
                                         # Stage 3: also evaluate under these L_max values
     router_num_layers: int = 4
@@ -156,6 +100,9 @@ class TrainConfig:
     eval_limit: int = 0                 # > 0: evaluate on the first N held-out examples only
     report_to: List[str] = field(default_factory=lambda: ["tensorboard"])
     note: str = ""
+    extensions: Dict[str, Any] = field(default_factory=dict)
+                                        # name -> the options of a registered curriculum
+                                        # (curriculum.py), a section "name": {...} of the file
 
     def validate(self) -> "TrainConfig":
         """Every key's type, range and the relations between keys; ``ConfigError`` naming the
@@ -167,6 +114,7 @@ class TrainConfig:
         self._check_relations()
         self._check_planning()
         self._check_stage3_options()
+        _check_extensions(self)
         return self
 
     def _check_ranges(self) -> None:
@@ -249,13 +197,6 @@ class TrainConfig:
         if not 0.0 <= self.false_positive_prob <= 1.0:
             raise ConfigError(f"false_positive_prob: expected in [0, 1], "
                               f"got {self.false_positive_prob!r}")
-        if not 0.0 <= self.random_plan_prob <= 1.0:
-            raise ConfigError(f"random_plan_prob: expected in [0, 1], got {self.random_plan_prob!r}")
-        self._check_layouts()
-        if not self.random_plan_windows or any(not isinstance(v, int) or v < 1
-                                               for v in self.random_plan_windows):
-            raise ConfigError(f"random_plan_windows: expected a non-empty list of ints >= 1, "
-                              f"got {self.random_plan_windows!r}")
         if any(not isinstance(v, int) or v < 1 for v in self.eval_max_lengths):
             raise ConfigError(f"eval_max_lengths: expected ints >= 1, got {self.eval_max_lengths!r}")
         if len(self.fragment_windows) != 2 or min(self.fragment_windows) < 1:
@@ -264,35 +205,6 @@ class TrainConfig:
         if self.dropout != 0.0:
             raise ConfigError("dropout: the paper trains with dropout 0.0 and the routing plan "
                               "must not depend on dropout; set it to 0.0")
-
-    def _check_layouts(self) -> None:
-        """The dense and long training layouts (``layouts.py``)."""
-        for k in ("dense_plan_prob", "long_plan_prob", "caption_turn_prob"):
-            if not 0.0 <= getattr(self, k) <= 1.0:
-                raise ConfigError(f"{k}: expected in [0, 1], got {getattr(self, k)!r}")
-        if self.dense_plan_prob + self.long_plan_prob > 1.0:
-            raise ConfigError(f"dense_plan_prob + long_plan_prob: expected <= 1, got "
-                              f"{self.dense_plan_prob} + {self.long_plan_prob}")
-        _check_supervision(self)
-        d = self.dense_plan_frames
-        pair = isinstance(d, (list, tuple)) and len(d) == 2 and \
-            all(isinstance(x, int) and not isinstance(x, bool) for x in d) and 1 <= d[0] <= d[1]
-        if not pair and (not isinstance(d, int) or isinstance(d, bool) or d < 0):
-            raise ConfigError(f"dense_plan_frames: expected an int >= 0 or [lo, hi] with "
-                              f"1 <= lo <= hi, got {d!r}")
-        for k in ("long_plan_frames", "long_plan_budget"):
-            v = getattr(self, k)
-            if len(v) != 2 or any(not isinstance(x, int) for x in v) or not 1 <= v[0] <= v[1]:
-                raise ConfigError(f"{k}: expected [lo, hi] with 1 <= lo <= hi, got {v!r}")
-        from vr_runtime.planning.policies import PLANNERS
-        from .layouts import global_twin
-
-        def usable(n):
-            return n in PLANNERS and PLANNERS[n].needs_relevance and global_twin(n) in PLANNERS
-        if not self.long_plan_planners or not all(map(usable, self.long_plan_planners)):
-            ok = [n for n in PLANNERS if usable(n)]
-            raise ConfigError(f"long_plan_planners: expected a non-empty list of Fragment "
-                              f"planners ({', '.join(ok)}), got {self.long_plan_planners!r}")
 
     def check_files(self, model: bool = True) -> "TrainConfig":
         """Every file the run reads exists (``model``: also the model argument, resolved
@@ -323,30 +235,33 @@ class TrainConfig:
         return [g for g, frozen in flags.items() if not frozen]
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The config as its file says it: each extension's options as a section."""
+        d = dataclasses.asdict(self)
+        d.update(d.pop("extensions"))
+        return d
 
 
-def _check_supervision(cfg) -> None:
-    """The Stage 3 caption and attention supervisions (``layouts.caption_turn``, ``route.py``)."""
-    if cfg.caption_turn_prob and not cfg.dense_plan_dialogue:
-        raise ConfigError("caption_turn_prob: a caption replaces a dense dialogue; set "
-                          "dense_plan_dialogue to true as well (or caption_turn_prob to 0)")
-    if cfg.route_weight < 0 or cfg.route_layer < 0 or cfg.route_head < 0:
-        raise ConfigError(f"route_weight, route_layer, route_head: expected >= 0, got "
-                          f"{cfg.route_weight}, {cfg.route_layer}, {cfg.route_head}")
-    if cfg.evidence_weight < 0 or cfg.evidence_layer < 0 or cfg.evidence_head < 0:
-        raise ConfigError(f"evidence_weight, evidence_layer, evidence_head: expected >= 0, "
-                          f"got {cfg.evidence_weight}, {cfg.evidence_layer}, "
-                          f"{cfg.evidence_head}")
-    fr = (cfg.frame_weight, cfg.frame_layer, cfg.frame_head, cfg.frame_rows - 1)
-    if min(fr) < 0:
-        raise ConfigError(f"frame_weight, frame_layer, frame_head, frame_rows: expected >= 0 "
-                          f"(rows >= 1), got {fr[:3] + (cfg.frame_rows,)}")
-    if cfg.exclusion_weight < 0 or any(i < 0 for i in cfg.exclusion_layers) or \
-            (cfg.exclusion_weight and not cfg.exclusion_layers):
-        raise ConfigError(f"exclusion_weight, exclusion_layers: expected >= 0 (and a layer "
-                          f"when the weight is set), got "
-                          f"{cfg.exclusion_weight}, {cfg.exclusion_layers}")
+def _check_extensions(cfg) -> None:
+    """Each section's options: a registered extension's, of the right type and range; one
+    section at most (a stage trains one curriculum)."""
+    if len(cfg.extensions) > 1:
+        raise ConfigError(f"{', '.join(sorted(cfg.extensions))}: one curriculum section at "
+                          f"most; keep one")
+    for name, options in cfg.extensions.items():
+        ext = EXTENSIONS.get(name)
+        if ext is None or not isinstance(options, ext.options):
+            raise ConfigError(f"{name}: not the options of a registered curriculum "
+                              f"({_registered()})")
+        try:
+            _check_types(options)
+            options.validate()
+        except ConfigError as e:
+            raise ConfigError(f"{name}.{e}") from None
+
+
+def _registered() -> str:
+    return "registered: " + (", ".join(sorted(EXTENSIONS)) or "none") + \
+        "; the package that defines one registers it when imported"
 
 
 # Trackers the loop passes to accelerate (others are not installed with the project).
@@ -386,38 +301,36 @@ def _check_types(cfg) -> None:
     learning_rate=abc``) is named here rather than failing inside the optimizer."""
     hints = typing.get_type_hints(type(cfg))
     for f in dataclasses.fields(cfg):
+        if f.name == "extensions":   # sections: each checked against its own options
+            continue
         v = getattr(cfg, f.name)
         if not _type_ok(v, hints[f.name]):
             raise ConfigError(f"{f.name}: expected {_describe(hints[f.name])}, got {v!r}")
 
 
 def load_config(path_or_name: str, **overrides) -> TrainConfig:
-    """A JSON file, or a name: ``stage1``..``stage3`` (paper) / ``tiny_stage1``..3 (demo)."""
-    p = pathlib.Path(path_or_name)
-    if not p.is_file():
-        name = str(path_or_name)
-        cand = (CONFIG_DIR / f"{name}.json") if name.startswith("tiny_") else \
-            (CONFIG_DIR / f"train_{name}.json")
-        if not cand.is_file():
-            raise ConfigError(f"config: {path_or_name!r} is neither a file nor one of stage1, "
-                              f"stage2, stage3, tiny_stage1, tiny_stage2, tiny_stage3")
-        p = cand
+    """A JSON file, or a name: the paper's ``stage1``..``stage3``, or a config in a registered
+    curriculum's folder (``curriculum.Extension.configs``). ``overrides``: keys to set; a
+    section's as ``name.key`` or ``name={key: value}`` (merged into the file's section)."""
+    p = config_path(path_or_name)
     return TrainConfig(**config_fields(p, TrainConfig, overrides)).validate()
 
 
-def load_named_config(cls, name_or_path: str, what: str, overrides: dict):
-    """A dataclass config from a JSON file or a name in ``vr_runtime/configs`` (``windows``, when
-    the class has it, as a tuple of ints); ``ConfigError`` on a missing file or an unknown key.
-    ``what`` names the config in the error ("stage 0 config")."""
-    path = pathlib.Path(name_or_path)
-    if not path.is_file():
-        path = CONFIG_DIR / f"{name_or_path}.json"
-        if not path.is_file():
-            raise ConfigError(f"{what} {name_or_path!r}: neither a file nor a name in {CONFIG_DIR}")
-    d = config_fields(path, cls, overrides)
-    if "windows" in d:
-        d["windows"] = tuple(int(w) for w in d["windows"])
-    return cls(**d)
+def config_path(path_or_name) -> pathlib.Path:
+    """A config file, found as given or by its name (``stage1``: ``train_stage1.json``)."""
+    p = pathlib.Path(path_or_name)
+    if p.is_file():
+        return p
+    folders = [(CONFIG_DIR, f"train_{path_or_name}.json")] + \
+        [(pathlib.Path(e.configs), f"{path_or_name}.json") for e in EXTENSIONS.values()
+         if e.configs]
+    for folder, name in folders:
+        if (folder / name).is_file():
+            return folder / name
+    names = ["stage1", "stage2", "stage3"] + sorted(
+        q.stem for folder, _ in folders[1:] for q in folder.glob("*.json"))
+    raise ConfigError(f"config: {str(path_or_name)!r} is neither a file nor one of "
+                      f"{', '.join(names)}")
 
 
 # Keys renamed to say what they hold (pooling windows, not scales): a config that still says
@@ -432,9 +345,9 @@ def _renamed_keys(d: dict, known: set, where: str) -> dict:
     return d
 
 
-def config_fields(path, cls, overrides: dict) -> dict:
-    """The keys of a JSON config file (``_comment``-style keys dropped) updated by
-    ``overrides``, checked against the fields of dataclass ``cls``; ``ConfigError`` otherwise."""
+def read_config_file(path) -> dict:
+    """The keys of a JSON config file, ``_comment``-style keys dropped; ``ConfigError`` for a
+    file that is not a JSON object."""
     p = pathlib.Path(path)
     try:
         raw = json.loads(p.read_text())
@@ -445,15 +358,63 @@ def config_fields(path, cls, overrides: dict) -> dict:
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: expected a JSON object of key: value, got a "
                           f"{type(raw).__name__}")
-    raw = {k: v for k, v in raw.items() if not k.startswith("_")}  # "_comment" keys
-    known = {f.name for f in dataclasses.fields(cls)}
-    raw, overrides = _renamed_keys(raw, known, str(p)), _renamed_keys(overrides, known, "--set")
-    for where, d in (("--set", overrides), (str(p), raw)):
-        unknown = sorted(set(d) - known)
-        if unknown:
-            near = difflib.get_close_matches(unknown[0], known, n=1)
-            hint = f" (did you mean {near[0]!r}?)" if near else ""
-            raise ConfigError(f"{where}: unknown keys {unknown}{hint}; known keys: "
-                              f"{sorted(known)}")
+    return {k: v for k, v in raw.items() if not k.startswith("_")}  # "_comment" keys
+
+
+def _check_known(d: dict, known, where: str) -> None:
+    unknown = sorted(set(d) - set(known))
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ConfigError(f"{where}: unknown keys {unknown}{hint}; known keys: "
+                          f"{sorted(known)}")
+
+
+def config_fields(path, cls, overrides: dict) -> dict:
+    """The keys of a JSON config file updated by ``overrides``, checked against the fields of
+    dataclass ``cls``; ``ConfigError`` otherwise. For a ``TrainConfig``, each extension's
+    section becomes its options, under ``extensions``."""
+    raw = read_config_file(path)
+    known = {f.name for f in dataclasses.fields(cls)} - {"extensions"}
+    raw, overrides = _renamed_keys(raw, known, str(path)), _renamed_keys(overrides, known, "--set")
+    sections = {}
+    if cls is TrainConfig:
+        raw, sections = _sections(raw, str(path))
+        overrides, more = _sections(overrides, "--set")
+        for name, d in more.items():
+            sections[name] = {**sections.get(name, {}), **d}
+    for where, d in (("--set", overrides), (str(path), raw)):
+        _check_known(d, known, where)
     raw.update(overrides)
+    if sections:
+        raw["extensions"] = {n: _options(n, d, str(path)) for n, d in sections.items()}
     return raw
+
+
+def _sections(d: dict, where: str):
+    """``d`` without its extension sections (``name: {...}`` or ``name.key``), and those
+    sections; a key of a section at the top level is refused in one line naming its place."""
+    flat, sections = {}, {}
+    for k, v in d.items():
+        name, dot, key = k.partition(".")
+        if dot or k in EXTENSIONS:
+            if name not in EXTENSIONS:
+                raise ConfigError(f"{where}: {name}: no such section ({_registered()})")
+            if not dot and not isinstance(v, dict):
+                raise ConfigError(f"{where}: {name}: expected a section {{key: value}}, got "
+                                  f"{v!r}")
+            sections.setdefault(name, {}).update({key: v} if dot else v)
+            continue
+        moved = next((e.name for e in EXTENSIONS.values() if k in e.fields()), None)
+        if moved:
+            how = f"--set {moved}.{k}=VALUE" if where == "--set" else \
+                f"put it in the \"{moved}\" section of {where}"
+            raise ConfigError(f"{k} moved to {moved}.{k}: {how}")
+        flat[k] = v
+    return flat, sections
+
+
+def _options(name: str, d: dict, where: str):
+    ext = EXTENSIONS[name]
+    _check_known(d, ext.fields(), f"{where}: {name}")
+    return ext.options(**d)

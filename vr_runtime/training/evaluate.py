@@ -7,6 +7,9 @@
 - Stage 3: exact-match answer accuracy of greedy decoding with the routers' compression plan,
   per policy label, against the chance level of the synthetic task (1 / number of answers), at
   ``model_max_length`` and at each of ``eval_max_lengths`` (tight budgets, as in the demo).
+  The answer is decoded as the runtime decodes it (``vr_runtime.generate.GreedyDecoder``: one
+  prefill, then KV-cached greedy steps until a stop token) and compared with the answer in the wording the
+  curriculum trains (``Curriculum.answer_text``).
 """
 from __future__ import annotations
 
@@ -16,8 +19,11 @@ from typing import List
 import torch
 from tqdm.auto import tqdm
 
+from vr_kernels import pooled_counts
+from vr_runtime.backbones.prompt import plan_dest
+from vr_runtime.generate import GreedyDecoder
+
 from .data import Example
-from .layouts import color_first
 
 
 def _q(trainee, ex: Example):
@@ -62,39 +68,24 @@ def eval_policy(trainee, examples: List[Example], batch_size: int = 64) -> dict:
 
 
 @torch.no_grad()
-def generate(trainee, ex: Example, v: torch.Tensor, max_new_tokens: int = 8,
-             max_length=None):
+def answer(trainee, ex: Example, v: torch.Tensor, max_new_tokens: int = 8, max_length=None):
     """Greedy answer under the routers' plan (budget from ``max_length``, default the config's
-    ``model_max_length``) -> (text, plan, fragment?)."""
+    ``model_max_length``), in the runtime's prompt for that plan -> (text, plan, fragment?)."""
     q = _q(trainee, ex)
     Z = trainee.project(v)
     qe = trainee.embed(q)
     pol = trainee.routers.policy_logits(qe.unsqueeze(0)).float()[0]
     fr = trainee.routers.frame_logits(Z, qe, grid=trainee.grid).float()
     plan, fragment = trainee.plan(pol, fr, {"policy": None, "question": ex.question}, max_length)
-    probe = Example(video=ex.video, question=ex.question, answer="x")
-    ids, n_prompt, dest, _ = trainee.build_sequence(vars(probe), plan)
-    ids = ids[:n_prompt]
-    kept = [w for w, d in zip(plan, dest) if w]
-    starts = [d for w, d in zip(plan, dest) if w]
-    end = trainee.tokenizer.convert_tokens_to_ids("<|im_end|>")
-    out = []
-    for _ in range(max_new_tokens):  # short answers: recompute without a KV cache
-        ids_t = torch.tensor(ids + out, device=Z.device)
-        emb = trainee.pack(Z, plan, trainee.grid, trainee.embed(ids_t), dest)
-        pos = trainee.bb.position_ids(ids_t.cpu(), kept, starts)
-        nxt = int(_last_logits(trainee, emb, pos).argmax())
-        if nxt == end:
-            break
-        out.append(nxt)
+    bb = trainee.bb
+    counts = pooled_counts(plan, trainee.grid)
+    ids, starts = bb.build_prompt(ex.question, counts)
+    emb = trainee.frame_rows(ids.to(Z.device), Z, plan, plan_dest(counts, starts))
+    pos = bb.position_ids(ids, [w for w, n in zip(plan, counts) if n], starts)
+    pos = None if pos is None else pos.to(emb.device)
+    out = GreedyDecoder(bb).generate([emb.unsqueeze(0)], [max_new_tokens], [pos],
+                                     bb.stop_token_ids())[0]
     return trainee.tokenizer.decode(out, skip_special_tokens=True).strip(), plan, fragment
-
-
-def _last_logits(trainee, emb, position_ids=None):
-    kw = {} if position_ids is None else {"position_ids": position_ids.to(emb.device)}
-    h = trainee.bb.decoder()(inputs_embeds=emb.unsqueeze(0), use_cache=False, return_dict=True,
-                             **kw).last_hidden_state
-    return trainee.bb.lm_head()(h[:, -1])[0]
 
 
 @torch.no_grad()
@@ -106,10 +97,9 @@ def eval_answers(trainee, examples: List[Example], cache, progress=False,
     samples = []
     for ex in tqdm(examples, desc="eval answers", disable=not progress, leave=False):
         v = cache.get(ex.video, ex.frames)
-        text, plan, fragment = generate(trainee, ex, v, max_length=max_length)
+        text, plan, fragment = answer(trainee, ex, v, max_length=max_length)
         key = "fragment" if ex.policy else "global"
-        want = color_first(ex.question, ex.answer) if trainee.cfg.color_first_answers \
-            else ex.answer
+        want = trainee.curriculum.answer_text(ex.question, ex.answer)
         answers[key].add(want.lower())
         ok = text.lower() == want.lower()
         right[key][0] += int(ok)

@@ -91,7 +91,7 @@ def _all_finite(acc, loss) -> bool:
 class StageDataset(Dataset):
     """Examples -> dicts of tensors (features from the cache; question ids; labels).
     ``dialogues``: each item also carries the other questions about the same frames
-    (``turns``, for Stage 3's dense dialogues)."""
+    (``turns``, for a curriculum that lays out dialogues: ``Curriculum.siblings``)."""
 
     def __init__(self, examples: List[Example], stage: int, tokenizer, cache=None,
                  progress: bool = True, dialogues: bool = False):
@@ -182,8 +182,8 @@ def build(cfg: TrainConfig, device=None, lm=None):
                             num_heads=cfg.router_heads, router_pool=cfg.router_pool)
         routers = Routers.from_backbone(lm, rcfg, seed=cfg.seed)
     routers.to(lm.device)
-    params = apply_freezing(lm, routers, cfg.trainable_groups, cfg.freeze_embeddings)
     trainee = Trainee(lm, routers, cfg)
+    params = apply_freezing(lm, routers, cfg.trainable_groups, trainee.curriculum.frozen(lm))
     return lm, routers, trainee, params
 
 
@@ -318,7 +318,7 @@ class _StageRun:
         with acc.main_process_first():  # rank 0 fills the on-disk feature cache, others read it
             ds = StageDataset(examples, cfg.stage, self.lm.tokenizer, self.cache,
                               progress=self.progress and self.main,
-                              dialogues=cfg.stage == 3 and cfg.dense_plan_dialogue)
+                              dialogues=cfg.stage == 3 and trainee.curriculum.siblings)
         g = torch.Generator().manual_seed(cfg.seed)
         loader = DataLoader(ds, batch_size=cfg.per_device_train_batch_size, shuffle=True,
                             collate_fn=collate, generator=g, drop_last=False)

@@ -9,13 +9,15 @@ accelerate (DDP / FSDP / DeepSpeed). ``forward(batch)`` returns the stage's loss
   ``vr_kernels.pool_pack`` straight into the placeholder rows of ``inputs_embeds``; the plan
   (which frame gets which window) is decided under ``no_grad`` from the routers' outputs (or the
   labels), so re-running the forward under activation checkpointing yields the same plan.
-  Tiny-only, off by default: + route_weight L_route + evidence_weight L_evidence
-  + exclusion_weight L_exclusion (``route.py``).
+
+A curriculum beyond the paper's changes how a Stage 3 example is laid out and adds terms to its
+loss through the two seams of ``curriculum.py``; the paper's is the default.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -24,12 +26,11 @@ import torch.nn.functional as F
 import vr_kernels
 from vr_kernels import pooled_counts
 from vr_runtime.backbones.base import deepstack_kwargs
-from vr_runtime.backbones.prompt import CHATML, plan_dest
+from vr_runtime.backbones.prompt import plan_dest
 from vr_runtime.planning.policies import Windows, get_planner, plan_fitted, relevant_from_logits
 
-from .layouts import (captioned, colored, dense_cap, dialogue_turns, draw_int, global_twin,
-                      keep_evidence, kept_rows, stretch, stretched_times)
-from .route import Laid, attention_inputs, evidence_rows, supervisions, turn_labels
+from .chat import chat_turns
+from .curriculum import LaidSequence, Layout, curriculum_for
 
 GROUPS = ("vision", "projector", "language", "extractor", "semantic", "image")
 
@@ -56,9 +57,9 @@ def param_groups(bb, routers: nn.Module) -> Dict[str, List[nn.Parameter]]:
 
 
 def apply_freezing(bb, routers: nn.Module, trainable: List[str],
-                   freeze_embeddings: bool = False) -> List[nn.Parameter]:
-    """requires_grad exactly for the groups in ``trainable`` (with ``freeze_embeddings``, the
-    language group but its input embeddings); returns those parameters."""
+                   keep_frozen: Sequence[nn.Parameter] = ()) -> List[nn.Parameter]:
+    """requires_grad exactly for the groups in ``trainable`` but the parameters of
+    ``keep_frozen`` (a curriculum's ``frozen``); returns the trained parameters."""
     bad = sorted(set(trainable) - set(GROUPS))
     if bad:
         raise ValueError(f"trainable: unknown groups {bad}; expected some of {GROUPS}")
@@ -69,11 +70,10 @@ def apply_freezing(bb, routers: nn.Module, trainable: List[str],
             p.requires_grad_(on)
         if on:
             params.extend(ps)
-    if freeze_embeddings:
-        emb = bb.model.get_input_embeddings().weight
-        emb.requires_grad_(False)
-        params = [p for p in params if p is not emb]
-    return params
+    frozen = {id(p) for p in keep_frozen}
+    for p in keep_frozen:
+        p.requires_grad_(False)
+    return [p for p in params if id(p) not in frozen]
 
 
 def _pack(Z, plan, grid, out, dest, backend="auto"):
@@ -89,22 +89,22 @@ def _times(bb, times) -> dict:
 def dialogue_sequence(bb, turns, plan, times=None):
     """The one place a training sequence is laid out, so that its first turn is the prompt
     ``answer()`` and ``option_logprobs`` build for the same plan: (question, answer) ``turns``
-    about the same frames, the first in the runtime's video prompt (chat template), each later
-    one a ChatML follow-up turn, every answer closed by the end of turn -> (ids, prompt length,
-    per-frame dest rows, the backbone's position ids (None: 1-D), targets): ``targets[i]`` is
-    what position ``prompt length - 1 + i`` predicts, -100 on the follow-up questions (only
-    answers are trained)."""
+    about the same frames, the first in the runtime's video prompt, each later one a follow-up
+    user turn, every answer closed by the end of turn, all in the tokenizer's chat template
+    (``chat.py``) -> (ids, prompt length, per-frame dest rows, the backbone's position ids
+    (None: 1-D), targets): ``targets[i]`` is what position ``prompt length - 1 + i`` predicts,
+    -100 on the follow-up questions (only answers are trained)."""
     counts = pooled_counts(plan, bb.grid)
     ids, starts = bb.build_prompt(turns[0][0], counts, **_times(bb, times))
     ids = ids.tolist()
     n_prompt, targets = len(ids), []
-    end = bb.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    chat, tok = chat_turns(bb.tokenizer), bb.tokenizer
+    end = tok(chat.end, add_special_tokens=False)["input_ids"]
     for k, (q, a) in enumerate(turns):
         if k:
-            turn = bb.tokenizer("\n" + CHATML.format(content=q),
-                                add_special_tokens=False)["input_ids"]
+            turn = tok(chat.follow_up(q), add_special_tokens=False)["input_ids"]
             ids, targets = ids + turn, targets + [-100] * len(turn)
-        ans = bb.tokenizer(a, add_special_tokens=False)["input_ids"] + [end]
+        ans = tok(a, add_special_tokens=False)["input_ids"] + end
         ids, targets = ids + ans, targets + ans
     dest = plan_dest(counts, starts)
     kept_plan = [w for w, n in zip(plan, counts) if n]
@@ -119,31 +119,32 @@ def answer_sequence(bb, question: str, answer: str, plan, times=None):
     return ids, n_prompt, dest, pos
 
 
-def sequence_loss(tr: "Trainee", Z: torch.Tensor, turns, plan, src, times, labels=None):
-    """One Stage 3 sequence: ``turns`` about ``Z``'s frames under ``plan`` (``src``: a stretched
-    plan's source frames; ``labels``: each turn's frame labels or None) packed into the prompt
-    -> (summed answer cross-entropy, answer tokens, {name: loss} of each of ``tr.supervision``
-    that has rows to supervise)."""
-    ids, n_prompt, dest, pos, target = dialogue_sequence(tr.bb, turns, plan, times)
-    counts = pooled_counts(plan, tr.grid)
-    evidence = [evidence_rows(plan, counts, dest, lab) for lab in labels] if labels else None
-    visual = evidence_rows(plan, counts, dest, [1.0] * len(plan)) if labels else ()
-    laid = Laid(tr.tokenizer, ids, n_prompt, target, [q for q, _ in turns], evidence, visual)
-    pairs = {s.name: p for s in tr.supervision for p in [s.pairs(laid)] if p}
-    ids_t = torch.tensor(ids, device=Z.device)
-    emb = tr.embed(ids_t)                           # [L, D]; grad -> embed_tokens
-    if Z.shape[-1] != emb.shape[-1]:   # wide Z (DeepStack streams): zeros on text rows
-        emb = torch.cat([emb, emb.new_zeros(emb.shape[0], Z.shape[-1] - emb.shape[-1])], -1)
-    if src is not None:   # a stretched plan: its kept frames gathered from the example's
-        rows, plan, dest = kept_rows(plan, src, dest)
+def kept_rows(plan: Sequence, src: Sequence[int], dest: Sequence[int]):
+    """(source frame, window, dest row) of each kept virtual frame, in time order: what
+    ``pool_pack`` needs to write a plan over virtual frames from the source frames alone."""
+    out = [(src[t], w, d) for t, (w, d) in enumerate(zip(plan, dest)) if w != 0]
+    return [s for s, _, _ in out], [w for _, w, _ in out], [d for _, _, d in out]
+
+
+def sequence_loss(tr: "Trainee", Z: torch.Tensor, lay: Layout, ex: dict):
+    """One Stage 3 sequence: ``lay``'s turns about ``Z``'s frames under its plan packed into
+    the prompt -> (summed answer cross-entropy, answer tokens, {name: term} of each of
+    ``tr.extra_losses`` that selects something in it)."""
+    ids, n_prompt, dest, pos, target = dialogue_sequence(tr.bb, lay.turns, lay.plan, lay.times)
+    plan = lay.plan
+    seq = LaidSequence(tr.tokenizer, ids, n_prompt, target, lay, pooled_counts(plan, tr.grid),
+                       dest, ex)
+    chosen = [(x, what) for x in tr.extra_losses for what in [x.select(seq)] if what]
+    if lay.src is not None:   # virtual frames: the kept ones gathered from the example's
+        rows, plan, dest = kept_rows(plan, lay.src, dest)
         Z = Z[torch.tensor(rows, device=Z.device)]
-    emb = tr.pack(Z.to(emb.dtype), plan, tr.grid, emb, dest)
-    layers = [i for s in tr.supervision if s.name in pairs for i in s.layers]
-    with attention_inputs(tr.bb, layers) as cap:
+    emb = tr.frame_rows(torch.tensor(ids, device=Z.device), Z, plan, dest)
+    with contextlib.ExitStack() as stack:
+        watched = [stack.enter_context(x.watch(tr.bb)) for x, _ in chosen]
         logits = tr.lm_logits(emb.unsqueeze(0), n_prompt - 1, pos)[0]  # predicts ids[n_prompt:]
     target = torch.tensor(target, device=Z.device)
     ce = F.cross_entropy(logits.float(), target, reduction="sum", ignore_index=-100)
-    aux = {s.name: s.loss(tr.bb, cap, pairs[s.name]) for s in tr.supervision if s.name in pairs}
+    aux = {x.name: x.loss(tr.bb, w, what) for (x, what), w in zip(chosen, watched)}
     return ce, int((target != -100).sum()), aux
 
 
@@ -164,7 +165,8 @@ class Trainee(nn.Module):
         self.image_token_id = lm.image_token_id
         self.grid = tuple(lm.grid)
         self.pack = pack or functools.partial(_pack, backend=cfg.pool_pack_backend)
-        self.supervision = supervisions(cfg, lm) if cfg.stage == 3 else []
+        self.curriculum = curriculum_for(cfg)
+        self.extra_losses = self.curriculum.extra_losses(lm) if cfg.stage == 3 else []
 
     # -- shared pieces
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -172,6 +174,16 @@ class Trainee(nn.Module):
 
     def project(self, v: torch.Tensor) -> torch.Tensor:
         return self.bb.project(v)
+
+    def frame_rows(self, ids: torch.Tensor, Z: torch.Tensor, plan, dest) -> torch.Tensor:
+        """The decoder's input rows [L, D] of ``ids`` with ``Z``'s frames pooled by ``plan``
+        written into their placeholder rows (each frame's first: ``dest``). Gradients reach
+        ``embed_tokens`` through the rows the frames do not overwrite, the projector through
+        the kernel's backward; a wide ``Z`` (DeepStack streams) gets zeros on the text rows."""
+        emb = self.embed(ids)
+        if Z.shape[-1] != emb.shape[-1]:
+            emb = torch.cat([emb, emb.new_zeros(emb.shape[0], Z.shape[-1] - emb.shape[-1])], -1)
+        return self.pack(Z.to(emb.dtype), plan, self.grid, emb, dest)
 
     def forward(self, batch: List[dict]) -> Dict[str, torch.Tensor]:
         stage = self.cfg.stage
@@ -239,13 +251,13 @@ class Trainee(nn.Module):
     # -- stage 3
     @torch.no_grad()
     def plan(self, policy_logits, frame_logits, ex, max_length: Optional[int] = None,
-             budget: Optional[int] = None, planner: Optional[str] = None):
+             budget: Optional[int] = None,
+             planners: Tuple[str, str] = ("fragment", "global")):
         """The routing decision (no gradient), made as the runtime makes it: the Semantic
         Router's class, the Image Router's threshold, the policy's planner fitted exactly into
         the context budget (``max_length``, default ``model_max_length``) with its own text, or
-        into a fixed visual ``budget`` (the runtime's ``answer(budget=...)``). ``planner``: a
-        Fragment planner to use instead of ``fragment`` (its Global twin for Global, as the
-        runtime's ``route_to`` pairs them)."""
+        into a fixed visual ``budget`` (the runtime's ``answer(budget=...)``). ``planners``:
+        the Fragment and the Global planner (as the runtime's ``route_to`` pairs them)."""
         c = self.cfg
         if c.plan_policy != "routers":  # a fixed planner, no routing (Data FT + Uniform Pooling)
             fragment, relevant, name = False, None, c.plan_policy
@@ -257,19 +269,17 @@ class Trainee(nn.Module):
             fragment = bool(policy_logits.argmax(-1).item() == 1)
             relevant = relevant_from_logits(frame_logits, self.routers.config.threshold).tolist()
         if c.plan_policy == "routers":
-            name = planner or "fragment"
-            if not fragment:
-                name = global_twin(name)
+            name = planners[0] if fragment else planners[1]
         T = frame_logits.shape[0]
         s1, s0 = c.fragment_windows
         w = Windows(relevant_window=s1, other_window=s0, global_window=c.global_window)
         fitted = plan_fitted(get_planner(name), T, self.grid, relevant, w,
-                             self._text_for(ex, T),
+                             self.text_for(ex, T),
                              max_length or c.model_max_length, c.gen_tokens, c.margin,
                              budget=budget)
         return fitted.plan, fragment
 
-    def _text_for(self, ex, T: int):
+    def text_for(self, ex, T: int):
         """The prompt's text tokens for the kept frames of a ``T``-frame plan (``plan_fitted``'s
         ``text_for``), as the runtime counts them."""
         return lambda kept: self.bb.text_tokens(ex["question"], T, kept=kept,
@@ -279,13 +289,8 @@ class Trainee(nn.Module):
         """``plan`` with the inference-time conditions the answer head must survive: a random
         L_max from ``train_max_length`` (tight ones drop frames, even evidence frames when
         false positives crowd the budget) and, with ``false_positive_prob``, one irrelevant
-        frame promoted to relevant; with ``random_plan_prob``, a ``random_plan`` instead. Random
-        draws use torch's RNG (seeded by the loop)."""
+        frame promoted to relevant. Random draws use torch's RNG (seeded by the loop)."""
         c = self.cfg
-        if c.random_plan_prob and torch.rand(()).item() < c.random_plan_prob:
-            plan = self.random_plan(frame_logits.shape[0], ex)
-            if plan is not None:
-                return plan, None
         max_length = budget = None
         if c.train_max_length:
             lo, hi = c.train_max_length
@@ -310,82 +315,6 @@ class Trainee(nn.Module):
                 frame_logits[t] = 10.0  # relevant under any threshold
         return self.plan(policy_logits, frame_logits, ex, max_length, budget)
 
-    def layout(self, policy_logits, frame_logits, ex):
-        """(plan, src, times) of one Stage 3 example: with ``dense_plan_prob`` a ``dense_plan``,
-        with ``long_plan_prob`` a ``long_plan`` (``src`` maps its virtual frames to the
-        example's, ``times`` are theirs), else ``training_plan`` (``src`` None: the example's
-        own frames). No draw is made for a probability of 0, so configs without them train as
-        before, draw for draw."""
-        c = self.cfg
-        if c.dense_plan_prob or c.long_plan_prob:
-            u = torch.rand(()).item()
-            if u < c.dense_plan_prob:
-                return self.dense_plan(frame_logits.shape[0], ex), None, ex.get("times")
-            if u < c.dense_plan_prob + c.long_plan_prob:
-                return self.long_plan(policy_logits, frame_logits, ex)
-        plan, _ = self.training_plan(policy_logits, frame_logits, ex)
-        return plan, None, ex.get("times")
-
-    @torch.no_grad()
-    def dense_plan(self, T: int, ex) -> list:
-        """Every frame at full resolution when they fit ``model_max_length`` (and
-        ``dense_plan_frames``), else as many as fit spread evenly in time: the ``budget``
-        planner, which is the dense reference at the frame counts that fit. With
-        ``dense_plan_keep_relevant`` the kept frames include the labelled relevant ones
-        (``layouts.keep_evidence``)."""
-        c = self.cfg
-        w = Windows(relevant_window=1, other_window=1, global_window=1)
-        n = dense_cap(c.dense_plan_frames)
-        cap = n * self.grid[0] * self.grid[1] if n else None
-        fitted = plan_fitted(get_planner("budget"), T, self.grid, None, w,
-                             self._text_for(ex, T),
-                             c.model_max_length, c.gen_tokens, c.margin, budget=cap)
-        if c.dense_plan_keep_relevant and ex.get("labels") is not None:
-            turns = ex.get("turns", ()) if c.dense_plan_dialogue else ()
-            more = [(t["labels"] > 0.5).tolist() for t in turns if t.get("labels") is not None]
-            return keep_evidence(fitted.plan, (ex["labels"] > 0.5).tolist(), more)
-        return fitted.plan
-
-    @torch.no_grad()
-    def long_plan(self, policy_logits, frame_logits, ex):
-        """The example stretched to a virtual count drawn from ``long_plan_frames``
-        (``layouts.stretch``: its relevant frames stay a short event), planned under a visual
-        budget drawn from ``long_plan_budget`` by a planner drawn from ``long_plan_planners``
-        -> (plan, src, times). The stretch follows the labels (the event's true frames); the
-        plan follows ``plan_from``, as ``plan`` decides it."""
-        c = self.cfg
-        T = frame_logits.shape[0]
-        truth = ex["labels"] > 0.5 if ex.get("labels") is not None else \
-            relevant_from_logits(frame_logits, self.routers.config.threshold)
-        src = stretch(truth.tolist(), draw_int(*c.long_plan_frames))
-        if len(src) == T:   # nothing to stretch (every frame relevant): the usual plan
-            plan, _ = self.training_plan(policy_logits, frame_logits, ex)
-            return plan, None, ex.get("times")
-        idx = torch.tensor(src, device=frame_logits.device)
-        virtual = dict(ex, times=stretched_times(ex.get("times"), len(src)))
-        if ex.get("labels") is not None:
-            virtual["labels"] = ex["labels"][idx.to(ex["labels"].device)]
-        names = c.long_plan_planners
-        planner = names[draw_int(0, len(names) - 1)]
-        plan, _ = self.plan(policy_logits, frame_logits[idx], virtual,
-                            budget=draw_int(*c.long_plan_budget), planner=planner)
-        return plan, src, virtual["times"]
-
-    def random_plan(self, T: int, ex) -> Optional[List[int]]:
-        """A plan that says nothing about the question: one window from ``random_plan_windows``
-        for every frame (half the draws) or one per frame, within ``model_max_length`` (None
-        when it does not fit: the caller plans as usual)."""
-        c = self.cfg
-        ws = c.random_plan_windows
-        if torch.rand(()).item() < 0.5:
-            plan = [ws[int(torch.randint(len(ws), ()))]] * T
-        else:
-            plan = [ws[int(i)] for i in torch.randint(len(ws), (T,))]
-        need = sum(pooled_counts(plan, self.grid)) + \
-            self.bb.text_tokens(ex["question"], T, **_times(self.bb, ex.get("times"))) \
-            + c.gen_tokens + c.margin
-        return plan if need <= c.model_max_length else None
-
     def build_sequence(self, ex, plan):
         return answer_sequence(self.bb, ex["question"], ex["answer"], plan, ex.get("times"))
 
@@ -409,12 +338,8 @@ class Trainee(nn.Module):
                 with torch.no_grad():  # the decision for every frame, without gradient
                     fr_all = self.routers.frame_logits(Z.detach(), q.detach(),
                                                        grid=self.grid).float()
-            plan, src, times = self.layout(pol.detach()[0], fr_all, ex)
-            turns = dialogue_turns(plan, ex) if c.dense_plan_dialogue else \
-                [(ex["question"], ex["answer"])]
-            turns = colored(captioned(turns, plan, c.caption_turn_prob), c.color_first_answers)
-            labels = turn_labels(turns, ex, src) if self.supervision else None
-            ce, n, aux = sequence_loss(self, Z, turns, plan, src, times, labels)
+            lay = self.curriculum.lay_out(self, pol.detach()[0], fr_all, ex)
+            ce, n, aux = sequence_loss(self, Z, lay, ex)
             lm_losses.append(ce)
             n_tok += n
             for k, v in aux.items():
@@ -430,10 +355,10 @@ class Trainee(nn.Module):
         l_img = torch.stack(img_losses).mean() if img_losses else zero
         loss = l_lm + c.lambda_sem * l_sem + c.lambda_img * l_img
         out = {"l_lm": l_lm.detach(), "l_sem": l_sem.detach(), "l_img": l_img.detach()}
-        for sup in self.supervision:   # logged every step, 0 when no sequence had rows for it
-            aux = torch.stack(aux_losses[sup.name]).mean() if sup.name in aux_losses else zero
-            loss = loss + sup.weight * aux
-            out[sup.name] = aux.detach()
+        for x in self.extra_losses:   # logged every step, 0 when no sequence selected it
+            aux = torch.stack(aux_losses[x.name]).mean() if x.name in aux_losses else zero
+            loss = loss + x.weight * aux
+            out[x.name] = aux.detach()
         return {"loss": loss, **out}
 
     def lm_logits(self, inputs_embeds: torch.Tensor, start: int,
