@@ -81,6 +81,7 @@ def test_one_section_at_most(ext, monkeypatch, tmp_path):
         load_config(_file(tmp_path, mine={}, other={}))
 
 
-def test_an_unregistered_section_names_what_is_registered(tmp_path):
-    with pytest.raises(ConfigError, match="unknown keys"):
+def test_an_unregistered_section_names_what_is_registered(ext, tmp_path):
+    with pytest.raises(ConfigError, match=r"nobody: a section of no registered curriculum "
+                                          r"\(registered: mine"):
         load_config(_file(tmp_path, nobody={"rate": 1}))

@@ -384,6 +384,10 @@ def config_fields(path, cls, overrides: dict) -> dict:
         for name, d in more.items():
             sections[name] = {**sections.get(name, {}), **d}
     for where, d in (("--set", overrides), (str(path), raw)):
+        stray = [k for k, v in d.items() if isinstance(v, dict) and k not in known]
+        if stray and cls is TrainConfig:
+            raise ConfigError(f"{where}: {stray[0]}: a section of no registered curriculum "
+                              f"({_registered()})")
         _check_known(d, known, where)
     raw.update(overrides)
     if sections:
