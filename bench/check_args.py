@@ -1,6 +1,6 @@
 """Check a benchmark's command line as the GPU run will parse it, without running anything.
 
-    python3 bench/check_args.py bench/scripts/bench_e2e.py --runs 3 --decoding graph ...
+    python3 -m bench.check_args bench.scripts.bench_e2e --runs 3 --decoding graph ...
 
 Device time is scarce: a typo in a flag must fail here, on CPU, not in the first minute on a
 GPU. Each script is imported and its own argument parsing runs on the exact arguments
@@ -9,7 +9,7 @@ available while parsing, so the defaults and checks are those of the GPU run (be
 refuses graph modes on a CPU). Exit 0 and one line ``ok SCRIPT``, or argparse's exit 2 and its
 one-line message.
 
-    python3 bench/check_args.py --stages WORK
+    python3 -m bench.check_args --stages WORK
 
 checks every stage bench/gpu_run.sh --dry-run queued (``WORK/logs/<stage>.cmd``, its argv
 NUL-separated) in one process, the pytest stages by collecting their tests, and writes
@@ -25,9 +25,8 @@ import subprocess
 import sys
 from typing import Callable, Dict, List
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPTS = os.path.join(HERE, "scripts")
-sys.path[:0] = [SCRIPTS, HERE, os.path.dirname(HERE)]   # the benchmarks, the harness, the package
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
+PACKAGE = "bench.scripts"
 
 
 class _Parsed(Exception):
@@ -56,23 +55,30 @@ def _main_until(*stops: str) -> Callable:
 # How each benchmark the GPU run starts is parsed without running (a script missing here is
 # refused: a new stage must say how its arguments are checked).
 PARSERS: Dict[str, Callable] = {
-    "bench_e2e.py": _call("parse_args"),
-    "bench_cold_start.py": _call("parse_args"),
-    "bench_decode.py": _call("parse"),
-    "bench_pool_pack.py": _main_until("run_processes", "cpu_vs_compile", "has_cuda"),
-    "bench_video.py": _call("parse_any"),
-    "bench_fast_path.py": _call("parse"),
-    "bench_train.py": _call("parse"),
+    "bench_e2e": _call("parse_args"),
+    "bench_cold_start": _call("parse_args"),
+    "bench_decode": _call("parse"),
+    "bench_pool_pack": _main_until("in_processes", "cpu_vs_compile", "has_cuda"),
+    "bench_video": _call("parse_any"),
+    "bench_fast_path": _call("parse"),
+    "bench_train": _call("parse"),
 }
+
+
+def script_name(script: str) -> str:
+    """The benchmark's name from its module (``bench.scripts.bench_e2e``) or its file
+    (``bench/scripts/bench_e2e.py``)."""
+    return script.rsplit(".", 1)[-1] if script.startswith(PACKAGE + ".") else \
+        os.path.basename(script).removesuffix(".py")
 
 
 def check(script: str, argv: List[str]) -> None:
     """Parse ``argv`` as ``script`` would; raises SystemExit(2) with argparse's message."""
-    name = os.path.basename(script)
+    name = script_name(script)
     if name not in PARSERS:
         sys.exit(f"check_args: no argument check for {script}; add it to PARSERS in "
                  f"bench/check_args.py")
-    if not os.path.isfile(os.path.join(SCRIPTS, name)):
+    if not os.path.isfile(os.path.join(SCRIPTS, name + ".py")):
         sys.exit(f"check_args: {script}: no such benchmark in bench/scripts/")
     import torch
     real = torch.cuda.is_available
@@ -80,7 +86,7 @@ def check(script: str, argv: List[str]) -> None:
     # that checked a command still sees its own device.
     torch.cuda.is_available = lambda: True
     try:
-        PARSERS[name](importlib.import_module(name[:-3]), list(argv))
+        PARSERS[name](importlib.import_module(f"{PACKAGE}.{name}"), list(argv))
     except _Parsed:
         pass
     finally:
@@ -88,8 +94,8 @@ def check(script: str, argv: List[str]) -> None:
 
 
 def check_command(argv: List[str]) -> str:
-    """'' when ``argv`` (a stage's command, ``python3 bench/scripts/X.py ...`` or ``python3 -m pytest
-    ...``) parses, else the one-line reason."""
+    """'' when ``argv`` (a stage's command, ``python3 -m bench.scripts.X ...`` or ``python3 -m
+    pytest ...``) parses, else the one-line reason."""
     if argv[:3] == ["python3", "-m", "pytest"]:
         # collected in a process of its own: the tests must see the real CUDA answer
         r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", *argv[3:]],
@@ -98,12 +104,12 @@ def check_command(argv: List[str]) -> str:
             return ""
         lines = (r.stdout + r.stderr).strip().splitlines()
         return "pytest cannot collect: " + (lines[-1] if lines else f"rc={r.returncode}")
-    if len(argv) < 2 or argv[0] != "python3" or not argv[1].endswith(".py"):
-        return f"not a 'python3 bench/scripts/SCRIPT.py ...' command: {' '.join(argv)[:120]}"
+    if len(argv) < 3 or argv[:2] != ["python3", "-m"] or not argv[2].startswith(PACKAGE + "."):
+        return f"not a 'python3 -m {PACKAGE}.SCRIPT ...' command: {' '.join(argv)[:120]}"
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            check(argv[1], argv[2:])
+            check(argv[2], argv[3:])
     except SystemExit as e:
         if e.code not in (0, None):
             lines = err.getvalue().strip().splitlines() or [str(e.code)]
@@ -134,7 +140,7 @@ def main(argv: List[str] = None) -> int:
     if argv[:1] == ["--stages"] and len(argv) == 2:
         return check_stages(argv[1])
     if not argv or argv[0].startswith("-"):
-        sys.exit("usage: python3 bench/check_args.py bench/scripts/SCRIPT.py [ARGS ...]  |  "
+        sys.exit("usage: python3 -m bench.check_args bench.scripts.SCRIPT [ARGS ...]  |  "
                  "--stages WORK")
     check(argv[0], argv[1:])
     print(f"ok {argv[0]}")

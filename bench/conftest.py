@@ -4,14 +4,8 @@ Not part of the test suite: ``testpaths = ["tests"]`` keeps ``pytest -m "not gpu
 this folder; tests/bench/test_pool_pack_benchmark_smoke.py runs the benchmark file once,
 untimed, so it cannot rot.
 """
-import os
-import sys
-
 import pytest
 import torch
-
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [_HERE, os.path.join(_HERE, "scripts")]   # common, bench_pool_pack
 
 
 def pytest_addoption(parser):
@@ -33,7 +27,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_benchmark_update_machine_info(config, machine_info):
     """What a saved run must name beside pytest-benchmark's own machine info: the device the
     figures are for (a CPU run says CPU), the date and the library versions."""
-    from common import environment
+    from bench.harness.env import environment
     env = environment()
     machine_info["videorouter"] = dict(
         label="GPU" if torch.cuda.is_available() else "CPU",

@@ -49,7 +49,7 @@
 set -u -o pipefail
 ROOT="${GPU_RUN_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}"
 cd "$ROOT"
-export PYTHONPATH="$ROOT:$ROOT/bench${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"   # the tree itself, installed or not (bench, vr_runtime)
 DRY=0
 PART=main
 for a in "$@"; do
@@ -118,7 +118,7 @@ CUDA=$(python3 -c "import json, sys; print(int(json.load(open(sys.argv[1]))['dev
     'no CUDA'))" "$WORK/environment.json" 2>/dev/null || echo 0)
 
 finish() {   # the summary and the archive, as they stand now
-    python3 bench/report/gpu_summary.py "$WORK" "$PART" >"$DEST/$SUMMARY.tmp" 2>>"$WORK/logs/summary.log" \
+    python3 -m bench.report.gpu_summary "$WORK" "$PART" >"$DEST/$SUMMARY.tmp" 2>>"$WORK/logs/summary.log" \
         && mv "$DEST/$SUMMARY.tmp" "$DEST/$SUMMARY"
     cp "$DEST/$SUMMARY" "$WORK/$SUMMARY" 2>/dev/null
     tar czf "$DEST/$TGZ.tmp" -C "$WORK" --exclude="$TGZ" --exclude="$TGZ.tmp" \
@@ -157,28 +157,28 @@ stage() {
 }
 
 W="$WORK"
-E2E=(python3 bench/scripts/bench_e2e.py --no-plot)
+E2E=(python3 -m bench.scripts.bench_e2e --no-plot)
 if [ "$PART" = tune ]; then
-    stage fast 300 python3 bench/scripts/bench_fast_path.py --runs 3 --warmup 1 \
+    stage fast 300 python3 -m bench.scripts.bench_fast_path --runs 3 --warmup 1 \
         --out "$W/fast_path_gpu_8b.json"
-    stage decode_cold 80 python3 bench/scripts/bench_decode.py --modes dynamic,graph \
+    stage decode_cold 80 python3 -m bench.scripts.bench_decode --modes dynamic,graph \
         --batch-sizes 1 --runs 2 --warmup 1 --compile-cache "$W/compile_cache" \
         --out "$W/decode_cold_gpu_8b.json"
-    stage decode_warm 40 python3 bench/scripts/bench_decode.py --modes graph --batch-sizes 1 \
+    stage decode_warm 40 python3 -m bench.scripts.bench_decode --modes graph --batch-sizes 1 \
         --runs 2 --warmup 1 --compile-cache "$W/compile_cache" --out "$W/decode_warm_gpu_8b.json"
-    stage train_2b 50 python3 bench/scripts/bench_train.py --shape 2b --steps 3 --warmup 1 \
+    stage train_2b 50 python3 -m bench.scripts.bench_train --shape 2b --steps 3 --warmup 1 \
         --out "$W/train_gpu_2b.json"
-    stage train_8b 60 python3 bench/scripts/bench_train.py --shape 8b --stages 3,1,2 --steps 3 \
+    stage train_8b 60 python3 -m bench.scripts.bench_train --shape 8b --stages 3,1,2 --steps 3 \
         --warmup 1 --out "$W/train_gpu_8b.json"
     stage tests 60 python3 -m pytest -m gpu -v -p no:cacheprovider \
         tests/backbones/test_compiled.py tests/routing/test_compiled_router.py
-    stage video 35 python3 bench/scripts/bench_video.py nvdec --frames 64,2048 \
+    stage video 35 python3 -m bench.scripts.bench_video nvdec --frames 64,2048 \
         --out "$W/video_nvdec_gpu.json"
 elif [ "$PART" = main ]; then
     stage e2e 60 "${E2E[@]}" --runs 3 --warmup 1 --policies dense,vr24 --out "$W/e2e_gpu_8b"
-    stage kernels 45 python3 bench/scripts/bench_pool_pack.py --no-sweep --no-compile --processes 3 \
+    stage kernels 45 python3 -m bench.scripts.bench_pool_pack --no-sweep --no-compile --processes 3 \
         --warm-ms 200 --methods kernel,copy --out "$W/pool_pack_gpu_8b.json"
-    stage decode 45 python3 bench/scripts/bench_decode.py --modes dynamic,static \
+    stage decode 45 python3 -m bench.scripts.bench_decode --modes dynamic,static \
         --batch-sizes 1 --runs 2 --warmup 1 --out "$W/decode_gpu_8b.json"
     stage batch 50 "${E2E[@]}" --runs 1 --warmup 1 --sweep batch --batch-sizes 1,4 \
         --policies vr24 --out "$W/e2e_gpu_8b_batch"
@@ -188,9 +188,9 @@ elif [ "$PART" = main ]; then
     stage tests 80 python3 -m pytest -m gpu -v -p no:cacheprovider \
         tests/runtime/test_generate.py tests/runtime/test_prefix_cache.py \
         tests/runtime/test_runtime.py tests/backbones/test_qwen2_5_vl.py \
-        tests/telemetry/test_memory.py tests/bench/test_kernel_timing.py \
+        tests/telemetry/test_memory.py tests/bench/test_timing.py \
         tests/video/test_torchcodec_decoder.py
-    stage video 35 python3 bench/scripts/bench_video.py nvdec --frames 64,2048 \
+    stage video 35 python3 -m bench.scripts.bench_video nvdec --frames 64,2048 \
         --out "$W/video_nvdec_gpu.json"
 else
     # Dense to 512 frames (135,349 tokens); at 1,024 it is refused (its prefill alone ~30 s)
@@ -198,17 +198,17 @@ else
         --sweep-frames 128,512,1024 --context 140000 --policies dense,vr24 \
         --out "$W/e2e_gpu_8b_frames_1024"
     # inductor's compile of the 8B decoder alone outlasts the main part's decode cap
-    stage decode_inductor 90 python3 bench/scripts/bench_decode.py --modes graph --batch-sizes 1 \
+    stage decode_inductor 90 python3 -m bench.scripts.bench_decode --modes graph --batch-sizes 1 \
         --runs 2 --warmup 1 --out "$W/decode_gpu_8b_inductor.json"
-    stage cold_tiny 40 python3 bench/scripts/bench_cold_start.py --shape tiny --device cuda \
+    stage cold_tiny 40 python3 -m bench.scripts.bench_cold_start --shape tiny --device cuda \
         --processes 2 --out "$W/cold_start_tiny_gpu.json"
-    stage cold_8b 70 python3 bench/scripts/bench_cold_start.py --shape 8b --device cuda --processes 1 \
+    stage cold_8b 70 python3 -m bench.scripts.bench_cold_start --shape 8b --device cuda --processes 1 \
         --out "$W/cold_start_8b_gpu.json"
 fi
 
 RC=0
 if [ "$DRY" = 1 ]; then   # every queued command line, parsed by its own script, in one process
-    python3 bench/check_args.py --stages "$WORK" >"$WORK/logs/check_args.log" 2>&1 || RC=2
+    python3 -m bench.check_args --stages "$WORK" >"$WORK/logs/check_args.log" 2>&1 || RC=2
     cat "$WORK/logs/check_args.log" >&2
     finish
 fi

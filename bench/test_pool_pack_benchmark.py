@@ -4,7 +4,7 @@
     pytest bench/ --benchmark-only --benchmark-save=base          # keep a run (.benchmarks/)
     pytest bench/ --benchmark-only --benchmark-compare=0001 --benchmark-compare-fail=median:10%
     pytest bench/ --benchmark-only -m gpu                         # the Triton rows only (CUDA)
-    python bench/report/pytest_benchmark_table.py F              # F as a markdown table
+    python -m bench.report.pytest_benchmark_table F              # F as a markdown table
 
 Rows of each group, all producing the same rows of the LLM's ``inputs_embeds``:
 
@@ -50,8 +50,8 @@ from typing import List, NamedTuple
 import pytest
 import torch
 
-from bench_pool_pack import GRID, Case, _copy_fn, _reference_into, _reference_packed
-from common import gbps, rotation_count, warm_clocks
+from bench.harness.timing import gbps, rotation_count, warm_clocks
+from bench.models.pool_pack_inputs import GRID, Case, copy_fn, reference_into, reference_packed
 from vr_kernels import pool_pack, pool_pack_reference
 
 CUDA = torch.cuda.is_available()
@@ -144,14 +144,12 @@ def _run(benchmark, fn, setup, n_sets: int, nbytes: int, info: dict):
     benchmark.extra_info.update(info, bytes=nbytes, rotation=n_sets, device=str(DEVICE))
     if benchmark.disabled:      # --benchmark-disable (the smoke test): one untimed call
         return benchmark.pedantic(fn, setup=setup, rounds=1)
-    t0 = time.perf_counter()
-    calls = 0
-    while time.perf_counter() - t0 < WARM_S or calls < n_sets:
+    def call():
         args, kwargs = setup()
         fn(*args, **kwargs)
-        calls += 1
-    device_timer()
-    benchmark.extra_info["warm"] = dict(calls=calls, seconds=round(time.perf_counter() - t0, 3))
+
+    warm = warm_clocks([call], device=DEVICE, seconds=WARM_S, calls=n_sets)
+    benchmark.extra_info["warm"] = dict(calls=warm["calls"], seconds=round(warm["seconds"], 3))
     rounds = _rounds(benchmark, fn, setup)
     result = benchmark.pedantic(fn, setup=setup, rounds=rounds, warmup_rounds=1)
     median = benchmark.stats.stats.median
@@ -186,7 +184,7 @@ def test_pool_pack_fwd(benchmark, request, shape, method):
     nbytes = case.fwd_bytes()
     n = rotation_count(nbytes + case.embeds.numel() * case.embeds.element_size(), DEVICE)
     if method == "copy":
-        fns = [_copy_fn(nbytes, DEVICE) for _ in range(n)]
+        fns = [copy_fn(nbytes, DEVICE) for _ in range(n)]
         nxt = _cycle(fns)
         _run(benchmark, lambda f: f(), lambda: ((nxt(),), {}), n, nbytes, info)
         return
@@ -199,7 +197,7 @@ def test_pool_pack_fwd(benchmark, request, shape, method):
     else:
         _compile_or_skip(request, shape)
         torch._dynamo.reset()
-        comp = torch.compile(_reference_into, dynamic=False)
+        comp = torch.compile(reference_into, dynamic=False)
         fn = lambda f, e: comp(f, sc, e, dest)  # noqa: E731
     sets = [(f, e.view(-1, D)) for f, e in case.rotation(n)]
     f0, e0 = sets[0]
@@ -223,7 +221,7 @@ def test_pool_pack_bwd(benchmark, request, shape, method):
     nbytes = case.bwd_bytes()
     n = rotation_count(nbytes, DEVICE)
     if method == "copy":
-        fns = [_copy_fn(nbytes, DEVICE) for _ in range(n)]
+        fns = [copy_fn(nbytes, DEVICE) for _ in range(n)]
         nxt = _cycle(fns)
         _run(benchmark, lambda f: f(), lambda: ((nxt(),), {}), n, nbytes, info)
         return
@@ -253,7 +251,7 @@ def test_pool_pack_bwd(benchmark, request, shape, method):
     else:
         _compile_or_skip(request, shape)
         torch._dynamo.reset()
-        comp = torch.compile(_reference_packed, dynamic=False)
+        comp = torch.compile(reference_packed, dynamic=False)
         forward = lambda a: comp(a, sc)  # noqa: E731
     leaves = [f.detach().clone().requires_grad_(True) for f in frames]
     forward(leaves[0]).backward(grads[0])

@@ -10,8 +10,8 @@ from typing import List, Optional
 
 import torch
 
-from models import e2e_memory
-from models.e2e_model import clip_scorer, random_video, relevance_pattern, routers_trained
+from bench.models import e2e_memory
+from bench.models.e2e_model import clip_scorer, random_video, relevance_pattern, routers_trained
 
 
 class Device:

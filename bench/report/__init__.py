@@ -1,2 +1,3 @@
-"""Turning results into text: the end-to-end tables and plot, the GPU run's summary, and
-pytest-benchmark's JSON as a markdown table. The shared table helpers are in bench/common.py."""
+"""Turning results into text: the end-to-end tables and plot, the pool_pack page, the GPU run's
+summary, and pytest-benchmark's JSON as a markdown table. The shared table helpers are
+bench.harness.tables."""

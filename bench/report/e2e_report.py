@@ -13,7 +13,8 @@ import math
 import pathlib
 from typing import Iterable, List, Optional
 
-import common  # bench/common.py (bench/ is on sys.path for every bench script)
+from bench.harness import results as result_files
+from bench.harness.tables import markdown_grid
 
 # Table `latency_breakdown` of the paper: InternVL3-8B, 64 frames, visual budget 12,288, on the
 # paper's own hardware (not stated beyond "the same hardware as the main experiments").
@@ -99,8 +100,8 @@ def text_table(rows: List[dict], cpu: bool) -> str:
 
 def markdown_table(rows: List[dict], cpu: bool) -> str:
     cols = _columns(rows, cpu)
-    return common.markdown_grid([h for _, h, _ in cols],
-                                [[_fmt(r, k, f) for k, _, f in cols] for r in rows], numbers_right=True)
+    return markdown_grid([h for _, h, _ in cols],
+                         [[_fmt(r, k, f) for k, _, f in cols] for r in rows], numbers_right=True)
 
 
 def paper_table(markdown: bool = False) -> str:
@@ -113,7 +114,7 @@ def paper_table(markdown: bool = False) -> str:
                      f"{pre:.1f}", f"{ttft:.1f}", f"{mem:.1f}", f"{ttft / dense[5]:.2f}",
                      f"{mem / dense[6]:.2f}"])
     if markdown:
-        return common.markdown_grid(head, rows, numbers_right=True)
+        return markdown_grid(head, rows, numbers_right=True)
     widths = [max(len(x[i]) for x in [head] + rows) for i in range(len(head))]
     fmt = lambda r: "  ".join(s.ljust(w) if i == 0 else s.rjust(w)  # noqa: E731
                               for i, (s, w) in enumerate(zip(r, widths)))
@@ -125,7 +126,7 @@ def pending_markdown(device: str, reason: str) -> str:
     head = [h for _, h, _ in COLUMNS]
     labels = ["Dense", "Budget (InternVL3*)", "Uniform pooling", "VideoRouter (s=2,4) default",
               "VideoRouter (s=4,8)", "CLIP relevance pooling"]
-    return f"**{device}**: {reason}\n\n" + common.markdown_grid(
+    return f"**{device}**: {reason}\n\n" + markdown_grid(
         head, [[lab] + ["pending"] * (len(head) - 1) for lab in labels], numbers_right=True)
 
 
@@ -150,7 +151,7 @@ def write_results(stem: pathlib.Path, meta: dict, rows: List[dict],
         "columns": ["label", "visual_tokens", "router_s", "vision_compress_s", "prefill_s",
                     "ttft_s", "peak_mem_gb"],
         "rows": [list(r) for r in PAPER]}
-    common.write_results(str(js), doc, markdown)
+    result_files.write_results(str(js), doc, markdown)
     with cs.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
         w.writeheader()
@@ -257,7 +258,7 @@ def markdown_block(main_rows, rows, cpu, title, label, settings=None, env=None) 
         out += ["", f"batch sweep ({brows[0].get('batch_mode')}):", "", batch_markdown(brows, cpu)]
     if cpu:
         out += ["", "GPU (InternVL3-8B shape, 64 frames, budget 12,288): pending -- run "
-                "`python bench/scripts/bench_e2e.py --sweep all` on an H100/H200.", "",
+                "`python -m bench.scripts.bench_e2e --sweep all` on an H100/H200.", "",
                 pending_markdown("NVIDIA H100 / H200", "pending: no GPU in this session")]
     out += ["", f"Reference ({PAPER_NOTE}):", "", paper_table(markdown=True)]
     return "\n".join(out)

@@ -1,7 +1,7 @@
 """The summary of a bench/gpu_run.sh run as it stands: the goals table from whatever results
 files exist so far, then one line a stage (its status, seconds and cap).
 
-    python3 bench/report/gpu_summary.py WORK [tune|main|extra]      # markdown on stdout
+    python3 -m bench.report.gpu_summary WORK [tune|main|extra]      # markdown on stdout
 
 Run after every stage, so a run stopped part-way still says what it measured. A row whose file
 is missing says which stage would have filled it. Standard library only: it must work in any
@@ -29,11 +29,14 @@ GOALS: List[Tuple[str, str, str, str]] = [   # (key, row, goal, H100 2026-11-24)
 
 
 def _load(work: str, name: str) -> Optional[dict]:
+    """The results file ``name`` of the run: its newest run where it holds several (the layout
+    of bench.harness.results, read here without the harness's imports)."""
     try:
         with open(os.path.join(work, name)) as f:
-            return json.load(f)
+            doc = json.load(f)
     except (OSError, ValueError):
         return None
+    return doc["runs"][-1] if isinstance(doc, dict) and isinstance(doc.get("runs"), list) else doc
 
 
 def _row(doc: Optional[dict], sweep: str, policy: str, **match) -> Optional[dict]:
@@ -266,7 +269,7 @@ def summary(work: str, part: str = "main") -> str:
 def main(argv: List[str] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or not os.path.isdir(argv[0]):
-        sys.exit(f"usage: python3 bench/report/gpu_summary.py WORK [main|extra] (WORK: the run's work "
+        sys.exit(f"usage: python3 -m bench.report.gpu_summary WORK [main|extra] (WORK: the run's work "
                  f"folder; got {argv[:1]})")
     sys.stdout.write(summary(argv[0], argv[1] if len(argv) > 1 else "main"))
     return 0

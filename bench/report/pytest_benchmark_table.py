@@ -1,6 +1,6 @@
 """A pytest-benchmark JSON of bench/test_pool_pack_benchmark.py as a markdown table.
 
-    python bench/report/pytest_benchmark_table.py RUN.json [--out RUN.md]
+    python -m bench.report.pytest_benchmark_table RUN.json [--out RUN.md]
 
 One table a group (a shape and direction), a row a method: median and interquartile range in
 ms, rounds, GB/s from the explicit byte count (``extra_info``) and the median relative to the
@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 from typing import Dict, List
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the harness
-from common import markdown_grid  # noqa: E402
+from bench.harness.tables import markdown_grid
 
 ORDER = ("triton", "torch", "compiled", "reference", "copy")
 

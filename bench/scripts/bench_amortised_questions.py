@@ -1,6 +1,6 @@
 """Amortised TTFT of several questions on one video (CPU): the visual prefix's KV cache reused.
 
-    python bench/scripts/bench_amortised_questions.py [--frames 64] [--questions 4] [--rounds 5]
+    python -m bench.scripts.bench_amortised_questions [--frames 64] [--questions 4] [--rounds 5]
                                         [--out bench/results/amortised_questions_cpu_tiny.json]
 
 The ``tiny`` preset (shipped routers), ``--frames`` random frames, ``--questions`` different
@@ -17,12 +17,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 from typing import Dict, List, Optional
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]   # the package and the harness, run as a file
-RESULTS = os.path.join(ROOT, "bench", "results")
+from bench.harness.env import environment
+from bench.harness.results import RESULTS, report
+from bench.harness.tables import markdown_table
 
 QUESTIONS = ["Which color is the square in the video?", "What shape is the red object?",
              "Is there a star in the video?", "Which color is the background?",
@@ -40,7 +39,6 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     args = ap.parse_args(argv)
     import torch
 
-    from common import environment, markdown_table, report
     from vr_runtime.runtime import VideoRouter
     torch.set_num_threads(args.threads)
     qs = QUESTIONS[:args.questions]

@@ -1,9 +1,9 @@
 """One-shot ``videorouter ask`` on the bundled demo clip: the whole command's wall time in fresh
 processes, and where it goes.
 
-    python bench/scripts/bench_ask_one_shot.py                                    # this tree, 3 runs
-    python bench/scripts/bench_ask_one_shot.py --trees /tmp/before /tmp/after --runs 3 \\
-        --out bench/results/ask_one_shot_cpu.json                   # before/after, interleaved
+    python -m bench.scripts.bench_ask_one_shot                                    # this tree, 3 runs
+    python -m bench.scripts.bench_ask_one_shot --trees /tmp/before /tmp/after --runs 3 \\
+        --out bench/results/ask_one_shot_cpu.json [--append]        # before/after, interleaved
 
 The command is the demo's second question (``--frames 16 --max-length 1400 --json``), run as
 ``python -m vr_runtime.cli`` with each tree as the working directory (so each tree's own
@@ -35,7 +35,8 @@ import subprocess
 import sys
 import time
 
-from vr_runtime.data.atomic import write_files_atomically
+from bench.harness.env import environment
+from bench.harness.results import add_append_flag, with_run, write_results
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 QUESTION = "What shape is the blue object?"
@@ -181,10 +182,12 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=3, help="runs of the command per tree")
     ap.add_argument("--no-profile", action="store_true", help="the timings only")
     ap.add_argument("--out", default=None, help="results .json")
+    add_append_flag(ap)
     a = ap.parse_args(argv)
     trees = [pathlib.Path(t).resolve() for t in a.trees]
     import torch
-    res = {"command": f"videorouter ask SAMPLE {QUESTION!r} {' '.join(ARGS)}",
+    res = {"environment": environment(torch.device("cpu")),
+           "command": f"videorouter ask SAMPLE {QUESTION!r} {' '.join(ARGS)}",
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
            "cpus": os.cpu_count(), "python": sys.version.split()[0],
@@ -201,7 +204,7 @@ def main(argv=None):
     text = json.dumps(res, indent=1)
     print(text)
     if a.out:   # whole or not at all: a killed run leaves the previous results
-        write_files_atomically({a.out: text + "\n"})
+        write_results(a.out, with_run(a.out, res) if a.append else res)
 
 
 if __name__ == "__main__":

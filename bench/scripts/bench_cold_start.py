@@ -1,7 +1,7 @@
 """Cold start: what the first question in a fresh process pays, against the next.
 
-    python bench/scripts/bench_cold_start.py                         # CPU: the tiny model, 8 frames
-    python bench/scripts/bench_cold_start.py --shape 8b --device cuda --processes 3   # InternVL3-8B shape
+    python -m bench.scripts.bench_cold_start                         # CPU: the tiny model, 8 frames
+    python -m bench.scripts.bench_cold_start --shape 8b --device cuda --processes 3   # InternVL3-8B shape
 
 Each process is fresh (its own interpreter, CUDA context, kernel caches). In it:
 
@@ -33,18 +33,12 @@ _T_START = time.perf_counter()  # before the heavy imports: import time is part 
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import os  # noqa: E402
 import pathlib  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
 from typing import Dict, List  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-for _p in (str(ROOT), str(ROOT / "bench")):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+MODULE = "bench.scripts.bench_cold_start"
 
 CONFIGS = ROOT / "vr_runtime" / "configs"
 SHAPES = ("tiny", "1b", "2b", "8b")
@@ -174,10 +168,11 @@ def child(a) -> None:
 
 
 # ----------------------------------------------------------------------------- parent
-def _child_argv(a, mode: str, path: str) -> List[str]:
-    argv = [sys.executable, str(pathlib.Path(__file__).resolve()), "--shape", a.shape,
-            "--frames", str(a.frames), "--budget", str(a.budget), "--max-new-tokens", str(a.max_new_tokens),
-            "--modes", mode, "--warmup-frames", str(a.warmup_frames), "--child", path]
+def _child_argv(a, mode: str) -> List[str]:
+    """One process's arguments: ``mode`` alone, the rest as the parent's."""
+    argv = ["--shape", a.shape, "--frames", str(a.frames), "--budget", str(a.budget),
+            "--max-new-tokens", str(a.max_new_tokens), "--modes", mode,
+            "--warmup-frames", str(a.warmup_frames)]
     if a.device:
         argv += ["--device", a.device]
     if a.dtype:
@@ -187,19 +182,13 @@ def _child_argv(a, mode: str, path: str) -> List[str]:
     return argv
 
 
-def _run_child(cmd: List[str]) -> int:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT), str(ROOT / "bench")] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
-    return subprocess.run(cmd, env=env).returncode
-
-
-def summarise(runs: List[dict]) -> List[dict]:
+def summarise(per_process: List[dict]) -> List[dict]:
     """One row per mode: the median of each figure over its processes, and the spread
     (max/min - 1) of cold TTFT across them."""
-    from common import spread
+    from bench.harness.timing import spread
     rows = []
     for mode in MODES:
-        rs = [r for r in runs if r["mode"] == mode]
+        rs = [r for r in per_process if r["mode"] == mode]
         if not rs:
             continue
         row: Dict[str, object] = dict(mode=mode, processes=len(rs))
@@ -218,27 +207,21 @@ def main(argv=None) -> dict:
         child(a)
         return {}
     import torch
-    import common
+    from bench.harness.env import environment, environment_line
+    from bench.harness.processes import run_processes
+    from bench.harness.results import finish
+    from bench.harness.tables import markdown_table
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench_cold_start: --device cuda asked for but torch sees no CUDA device; "
                          "use --device cpu")
     cpu = device.type == "cpu"
     out = a.out or str(ROOT / "bench" / "results" / f"cold_start_{a.shape}_{'cpu' if cpu else 'gpu'}.json")
-    runs = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for mode in a.modes:
-            for i in range(a.processes):
-                path = os.path.join(tmp, f"{mode}_{i}.json")
-                cmd = _child_argv(a, mode, path)
-                print(f"== {mode} process {i + 1}/{a.processes}", flush=True)
-                rc = _run_child(cmd)
-                if rc != 0:
-                    raise SystemExit(f"bench_cold_start: the {mode} process {i + 1} failed (exit {rc}); "
-                                     f"see its output above")
-                runs.append(json.loads(pathlib.Path(path).read_text()))
-    rows = summarise(runs)
-    env = common.environment(device)
+    per_process = run_processes(MODULE, [(f"the {mode} process {i + 1}", _child_argv(a, mode))
+                                         for mode in a.modes for i in range(a.processes)],
+                                out_flag="--child")
+    rows = summarise(per_process)
+    env = environment(device)
     label = "CPU" if cpu else env["device"]
     model = "tiny model (trained routers, policy auto)" if a.shape == "tiny" else \
         f"InternVL3-{a.shape.upper()} shape, random weights, routers run with decisions imposed, budget {a.budget}"
@@ -254,12 +237,12 @@ def main(argv=None) -> dict:
         notes.append("CPU figures on a shared machine (see the load average); no GPU figure here.")
     cols = ["mode", "processes", "import_s", "load_s", "warmup_s", "hook_s", "cold_ttft_s", "warm_ttft_s",
             "cold_over_warm", "cold_router_s", "warm_router_s", "cold_ttft_spread"]
-    md = "\n".join([f"# Cold start ({label}, {a.shape})", "", common.environment_line(env, ("torch", "triton")),
-                    ""] + [f"> {n}" for n in notes] + ["", common.markdown_table(rows, cols)])
+    md = "\n".join([f"# Cold start ({label}, {a.shape})", "", environment_line(env, ("torch", "triton")),
+                    ""] + [f"> {n}" for n in notes] + ["", markdown_table(rows, cols)])
     payload = dict(environment=env, label=label, shape=a.shape, frames=a.frames, budget=a.budget,
                    max_new_tokens=a.max_new_tokens, warmup_frames=a.warmup_frames, notes=notes,
-                   results=rows, runs=runs)
-    common.finish(out, payload, md)
+                   results=rows, per_process=per_process)
+    finish(out, payload, md)
     return payload
 
 

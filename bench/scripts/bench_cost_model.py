@@ -1,6 +1,6 @@
 """The TTFT cost model (``vr_runtime.planning.cost_model``): CPU validation and the predicted H100 table.
 
-    python bench/scripts/bench_cost_model.py [--out bench/results/cost_model.json] [--rep 3]
+    python -m bench.scripts.bench_cost_model [--out bench/results/cost_model.json [--append]] [--rep 3]
 
 1. Calibrates this CPU (1 thread, fp32: matmul rate, copy bandwidth, per-operator overhead).
 2. Validation: builds two models with random weights and times each TTFT stage directly (no
@@ -22,18 +22,17 @@ import copy
 import json
 import os
 import statistics
-import sys
 import time
 from typing import Dict, List, Optional
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]   # the package and the harness, run as a file
-RESULTS = os.path.join(ROOT, "bench", "results")
+from bench.harness.env import environment, environment_line
+from bench.harness.results import RESULTS, add_append_flag, report
+from bench.harness.tables import markdown_table
+from vr_runtime.planning.cost_model import DEVICES, cpu_device, predict_ttft
 
-from common import environment, environment_line, markdown_table, report  # noqa: E402
-from vr_runtime.planning.cost_model import DEVICES, cpu_device, predict_ttft  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # The paper's Table (latency breakdown, InternVL3-8B, 64 frames): method, visual tokens, router s,
 # vision+compress s, prefill s, TTFT s. Frames encoded: all 64, except Budget (as many
@@ -188,6 +187,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     p.add_argument("--out", default=os.path.join(RESULTS, "cost_model.json"))
     p.add_argument("--rep", type=int, default=3)
     p.add_argument("--no-validate", action="store_true")
+    add_append_flag(p)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     env = environment(torch.device("cpu"))
@@ -230,7 +230,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
                            "H100 TTFT x Dense (model)", "H200 TTFT s (model)", "paper router s",
                            "paper vision+compress s", "paper prefill s", "paper TTFT s", "paper TTFT x Dense"])]
     return report(args.out, "# TTFT cost model (vr_runtime/planning/cost_model.py)", env, notes, body,
-                  head=head, label="model (H100/H200), CPU calibrated (validation)",
+                  head=head, append=args.append, label="model (H100/H200), CPU calibrated (validation)",
                   cpu_device=dev.to_dict(), devices={k: v.to_dict() for k, v in DEVICES.items()},
                   validation=val, causal_attention=causal, paper_table=table)
 

@@ -19,11 +19,11 @@ warm start from the caches on disk. Reported per row:
 
 Usage (GPU, the InternVL3-8B shape, bf16)::
 
-    PYTHONPATH=.:bench python bench/scripts/bench_decode.py --out $OUT/decode_gpu_8b.json
+    python -m bench.scripts.bench_decode --out $OUT/decode_gpu_8b.json
 
 CPU smoke (tiny preset)::
 
-    python bench/scripts/bench_decode.py --cpu --shape tiny --prompt-tokens 200 --new-tokens 8 --runs 1
+    python -m bench.scripts.bench_decode --cpu --shape tiny --prompt-tokens 200 --new-tokens 8 --runs 1
 """
 from __future__ import annotations
 
@@ -37,10 +37,11 @@ from typing import List
 
 import torch
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]   # the package and the harness, run as a file
+from bench.harness.env import environment
+from bench.harness.results import finish
+from bench.harness.tables import markdown_table
 
-import common  # noqa: E402
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 CONFIGS = ROOT / "vr_runtime" / "configs"
 GOAL_MS = 7.0   # the goal: <= 7 ms a token at the 8B shape on an H100
@@ -170,7 +171,7 @@ def main(argv=None) -> int:
         args.dtype, torch.float32 if args.cpu else torch.bfloat16)
     lm = build_backbone(args, device, dtype)
     rows = measure(args, lm, device)
-    env = common.environment(device)
+    env = environment(device)
     label = ("CPU figures (not comparable with the paper's GPU)" if args.cpu else "GPU figures")
     doc = dict(benchmark="decode (vr_runtime.generate modes)", label=label, environment=env,
                settings=dict(shape=args.shape, dtype=str(dtype).replace("torch.", ""),
@@ -184,12 +185,12 @@ def main(argv=None) -> int:
           f"{doc['settings']['dtype']}, prompt {args.prompt_tokens:,} tokens\n\n*{label}.* "
           f"`{env['command']}`; torch {env['torch']}, transformers {env['transformers']}; "
           f"{env['date_utc']}.\n\n"
-          + common.markdown_table(rows, ["mode", "batch", "ms_per_token",
+          + markdown_table(rows, ["mode", "batch", "ms_per_token",
                                          "ms_per_token_marginal", "tokens_equal_dynamic",
                                          "compile_s", "warmup_s", "error"],
                                   ["Mode", "Batch", "ms/token", "ms/token (marginal)",
                                    "Tokens = dynamic", "Compile s", "Warm-up s", "Error"]))
-    common.finish(out, doc, md, show=False)
+    finish(out, doc, md, show=False)
     exact = dtype == torch.float32   # the tokens must match there; bf16 reports them
     return 0 if not any(r.get("error") or (exact and r.get("tokens_equal_dynamic") is False)
                         for r in rows) else 1

@@ -5,12 +5,13 @@ the video corpus of tests/video/video_corpus.py, and its time to 32 frames of th
 Run with the candidate first on the path, from an unpacked wheel (nothing is installed):
 
     pip download --no-deps decord2==3.4.0 -d /tmp/w && unzip -q /tmp/w/decord2-*.whl -d /tmp/d2
-    PYTHONPATH=/tmp/d2 python bench/scripts/bench_decoder_candidates.py > bench/results/decoder_candidates_decord2.json
-    python bench/scripts/bench_decoder_candidates.py > bench/results/decoder_candidates_decord.json
+    PYTHONPATH=/tmp/d2 python -m bench.scripts.bench_decoder_candidates > bench/results/decoder_candidates_decord2.json
+    python -m bench.scripts.bench_decoder_candidates > bench/results/decoder_candidates_decord.json
 """
 import sys, time, json
 import os
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "runtime"))
+# The corpus is the video tests' own (tests/ is not a package): its folder goes on the path
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "video"))
 import numpy as np
 import decord
 import video_corpus as vc

@@ -10,7 +10,7 @@ qwen3_vl.py). Every stream must be pooled with the same per-unit plan. Two layou
             the runtime's unit indexing do not want), and split from the runtime's wide Z
             (a contiguous copy of each stream first), the per-stream path the runtime could take.
 
-    python bench/scripts/bench_deepstack_pack.py [--units 16] [--hidden 4096] [--streams 4] [--out FILE]
+    python -m bench.scripts.bench_deepstack_pack [--units 16] [--hidden 4096] [--streams 4] [--out FILE [--append]]
 
 Prints one JSON object (device, shape, plan, medians). On CPU both run pool_pack's torch path
 (the runtime's CPU path); on CUDA the Triton kernels.
@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
-import sys
 
 import torch
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]   # the package and the harness, run as a file
-from common import environment, time_fn, write_results  # noqa: E402
-from vr_kernels import pool_pack, pooled_counts  # noqa: E402
+from bench.harness.env import environment
+from bench.harness.results import add_append_flag, with_run, write_results
+from bench.harness.timing import measure
+from vr_kernels import pool_pack, pooled_counts
 
 
 def plans(U: int):
@@ -43,7 +41,8 @@ def main(argv=None):
     ap.add_argument("--grid", type=int, default=14)          # 448x448 at patch 16, merge 2
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--rep", type=int, default=10)
-    ap.add_argument("--out")
+    ap.add_argument("--out", help="results .json to keep (default: stdout only)")
+    add_append_flag(ap)
     a = ap.parse_args(argv)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dt = getattr(torch, a.dtype)
@@ -60,13 +59,14 @@ def main(argv=None):
         L = sum(counts)
         out_wide = torch.empty(L, S * D, device=dev, dtype=dt)
         outs = [torch.empty(L, D, device=dev, dtype=dt) for _ in range(S)]
-        stacked = time_fn(lambda: pool_pack(wide, plan, grid, out=out_wide, dest=dest, **kw),
-                          device=dev, rep=a.rep)
-        per = time_fn(lambda: [pool_pack(z, plan, grid, out=o, dest=dest, **kw)
-                               for z, o in zip(split, outs)], device=dev, rep=a.rep)
-        from_wide = time_fn(lambda: [pool_pack(wide[..., s * D:(s + 1) * D].contiguous(), plan,
+        # One input set a layout: the L2 is flushed before each call instead of rotated
+        tm = dict(device=dev, rep=a.rep, warmup=3, flush_l2=True)
+        stacked = measure(lambda: pool_pack(wide, plan, grid, out=out_wide, dest=dest, **kw), **tm)
+        per = measure(lambda: [pool_pack(z, plan, grid, out=o, dest=dest, **kw)
+                               for z, o in zip(split, outs)], **tm)
+        from_wide = measure(lambda: [pool_pack(wide[..., s * D:(s + 1) * D].contiguous(), plan,
                                                grid, out=outs[s], dest=dest, **kw)
-                                     for s in range(S)], device=dev, rep=a.rep)
+                                     for s in range(S)], **tm)
         ref = pool_pack(wide, plan, grid, out=out_wide, dest=dest, **kw)
         for s in range(S):
             got = pool_pack(split[s], plan, grid, out=outs[s], dest=dest, **kw)
@@ -78,8 +78,8 @@ def main(argv=None):
     res = {"environment": environment(dev), "dtype": a.dtype, "units": U,
            "tokens_per_unit": N, "hidden": D, "streams": S, "plans": rows}
     print(json.dumps(res, indent=2))
-    if a.out:
-        write_results(a.out, res)   # whole or not at all (the harness's atomic write)
+    if a.out:   # whole or not at all (the harness's atomic write)
+        write_results(a.out, with_run(a.out, res) if a.append else res)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """End-to-end latency and memory of VideoRouter against its baselines (paper table
 `latency_breakdown`), measured side by side in one run on one device.
 
-    python bench/scripts/bench_e2e.py                        # GPU: InternVL3-8B shape, 64 frames, budget 12,288
-    python bench/scripts/bench_e2e.py --sweep all            # + frames, budget and batch sweeps
-    python bench/scripts/bench_e2e.py --cpu                  # CPU figures: the tiny preset, 8 frames
-    python bench/scripts/bench_e2e.py --model /ckpt/InternVL3-8B-hf --routers routers.safetensors
+    python -m bench.scripts.bench_e2e                        # GPU: InternVL3-8B shape, 64 frames, budget 12,288
+    python -m bench.scripts.bench_e2e --sweep all            # + frames, budget and batch sweeps
+    python -m bench.scripts.bench_e2e --cpu                  # CPU figures: the tiny preset, 8 frames
+    python -m bench.scripts.bench_e2e --model /ckpt/InternVL3-8B-hf --routers routers.safetensors
 
 Rows (one VideoRouter.answer call each, on the same random video tensor):
   Dense                     every frame at full resolution, no budget
@@ -65,17 +65,16 @@ import sys
 import time
 from typing import Dict, List
 
+import torch
+
+from bench.harness.env import device_name, environment
+from bench.models import e2e_memory
+from bench.models.e2e_measure import Device, run_batch, run_table, used_router_pool
+from bench.models.e2e_model import (BenchError, build, relevance_pattern, routers_trained,  # noqa: F401
+                                    shape_config, shape_name)
+from bench.report import e2e_report
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]   # the package and the harness, run as a file
-
-import torch  # noqa: E402
-
-import common  # noqa: E402  (bench/common.py: environment, device name, results writing)
-from models import e2e_memory  # noqa: E402
-from models.e2e_measure import Device, run_batch, run_table, used_router_pool  # noqa: E402
-from models.e2e_model import (BenchError, build, relevance_pattern, routers_trained,  # noqa: E402,F401
-                              shape_config, shape_name)
-from report import e2e_report  # noqa: E402
 
 SHAPES = ("tiny", "1b", "2b", "8b")
 QUESTION = "What does the person pick up from the table after the door opens?"
@@ -334,12 +333,12 @@ def main(argv=None) -> int:
     args._vr, args._clip = vr, None      # the CLIP row's scorer is built on first use
     build_s = time.perf_counter() - t0
     dev = Device(device)
-    print(f"{label}: {common.device_name(device)} | {shape_name(args)} | build {build_s:.1f} s | "
+    print(f"{label}: {device_name(device)} | {shape_name(args)} | build {build_s:.1f} s | "
           f"routers {'trained' if routers_trained(vr) else 'untrained: relevance fixed (' + args.relevance + ')'}",
           flush=True)
 
     rows, text_cache = measure_all(vr, dev, args)
-    env = common.environment(device)
+    env = environment(device)
     env["driver"] = e2e_memory.nvml_driver_version()
     shape_tag = args.shape or (pathlib.Path(args.config).stem if args.config else "model")
     stem = pathlib.Path(args.out) if args.out else \
@@ -348,7 +347,7 @@ def main(argv=None) -> int:
     settings = settings_of(args, vr, dev, rows, text_cache, build_s)
     meta = dict(benchmark="e2e_latency (paper table latency_breakdown)", label=label,
                 environment=env, settings=settings, targets=targets)
-    title = f"{common.device_name(device)} | {shape_name(args)} | {args.frames} frames, budget {args.budget:,}"
+    title = f"{device_name(device)} | {shape_name(args)} | {args.frames} frames, budget {args.budget:,}"
 
     main_rows = [r for r in rows if r["sweep"] == "main"]
     md = e2e_report.markdown_block(main_rows, rows, cpu, title, label, settings, env)

@@ -31,16 +31,16 @@ frame -> 0.91 ms; the router 1.86 GFLOP a token over 256 + q tokens -> 0.68 ms (
 
 Usage (GPU, the InternVL3-8B shape, random weights)::
 
-    PYTHONPATH=.:bench python bench/scripts/bench_fast_path.py --out $OUT/fast_path_gpu_8b.json
+    python -m bench.scripts.bench_fast_path --out $OUT/fast_path_gpu_8b.json
 
 The floors alone (model figures, CPU, seconds)::
 
-    python bench/scripts/bench_fast_path.py --cpu --shape 8b --sections floors \\
+    python -m bench.scripts.bench_fast_path --cpu --shape 8b --sections floors \\
         --out bench/results/fast_path_floors_model.json
 
 CPU dry run (tiny preset; figures say nothing about a GPU)::
 
-    python bench/scripts/bench_fast_path.py --cpu --frames 4 --ttft-frames 4 --runs 1
+    python -m bench.scripts.bench_fast_path --cpu --frames 4 --ttft-frames 4 --runs 1
 """
 from __future__ import annotations
 
@@ -53,11 +53,12 @@ from typing import Dict, List
 
 import torch
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]   # the package and the harness, run as a file
+from bench.harness.env import environment
+from bench.harness.tables import markdown_table
+from bench.harness.timing import measure
+from bench.models.e2e_model import relevance_pattern   # bench_e2e's: the same frames
 
-import common  # noqa: E402
-from models.e2e_model import relevance_pattern  # noqa: E402  (bench_e2e's: the same frames)
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 CONFIGS = ROOT / "vr_runtime" / "configs"
 QUESTION = "What does the person put into the red box after the phone rings?"
@@ -164,7 +165,7 @@ def build(lm, pool: int = 1, compile=None):
 
 
 def timed(fn, device, args) -> Dict[str, float]:
-    t = common.time_fn(fn, device=device, warmup=args.warmup, rep=args.runs, flush_l2=False)
+    t = measure(fn, device=device, warmup=args.warmup, rep=args.runs)
     return {"median_s": t.median, "q20_s": t.q20, "q80_s": t.q80, "first_s": t.first_call}
 
 
@@ -440,7 +441,7 @@ def main(argv=None) -> int:
     out = pathlib.Path(args.out or ROOT / "bench" / "results" /
                        f"fast_path_{'cpu' if args.cpu else 'gpu'}_{args.shape}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    env = common.environment(device)
+    env = environment(device)
     label = "CPU dry run (not a performance figure)" if args.cpu else "GPU figures"
     doc = dict(benchmark="fast path A/B (bench_fast_path.py)", label=label, environment=env,
                settings=dict(shape=args.shape, dtype=str(dtype).replace("torch.", ""),
@@ -497,27 +498,27 @@ def markdown(doc) -> str:
              f"{env['torch']}; {env['date_utc']}.", ""]
     if doc.get("floors"):
         lines += ["Floors (model: each stage at the larger of FLOPs / 790 TFLOP/s and bytes / 4.8 TB/s):", "",
-                  common.markdown_table(doc["floors"], ["policy", "frames", "router_pool",
+                  markdown_table(doc["floors"], ["policy", "frames", "router_pool",
                                                         "visual_tokens", "prompt_tokens",
                                                         "floor_s", "floor_ratio_to_dense"],
                                         ["Policy", "Frames", "Router pool", "Visual tokens",
                                          "Prompt tokens", "Floor s", "Floor / Dense"]), ""]
     if doc.get("vision"):
         lines += ["Vision tower + projector, ms a frame:", "",
-                  common.markdown_table(doc["vision"], ["variant", "ms_per_frame", "compile_s",
+                  markdown_table(doc["vision"], ["variant", "ms_per_frame", "compile_s",
                                                         "error"],
                                         ["Variant", "ms/frame", "Compile s", "Error"]), ""]
         lines += [f"Attention kernels: {', '.join(doc.get('attention_kernels') or []) or '-'}",
                   ""]
     if doc.get("router"):
         lines += ["Image Router (shadow stack + head), ms a frame:", "",
-                  common.markdown_table(doc["router"], ["variant", "chunk", "ms_per_frame",
+                  markdown_table(doc["router"], ["variant", "chunk", "ms_per_frame",
                                                         "compile_s", "error"],
                                         ["Variant", "Chunk", "ms/frame", "Compile s",
                                          "Error"]), ""]
     if doc.get("ttft"):
         lines += [f"TTFT (tuned: {doc.get('tuned')}):", "",
-                  common.markdown_table(doc["ttft"], ["settings", "policy", "frames", "ttft_s",
+                  markdown_table(doc["ttft"], ["settings", "policy", "frames", "ttft_s",
                                                       "floor_s", "ratio_to_dense",
                                                       "floor_ratio_to_dense",
                                                       "floor_ratio_tokens", "peak_total_gb",

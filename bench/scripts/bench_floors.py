@@ -1,7 +1,7 @@
 """FLOP and byte floors per stage at the InternVL3-8B shape, counted from the configs (MODEL
 figures, nothing measured), beside the one H100 measurement and the goals.
 
-    python bench/scripts/bench_floors.py [--out bench/results/floors_8b_model.json]
+    python -m bench.scripts.bench_floors [--out bench/results/floors_8b_model.json]
 
 * Weights: counted from ``vr_runtime/configs/internvl3_8b.json`` by building the model on the
   ``meta`` device (no memory): vision tower, projector, language model, LM head; the routers'
@@ -23,12 +23,11 @@ import argparse
 import copy
 import json
 import os
-import sys
 from typing import Dict, List, Optional
 
+from bench.harness.results import RESULTS
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]   # the package and the harness, run as a file
-RESULTS = os.path.join(ROOT, "bench", "results")
 
 CONFIG = os.path.join(ROOT, "vr_runtime", "configs", "internvl3_8b.json")
 FRAMES, BUDGET, TEXT = 64, 12288, 180
@@ -55,7 +54,7 @@ STAGE = {   # the bench/gpu_run.sh stage that measures each row, and its results
     "router_share": "e2e (e2e_gpu_8b.json, e2e_gpu_8b_rp2.json)",
     "ttft_ratio_256": "frames (e2e_gpu_8b_frames.json)",
     "decode_ms": "decode (decode_gpu_8b.json)", "batch4": "batch (e2e_gpu_8b_batch.json)",
-    "kernel": "kernels (pool_pack_gpu_8b.json + 3 process files)",
+    "kernel": "kernels (pool_pack_gpu_8b.json, its 3 processes inside)",
     "memory": "e2e (e2e_gpu_8b.json: peak memory VideoRouter / Dense)",
 }
 
@@ -210,7 +209,9 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     args = ap.parse_args(argv)
     import torch
 
-    from common import environment, markdown_table, report
+    from bench.harness.env import environment
+    from bench.harness.results import report
+    from bench.harness.tables import markdown_table
     from vr_runtime.planning.cost_model import (DEVICES, DeviceSpec, decode_step_costs, load_shape,
                                                 pool_pack_bytes, predict_ttft, shadow_stack_bytes)
     with open(CONFIG) as f:
@@ -254,7 +255,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
             "", "## Memory (bf16, GB; rough model)", "",
             markdown_table([mem], list(mem.keys()))]
     head = [f"Model figures from the configs; computed {env['date_utc']}, command: "
-            f"`python bench/scripts/bench_floors.py`."]
+            f"`python -m bench.scripts.bench_floors`."]
     return report(args.out, "# FLOP and byte floors per stage, InternVL3-8B shape (model, not "
                   "measured)", env, notes, body, head=head, label="model", weights_counted=w,
                   stages=stage_rows, ttft=ttft, goals=goal_rows, memory=mem,

@@ -1,6 +1,6 @@
 """Host time of one ``pool_pack`` call before its launch, on one CPU thread.
 
-    python bench/scripts/bench_host.py [--out bench/results/host_cpu.json] [--before COMMIT] [--n 2000]
+    python -m bench.scripts.bench_host [--out bench/results/host_cpu.json] [--before COMMIT] [--n 2000]
 
 What is timed: ``pool_pack(frames, scales, out=embeds2d, dest=dest, backend="triton")`` (the
 runtime's call) and the packed form without ``out``, with the kernel launch replaced by a no-op,
@@ -123,8 +123,9 @@ def main(argv: Optional[List[str]] = None) -> Dict:
             json.dump(measure(args.n), f)
         return {}
 
-    sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]   # the package and the harness
-    from common import environment, markdown_table, report
+    from bench.harness.env import environment
+    from bench.harness.results import report
+    from bench.harness.tables import markdown_table
     import torch
     torch.set_num_threads(1)
     env = environment(torch.device("cpu"))

@@ -9,7 +9,7 @@ which ran one after the other), the peak RSS (``/usr/bin/time``) and the report'
 The limit rows: ffmpeg's keyframe-only decode of the whole clip on one core, and the tiny vision
 tower alone on N preprocessed frames (the floor the stream hides decoding behind).
 
-    python bench/scripts/bench_long_video.py --before /tmp/vr_before --out bench/results/long_video_cpu.json
+    python -m bench.scripts.bench_long_video --before /tmp/vr_before --out bench/results/long_video_cpu.json
 """
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))   # the harness
-from common import environment, environment_line, finish, markdown_table  # noqa: E402
+from bench.harness.env import environment, environment_line
+from bench.harness.results import finish
+from bench.harness.tables import markdown_table
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 QUESTION = "What colour is the circle?"

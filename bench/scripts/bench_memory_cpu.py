@@ -1,6 +1,6 @@
 """Activation memory of one request on CPU: Dense against the compressed paths (tiny model).
 
-    python bench/scripts/bench_memory_cpu.py [--frames 256] [--out bench/results/memory_cpu_tiny_256.json]
+    python -m bench.scripts.bench_memory_cpu [--frames 256] [--out bench/results/memory_cpu_tiny_256.json]
 
 Each row runs in a fresh process (so the resident figures are its own): the ``tiny`` preset with
 its shipped routers, one warm-up answer of the same policy on 8 frames (lazy initialisation is
@@ -27,12 +27,10 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 from typing import Dict, List, Optional
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]   # the package and the harness, run as a file
-RESULTS = os.path.join(ROOT, "bench", "results")
+from bench.harness.processes import ROOT, child_command
+from bench.harness.results import RESULTS
 
 ROWS = {"dense": "Dense", "global": "Global (s=2, fitted)", "vr24": "VideoRouter (s=2,4)"}
 QUESTION = "Which color is the square in the video?"
@@ -93,14 +91,16 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         return {}
     import torch
 
-    from common import environment, markdown_table, report
+    from bench.harness.env import environment
+    from bench.harness.results import report
+    from bench.harness.tables import markdown_table
     torch.set_num_threads(args.threads)   # as the rows' processes (the results file says so)
     rows = []
     for row in args.rows.split(","):
-        cmd = [sys.executable, os.path.abspath(__file__), "--one", row, "--frames",
-               str(args.frames), "--threads", str(args.threads), "--chunk-size",
-               str(args.chunk_size)]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        cmd = child_command("bench.scripts.bench_memory_cpu", [
+            "--one", row, "--frames", str(args.frames), "--threads", str(args.threads),
+            "--chunk-size", str(args.chunk_size)])
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT).stdout
         got = json.loads(next(line for line in out.splitlines()
                               if line.startswith("RESULT "))[len("RESULT "):])
         rows.append(got)

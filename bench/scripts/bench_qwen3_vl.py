@@ -1,7 +1,7 @@
 """Qwen3-VL: the cost model's TTFT table for Qwen3-VL-8B (a *model*, not a measurement) and
 CPU TTFT by policy for the tiny-qwen3-vl preset (measured).
 
-    python bench/scripts/bench_qwen3_vl.py [--out bench/results/qwen3_vl] [--runs 3]
+    python -m bench.scripts.bench_qwen3_vl [--out bench/results/qwen3_vl] [--runs 3]
 
 1. Model: ``vr_runtime.planning.cost_model.predict_ttft`` with Qwen3VLBackbone.cost_shape of
    ``vr_runtime/configs/qwen3_vl_8b.json`` on the nominal H100 and H200 specs: 128 sampled
@@ -22,14 +22,13 @@ import argparse
 import json
 import os
 import statistics
-import sys
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]   # the package and the harness, run as a file
+from bench.harness.env import environment, environment_line
+from bench.harness.tables import markdown_table
 
-from common import environment, environment_line, markdown_table  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 UNITS, PER_UNIT, BUDGET, TEXT, RELEVANT = 64, 196, 12288, 620, 28
 

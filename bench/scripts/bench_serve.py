@@ -1,6 +1,6 @@
 """Load test of ``videorouter serve`` on the loopback address: bounded, self-stopping, checked.
 
-    python bench/scripts/bench_serve.py [--requests 200] [--concurrency 16] [--frames 8]
+    python -m bench.scripts.bench_serve [--requests 200] [--concurrency 16] [--frames 8]
                                 [--time-limit 600] [--out bench/results/serve_cpu_tiny.json]
 
 Starts ``videorouter serve`` (tiny model, a temporary media directory holding the bundled sample
@@ -435,8 +435,8 @@ def main(argv=None) -> int:
     if args.out is None:
         stem = "serve_cpu_tiny" + ("_nocache" if args.visual_cache == 0 else "")
         args.out = str(ROOT / "bench" / "results" / f"{stem}.json")
-    sys.path.insert(0, str(ROOT / "bench"))
-    from common import environment, finish
+    from bench.harness.env import environment
+    from bench.harness.results import finish
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         res = run_benchmark(pathlib.Path(tmp), args.requests, args.concurrency,
                             tuple(args.frames), args.time_limit, args.rss_slack_mb,

@@ -1,6 +1,6 @@
 """``videorouter serve`` throughput on long clips, for one or two source trees.
 
-    python bench/scripts/bench_serve_long.py --source /tmp/vr-before --source . \\
+    python -m bench.scripts.bench_serve_long --source /tmp/vr-before --source . \\
         [--requests 8] [--concurrency 1 4] [--frames 16] [--time-limit 900]
 
 Makes (once, cached under ~/.cache/videorouter-bench/serve-long/) four distinct long clips with
@@ -29,9 +29,9 @@ import sys
 import tempfile
 import time
 
+from bench.scripts.bench_serve import SAMPLE, _quantile, _video_body, serve
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "bench" / "scripts"), str(ROOT / "bench")]   # bench_serve, the harness
-from bench_serve import SAMPLE, _quantile, _video_body, serve  # noqa: E402
 
 CACHE = pathlib.Path.home() / ".cache" / "videorouter-bench" / "serve-long"
 CLIPS = ((60, 0), (66, 7), (72, 13), (78, 21))   # (seconds, testsrc2 start offset in seconds)
@@ -142,7 +142,7 @@ def measure(source: pathlib.Path, clips, requests, concurrencies, frames, time_l
 
 
 def _markdown(payload) -> str:
-    env, runs = payload["environment"], payload["runs"]
+    env, trees = payload["environment"], payload["trees"]
     lines = ["# videorouter serve: throughput on long clips (CPU, tiny model, loopback)", "",
              f"- device: {env['device']}", f"- date (UTC): {env['date_utc']}",
              f"- load average (1 min) at start: {payload['load_avg_start']}",
@@ -154,7 +154,7 @@ def _markdown(payload) -> str:
              f"policy auto, spread over the clips) at each concurrency, `--visual-cache 0`", "",
              "| tree | commit | concurrency | all 200 | wall (s) | throughput (req/s) | p50 (s) "
              "| p99 (s) | server peak RSS (MB) |", "|---|---|---:|:--:|---:|---:|---:|---:|---:|"]
-    for r in runs:
+    for r in trees:
         for c, m in r["by_concurrency"].items():
             lines.append(f"| {r['source']} | {r['commit']} | {c} | "
                          f"{'yes' if m['all_200'] else 'NO'} | {m['wall_s']} | "
@@ -177,20 +177,21 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     load = round(os.getloadavg()[0], 2)
     clips = make_clips()
-    from common import environment, finish
+    from bench.harness.env import environment
+    from bench.harness.results import finish
     env = environment()
     env["av"] = __import__("av").__version__
-    runs = [measure(pathlib.Path(s), clips, args.requests, args.concurrency, args.frames,
-                    args.time_limit) for s in (args.source or [str(ROOT)])]
+    trees = [measure(pathlib.Path(s), clips, args.requests, args.concurrency, args.frames,
+                     args.time_limit) for s in (args.source or [str(ROOT)])]
     payload = {"environment": env, "load_avg_start": load, "requests": args.requests,
                "concurrency": args.concurrency, "frames": args.frames,
-               "clips": [c.name for c in clips], "runs": runs}
-    if len(runs) == 2:
-        a, b = (r["by_concurrency"] for r in runs)
+               "clips": [c.name for c in clips], "trees": trees}
+    if len(trees) == 2:
+        a, b = (r["by_concurrency"] for r in trees)
         payload["ratio"] = {c: round(b[c]["throughput_rps"] / a[c]["throughput_rps"], 2)
                             for c in a if a[c]["throughput_rps"]}
     finish(args.out, payload, _markdown(payload))
-    return 0 if all(r["all_200"] for r in runs) else 1
+    return 0 if all(r["all_200"] for r in trees) else 1
 
 
 if __name__ == "__main__":

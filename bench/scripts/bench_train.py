@@ -25,13 +25,13 @@ results):
 
 Usage (GPU)::
 
-    PYTHONPATH=.:bench python bench/scripts/bench_train.py --shape 2b --out $OUT/train_gpu_2b.json
-    PYTHONPATH=.:bench python bench/scripts/bench_train.py --shape 8b --stages 3,1,2 \\
+    python -m bench.scripts.bench_train --shape 2b --out $OUT/train_gpu_2b.json
+    python -m bench.scripts.bench_train --shape 8b --stages 3,1,2 \\
         --out $OUT/train_gpu_8b.json
 
 CPU dry run::
 
-    python bench/scripts/bench_train.py --cpu --shape tiny --frames 6 --steps 1 --warmup 0
+    python -m bench.scripts.bench_train --cpu --shape tiny --frames 6 --steps 1 --warmup 0
 """
 from __future__ import annotations
 
@@ -45,10 +45,11 @@ from typing import List
 
 import torch
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]   # the package and the harness, run as a file
+from bench.harness.env import environment
+from bench.harness.results import report
+from bench.harness.tables import markdown_table
 
-import common  # noqa: E402
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 CONFIGS = ROOT / "vr_runtime" / "configs"
 BACKENDS = {"kernel": "auto", "reference": "reference"}
@@ -113,7 +114,7 @@ def stage_config(args, stage: int, backend: str):
     over = dict(model="tiny", routers=None, train_data="unused.jsonl", eval_data=None,
                 output_dir="unused", pool_pack_backend=BACKENDS[backend],
                 per_device_train_batch_size=args.batch, plan_from="labels",
-                random_plan_prob=0.0, frames_per_example=0)
+                frames_per_example=0)
     if stage == 3 and args.shape == "8b":
         over["freeze_language_model"] = False   # then all but the last layers frozen below
     return load_config(f"stage{stage}", **over)
@@ -234,7 +235,7 @@ def main(argv=None) -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     same = [r["first_loss"] for r in rows if r.get("stage") == 3 and "first_loss" in r]
-    env = common.environment(device)
+    env = environment(device)
     label = "CPU dry run (not a performance figure)" if args.cpu else "GPU figures"
     trained = {"tiny": "the stage's config", "2b": "Stage 3 as the paper (tower frozen)",
                "8b": f"tower and LLM frozen but its last {args.train_layers} layers; projector "
@@ -242,7 +243,7 @@ def main(argv=None) -> int:
     settings = dict(shape=args.shape, dtype=str(dtype).replace("torch.", ""),
                     frames=args.frames, relevant=args.relevant, batch=args.batch,
                     steps=args.steps, warmup=args.warmup, trained=trained)
-    body = [common.markdown_table(rows, ["stage", "backend", "step_s", "visual_tokens_per_s",
+    body = [markdown_table(rows, ["stage", "backend", "step_s", "visual_tokens_per_s",
                                          "peak_step_gb", "trained_params", "first_loss", "error"],
                                   ["Stage", "pool_pack", "Step s", "Visual tokens/s",
                                    "Peak GB (step)", "Trained params", "First loss", "Error"])]
@@ -250,7 +251,7 @@ def main(argv=None) -> int:
                           f"train_{'cpu' if args.cpu else 'gpu'}_{args.shape}.json")
     notes = [f"{args.shape} shape, {settings['dtype']}, {args.frames} frames ({args.relevant} "
              f"at full resolution, the rest 4x4), batch {args.batch}; trained: {trained}"]
-    common.report(out, f"### Fine-tuning steps: fused pool_pack vs reference ({env['device']})",
+    report(out, f"### Fine-tuning steps: fused pool_pack vs reference ({env['device']})",
                   env, notes, body, label=label, settings=settings, rows=rows)
     losses_agree = len(same) < 2 or max(same) - min(same) <= 1e-3 * max(1.0, abs(same[0]))
     return 0 if losses_agree and not any(r.get("error") for r in rows) else 1

@@ -1,8 +1,8 @@
 """Latency-budgeted routing on CPU (the target: "the measured TTFT is within the target in >= 90% of
 runs across a range of targets"): ``answer(ttft_budget_s=target)`` with the tiny preset.
 
-    python bench/scripts/bench_ttft_budget.py                       # 16 frames, 7 targets x 8 runs, 1 thread
-    python bench/scripts/bench_ttft_budget.py --runs 3 --targets 0.25,0.4 --out /tmp/x.json
+    python -m bench.scripts.bench_ttft_budget                       # 16 frames, 7 targets x 8 runs, 1 thread
+    python -m bench.scripts.bench_ttft_budget --runs 3 --targets 0.25,0.4 --out /tmp/x.json
 
 For each policy (global: the vision tower sees only the kept frames, so the budget moves the
 vision cost too; fragment: the shipped routers on the bundled sample clip) it first measures the
@@ -19,12 +19,13 @@ import random
 import statistics
 import sys
 
+import torch
+
+from bench.harness.env import environment
+from bench.harness.results import finish
+from bench.harness.tables import markdown_table
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]   # the package and the harness, run as a file
-
-import torch  # noqa: E402
-
-import common  # noqa: E402
 
 QUESTION = "What shape is the red object?"
 
@@ -84,7 +85,7 @@ def main(argv=None) -> int:
     within = sum(r["within"] for r in rows)
     feasible = [r for r in rows if not r["infeasible"]]
     within_f = sum(r["within"] for r in feasible)
-    env = common.environment(torch.device("cpu"))
+    env = environment(torch.device("cpu"))
     payload = dict(benchmark="ttft_budget", label="CPU figures", environment=env,
                    settings=dict(model="tiny", frames=args.frames, runs=args.runs,
                                  threads=args.threads, video="vr_runtime/assets/sample.mp4"),
@@ -98,13 +99,13 @@ def main(argv=None) -> int:
           f"the model judged reachable ({100 * within_f / max(len(feasible), 1):.0f}%); "
           f"{within} of {n} over all runs** (a target below the smallest plan's predicted TTFT "
           f"gets the smallest plan and a note).", "",
-          common.markdown_table(summary, ["policy", "target_s", "runs", "within", "infeasible",
+          markdown_table(summary, ["policy", "target_s", "runs", "within", "infeasible",
                                           "median_ttft_s", "median_predicted_s",
                                           "median_visual_tokens"])]
     for policy, p in per_policy.items():
         md.append(f"\n{policy}: full budget TTFT {p['full_budget_ttft_s']:.3f} s, smallest plan "
                   f"{p['smallest_plan_ttft_s']:.3f} s (medians of 3).")
-    common.finish(args.out, payload, "\n".join(md))
+    finish(args.out, payload, "\n".join(md))
     return 0
 
 

@@ -1,10 +1,10 @@
 """Video input cost: peak host memory (RSS) and wall time of ``load_video`` by source resolution
 and decoder (CPU figures).
 
-    python bench/scripts/bench_video.py              # 448p, 1080p and 4K H.264, 32 frames, each decoder
-    python bench/scripts/bench_video.py --frames 64 --seconds 8
-    python bench/scripts/bench_video.py ttf              # time to frames of long clips, by method
-    python bench/scripts/bench_video.py nvdec            # NVDEC (torchcodec) against the CPU decoders
+    python -m bench.scripts.bench_video              # 448p, 1080p and 4K H.264, 32 frames, each decoder
+    python -m bench.scripts.bench_video --frames 64 --seconds 8
+    python -m bench.scripts.bench_video ttf              # time to frames of long clips, by method
+    python -m bench.scripts.bench_video nvdec            # NVDEC (torchcodec) against the CPU decoders
 
 Each case runs in a fresh subprocess so its peak RSS (``ru_maxrss``) is its own; the table gives
 the peak above the process's RSS after the imports (torch, PyAV, decord), i.e. what decoding and
@@ -21,12 +21,12 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]   # the package and the harness, run as a file
-RESULTS = os.path.join(ROOT, "bench", "results")
+from bench.harness.env import environment
+from bench.harness.results import RESULTS, finish
+from bench.harness.tables import markdown_table
+from vr_runtime.video import decoders
 
-from common import environment, finish, markdown_table  # noqa: E402
-from vr_runtime.video import decoders  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SOURCES = {"448p": (800, 448), "1080p": (1920, 1080), "4K": (3840, 2160)}
 

@@ -22,7 +22,7 @@ import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "bench" / "scripts"), str(ROOT / "bench")]
+sys.path.insert(0, str(ROOT))   # run as a file: the tree's bench package (bench.scripts.bench_serve)
 QUESTION = "What shape is the red object?"
 
 
@@ -54,7 +54,7 @@ def first_token_s(url: str, video: str, frames: int, thumbnails: bool) -> float:
 
 
 def measure(pairs: int, frames: int) -> list:
-    import bench_serve
+    from bench.scripts import bench_serve
     with tempfile.TemporaryDirectory() as tmp:
         media = bench_serve.make_media_dir(pathlib.Path(tmp))
         video = (media / "sample.mp4").as_uri()

@@ -1,13 +1,10 @@
 """bench/scripts/bench_ask_one_shot.py without running the command: what counts as the same answer, and the
 import tree read from -X importtime (a module after its imports, the chain of importers)."""
 import subprocess
-import sys
 
 import pytest
 
-BENCH = __import__("pathlib").Path(__file__).resolve().parents[2] / "bench"
-sys.path[:0] = [str(BENCH / "scripts"), str(BENCH)]
-import bench_ask_one_shot as ask_one_shot  # noqa: E402
+from bench.scripts import bench_ask_one_shot as ask_one_shot
 
 
 def test_timings_and_memory_do_not_decide_sameness():

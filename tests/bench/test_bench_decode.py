@@ -1,17 +1,13 @@
 """bench/scripts/bench_decode.py at its smallest on CPU: every mode runs, the static path's tokens are
 the dynamic path's, and the results files name device, versions and command."""
 import json
-import pathlib
-import sys
 
 import pytest
 
-BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
-sys.path[:0] = [str(BENCH / "scripts"), str(BENCH)]
 
 
 def test_cpu_smoke(tmp_path):
-    import bench_decode
+    from bench.scripts import bench_decode
     out = tmp_path / "decode.json"
     assert bench_decode.main(["--cpu", "--shape", "tiny", "--prompt-tokens", "48",
                               "--new-tokens", "3", "--runs", "1", "--warmup", "0",
@@ -26,6 +22,6 @@ def test_cpu_smoke(tmp_path):
 
 
 def test_graph_modes_refused_on_cpu():
-    import bench_decode
+    from bench.scripts import bench_decode
     with pytest.raises(SystemExit):
         bench_decode.parse(["--cpu", "--modes", "graph"])

@@ -2,17 +2,13 @@
 section runs and writes its results (per-stage ms a frame, TTFT rows with the ratio to Dense,
 profile tables), and bad arguments are one argparse line."""
 import json
-import pathlib
-import sys
 
 import pytest
 
-BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
-sys.path[:0] = [str(BENCH / "scripts"), str(BENCH)]
 
 
 def test_cpu_dry_run(tmp_path):
-    import bench_fast_path
+    from bench.scripts import bench_fast_path
     out = tmp_path / "fp.json"
     assert bench_fast_path.main(["--cpu", "--frames", "3", "--ttft-frames", "3",
                                  "--dense-max-frames", "3", "--chunks", "2", "--compile-chunks", "2",
@@ -44,7 +40,7 @@ def test_cpu_dry_run(tmp_path):
                                       (["--tuned", "off,16"], "--tuned"),
                                       (["--sections", "floors"], "give --shape 2b or 8b")])
 def test_bad_arguments(argv, msg, capsys):
-    import bench_fast_path
+    from bench.scripts import bench_fast_path
     with pytest.raises(SystemExit):
         bench_fast_path.parse(["--cpu"] + argv)
     assert msg in capsys.readouterr().err
@@ -53,7 +49,7 @@ def test_bad_arguments(argv, msg, capsys):
 def test_floors_are_model_figures(tmp_path):
     """The floors section builds nothing: VideoRouter's floor under Dense's at 64 frames, lower
     at router_pool 2 (fewer router FLOPs), and no Dense row past --dense-max-frames."""
-    import bench_fast_path
+    from bench.scripts import bench_fast_path
     out = tmp_path / "floors.json"
     assert bench_fast_path.main(["--cpu", "--shape", "8b", "--sections", "floors",
                                  "--out", str(out)]) == 0

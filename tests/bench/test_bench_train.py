@@ -2,17 +2,13 @@
 pool_pack and with the reference (same first loss), the routers' Stages 1-2, and results files
 that name device, versions and command; bad arguments are one argparse line."""
 import json
-import pathlib
-import sys
 
 import pytest
 
-BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
-sys.path[:0] = [str(BENCH / "scripts"), str(BENCH)]
 
 
 def test_cpu_dry_run(tmp_path):
-    import bench_train
+    from bench.scripts import bench_train
     out = tmp_path / "train.json"
     assert bench_train.main(["--cpu", "--shape", "tiny", "--frames", "5", "--steps", "2",
                              "--warmup", "0", "--stages", "3,1,2", "--out", str(out)]) == 0
@@ -32,7 +28,7 @@ def test_cpu_dry_run(tmp_path):
                                       (["--backends", "fast"], "--backends"),
                                       (["--frames", "4", "--relevant", "9"], "--relevant")])
 def test_bad_arguments(argv, msg, capsys):
-    import bench_train
+    from bench.scripts import bench_train
     with pytest.raises(SystemExit):
         bench_train.parse(["--cpu"] + argv)
     assert msg in capsys.readouterr().err

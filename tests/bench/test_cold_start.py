@@ -1,17 +1,13 @@
-"""bench/scripts/bench_cold_start.py (issue 21 item 7): argument checks, the per-mode summary, and one
+"""bench/scripts/bench_cold_start.py: argument checks, the per-mode summary, and one
 run end to end on the tiny model (the child runs in-process here to stay fast; the script
 itself starts a fresh interpreter per measurement)."""
 import json
-import pathlib
-import sys
 
 import pytest
 import torch
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "bench" / "scripts"), str(ROOT / "bench")]
-
-import bench_cold_start as bcs  # noqa: E402
+from bench.harness import processes
+from bench.scripts import bench_cold_start as bcs
 
 
 @pytest.mark.parametrize("argv, msg", [(["--shape", "70b"], "--shape"), (["--modes", "plain,hot"], "--modes"),
@@ -43,20 +39,13 @@ def test_summary_is_the_median_per_mode_with_the_cold_spread():
     assert hook["hook_s"] == 1.5 and hook["cold_ttft_spread"] == 0.0
 
 
-def test_tiny_cpu_run_writes_a_labelled_results_file(tmp_path, monkeypatch):
-    cmds = []
-
-    def in_process(cmd):
-        cmds.append(cmd)
-        bcs.main(cmd[2:])
-        return 0
-
-    monkeypatch.setattr(bcs, "_run_child", in_process)
+def test_tiny_cpu_run_writes_a_labelled_results_file(tmp_path, monkeypatch, children_in_process):
+    cmds = children_in_process(bcs.main)
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # in-process: keep pytest's threads
     out = tmp_path / "cold.json"
     payload = bcs.main(["--device", "cpu", "--frames", "2", "--max-new-tokens", "1", "--modes", "plain", "--threads", "1",
                         "--out", str(out)])
-    assert len(cmds) == 1 and "--child" in cmds[0] and cmds[0][1].endswith("bench_cold_start.py")
+    assert len(cmds) == 1 and "--child" in cmds[0] and cmds[0][1:3] == ["-m", bcs.MODULE]
     assert cmds[0][cmds[0].index("--threads") + 1] == "1"
     data = json.loads(out.read_text())
     for k in ("device", "date_utc", "torch", "command"):
@@ -66,7 +55,7 @@ def test_tiny_cpu_run_writes_a_labelled_results_file(tmp_path, monkeypatch):
     assert row["mode"] == "plain" and row["warmup_s"] == 0  # CPU: nothing to compile
     for k in ("load_s", "cold_ttft_s", "warm_ttft_s", "cold_router_s"):
         assert row[k] > 0
-    (run,) = data["runs"]
+    (run,) = data["per_process"]
     assert run["cold"]["ttft_s"] == pytest.approx(sum(run["cold"]["timings_s"][k] for k in
                                                       ("vision", "router", "compress", "prefill")), abs=1e-5)
     assert "skipped" in run["kernel_warmup"]
@@ -74,7 +63,7 @@ def test_tiny_cpu_run_writes_a_labelled_results_file(tmp_path, monkeypatch):
 
 
 def test_a_failed_process_stops_the_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(bcs, "_run_child", lambda cmd: 1)
+    monkeypatch.setattr(processes, "run_child", lambda cmd: 1)
     with pytest.raises(SystemExit, match="plain process 1 failed"):
         bcs.main(["--device", "cpu", "--out", str(tmp_path / "x.json")])
     assert not (tmp_path / "x.json").exists()

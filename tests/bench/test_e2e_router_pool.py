@@ -1,15 +1,10 @@
-"""bench_e2e's VideoRouter rows give --router-pool to the Image Router they run (issue 21 item 1:
-FixedRelevance(run_routers=True) used to call frame_probs with no pool)."""
-import pathlib
-import sys
-
-BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
-sys.path[:0] = [str(BENCH / "scripts"), str(BENCH)]
+"""bench_e2e's VideoRouter rows give --router-pool to the Image Router they run
+(FixedRelevance(run_routers=True) used to call frame_probs with no pool)."""
 
 
 def test_bench_rows_pass_the_pool_to_the_scorer():
     import argparse
-    from models import e2e_measure
+    from bench.models import e2e_measure
     args = argparse.Namespace(max_new_tokens=2, margin=10, router_pool=4)
     opts = e2e_measure.answer_options(args, 4, 4000, 600, {"policy": "fragment"},
                                       relevant=[True, False, True, False])

@@ -6,6 +6,7 @@ weight memory is allocated: they compare the shapes with the public InternVL3-*-
 gives a 16x16 grid of 256 visual tokens after pixel shuffle and the projector."""
 import json
 import pathlib
+import time
 
 import pytest
 import torch
@@ -58,14 +59,8 @@ def test_preset_shapes(name):
 
 
 # ----------------------------------------------------------------------------- the harness
-import sys  # noqa: E402
-import time  # noqa: E402
-
-sys.path[:0] = [str(ROOT / "bench" / "scripts"), str(ROOT / "bench")]
-
-
 def test_relevance_patterns():
-    import bench_e2e
+    from bench.scripts import bench_e2e
     from vr_runtime import uniform_sample
     spread = bench_e2e.relevance_pattern(64, 28 / 64, "spread")
     assert sum(spread) == 28
@@ -77,7 +72,7 @@ def test_relevance_patterns():
 
 
 def test_peak_sampler_sees_a_transient_allocation():
-    from models import e2e_memory
+    from bench.models import e2e_memory
     read = e2e_memory.rss_reader()
     if read is None:
         pytest.skip("no /proc on this platform")
@@ -94,8 +89,8 @@ def test_peak_sampler_sees_a_transient_allocation():
 
 def test_ratios_and_targets():
     import argparse
-    import bench_e2e
-    from report import e2e_report
+    from bench.scripts import bench_e2e
+    from bench.report import e2e_report
     rows = [dict(sweep="main", policy="dense", frames=64, budget=12288, ttft_s=2.0, peak_mem_gb=30.0),
             dict(sweep="main", policy="vr24", frames=64, budget=12288, ttft_s=0.7, router_s=0.05,
                  peak_mem_gb=19.0),
@@ -151,8 +146,8 @@ def test_cpu_mode_end_to_end(tmp_path):
     """The CPU mode at its smallest (tiny preset, 4 frames, one run): every row runs, token counts
     match the planner, the routers really run in the VideoRouter rows, files are complete."""
     import csv
-    import bench_e2e
-    from models import e2e_measure
+    from bench.scripts import bench_e2e
+    from bench.models import e2e_measure
     from vr_runtime import plan_budget, plan_dense, plan_fragment, plan_tokens, plan_uniform
     threads = torch.get_num_threads()
     stem = tmp_path / "e2e_smoke"
@@ -215,7 +210,7 @@ def test_cpu_mode_end_to_end(tmp_path):
 def test_trained_routers_decide(tmp_path):
     """With router weights marked trained, the VideoRouter rows use the routers' own decisions
     (policy auto, no imposed pattern) and the results say so."""
-    import bench_e2e
+    from bench.scripts import bench_e2e
     from vr_runtime import VideoRouter
     vr = VideoRouter.from_pretrained("tiny")
     vr.routers.trained = True
@@ -243,7 +238,7 @@ def test_trained_routers_decide(tmp_path):
 def test_gpu_mode_small(tmp_path):
     """On a GPU: a 1B-shape run at 16 frames; torch and NVML peaks are both recorded and the
     driver-level figure is at least the allocator's."""
-    import bench_e2e
+    from bench.scripts import bench_e2e
     stem = tmp_path / "e2e_gpu"
     assert bench_e2e.main(["--shape", "1b", "--frames", "16", "--budget", "3072", "--runs", "2",
                            "--warmup", "1", "--policies", "dense,budget,vr24", "--out",
@@ -262,7 +257,7 @@ def test_gpu_mode_small(tmp_path):
 @pytest.mark.gpu
 def test_routers_offloaded_for_baselines():
     """On a GPU the baselines run with the shadow stack off the device, and it comes back."""
-    from models import e2e_memory
+    from bench.models import e2e_memory
     from vr_runtime import VideoRouter
     vr = VideoRouter.from_pretrained("tiny", device="cuda")
     before = torch.cuda.memory_allocated()

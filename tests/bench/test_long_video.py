@@ -3,12 +3,10 @@ in fresh processes, every stage and the first-token time reach the results, and 
 names the device, the date and the command."""
 import json
 import pathlib
-import sys
+
+from bench.scripts import bench_long_video as B
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "bench" / "scripts"), str(ROOT / "bench")]
-
-import bench_long_video as B  # noqa: E402
 
 
 def test_one_row_before_and_after(tmp_path):

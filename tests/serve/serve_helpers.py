@@ -5,11 +5,9 @@ import functools
 import io
 import json
 import pathlib
-import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "vr_runtime" / "assets" / "sample.mp4"
-sys.path[:0] = [str(ROOT / "bench" / "scripts"), str(ROOT / "bench")]
 
 # Report fields that differ between two runs of the same request by nature: stage timings,
 # memory, whether the visual cache hit, and the scorer's name when the cache is on

@@ -24,8 +24,8 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-from serve_helpers import video_body  # noqa: E402  (also puts bench/ on sys.path)
-import bench_serve  # noqa: E402,I100
+from bench.scripts import bench_serve  # noqa: E402
+from serve_helpers import video_body  # noqa: E402
 
 Q = "What shape is the red object?"
 SET = dict(num_frames=8, max_length=1400, max_tokens=16)

@@ -10,8 +10,8 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-from serve_helpers import ask, sse_text, stable  # noqa: E402  (also puts bench/ on sys.path)
-import bench_serve  # noqa: E402,I100
+from bench.scripts import bench_serve  # noqa: E402
+from serve_helpers import ask, sse_text, stable  # noqa: E402
 
 Q = "What shape is the red object?"
 

@@ -10,8 +10,8 @@ pytest.importorskip("fastapi")
 serve = pytest.importorskip("ray.serve")
 httpx = pytest.importorskip("httpx")
 
+from bench.scripts import bench_serve  # noqa: E402
 from serve_helpers import ROOT, stable, video_body  # noqa: E402
-import bench_serve  # noqa: E402,I100
 
 QUESTIONS = ["What shape is the red object?", "What color is the background?"]
 

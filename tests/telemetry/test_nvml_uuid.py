@@ -2,7 +2,6 @@
 and fake device properties: no GPU needed. Two physical GPUs (NVML index 0 and 1) and one MIG
 instance on GPU 1; CUDA_VISIBLE_DEVICES reorders or names them, so index 0 in torch is not
 NVML's index 0."""
-import pathlib
 import sys
 import types
 
@@ -101,11 +100,7 @@ def test_older_torch_without_uuid_falls_back_to_bus_then_index_list(gpus):
 
 
 def test_bench_nvml_reader_uses_the_same_match(gpus):
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench" / "models"))
-    try:
-        import e2e_memory
-    finally:
-        sys.path.pop(0)
+    from bench.models import e2e_memory
     gpus(f"GPU-{U1},GPU-{U0}", [_props(U1, 0x65), _props(U0, 0x17)])
     read, scope = e2e_memory.nvml_reader(0)
     assert scope == "device" and read() == MEMORY[1]
