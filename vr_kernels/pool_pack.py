@@ -9,8 +9,8 @@ for dropped frames, so it needs no atomics either.
 
 Work is spread by input tokens, not output rows: see ``tiles.py``. Each window is summed inside
 one thread (lanes = output rows x hidden columns), with constexpr specialisations of the common
-windows; the kernel comments below say how, and ``bench/scripts/bench_kernels_static.py``
-shows the SASS.
+windows; the kernel comments below say how, and ``vr_kernels.sass`` reads the SASS
+(``bench/scripts/bench_kernels_static.py`` records it).
 
 Compilation and autotuning happen at the first launch of each (D, grid, dtype, size class)
 key; :func:`warmup` does them at model load so that no request pays for them.
@@ -65,7 +65,7 @@ BACKENDS = ("auto", "triton", "torch", "reference")
 # Autotuning
 # ----------
 # At most four configurations per element size, each kept on static evidence (sm_90 SASS, see
-# bench/scripts/bench_kernels_static.py and tests/kernels/test_kernels_static.py): no spill,
+# vr_kernels/sass.py and tests/kernels/test_kernels_static.py): no spill,
 # >= 50% occupancy, 128-bit loads and stores. (BLOCK_R, BLOCK_D, num_warps): BLOCK_R output rows x BLOCK_D
 # columns per step; every thread holds whole 16-byte vectors, also in the 8x8 specialisation's
 # 4-row steps (4 * BLOCK_D / threads >= one vector). BLOCK_R <= 16 (the 4x4 specialisation uses

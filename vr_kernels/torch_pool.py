@@ -11,7 +11,7 @@ autograd gives the overwritten rows of ``out`` zero gradient.
 
 This replaced a per-window-group gather + ``avg_pool2d`` + ``index_copy`` (four passes over the
 data): on one CPU thread the bag form is as fast as ``torch.compile`` of the reference without
-its minute of compiling (``bench/scripts/bench_pool_pack.py --cpu-compare``).
+its minute of compiling (``bench/scripts/bench_pool_pack.py --cpu-vs-compile``).
 
 The bag indices depend on the windows only and are cached on the validated schedule; the row
 indices for ``out`` are cached with the validated ``dest``.
