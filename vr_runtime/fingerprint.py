@@ -12,7 +12,7 @@ check, not a checksum against corruption.
 :func:`environment` is the other half of a results file's identity: where it ran (device,
 date, Python, torch and transformers versions), as eval tables, routing-eval and the label
 tools write it. The benchmarks' fuller record (command, triton, load, GPU memory) is
-bench/common.py's."""
+bench.harness.env's."""
 from __future__ import annotations
 
 import datetime

@@ -29,7 +29,7 @@ def speedups(rows: List[Dict]) -> List[Dict]:
         s = dict(T=T, D=D, mix=mix, dir=d, kernel_ms=k["median_ms"], copy_frac=k.get("copy_frac"))
         if "spread" in k:
             s.update(spread=k["spread"], processes=k["processes"])
-        for b in ("llava", "grouped", "compiled", "compiled_changing"):
+        for b in ("llava", "torch", "compiled", "compiled_changing"):
             if b in ms:
                 s[f"vs_{b}"] = ms[b]["median_ms"] / k["median_ms"]
         out.append(s)
@@ -68,7 +68,7 @@ def markdown(env, notes, rows, sp, verdict, gpu: bool) -> str:
           ""] + [f"> {n}" for n in notes] + ["", markdown_table(rows, cols, heads)]
     if sp:
         md += ["", "## Kernel speedups", "",
-               markdown_table(sp, ["T", "D", "mix", "dir", "kernel_ms", "copy_frac", "vs_llava", "vs_grouped",
+               markdown_table(sp, ["T", "D", "mix", "dir", "kernel_ms", "copy_frac", "vs_llava", "vs_torch",
                                    "vs_compiled", "vs_compiled_changing"])]
     return "\n".join(md + ["", "## Targets", ""] + [f"- {v}" for v in verdict])
 

@@ -10,8 +10,8 @@ Methods, all producing the same rows of the LLM's ``inputs_embeds``:
 * ``llava``      (a) per-frame eager loop (``avg_pool2d`` per frame, ``torch.cat``) then
                  ``inputs_embeds.masked_scatter(placeholder_mask, packed)``, as HF LLaVA-style
                  models do.
-* ``grouped``    (b) the PyTorch path of vr_kernels (``backend="torch"``: one weighted ``embedding_bag``;
-                 the name is kept from when it grouped frames by window).
+* ``torch``      (b) the PyTorch path of vr_kernels (``backend="torch"``: one weighted ``embedding_bag``;
+                 results written before 2026-12-02 call it ``grouped``).
 * ``compiled``   (c) ``torch.compile`` of the reference with a fixed schedule (steady state;
                  compile time reported apart) and ``compiled_changing`` with a schedule that
                  changes every call (each call's wall time, recompiles counted).
@@ -52,7 +52,7 @@ from bench.report import pool_pack_report
 from vr_kernels import pool_pack, pooled_counts
 
 MODULE = "bench.scripts.bench_pool_pack"
-METHODS = ("kernel", "copy", "llava", "grouped", "compiled")
+METHODS = ("kernel", "copy", "llava", "torch", "compiled")
 # The kernel's goals: forward >= 90% and backward >= 85% of a same-bytes copy (the bytes it must
 # move anyway), <= 10% spread over 3 processes (so one figure stands for all).
 TARGETS = {"copy_fraction": 0.90, "copy_fraction_bwd": 0.85, "process_spread": 0.10, "vs_llava": 20.0, "vs_compiled_fixed": 1.3, "vs_compiled_changing": 3.0}
@@ -120,8 +120,8 @@ def _forward(rows, case: Case, sets, methods, *, kernel, compile_, rep, warmup, 
         # not written to be capturable, and a failed capture is not worth the risk mid-run.
         fwd["llava"] = measure([lambda f=f, e=e: llava_forward(f, sc, e.view(1, -1, case.D), case.mask)
                                 for f, e in fwd_sets], **tk)
-    if "grouped" in methods:
-        fwd["grouped"] = measure([lambda f=f, e=e: pool_pack(f, sc, GRID, out=e, dest=dest, backend="torch")
+    if "torch" in methods:
+        fwd["torch"] = measure([lambda f=f, e=e: pool_pack(f, sc, GRID, out=e, dest=dest, backend="torch")
                                   for f, e in fwd_sets], **tk)
     extra_c = {}
     f, emb2d = case.frames, case.embeds.view(-1, case.D)
@@ -155,8 +155,8 @@ def _backward(rows, case: Case, sets, methods, *, kernel, compile_, tk, copy_gbp
     bwd_fns = {}
     if "llava" in methods:
         bwd_fns["llava"] = lambda a: llava_packed(a, sc)
-    if "grouped" in methods:
-        bwd_fns["grouped"] = lambda a: pool_pack(a, sc, GRID, backend="torch")
+    if "torch" in methods:
+        bwd_fns["torch"] = lambda a: pool_pack(a, sc, GRID, backend="torch")
     if compile_ and "compiled" in methods:
         torch._dynamo.reset()
         compb = torch.compile(reference_packed, dynamic=False)

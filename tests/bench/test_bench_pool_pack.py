@@ -26,7 +26,7 @@ def test_quick_run_writes_results(tmp_path):
         assert env[k]
     assert (tmp_path / "pool_pack.md").exists()
     methods = {r["method"] for r in data["results"]}
-    assert {"copy", "llava", "grouped"} <= methods
+    assert {"copy", "llava", "torch"} <= methods
     for r in data["results"]:
         assert r["median_ms"] > 0 and r["bytes"] > 0
     if not torch.cuda.is_available():
