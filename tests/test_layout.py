@@ -189,6 +189,49 @@ def test_classes_are_short():
     assert not long_classes(_module_files().values())
 
 
+# A function that takes many arguments passes a bundle around loose: a spec object carries what
+# travels together. Two public keyword APIs keep their ecosystem's shape: lmms-eval builds its
+# model from model_args keywords, and load_video is the decoding entry point's documented call.
+MAX_PARAMS, MAX_PRIVATE_PARAMS = 10, 8
+WIDE_APIS = {("vr_runtime/eval/lmms_model.py", "__init__"), ("vr_runtime/video/load.py", "load_video")}
+
+
+def wide_functions(paths, root=ROOT) -> dict:
+    """(path:line name) -> parameters of each function over its limit (``self``/``cls`` not
+    counted; ``*args`` and ``**kwargs`` one each): MAX_PARAMS, or MAX_PRIVATE_PARAMS for a
+    name starting with an underscore (dunders count as public)."""
+    out = {}
+    for p in paths:
+        rel = p.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(p.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            a = node.args
+            names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+            n = len(names) + bool(a.vararg) + bool(a.kwarg) - (names[:1] in (["self"], ["cls"]))
+            private = node.name.startswith("_") and not node.name.endswith("__")
+            if n > (MAX_PRIVATE_PARAMS if private else MAX_PARAMS) and \
+                    (rel, node.name) not in WIDE_APIS:
+                out[f"{rel}:{node.lineno} {node.name}"] = n
+    return out
+
+
+def test_the_parameter_count_sees_a_wide_function(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("def ok(a, b, c, d, e, f, g, h, i, j):\n    pass\n\n\n"
+                 "def wide(a, b, c, d, e, f, g, h, i, j, k):\n    pass\n\n\n"
+                 "def _inner(a, b, c, d, e, f, g, h, *rest):\n    pass\n\n\n"
+                 "class C:\n    def m(self, a, b, c, d, e, f, g, h, i, j):\n        pass\n")
+    assert wide_functions([f], root=tmp_path) == {"m.py:5 wide": 11, "m.py:9 _inner": 9}
+
+
+def test_functions_take_few_parameters():
+    """vr_runtime and vr_tiny (vr_kernels' Triton kernels take their pointers and constexprs
+    one by one, as Triton asks)."""
+    files = [p for m, p in _module_files().items() if not m.startswith("vr_kernels")]
+    assert not wide_functions(files)
+
+
 # bench/ and scripts/: a benchmark is one short script over the shared harness, and a tool
 # script reads the same way. "Top-level files" are the entries directly in bench/ that are
 # files (a folder such as bench/scripts/ or bench/results/ is not one); hidden entries and

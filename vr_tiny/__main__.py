@@ -221,9 +221,9 @@ def _routing_eval(a, argv) -> None:
     fraction = a.budget_fraction
     if fraction is None and is_task_v2(a.data):
         fraction = QUARTER
-    res = run_eval(a.model, a.routers, a.data, a.out, a.max_length, a.frames, a.limit_videos,
-                   answers=not a.no_answers, command=command_line(argv),
-                   router_pool=a.router_pool, budget_fraction=fraction)
+    res = run_eval(a.model, a.routers, a.data, a.out, command_line(argv),
+                   max_length=a.max_length, num_frames=a.frames, limit_videos=a.limit_videos,
+                   answers=not a.no_answers, router_pool=a.router_pool, budget_fraction=fraction)
     print(json.dumps(res["targets"], indent=2))
     print(res["table_markdown"])
 

@@ -499,9 +499,13 @@ def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict:
         readout = pretrain_projector(bb, V, specs, cfg, random.Random(f"stage0-proj-{cfg.seed}"),
                                      log, progress)
         projector_s = time.time() - t
-    opt, sched = _caption_optimizer(bb, cfg)
+    optim = _caption_optimizer(bb, cfg)
     t1 = time.time()
-    _caption_steps(bb, cfg, V, specs, toks, opt, sched, log, progress, t1)
+
+    def record(rec: dict) -> None:
+        _log_record(log, {**rec, "elapsed_s": round(time.time() - t1, 1)}, progress)
+
+    _caption_steps(bb, cfg, V, specs, toks, optim, record)
     log.close()
     bb.model.eval()
     train_s = time.time() - t1
@@ -547,10 +551,11 @@ def _caption_optimizer(bb, cfg: PretrainConfig):
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
 
 
-def _caption_steps(bb, cfg: PretrainConfig, V, specs, toks, opt, sched, log, progress: bool,
-                   t1: float) -> None:
+def _caption_steps(bb, cfg: PretrainConfig, V, specs, toks, optim, record) -> None:
     """The captioning phase: ``cfg.steps`` steps on batches from the frame bank (or fresh
-    frames every step when ``train_vision``), logged to ``log``."""
+    frames every step when ``train_vision``) with ``optim`` (``_caption_optimizer``'s optimizer
+    and schedule), each logged step passed to ``record``."""
+    opt, sched = optim
     rng = random.Random(cfg.seed)
     frame_rng = random.Random(f"stage0-{cfg.seed}")   # the fresh frames of train_vision
     for step in range(cfg.steps):
@@ -572,9 +577,7 @@ def _caption_steps(bb, cfg: PretrainConfig, V, specs, toks, opt, sched, log, pro
         opt.step()
         sched.step()
         if step % cfg.log_every == 0 or step == cfg.steps - 1:
-            _log_record(log, {"step": step, "loss": round(loss.item(), 4),
-                              "lr": sched.get_last_lr()[0],
-                              "elapsed_s": round(time.time() - t1, 1)}, progress)
+            record({"step": step, "loss": round(loss.item(), 4), "lr": sched.get_last_lr()[0]})
 
 
 __all__ = ["PretrainConfig", "pretrain", "random_frame_spec", "caption", "CaptionTokens",

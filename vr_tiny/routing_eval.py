@@ -38,6 +38,7 @@ import json
 import os
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 from tqdm.auto import tqdm
@@ -131,16 +132,31 @@ class _Tally:
         self.frames_seen = set()
 
 
-def eval_routing(vr, conversations: str, max_length: int = 1400, num_frames: int = 16,
-                 max_new_tokens: int = 8, limit_videos: int = 0, answers: bool = True,
-                 progress: bool = False, router_pool: Optional[int] = None,
-                 budget_fraction: Optional[float] = None) -> dict:
+@dataclass(frozen=True)
+class EvalSettings:
+    """How a split is evaluated. ``num_frames``: T for lines without their own ``num_frames``.
+    ``limit_videos``: the first N videos only (0: all). ``answers``: answer every question too
+    (else the routers alone). ``router_pool``: the Image Router's window on Z_t (None: the
+    routers' configured one), to measure what a cheaper pool costs in accuracy.
+    ``budget_fraction``: answer at that fraction of each video's dense visual tokens (None: at
+    ``max_length``)."""
+    max_length: int = 1400
+    num_frames: int = 16
+    max_new_tokens: int = 8
+    limit_videos: int = 0
+    answers: bool = True
+    router_pool: Optional[int] = None
+    budget_fraction: Optional[float] = None
+
+
+def eval_routing(vr, conversations: str, progress: bool = False, **settings) -> dict:
     """Metrics of ``vr`` on a synthetic conversations JSONL (``synthetic_videos.write_dataset``'s
     ``*_conversations.jsonl``: every line has category, phrasing, policy and, for Fragment
-    questions, frame labels). ``num_frames``: T for lines without their own ``num_frames``.
-    ``router_pool``: the Image Router's window on Z_t (None: the routers' configured one), to
-    measure what a cheaper pool costs in accuracy. ``budget_fraction``: answer at that fraction
-    of each video's dense visual tokens (None: at ``max_length``)."""
+    questions, frame labels), evaluated as ``settings`` (:class:`EvalSettings`' fields) say."""
+    st = EvalSettings(**settings)
+    max_length, num_frames, max_new_tokens = st.max_length, st.num_frames, st.max_new_tokens
+    answers, router_pool, budget_fraction = st.answers, st.router_pool, st.budget_fraction
+    limit_videos = st.limit_videos
 
     by_video: Dict[str, list] = defaultdict(list)
     for ex in read_jsonl(conversations, "conversation"):
@@ -161,8 +177,7 @@ def eval_routing(vr, conversations: str, max_length: int = 1400, num_frames: int
             kw["router_pool"] = router_pool
         _eval_video(vr, video, exs, T, kw, answers, tally)
         vr.clear_visual_cache()
-    out = _summary(tally, vr, videos, max_length, num_frames, answers, router_pool,
-                   budget_fraction, tokens_per_frame)
+    out = _summary(tally, vr, videos, st, tokens_per_frame)
     rows = sorted({g for d in (tally.frame_right, tally.aucs) for g in d if g != "all"
                    and not g.startswith(("phrasing=", "category="))})
     if rows:
@@ -248,10 +263,11 @@ def _rate_of_all(d) -> dict:
     return {"rate": _rate(d.get("all", [])), "n": len(d.get("all", []))}
 
 
-def _summary(tally: _Tally, vr, videos, max_length, num_frames, answers, router_pool,
-             budget_fraction, tokens_per_frame) -> dict:
+def _summary(tally: _Tally, vr, videos, st: EvalSettings, tokens_per_frame: int) -> dict:
     """The split's metrics (``eval_routing``'s output without ``by_factor``)."""
     t = tally
+    max_length, router_pool, budget_fraction = st.max_length, st.router_pool, st.budget_fraction
+    num_frames = st.num_frames
     out = {
         "videos": len(videos), "max_length": max_length,
         "num_frames": sorted(t.frames_seen) if len(t.frames_seen) > 1 else num_frames,
@@ -264,7 +280,7 @@ def _summary(tally: _Tally, vr, videos, max_length, num_frames, answers, router_
         "router_relevant_sets_differ_between_targets": _rate_of_all(t.rel_differ),
         "absent_color_frames_marked": _mean(t.absent_marked, extra=("max", max)),
     }
-    if answers:
+    if st.answers:
         out.update({
             "semantic_router_accuracy": _packed(t.sem),
             "kept_full_res_differ_between_targets": _rate_of_all(t.kept_differ),
@@ -389,17 +405,14 @@ def is_task_v2(path: str) -> bool:
     return False
 
 
-def run(model: str, routers: Optional[str], data: str, out: str, max_length: int = 1400,
-        num_frames: int = 16, limit_videos: int = 0, answers: bool = True,
-        command: str = "", router_pool: Optional[int] = None,
-        budget_fraction: Optional[float] = None) -> dict:
-    """Load the model, evaluate, write ``out`` (JSON with device, date, versions, command,
-    the targets, the goals overall and per factor, and the markdown table)."""
+def run(model: str, routers: Optional[str], data: str, out: str, command: str = "",
+        **settings) -> dict:
+    """Load the model, evaluate as ``settings`` (:class:`EvalSettings`' fields) say, write
+    ``out`` (JSON with device, date, versions, command, the targets, the goals overall and per
+    factor, and the markdown table)."""
     t0 = time.time()
     vr = VideoRouter.from_pretrained(model, routers=routers)
-    m = eval_routing(vr, data, max_length=max_length, num_frames=num_frames,
-                     limit_videos=limit_videos, answers=answers, progress=True,
-                     router_pool=router_pool, budget_fraction=budget_fraction)
+    m = eval_routing(vr, data, progress=True, **settings)
     res = {"what": "held-out routing metrics, their targets and their goals overall and per "
                    "factor (vr_runtime.training.routing_eval)",
            "command": command, **environment(), "model": model, "routers": routers,
@@ -411,6 +424,6 @@ def run(model: str, routers: Optional[str], data: str, out: str, max_length: int
     return res
 
 
-__all__ = ["TARGETS", "GOALS", "QUARTER", "auc", "norm_answer", "factor_groups", "eval_routing",
+__all__ = ["EvalSettings", "TARGETS", "GOALS", "QUARTER", "auc", "norm_answer", "factor_groups", "eval_routing",
            "by_factor", "check_targets", "check_goals", "overall_cell", "markdown_table",
            "is_task_v2", "run"]

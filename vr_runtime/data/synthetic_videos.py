@@ -117,11 +117,6 @@ FRAGMENT_PHRASINGS = {"train": tuple(t for t in _ALL_FRAG if not _heldout(t)),
                       "heldout": tuple(t for t in _ALL_FRAG if _heldout(t))}
 GLOBAL_PHRASINGS = {"train": tuple(t for t in _ALL_GLOBAL if not _heldout(t)),
                     "heldout": tuple(t for t in _ALL_GLOBAL if _heldout(t))}
-# kept for callers of the first version of the task
-FRAGMENT_TEMPLATES = ("What shape is the {color} object?", "Which shape has the color {color}?",
-                      "The {color} thing appears briefly. What shape is it?")
-GLOBAL_TEMPLATES = ("What is the background color?", "What color is the background of the video?",
-                    "Across the whole video, which color fills the background?")
 ABSENT_ANSWER = "none"   # the answer to a question about a color that is not in the video
 
 

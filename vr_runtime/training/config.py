@@ -333,18 +333,6 @@ def config_path(path_or_name) -> pathlib.Path:
                       f"{', '.join(names)}")
 
 
-# Keys renamed to say what they hold (pooling windows, not scales): a config that still says
-# the old name gets one line that names the new one.
-RENAMED_KEYS = {"global_scale": "global_window", "fragment_scales": "fragment_windows"}
-
-
-def _renamed_keys(d: dict, known: set, where: str) -> dict:
-    for old, new in RENAMED_KEYS.items():
-        if old in d and new in known:
-            raise ConfigError(f"{where}: {old!r} is now {new!r}; rename the key")
-    return d
-
-
 def read_config_file(path) -> dict:
     """The keys of a JSON config file, ``_comment``-style keys dropped; ``ConfigError`` for a
     file that is not a JSON object."""
@@ -376,7 +364,6 @@ def config_fields(path, cls, overrides: dict) -> dict:
     section becomes its options, under ``extensions``."""
     raw = read_config_file(path)
     known = {f.name for f in dataclasses.fields(cls)} - {"extensions"}
-    raw, overrides = _renamed_keys(raw, known, str(path)), _renamed_keys(overrides, known, "--set")
     sections = {}
     if cls is TrainConfig:
         raw, sections = _sections(raw, str(path))

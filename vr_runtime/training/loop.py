@@ -16,6 +16,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from typing import List, Optional
 
 import torch
@@ -262,25 +263,33 @@ def train(cfg: TrainConfig, resume: Optional[str] = None, progress: bool = True,
     main = acc.is_main_process
     os.makedirs(cfg.output_dir, exist_ok=True)
     lock = OutputLock(cfg.output_dir) if main else None
+    data = _StageData(examples, frames, heldout, trackers)
     try:
-        return _train(cfg, acc, main, resume, progress, lm, pack, cache_dir, examples, frames,
-                      heldout, trackers)
+        return _train(_StageRun(cfg, acc, main, progress), resume, data, lm, pack, cache_dir)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _train(cfg, acc, main, resume, progress, lm, pack, cache_dir, examples, frames, heldout,
-           trackers) -> dict:
-    if main:
-        ckpt.tidy(cfg.output_dir)   # unfinished saves of a killed run
-    acc.wait_for_everyone()
-    resume_from = _resume_candidates(resume, cfg.output_dir, main)
-    run = _StageRun(cfg, acc, main, progress)
-    run.set_up(lm, pack, cache_dir, examples, frames, trackers)
+@dataclass
+class _StageData:
+    """What a stage reads before its model loads: the training examples, the frames each one
+    has, the held-out examples (None: no evaluation) and the trackers to log to."""
+    examples: list
+    frames: int
+    heldout: Optional[list]
+    trackers: list
+
+
+def _train(run: "_StageRun", resume, data: _StageData, lm, pack, cache_dir) -> dict:
+    if run.main:
+        ckpt.tidy(run.cfg.output_dir)   # unfinished saves of a killed run
+    run.acc.wait_for_everyone()
+    resume_from = _resume_candidates(resume, run.cfg.output_dir, run.main)
+    run.set_up(lm, pack, cache_dir, data.examples, data.frames, data.trackers)
     run.restore(resume_from)
     run.train_steps()
-    return run.finish(heldout, trackers)
+    return run.finish(data.heldout, data.trackers)
 
 
 class _StageRun:
