@@ -44,7 +44,22 @@ def test_the_flags_and_options_give_the_same_sampling():
 
 
 def test_frame_spec_square():
-    s = FrameSpec.square(24, (0.5, 0.5, 0.5), [0.25, 0.25, 0.25])
+    s = FrameSpec.square(24, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
     assert s == FrameSpec((24, 24), (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
     from vr_runtime.backbones import FrameSpec as from_backbones
     assert from_backbones is FrameSpec
+
+
+def test_frame_spec_keeps_bad_values_for_the_loaders_one_line_error():
+    """``FrameSpec.square`` coerces nothing: a size or mean the loader refuses reaches its
+    check, which names it (not a ValueError from int() or tuple())."""
+    import pathlib
+
+    from vr_runtime.errors import VideoError
+    from vr_runtime.video.load import load_video
+    sample = pathlib.Path(__file__).resolve().parents[2] / "vr_runtime" / "assets" / "sample.mp4"
+    for kw, what in ((dict(size="abc"), "size must be an integer"),
+                     (dict(size=1.5), "size must be an integer"),
+                     (dict(mean=5), "mean must be 3 numbers")):
+        with pytest.raises(VideoError, match=what):
+            load_video(str(sample), num_frames=2, **kw)

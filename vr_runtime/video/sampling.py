@@ -26,8 +26,9 @@ class FrameSpec:
 
     @classmethod
     def square(cls, size: int = 448, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> "FrameSpec":
-        """``size`` x ``size`` frames (InternVL's 448 and ImageNet's statistics by default)."""
-        return cls((int(size), int(size)), tuple(mean), tuple(std))
+        """``size`` x ``size`` frames (InternVL's 448 and ImageNet's statistics by default).
+        The values are kept as given: the loader checks them and says what is wrong."""
+        return cls((size, size), mean, std)
 
 
 @dataclass(frozen=True)
