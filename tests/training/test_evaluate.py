@@ -42,14 +42,15 @@ def test_answers_are_the_former_loops_tokens(tiny_data, tiny_lm, tmp_path, monke
     tr.eval()
     cache = FeatureCache(tiny_lm, 12, str(tmp_path / "cache"))
     decoded = []
-    real = evaluate.GreedyDecoder
+    import vr_runtime.generate as decoding   # evaluate decodes through its generate()
+    real = decoding.GreedyDecoder
 
     class Recording(real):
         def generate(self, *a, **kw):
             decoded.append(super().generate(*a, **kw)[0])
             return [decoded[-1]]
 
-    monkeypatch.setattr(evaluate, "GreedyDecoder", Recording)
+    monkeypatch.setattr(decoding, "GreedyDecoder", Recording)
     examples = read_jsonl(tiny_data["conversations"], "conversation")
     for ex in examples:
         v = cache.get(ex.video, ex.frames)

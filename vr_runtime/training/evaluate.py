@@ -7,7 +7,7 @@
 - Stage 3: exact-match answer accuracy of greedy decoding with the routers' compression plan,
   per policy label, against the chance level of the synthetic task (1 / number of answers), at
   ``model_max_length`` and at each of ``eval_max_lengths`` (tight budgets, as in the demo).
-  The answer is decoded as the runtime decodes it (``vr_runtime.generate.GreedyDecoder``: one
+  The answer is decoded as the runtime decodes it (``vr_runtime.generate.generate``: one
   prefill, then KV-cached greedy steps until a stop token) and compared with the answer in the wording the
   curriculum trains (``Curriculum.answer_text``).
 """
@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from vr_kernels import pooled_counts
 from vr_runtime.backbones.prompt import plan_dest
-from vr_runtime.generate import GreedyDecoder
+from vr_runtime.generate import generate
 
 from .data import Example
 
@@ -83,8 +83,7 @@ def answer(trainee, ex: Example, v: torch.Tensor, max_new_tokens: int = 8, max_l
     emb = trainee.frame_rows(ids.to(Z.device), Z, plan, plan_dest(counts, starts))
     pos = bb.position_ids(ids, [w for w, n in zip(plan, counts) if n], starts)
     pos = None if pos is None else pos.to(emb.device)
-    out = GreedyDecoder(bb).generate([emb.unsqueeze(0)], [max_new_tokens], [pos],
-                                     bb.stop_token_ids())[0]
+    out = generate(bb, emb.unsqueeze(0), max_new_tokens, bb.stop_token_ids(), pos)
     return trainee.tokenizer.decode(out, skip_special_tokens=True).strip(), plan, fragment
 
 
